@@ -1,0 +1,45 @@
+# fusecli: everything a fresh Debian 12 machine needs is set up from here.
+#   make demo   - venv + install + custom-op library + optimize a shipped sample
+#   make test   - the same set-up, then the whole test suite
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+ORTT_VENV := .venv-ortt
+LIB := fusecli/lib/libfusecli_ops.so
+
+.PHONY: demo test venv lib ortt-env samples bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+lib: venv
+	bash scripts/build_lib.sh
+
+ortt-env: $(ORTT_VENV)/.installed
+
+$(ORTT_VENV)/.installed: scripts/ortt-requirements.txt
+	$(PY) -m venv $(ORTT_VENV)
+	$(ORTT_VENV)/bin/python -m pip install -q -r scripts/ortt-requirements.txt
+	touch $@
+
+demo: venv lib
+	@mkdir -p out
+	$(VENV)/bin/fusecli optimize samples/ortt_mlp.onnx -o out/ortt_mlp.fused.onnx
+
+test: venv lib ortt-env
+	$(VPY) -m pytest -q tests
+
+samples:
+	bash scripts/make_samples.sh
+
+bench: venv lib ortt-env
+	$(VPY) -m fusecli.bench.suite --out BENCHMARKS.md
+
+clean:
+	rm -rf build out fusecli/lib/*.so

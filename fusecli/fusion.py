@@ -1,0 +1,284 @@
+"""FusionPass: apply rules to a training graph until nothing more matches.
+
+Data flows one way: index the graph once -> match rules in their explicit order -> rewrite each
+match into one fused node (in the index) -> write the node list back -> drop what became dead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from .contracts import FUSED_DOMAIN, load_contracts
+from .graph import GNode, GraphIndex
+from .matcher import Failure, Match, Matcher
+from .rules import CANONICAL_PATTERNS, CONST_FUNCS, Rule, load_rules
+
+MAX_ROUNDS = 16
+
+
+@dataclass
+class PatternStats:
+    detected: int = 0
+    fused: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"detected": self.detected, "fused": self.fused, "skipped": dict(self.skipped)}
+
+
+@dataclass
+class RuleStats:
+    pattern: str
+    detected: int = 0
+    fused: int = 0
+
+    def as_dict(self) -> dict:
+        return {"pattern": self.pattern, "detected": self.detected, "fused": self.fused}
+
+
+@dataclass
+class FusionRecord:
+    """One fusion: the rule, the fused node's name and the node names it replaced."""
+
+    rule: str
+    pattern: str
+    fused_node: str
+    replaced: list[str]
+    intermediates: list[str]
+
+
+@dataclass
+class Skip:
+    rule: str
+    pattern: str
+    anchor: str
+    failure: Failure
+
+
+class Stats:
+    """Per-pattern and per-rule counters of one run (zeroed at the start of every run)."""
+
+    def __init__(self, rules: Iterable[Rule] = ()):
+        self.patterns: dict[str, PatternStats] = {p: PatternStats() for p in CANONICAL_PATTERNS}
+        self.rules: dict[str, RuleStats] = {}
+        for r in rules:
+            self.rules[r.name] = RuleStats(r.pattern)
+            self.patterns.setdefault(r.pattern, PatternStats())
+        self.nodes_before = 0
+        self.nodes_after = 0
+        self.buffers_eliminated = 0
+        self.bytes_eliminated: int | None = 0
+        self.fusions: list[FusionRecord] = []
+        self.skips: list[Skip] = []
+
+    @property
+    def total_fused(self) -> int:
+        return sum(p.fused for p in self.patterns.values())
+
+    def as_dict(self, model: str = "") -> dict:
+        return {
+            "model": model,
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "total_fused": self.total_fused,
+            "patterns": {k: v.as_dict() for k, v in self.patterns.items()},
+            "rules": {k: v.as_dict() for k, v in self.rules.items()},
+            "buffers_eliminated": self.buffers_eliminated,
+            "bytes_eliminated": self.bytes_eliminated,
+        }
+
+
+def _tensor_bytes(graph: onnx.GraphProto) -> dict[str, int | None]:
+    """Static byte sizes of tensors whose type and shape are fully known."""
+    out: dict[str, int | None] = {}
+    for vi in list(graph.value_info) + list(graph.input) + list(graph.output):
+        t = vi.type.tensor_type
+        if not t.elem_type or not t.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        if any(d is None for d in dims):
+            out[vi.name] = None
+            continue
+        try:
+            size = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
+        except (KeyError, TypeError):
+            continue
+        out[vi.name] = int(np.prod(dims, dtype=np.int64)) * size
+    return out
+
+
+class FusionPass:
+    """Rewrites matched backward chains into fused ops.
+
+    ``FusionPass(rules=None)`` loads the shipped rules; ``rules`` may be a list of ``Rule``
+    objects or of rule file/folder paths. ``run(model)`` rewrites the ModelProto in place and
+    returns the number of fused nodes in the result; ``stats`` holds that run's counters.
+    """
+
+    def __init__(self, rules=None, only: Iterable[str] = (), skip: Iterable[str] = (),
+                 progress: Callable[[str], None] | None = None):
+        if rules is None or all(not isinstance(r, Rule) for r in rules):
+            rules = load_rules(rules)
+        only, skip = set(only), set(skip)
+        self.all_rules: list[Rule] = list(rules)
+        self.rules = [r for r in self.all_rules
+                      if (not only or r.pattern in only or r.name in only)
+                      and r.pattern not in skip and r.name not in skip]
+        self.progress = progress
+        self.stats = Stats(self.all_rules)
+
+    # -- public ----------------------------------------------------------------------------
+    def run(self, model: onnx.ModelProto) -> int:
+        self.stats = stats = Stats(self.all_rules)
+        graph = model.graph
+        stats.nodes_before = len(graph.node)
+        index = GraphIndex(graph)
+        sizes = _tensor_bytes(graph)
+        credit: dict[int, str] = {}           # fused node uid -> rule name
+        detected: set[tuple[str, int]] = set()
+        skipped: dict[tuple[str, int], Failure] = {}
+        removed_inputs: set[str] = set()
+        dirty = None                          # None: examine every anchor
+        for _round in range(MAX_ROUNDS):
+            touched: set[int] = set()
+            for rule in self.rules:
+                spec = rule.anchor
+                anchors = [n for op in spec.ops for d in spec.domains
+                           for n in index.candidates(op, d)]
+                anchors.sort(key=lambda n: n.key)
+                matcher = Matcher(index, rule)
+                for anchor in anchors:
+                    if not anchor.alive or (dirty is not None and anchor.uid not in dirty):
+                        continue
+                    res = matcher.match_at(anchor)
+                    k = (rule.name, anchor.uid)
+                    if res.structural and k not in detected:
+                        detected.add(k)
+                        stats.rules[rule.name].detected += 1
+                        stats.patterns[rule.pattern].detected += 1
+                    if res.match is None:
+                        if res.structural and res.guard_failure is not None:
+                            skipped[k] = res.guard_failure
+                        continue
+                    skipped.pop(k, None)
+                    fused = self._apply(index, res.match, credit, stats, sizes, removed_inputs)
+                    touched.update(self._neighbourhood(index, fused))
+            if not touched:
+                break
+            dirty = touched
+        for (rule_name, uid), failure in skipped.items():
+            rule = next(r for r in self.rules if r.name == rule_name)
+            ps = stats.patterns[rule.pattern]
+            ps.skipped[failure.reason] = ps.skipped.get(failure.reason, 0) + 1
+            stats.skips.append(Skip(rule_name, rule.pattern, index.nodes[uid].name, failure))
+        for uid, rule_name in credit.items():
+            if index.nodes[uid].alive:
+                stats.patterns[stats.rules[rule_name].pattern].fused += 1
+        if credit:
+            self._write_back(model, index, removed_inputs)
+        stats.nodes_after = len(graph.node)
+        return stats.total_fused
+
+    # -- rewriting -------------------------------------------------------------------------
+    @staticmethod
+    def _neighbourhood(index: GraphIndex, node: GNode) -> set[int]:
+        out = {node.uid}
+        for t in node.inputs:
+            p = index.producer.get(t)
+            if p is not None:
+                out.add(p.uid)
+            out.update(c.uid for c in index.consumers.get(t, []))
+        for t in node.outputs:
+            out.update(c.uid for c in index.consumers.get(t, []))
+        return out
+
+    def _apply(self, index: GraphIndex, m: Match, credit, stats: Stats, sizes,
+               removed_inputs: set[str]) -> GNode:
+        rule = m.rule
+        rep = rule.replace
+        ins = [m.tensors.get(v, "") if v else "" for v in rep.inputs]
+        outs = [m.tensors.get(v, "") if v else "" for v in rep.outputs]
+        while ins and ins[-1] == "":
+            ins.pop()
+        while outs and outs[-1] == "":
+            outs.pop()
+        attrs = {}
+        for name, spec in rep.attrs.items():
+            if spec[0] == "literal":
+                attrs[name] = spec[1]
+            elif spec[0] == "attr":
+                attrs[name] = m.captures[spec[1]]
+            else:
+                value = float(np.asarray(index.const_value(m.tensors[spec[1]])).reshape(-1)[0])
+                attrs[name] = float(CONST_FUNCS[spec[2]](value))
+        ordered = sorted(m.nodes.values(), key=lambda n: n.key)
+        first = ordered[0]
+        name = index.unique_name(f"{first.proto.name or first.op}/fused_{rule.pattern}")
+        replaced = [n.name for n in ordered]
+        proto = helper.make_node(rep.op, ins, outs, name=name, domain=rep.domain,
+                                 doc_string=f"fusecli rule {rule.name}: " + ", ".join(replaced),
+                                 **attrs)
+        for n in ordered:
+            index.remove_node(n)
+            removed_inputs.update(t for t in n.inputs if t)
+            prev = credit.pop(n.uid, None)  # a fused node absorbed by a later rule
+            if prev is not None:
+                stats.fusions = [f for f in stats.fusions if f.fused_node != n.name]
+        fused = index.add_node(proto, m.key)
+        credit[fused.uid] = rule.name
+        stats.rules[rule.name].fused += 1
+        stats.fusions.append(FusionRecord(rule.name, rule.pattern, name, replaced,
+                                          list(m.intermediates)))
+        stats.buffers_eliminated += len(m.intermediates)
+        if stats.bytes_eliminated is not None:
+            for t in m.intermediates:
+                b = sizes.get(t)
+                if b is None:
+                    stats.bytes_eliminated = None
+                    break
+                stats.bytes_eliminated += b
+        if self.progress is not None and len(stats.fusions) % 100 == 0:
+            self.progress(f"{len(stats.fusions)} fusions")
+        return fused
+
+    @staticmethod
+    def _write_back(model: onnx.ModelProto, index: GraphIndex, removed_inputs: set[str]) -> None:
+        graph = model.graph
+        # Constant nodes whose only consumers were fused away are dead now.
+        for t in removed_inputs:
+            p = index.producer.get(t)
+            if (p is not None and p.op == "Constant" and not index.consumers.get(t)
+                    and t not in index.graph_outputs):
+                index.remove_node(p)
+        alive = index.alive_nodes()
+        used = {t for n in alive for t in n.inputs + n.implicit if t} | index.graph_outputs
+        produced = {t for n in alive for t in n.outputs if t}
+        del graph.node[:]
+        graph.node.extend(n.proto for n in alive)
+        keep_init = [t for t in graph.initializer
+                     if t.name in used or t.name not in removed_inputs
+                     or t.name in index.graph_inputs]
+        if len(keep_init) != len(graph.initializer):
+            del graph.initializer[:]
+            graph.initializer.extend(keep_init)
+        existing = produced | index.graph_inputs | {t.name for t in graph.initializer}
+        keep_vi = [vi for vi in graph.value_info if vi.name in existing]
+        if len(keep_vi) != len(graph.value_info):
+            del graph.value_info[:]
+            graph.value_info.extend(keep_vi)
+        contracts = load_contracts()
+        if not any(o.domain == FUSED_DOMAIN for o in model.opset_import):
+            model.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, contracts.version))
+
+
+def run_fusion_pass(model: onnx.ModelProto, rules=None, only: Iterable[str] = (),
+                    skip: Iterable[str] = ()) -> Stats:
+    """One call: fuse ``model`` in place with the shipped (or given) rules; return the stats."""
+    fp = FusionPass(rules=rules, only=only, skip=skip)
+    fp.run(model)
+    return fp.stats

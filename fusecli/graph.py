@@ -1,0 +1,153 @@
+"""A mutable producer/consumer index over an ONNX graph, updated incrementally as fusions apply.
+
+Built once per run in O(nodes + edges); removing nodes and inserting a fused node only touch the
+tensors involved, so a pass over tens of thousands of nodes stays linear (onnx-graphsurgeon's
+``cleanup()`` takes ~30 s on a 21k-node training graph, see README).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+
+class GNode:
+    __slots__ = ("uid", "proto", "op", "domain", "inputs", "outputs", "key", "alive", "_attrs",
+                 "implicit")
+
+    def __init__(self, uid: int, proto: onnx.NodeProto, key: float):
+        self.uid = uid
+        self.proto = proto
+        self.op = proto.op_type
+        self.domain = "" if proto.domain in ("", "ai.onnx") else proto.domain
+        self.inputs = list(proto.input)
+        self.outputs = list(proto.output)
+        self.key = key
+        self.alive = True
+        self._attrs = None
+        self.implicit: list[str] = []  # outer-scope tensors read inside subgraph attributes
+
+    @property
+    def name(self) -> str:
+        return self.proto.name or f"<{self.op} #{self.uid}>"
+
+    @property
+    def attrs(self) -> dict:
+        if self._attrs is None:
+            self._attrs = {a.name: helper.get_attribute_value(a) for a in self.proto.attribute}
+        return self._attrs
+
+    def __repr__(self) -> str:
+        return f"GNode({self.name}, {self.domain or 'ai.onnx'}::{self.op})"
+
+
+def _subgraph_outer_names(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads from enclosing scopes."""
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(x for x in node.input if x)
+        for a in node.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                      list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+                used |= _subgraph_outer_names(g)
+        defined.update(node.output)
+    used.update(o.name for o in graph.output)
+    return used - defined
+
+
+class GraphIndex:
+    def __init__(self, graph: onnx.GraphProto):
+        self.graph = graph
+        self.nodes: list[GNode] = []
+        self.producer: dict[str, GNode] = {}
+        self.consumers: dict[str, list[GNode]] = defaultdict(list)
+        self.by_op: dict[tuple[str, str], dict[int, GNode]] = defaultdict(dict)
+        self.graph_inputs = {i.name for i in graph.input}
+        self.graph_outputs = {o.name for o in graph.output}
+        self.initializers = {t.name: t for t in graph.initializer}
+        self.names = set()
+        self._const_cache: dict[str, np.ndarray | None] = {}
+        for i, proto in enumerate(graph.node):
+            self._add(proto, float(i))
+
+    # -- mutation ------------------------------------------------------------------------
+    def _add(self, proto: onnx.NodeProto, key: float) -> GNode:
+        node = GNode(len(self.nodes), proto, key)
+        self.nodes.append(node)
+        for a in proto.attribute:
+            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+                subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+                for g in subs:
+                    node.implicit.extend(sorted(_subgraph_outer_names(g)))
+        for t in node.inputs + node.implicit:
+            if t:
+                self.consumers[t].append(node)
+        for t in node.outputs:
+            if t:
+                self.producer[t] = node
+        self.by_op[(node.domain, node.op)][node.uid] = node
+        if proto.name:
+            self.names.add(proto.name)
+        return node
+
+    def add_node(self, proto: onnx.NodeProto, key: float) -> GNode:
+        return self._add(proto, key)
+
+    def remove_node(self, node: GNode) -> None:
+        node.alive = False
+        for t in node.inputs + node.implicit:
+            if t:
+                lst = self.consumers.get(t)
+                if lst is not None:
+                    try:
+                        lst.remove(node)
+                    except ValueError:
+                        pass
+        for t in node.outputs:
+            if t and self.producer.get(t) is node:
+                del self.producer[t]
+        self.by_op[(node.domain, node.op)].pop(node.uid, None)
+
+    # -- queries -------------------------------------------------------------------------
+    def alive_nodes(self) -> list[GNode]:
+        return sorted((n for n in self.nodes if n.alive), key=lambda n: n.key)
+
+    def candidates(self, op: str, domain: str) -> list[GNode]:
+        return list(self.by_op.get((domain, op), {}).values())
+
+    def const_value(self, name: str) -> np.ndarray | None:
+        """Value of a tensor that is a constant (initializer or Constant node), else None."""
+        if name in self._const_cache:
+            return self._const_cache[name]
+        value = None
+        if name in self.initializers and name not in self.graph_inputs:
+            value = numpy_helper.to_array(self.initializers[name])
+        else:
+            prod = self.producer.get(name)
+            if prod is not None and prod.op == "Constant" and prod.domain == "":
+                value = _constant_node_value(prod)
+        self._const_cache[name] = value
+        return value
+
+    def unique_name(self, base: str) -> str:
+        name, i = base, 1
+        while name in self.names:
+            i += 1
+            name = f"{base}_{i}"
+        self.names.add(name)
+        return name
+
+
+def _constant_node_value(node: GNode) -> np.ndarray | None:
+    for key, v in node.attrs.items():
+        if key == "value":
+            return numpy_helper.to_array(v)
+        if key in ("value_float", "value_int"):
+            return np.asarray(v)
+        if key in ("value_floats", "value_ints"):
+            return np.asarray(list(v))
+    return None

@@ -1,0 +1,367 @@
+"""Matching one rule's pattern DAG at an anchor node, with the training-graph safety guards.
+
+The search binds the rule's nodes in the order they are listed. Every failure is recorded with
+the depth it reached, so ``explain`` can show the deepest partial match and the exact constraint
+that failed; a failed check never raises.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import defs
+
+from .graph import GNode, GraphIndex
+from .rules import AttrConstraint, NodeSpec, Rule, var_name
+
+# Guard failures: the pattern matched structurally but fusing would be unsafe.
+GUARD_REASONS = ("intermediate_consumed_outside", "intermediate_is_graph_output",
+                 "missing_required_input", "would_create_cycle")
+
+
+@dataclass
+class Failure:
+    depth: int
+    bound: dict[str, str]        # spec id -> graph node name
+    spec: str | None             # spec id that failed (None for guards)
+    reason: str                  # short category
+    detail: str                  # exact constraint
+
+    def as_dict(self) -> dict:
+        return {"depth": self.depth, "bound": dict(self.bound), "node": self.spec,
+                "reason": self.reason, "detail": self.detail}
+
+
+@dataclass
+class Match:
+    rule: Rule
+    nodes: dict[str, GNode]              # spec id -> graph node
+    tensors: dict[str, str]              # variable -> tensor name ("" = absent)
+    captures: dict[str, object]
+    key: float = 0.0
+    intermediates: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MatchResult:
+    match: Match | None = None
+    structural: bool = False             # some binding of all nodes was found
+    guard_failure: Failure | None = None
+    deepest: Failure | None = None
+
+
+def _schema_default(node: GNode, attr: str):
+    try:
+        schema = defs.get_schema(node.op, max_inclusive_version=10**6, domain=node.domain)
+    except Exception:  # noqa: BLE001 - unknown op/domain: no default known
+        return None
+    a = schema.attributes.get(attr)
+    if a is None or not a.default_value.name:
+        return None
+    return onnx.helper.get_attribute_value(a.default_value)
+
+
+def _norm(v):
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    return v
+
+
+def _values_equal(a, b) -> bool:
+    a, b = _norm(a), _norm(b)
+    if isinstance(a, list) or isinstance(b, list):
+        if not (isinstance(a, list) and isinstance(b, list)) or len(a) != len(b):
+            return False
+        return all(_values_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-9)
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+def check_attr(node: GNode, name: str, c: AttrConstraint) -> tuple[bool, object, str]:
+    """Returns (ok, effective value, failure detail)."""
+    present = name in node.attrs
+    value = node.attrs.get(name)
+    if c.absent:
+        return (not present, None, f"attribute {name} must be absent, found {_norm(value)!r}")
+    if not present and c.has_absent_or:
+        return True, c.absent_or, ""
+    effective = value if present else _schema_default(node, name)
+    shown = _norm(effective) if present else f"absent (default {_norm(effective)!r})"
+    if c.has_equals or c.has_absent_or:
+        want = c.equals if c.has_equals else c.absent_or
+        if effective is None or not _values_equal(effective, want):
+            return False, None, f"attribute {name} = {shown}, rule wants {want!r}"
+    if c.one_of is not None:
+        if effective is None or not any(_values_equal(effective, w) for w in c.one_of):
+            return False, None, f"attribute {name} = {shown}, rule wants one of {list(c.one_of)}"
+    if c.capture and effective is None:
+        return False, None, f"attribute {name} is absent and has no default to capture"
+    return True, _norm(effective), ""
+
+
+def const_matches(value: np.ndarray | None, want, tol: float) -> tuple[bool, str]:
+    if value is None:
+        return False, "is not a constant (initializer or Constant node)"
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        return False, f"is a constant of dtype {arr.dtype}, rule wants a number"
+    arr = arr.astype(np.float64)
+    target = np.asarray(want, dtype=np.float64)
+    if target.ndim == 0:
+        if arr.size == 0:
+            return False, "is an empty constant"
+        ok = bool(np.all(np.abs(arr - target) <= tol + tol * abs(float(target))))
+    else:
+        ok = arr.size == target.size and bool(
+            np.all(np.abs(arr.reshape(-1) - target.reshape(-1)) <= tol + tol * np.abs(target)))
+    shown = arr.reshape(-1)[:4].tolist()
+    return ok, f"has value {shown}{'...' if arr.size > 4 else ''}, rule wants {want}"
+
+
+class Matcher:
+    """Matches one rule against a GraphIndex."""
+
+    def __init__(self, index: GraphIndex, rule: Rule):
+        self.g = index
+        self.rule = rule
+
+    # -- public -----------------------------------------------------------------------------
+    def match_at(self, anchor: GNode) -> MatchResult:
+        res = MatchResult()
+        self._res = res
+        self._anchor = anchor
+        found = self._search(0, {}, {}, {})
+        res.match = found
+        return res
+
+    # -- failure bookkeeping ---------------------------------------------------------------
+    def _fail(self, depth, nodes, spec, reason, detail):
+        f = Failure(depth, {k: n.name for k, n in nodes.items()}, spec, reason, detail)
+        d = self._res.deepest
+        if d is None or depth > d.depth:
+            self._res.deepest = f
+
+    # -- search ----------------------------------------------------------------------------
+    def _search(self, i, nodes, tensors, captures) -> Match | None:
+        specs = self.rule.nodes
+        if i == len(specs):
+            return self._finish(nodes, tensors, captures)
+        spec = specs[i]
+        cands = self._candidates(i, spec, tensors)
+        if cands is None:  # optional node whose neighbours are all absent
+            return self._absent(i, spec, nodes, tensors, captures)
+        for node in cands:
+            for binding in self._bind(i, spec, node, nodes, tensors, captures):
+                nt, nc = binding
+                nodes2 = dict(nodes)
+                nodes2[spec.id] = node
+                m = self._search(i + 1, nodes2, nt, nc)
+                if m is not None:
+                    return m
+        if spec.optional:
+            return self._absent(i, spec, nodes, tensors, captures)
+        if not cands:
+            self._fail(len(nodes), nodes, spec.id, "no_candidate",
+                       self._no_candidate_detail(spec, tensors))
+        return None
+
+    def _absent(self, i, spec, nodes, tensors, captures):
+        t2 = dict(tensors)
+        if spec.optional == "passthrough":
+            src = next(var_name(t) for t in spec.inputs if t != "_")
+            dst = var_name(spec.outputs[0])
+            if src in t2:
+                if dst in t2 and t2[dst] != t2[src]:
+                    return None
+                t2[dst] = t2[src]
+        return self._search(i + 1, nodes, t2, captures)
+
+    def _no_candidate_detail(self, spec: NodeSpec, tensors) -> str:
+        ops = "|".join(spec.ops)
+        for t in spec.inputs:
+            v = var_name(t)
+            if t != "_" and v in tensors and tensors[v]:
+                users = [f"{n.domain + '::' if n.domain else ''}{n.op}"
+                         for n in self.g.consumers.get(tensors[v], [])]
+                return (f"no {ops} node consumes tensor '{tensors[v]}' (bound to {v}); its "
+                        f"consumers are {users or 'none'}")
+        for t in spec.outputs:
+            v = var_name(t)
+            if t != "_" and v in tensors and tensors[v]:
+                p = self.g.producer.get(tensors[v])
+                return (f"tensor '{tensors[v]}' (bound to {v}) is produced by "
+                        f"{p.op if p else 'a graph input/initializer'}, not {ops}")
+        return f"no {ops} node"
+
+    def _candidates(self, i, spec: NodeSpec, tensors) -> list[GNode] | None:
+        if i == 0:
+            return [self._anchor]
+        best = None
+        for t in spec.inputs:
+            v = var_name(t)
+            if t != "_" and tensors.get(v):
+                cons = self.g.consumers.get(tensors[v], [])
+                if best is None or len(cons) < len(best):
+                    best = cons
+        for t in spec.outputs:
+            v = var_name(t)
+            if t != "_" and tensors.get(v):
+                p = self.g.producer.get(tensors[v])
+                return [p] if p is not None and p.alive else []
+        if best is None:
+            if spec.optional:
+                return None
+            return []
+        # dedupe, keep graph order for determinism
+        seen, out = set(), []
+        for n in best:
+            if n.uid not in seen and n.alive:
+                seen.add(n.uid)
+                out.append(n)
+        return out
+
+    def _bind(self, i, spec: NodeSpec, node: GNode, nodes, tensors, captures):
+        depth = len(nodes)
+        if node.op not in spec.ops:
+            self._fail(depth, nodes, spec.id, "op_type",
+                       f"node {node.name} is {node.op}, rule wants {'|'.join(spec.ops)}")
+            return
+        if node.domain not in spec.domains:
+            self._fail(depth, nodes, spec.id, "domain",
+                       f"node {node.name} is in domain '{node.domain or 'ai.onnx'}', rule wants "
+                       f"{[d or 'ai.onnx' for d in spec.domains]}")
+            return
+        if any(n is node for n in nodes.values()):
+            return
+        caps = dict(captures)
+        for name, c in spec.attrs.items():
+            ok, value, detail = check_attr(node, name, c)
+            if not ok:
+                self._fail(depth, nodes, spec.id, "attribute", f"node {node.name}: {detail}")
+                return
+            if c.capture:
+                caps[c.capture] = value
+        n_in = len(spec.inputs)
+        actual = list(node.inputs)
+        while actual and actual[-1] == "":
+            actual.pop()
+        if len(actual) > n_in:
+            self._fail(depth, nodes, spec.id, "inputs",
+                       f"node {node.name} has {len(actual)} inputs, rule lists {n_in}")
+            return
+        actual += [""] * (n_in - len(actual))
+        # outputs the rule does not list are intermediates: the guards check them
+        n_out = len(spec.outputs)
+        outs = (list(node.outputs) + [""] * n_out)[:n_out]
+        orders = ([tuple(range(n_in))] if not spec.commutative else
+                  ([(0, 1) + tuple(range(2, n_in)), (1, 0) + tuple(range(2, n_in))]
+                   if n_in <= 2 or node.op != "Sum" else
+                   list(itertools.permutations(range(n_in)))))
+        seen = set()
+        for order in orders:
+            ins = tuple(actual[j] for j in order)
+            if ins in seen:
+                continue
+            seen.add(ins)
+            t2 = dict(tensors)
+            ok = self._bind_ports(depth, nodes, spec, node, spec.inputs, ins, t2, "input")
+            ok = ok and self._bind_ports(depth, nodes, spec, node, spec.outputs, outs, t2, "output")
+            if ok:
+                yield t2, caps
+
+    def _bind_ports(self, depth, nodes, spec, node, tokens, actual, t2, kind) -> bool:
+        for pos, (tok, name) in enumerate(zip(tokens, actual)):
+            if tok == "_":
+                continue
+            v = var_name(tok)
+            if name == "" and not tok.endswith("?"):
+                self._fail(depth, nodes, spec.id, kind + "s",
+                           f"node {node.name} has no {kind} {pos} (rule: {tok})")
+                return False
+            if v in t2:
+                if t2[v] != name:
+                    self._fail(depth, nodes, spec.id, "dataflow",
+                               f"node {node.name} {kind} {pos} is '{name}', but {v} is already "
+                               f"bound to '{t2[v]}'")
+                    return False
+                continue
+            ts = self.rule.tensors.get(v)
+            if ts is not None and name:
+                ok, detail = const_matches(self.g.const_value(name), ts.const, ts.tol)
+                if not ok:
+                    self._fail(depth, nodes, spec.id, "constant",
+                               f"node {node.name} {kind} {pos} '{name}' ({v}) {detail}")
+                    return False
+            t2[v] = name
+        return True
+
+    # -- guards ----------------------------------------------------------------------------
+    def _finish(self, nodes, tensors, captures) -> Match | None:
+        self._res.structural = True
+        rule = self.rule
+        matched = {n.uid for n in nodes.values()}
+        rep_out = {tensors.get(v, "") for v in rule.replace.outputs if v}
+        rep_out.discard("")
+        for spec_id, node in nodes.items():
+            for t in node.outputs:
+                if not t or t in rep_out:
+                    continue
+                if t in self.g.graph_outputs:
+                    return self._guard(nodes, "intermediate_is_graph_output",
+                                       f"intermediate '{t}' of node {node.name} is a graph output "
+                                       f"and {rule.replace.op} does not produce it")
+                for c in self.g.consumers.get(t, []):
+                    if c.uid not in matched:
+                        return self._guard(nodes, "intermediate_consumed_outside",
+                                           f"intermediate '{t}' of node {node.name} is also "
+                                           f"consumed by {c.name} ({c.op}) outside the match")
+        contract_inputs = _contract_ports(rule.replace.op, "inputs")
+        for v, port in zip(rule.replace.inputs, contract_inputs):
+            if not port.optional and not tensors.get(v):
+                return self._guard(nodes, "missing_required_input",
+                                   f"{rule.replace.op} needs {port.name} but '{v}' is not bound")
+        # placement: after every producer of a fused input, before every outside consumer
+        first = min(n.key for n in nodes.values())
+        lo = -math.inf
+        for v in rule.replace.inputs:
+            t = tensors.get(v)
+            p = self.g.producer.get(t) if t else None
+            if p is not None and p.uid not in matched:
+                lo = max(lo, p.key)
+        hi = math.inf
+        for t in rep_out:
+            for c in self.g.consumers.get(t, []):
+                if c.uid not in matched:
+                    hi = min(hi, c.key)
+        if lo < first:
+            key = first
+        elif lo < hi:
+            key = (lo + min(hi, lo + 1.0)) / 2.0
+        else:
+            return self._guard(nodes, "would_create_cycle",
+                               "an input of the fused op is produced after one of its outputs is "
+                               "consumed; fusing would create a cycle")
+        inter = sorted({t for n in nodes.values() for t in n.outputs if t and t not in rep_out})
+        return Match(rule, dict(nodes), dict(tensors), dict(captures), key, inter)
+
+    def _guard(self, nodes, reason, detail):
+        f = Failure(len(nodes), {k: n.name for k, n in nodes.items()}, None, reason, detail)
+        if self._res.guard_failure is None:
+            self._res.guard_failure = f
+        return None
+
+
+def _contract_ports(op: str, kind: str):
+    from .contracts import load_contracts
+    c = load_contracts().ops[op]
+    return c.inputs if kind == "inputs" else c.outputs

@@ -1,0 +1,52 @@
+"""Human-readable tables for the CLI (machine-readable output is the stats dict as JSON)."""
+
+from __future__ import annotations
+
+import onnx
+
+from .contracts import FUSED_DOMAIN
+
+
+def _fmt_skipped(skipped: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(skipped.items())) or "-"
+
+
+def stats_table(d: dict, title: str) -> str:
+    rows = [("pattern", "detected", "fused", "skipped")]
+    for name, p in d["patterns"].items():
+        rows.append((name, str(p["detected"]), str(p["fused"]), _fmt_skipped(p["skipped"])))
+    w0 = max(len(r[0]) for r in rows)
+    lines = [title]
+    for i, r in enumerate(rows):
+        lines.append(f"  {r[0]:<{w0}}  {r[1]:>8}  {r[2]:>5}  {r[3]}")
+        if i == 0:
+            lines.append("  " + "-" * (w0 + 30))
+    b = d["bytes_eliminated"]
+    lines.append(f"  total fused: {d['total_fused']}   nodes: {d['nodes_before']} -> "
+                 f"{d['nodes_after']}   intermediate buffers removed: {d['buffers_eliminated']}"
+                 f" ({'unknown size' if b is None else f'{b} bytes'})")
+    return "\n".join(lines)
+
+
+def fused_inventory(model: onnx.ModelProto) -> dict:
+    """Fused ops already present in a model: op type -> count, and rule -> count."""
+    ops: dict[str, int] = {}
+    rules: dict[str, int] = {}
+    for n in model.graph.node:
+        if n.domain != FUSED_DOMAIN:
+            continue
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+        doc = n.doc_string
+        if doc.startswith("fusecli rule "):
+            r = doc[len("fusecli rule "):].split(":", 1)[0]
+            rules[r] = rules.get(r, 0) + 1
+    return {"fused_ops": ops, "by_rule": rules}
+
+
+def inventory_table(inv: dict, title: str) -> str:
+    lines = [title]
+    for op, n in sorted(inv["fused_ops"].items()):
+        lines.append(f"  {op:<24} {n:>4}")
+    if inv["by_rule"]:
+        lines.append("  by rule: " + ", ".join(f"{r}={n}" for r, n in sorted(inv["by_rule"].items())))
+    return "\n".join(lines)

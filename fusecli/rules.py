@@ -1,0 +1,432 @@
+"""Rule files: schema, safe loading and validation.
+
+One rule per YAML file. The schema is documented in ``rules/README.md``; every check here
+reports the file, the line where known, and what is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .contracts import load_contracts
+from .errors import RuleError
+
+CANONICAL_PATTERNS = ("linear_relu", "linear_gelu", "linear_silu", "sdpa", "conv_bn_relu",
+                      "layernorm")
+DEFAULT_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_VAR_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\??$")
+CONST_FUNCS = {
+    "identity": lambda x: x,
+    "reciprocal": lambda x: 1.0 / x,
+    "sqrt": math.sqrt,
+    "rsqrt": lambda x: 1.0 / math.sqrt(x),
+    "negate": lambda x: -x,
+}
+_ATTR_CONSTRAINT_KEYS = {"equals", "one_of", "absent_or", "absent", "capture"}
+_NODE_KEYS = {"id", "op", "domain", "inputs", "outputs", "attrs", "commutative", "optional"}
+_RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace"}
+
+
+# --- YAML with line numbers ----------------------------------------------------------------
+
+class _LineDict(dict):
+    line: int = 0
+    key_lines: dict
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader that remembers the line of every mapping and mapping key."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    loader.flatten_mapping(node)
+    out = _LineDict()
+    out.line = node.start_mark.line + 1
+    out.key_lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, str):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"mapping keys must be strings, got {key!r}", key_node.start_mark)
+        out[key] = loader.construct_object(value_node, deep=True)
+        out.key_lines[key] = key_node.start_mark.line + 1
+    return out
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _line(obj, key=None):
+    if isinstance(obj, _LineDict):
+        if key is not None and key in obj.key_lines:
+            return obj.key_lines[key]
+        return obj.line
+    return None
+
+
+# --- rule model ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AttrConstraint:
+    equals: object = None
+    has_equals: bool = False
+    one_of: tuple | None = None
+    absent_or: object = None
+    has_absent_or: bool = False
+    absent: bool = False
+    capture: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    id: str
+    ops: tuple[str, ...]
+    domains: tuple[str, ...]
+    inputs: tuple[str, ...]          # variable names; "_" = any; "x?" = may be absent
+    outputs: tuple[str, ...]
+    attrs: dict[str, AttrConstraint]
+    commutative: bool
+    optional: str | None            # None | "branch" | "passthrough"
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    const: object = None
+    tol: float = 1e-5
+
+
+@dataclass(frozen=True)
+class Replacement:
+    op: str
+    domain: str
+    version: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict                      # name -> ("literal", v) | ("attr", cap) | ("const", var, fn)
+
+
+@dataclass
+class Rule:
+    name: str
+    pattern: str
+    order: int
+    description: str
+    nodes: tuple[NodeSpec, ...]
+    tensors: dict[str, TensorSpec]
+    replace: Replacement
+    source: str
+    family: str | None = None
+    text: str = field(default="", repr=False)
+
+    @property
+    def anchor(self) -> NodeSpec:
+        return self.nodes[0]
+
+
+def var_name(token: str) -> str:
+    return token[:-1] if token.endswith("?") else token
+
+
+def _norm_domain(d: str) -> str:
+    return "" if d in ("", "ai.onnx") else d
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+def _as_list(v):
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def _parse_attr_constraint(src, node_id, name, value, line) -> AttrConstraint:
+    if not isinstance(value, dict):
+        return AttrConstraint(equals=value, has_equals=True)
+    unknown = set(value) - _ATTR_CONSTRAINT_KEYS
+    if unknown:
+        raise RuleError(src, f"node '{node_id}' attribute '{name}': unknown constraint key(s) "
+                        f"{sorted(unknown)}; allowed: {sorted(_ATTR_CONSTRAINT_KEYS)}", line)
+    if "one_of" in value and not isinstance(value["one_of"], list):
+        raise RuleError(src, f"node '{node_id}' attribute '{name}': one_of must be a list", line)
+    cap = value.get("capture")
+    if cap is not None and not (isinstance(cap, str) and _NAME_RE.match(cap)):
+        raise RuleError(src, f"node '{node_id}' attribute '{name}': capture must be a lower-case "
+                        "identifier", line)
+    return AttrConstraint(
+        equals=value.get("equals"), has_equals="equals" in value,
+        one_of=tuple(value["one_of"]) if "one_of" in value else None,
+        absent_or=value.get("absent_or"), has_absent_or="absent_or" in value,
+        absent=bool(value.get("absent", False)), capture=cap)
+
+
+def _parse_ports(src, node_id, key, raw, line) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(t, str) for t in raw):
+        raise RuleError(src, f"node '{node_id}': {key} must be a list of tensor variable names",
+                        line)
+    for t in raw:
+        if t != "_" and not _VAR_RE.match(t):
+            raise RuleError(src, f"node '{node_id}': {key} entry {t!r} is not a variable name "
+                            "(letters, digits, '_', optional trailing '?'; '_' for any)", line)
+    return tuple(raw)
+
+
+def _parse_node(src, raw, index) -> NodeSpec:
+    if not isinstance(raw, dict):
+        raise RuleError(src, f"nodes[{index}] must be a mapping", None)
+    line = _line(raw)
+    unknown = set(raw) - _NODE_KEYS
+    if unknown:
+        raise RuleError(src, f"nodes[{index}]: unknown key(s) {sorted(unknown)}; allowed: "
+                        f"{sorted(_NODE_KEYS)}", line)
+    nid = raw.get("id")
+    if not isinstance(nid, str) or not _VAR_RE.match(nid) or nid.endswith("?"):
+        raise RuleError(src, f"nodes[{index}]: 'id' is required and must be an identifier", line)
+    ops = raw.get("op")
+    if ops is None or not all(isinstance(o, str) and o for o in _as_list(ops)):
+        raise RuleError(src, f"node '{nid}': 'op' is required (an op type or a list of them)",
+                        line)
+    domains = tuple(_norm_domain(d) for d in _as_list(raw.get("domain", "")))
+    inputs = _parse_ports(src, nid, "inputs", raw.get("inputs"), _line(raw, "inputs"))
+    outputs = _parse_ports(src, nid, "outputs", raw.get("outputs"), _line(raw, "outputs"))
+    if not outputs:
+        raise RuleError(src, f"node '{nid}': 'outputs' must list at least one tensor", line)
+    attrs_raw = raw.get("attrs") or {}
+    if not isinstance(attrs_raw, dict):
+        raise RuleError(src, f"node '{nid}': attrs must be a mapping", _line(raw, "attrs"))
+    attrs = {k: _parse_attr_constraint(src, nid, k, v, _line(attrs_raw, k))
+             for k, v in attrs_raw.items()}
+    optional = raw.get("optional", False)
+    if optional is True:
+        optional = "branch"
+    elif optional is False:
+        optional = None
+    elif optional != "passthrough":
+        raise RuleError(src, f"node '{nid}': optional must be true, false or 'passthrough'",
+                        _line(raw, "optional"))
+    if optional == "passthrough":
+        real_in = [t for t in inputs if t != "_"]
+        if len(real_in) != 1 or len(outputs) != 1:
+            raise RuleError(src, f"node '{nid}': a passthrough node needs exactly one input and "
+                            "one output variable", line)
+    if index == 0 and optional:
+        raise RuleError(src, f"node '{nid}': the first node is the anchor and cannot be optional",
+                        line)
+    commutative = raw.get("commutative", False)
+    if not isinstance(commutative, bool):
+        raise RuleError(src, f"node '{nid}': commutative must be true or false", line)
+    return NodeSpec(nid, tuple(_as_list(ops)), domains, inputs, outputs, attrs, commutative,
+                    optional, line)
+
+
+def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise RuleError(src, "'tensors' must be a mapping of variable -> constraints", None)
+    out = {}
+    for name, spec in raw.items():
+        line = _line(raw, name)
+        if not isinstance(spec, dict) or "const" not in spec:
+            raise RuleError(src, f"tensor '{name}': expected a mapping with 'const' "
+                            "(and optional 'tol')", line)
+        unknown = set(spec) - {"const", "tol"}
+        if unknown:
+            raise RuleError(src, f"tensor '{name}': unknown key(s) {sorted(unknown)}", line)
+        const = spec["const"]
+        flat = const if isinstance(const, list) else [const]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
+            raise RuleError(src, f"tensor '{name}': const must be a number or a list of numbers",
+                            line)
+        tol = spec.get("tol", 1e-5)
+        if not isinstance(tol, (int, float)) or tol < 0:
+            raise RuleError(src, f"tensor '{name}': tol must be a non-negative number", line)
+        out[name] = TensorSpec(const, float(tol))
+    return out
+
+
+def _parse_replace(src, raw, captures, const_vars) -> Replacement:
+    line = _line(raw)
+    if not isinstance(raw, dict):
+        raise RuleError(src, "'replace' must be a mapping with op, inputs, outputs, attrs", None)
+    contracts = load_contracts()
+    op = raw.get("op")
+    if op not in contracts.ops:
+        raise RuleError(src, f"replace.op {op!r} is not a fused op of fusecli; known: "
+                        f"{sorted(contracts.ops)} (see fusecli/ops/contracts.yaml)",
+                        _line(raw, "op"))
+    contract = contracts.ops[op]
+    ins = raw.get("inputs") or []
+    outs = raw.get("outputs") or []
+    for key, vals, ports in (("inputs", ins, contract.inputs), ("outputs", outs, contract.outputs)):
+        if not isinstance(vals, list) or not all(isinstance(v, str) for v in vals):
+            raise RuleError(src, f"replace.{key} must be a list of variable names ('' = absent)",
+                            _line(raw, key))
+        if len(vals) > len(ports):
+            raise RuleError(src, f"replace.{key}: {op} takes at most {len(ports)} {key} "
+                            f"({', '.join(p.name for p in ports)}), got {len(vals)}",
+                            _line(raw, key))
+        for v, port in zip(vals, ports):
+            if v == "" and not port.optional:
+                raise RuleError(src, f"replace.{key}: {op}'s {port.name} is required and cannot "
+                                "be ''", _line(raw, key))
+        for port in ports[len(vals):]:
+            if not port.optional:
+                raise RuleError(src, f"replace.{key}: {op}'s required {port.name} is missing",
+                                _line(raw, key))
+    attrs = {}
+    for name, value in (raw.get("attrs") or {}).items():
+        aline = _line(raw.get("attrs"), name)
+        if name not in contract.attributes:
+            raise RuleError(src, f"replace.attrs: {op} has no attribute {name!r}; it has "
+                            f"{sorted(contract.attributes)}", aline)
+        if isinstance(value, dict):
+            if "attr" in value:
+                if value["attr"] not in captures:
+                    raise RuleError(src, f"replace.attrs.{name}: no attribute captured as "
+                                    f"{value['attr']!r}", aline)
+                attrs[name] = ("attr", value["attr"])
+            elif "const" in value:
+                fn = value.get("fn", "identity")
+                if value["const"] not in const_vars:
+                    raise RuleError(src, f"replace.attrs.{name}: {value['const']!r} is not a "
+                                    "tensor with a 'const' constraint", aline)
+                if fn not in CONST_FUNCS:
+                    raise RuleError(src, f"replace.attrs.{name}: fn must be one of "
+                                    f"{sorted(CONST_FUNCS)}", aline)
+                attrs[name] = ("const", value["const"], fn)
+            else:
+                raise RuleError(src, f"replace.attrs.{name}: use a literal, {{attr: NAME}} or "
+                                "{const: VAR, fn: FN}", aline)
+        else:
+            allowed = contract.attributes[name].get("values")
+            if allowed is not None and value not in allowed:
+                raise RuleError(src, f"replace.attrs.{name}: {value!r} is not one of {allowed}",
+                                aline)
+            attrs[name] = ("literal", value)
+    return Replacement(op, contracts.domain, contracts.version, tuple(ins), tuple(outs), attrs)
+
+
+def _check_dataflow(src, nodes: tuple[NodeSpec, ...], replace: Replacement, tensors) -> None:
+    produced: dict[str, str] = {}
+    seen: set[str] = set()
+    ids = set()
+    for i, n in enumerate(nodes):
+        if n.id in ids:
+            raise RuleError(src, f"duplicate node id '{n.id}'", n.line)
+        ids.add(n.id)
+        ins = {var_name(t) for t in n.inputs if t != "_"}
+        outs = {var_name(t) for t in n.outputs if t != "_"}
+        if i > 0 and not (ins | outs) & seen:
+            raise RuleError(src, f"node '{n.id}' is not connected to any node listed before it; "
+                            "list nodes so that each one shares a tensor with an earlier one",
+                            n.line)
+        for o in outs:
+            if o in produced:
+                raise RuleError(src, f"tensor '{o}' is produced by both '{produced[o]}' and "
+                                f"'{n.id}'", n.line)
+            produced[o] = n.id
+        seen |= ins | outs
+    for t in tensors:
+        if t not in seen:
+            raise RuleError(src, f"tensors: '{t}' does not appear in any node", None)
+    for v in replace.inputs + replace.outputs:
+        if v and v not in seen:
+            raise RuleError(src, f"replace refers to '{v}', which no pattern node uses", None)
+    for v in replace.outputs:
+        if v and v not in produced:
+            raise RuleError(src, f"replace.outputs: '{v}' is not produced by a pattern node",
+                            None)
+    for v in replace.inputs:
+        if v and v in produced:
+            raise RuleError(src, f"replace.inputs: '{v}' is produced inside the pattern; a fused "
+                            "op cannot consume its own intermediate", None)
+
+
+def parse_rule(text: str, source: str) -> Rule:
+    try:
+        raw = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.constructor.ConstructorError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else None
+        raise RuleError(source, f"not allowed in a rule file: {exc.problem} (rules are plain "
+                        "YAML; tags that construct objects are refused)", line) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RuleError(source, f"not valid YAML: {problem}",
+                        mark.line + 1 if mark else None) from None
+    if raw is None:
+        raise RuleError(source, "empty rule file; a rule needs name, pattern, order, nodes, "
+                        "replace")
+    if not isinstance(raw, dict):
+        raise RuleError(source, "a rule file must be a YAML mapping (name, pattern, order, nodes,"
+                        " replace)", 1)
+    unknown = set(raw) - _RULE_KEYS
+    if unknown:
+        k = sorted(unknown)[0]
+        raise RuleError(source, f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_RULE_KEYS)}",
+                        _line(raw, k))
+    for key in ("name", "pattern", "order", "nodes", "replace"):
+        if key not in raw:
+            raise RuleError(source, f"missing required key '{key}'", 1)
+    name, pattern, order = raw["name"], raw["pattern"], raw["order"]
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise RuleError(source, "name must be lower-case letters, digits and '_'",
+                        _line(raw, "name"))
+    if not isinstance(pattern, str) or not _NAME_RE.match(pattern):
+        raise RuleError(source, "pattern must be one of the canonical names "
+                        f"{list(CANONICAL_PATTERNS)} or a new lower-case name",
+                        _line(raw, "pattern"))
+    if not isinstance(order, int) or isinstance(order, bool):
+        raise RuleError(source, "order must be an integer (rules apply in ascending order)",
+                        _line(raw, "order"))
+    if not isinstance(raw["nodes"], list) or not raw["nodes"]:
+        raise RuleError(source, "nodes must be a non-empty list", _line(raw, "nodes"))
+    nodes = tuple(_parse_node(source, n, i) for i, n in enumerate(raw["nodes"]))
+    tensors = _parse_tensors(source, raw.get("tensors"))
+    captures = {c.capture for n in nodes for c in n.attrs.values() if c.capture}
+    replace = _parse_replace(source, raw["replace"], captures,
+                             {k for k, v in tensors.items()})
+    _check_dataflow(source, nodes, replace, tensors)
+    return Rule(name, pattern, order, str(raw.get("description", "")).strip(), nodes, tensors,
+                replace, source, raw.get("family"), text)
+
+
+def _rule_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+    return [path]
+
+
+def load_rules(paths=None) -> list[Rule]:
+    """Load and validate rules from files or folders (default: the shipped ``rules/``).
+
+    Rules come back in application order: ascending ``order``, then name.
+    """
+    if paths is None or (isinstance(paths, (list, tuple)) and not paths):
+        paths = [DEFAULT_RULES_DIR]
+    elif isinstance(paths, (str, Path)):
+        paths = [paths]
+    rules: list[Rule] = []
+    seen: dict[str, str] = {}
+    for p in map(Path, paths):
+        if not p.exists():
+            raise RuleError(str(p), "no such rule file or folder")
+        for f in _rule_files(p):
+            try:
+                text = f.read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise RuleError(str(f), f"cannot read: {exc}") from None
+            rule = parse_rule(text, str(f))
+            if rule.name in seen:
+                raise RuleError(str(f), f"rule name '{rule.name}' is also used by {seen[rule.name]}")
+            seen[rule.name] = str(f)
+            rules.append(rule)
+    return sorted(rules, key=lambda r: (r.order, r.name))

@@ -1,0 +1,129 @@
+"""Run one ONNX model once in onnxruntime (standalone: numpy + onnxruntime + stdlib only).
+
+usage: python fusecli/runtime_worker.py --model M.onnx --feeds feeds.npz --out out.npz
+           [--library custom_ops.so] [--opt-level disable|basic|extended|all]
+           [--threads N] [--profile DIR] [--repeat N]
+
+Runs under the main venv (onnxruntime) and under .venv-ortt (onnxruntime-training), which is
+why it must not import the fusecli package. Writes to --out every graph output under its name
+and, for every fed input, its value AFTER the run under 'fed/<input name>' (onnxruntime-training
+writes gradients in place into the fed '*accumulation.buffer' arrays). Prints one JSON line on
+stdout ({"runtime": ..., ...}); on error prints one line to stderr and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+OPT_LEVELS = ("disable", "basic", "extended", "all")
+
+
+def _runtime_name(ort) -> str:
+    """'onnxruntime-training X' when the training build is installed, else 'onnxruntime X'.
+
+    `import onnxruntime.training` itself needs torch (its optim helpers import it), which the
+    run-time venv does not have; the presence of the subpackage identifies the training build.
+    """
+    import importlib.util
+
+    try:
+        import onnxruntime.training  # noqa: F401
+
+        training = True
+    except Exception:  # noqa: BLE001
+        try:
+            training = importlib.util.find_spec("onnxruntime.training") is not None
+        except Exception:  # noqa: BLE001
+            training = False
+    return f"onnxruntime-training {ort.__version__}" if training else f"onnxruntime {ort.__version__}"
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--feeds", required=True, help=".npz keyed by graph input name")
+    ap.add_argument("--out", required=True, help=".npz to write")
+    ap.add_argument("--library", default=None, help="custom-op shared library to register")
+    ap.add_argument("--opt-level", default="disable", choices=OPT_LEVELS)
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = ORT default)")
+    ap.add_argument("--profile", default=None, metavar="DIR", help="enable profiling into DIR")
+    ap.add_argument("--repeat", type=int, default=0, help="time N extra runs (fresh feeds each)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    try:
+        import numpy as np
+        import onnxruntime as ort
+
+        runtime = _runtime_name(ort)
+        so = ort.SessionOptions()
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[args.opt_level]
+        if args.threads:
+            so.intra_op_num_threads = args.threads
+            so.inter_op_num_threads = 1
+        if args.profile:
+            os.makedirs(args.profile, exist_ok=True)
+            so.enable_profiling = True
+            so.profile_file_prefix = os.path.join(args.profile, "ort_profile")
+        if args.library:
+            if not os.path.exists(args.library):
+                raise FileNotFoundError(f"custom-op library not found: {args.library}")
+            so.register_custom_ops_library(os.path.abspath(args.library))
+        sess = ort.InferenceSession(args.model, sess_options=so, providers=["CPUExecutionProvider"])
+
+        with np.load(args.feeds, allow_pickle=False) as z:
+            loaded = {k: z[k] for k in z.files}
+        names = [i.name for i in sess.get_inputs()]
+        missing = [n for n in names if n not in loaded]
+        if missing:
+            raise KeyError(f"feeds lack graph inputs: {', '.join(missing[:5])}"
+                           + (" ..." if len(missing) > 5 else ""))
+        # contiguous, writable arrays: ort-training writes gradients into them in place
+        feeds = {n: np.require(loaded[n], requirements=["C", "W"]).copy() for n in names}
+        out_names = [o.name for o in sess.get_outputs()]
+
+        t0 = time.perf_counter()
+        outs = sess.run(out_names, feeds)
+        first_ms = (time.perf_counter() - t0) * 1e3
+        result = {n: np.asarray(v) for n, v in zip(out_names, outs)}
+        for n, v in feeds.items():
+            result[f"fed/{n}"] = v
+        times = []
+        for _ in range(max(args.repeat, 0)):
+            fresh = {n: loaded[n].copy() for n in names}  # the buffers must start from the feed
+            t0 = time.perf_counter()
+            sess.run(out_names, fresh)
+            times.append((time.perf_counter() - t0) * 1e3)
+        if times:
+            result["__times_ms__"] = np.asarray(times, dtype=np.float64)
+        info = {"runtime": runtime, "model": args.model, "opt_level": args.opt_level,
+                "library": args.library, "outputs": len(out_names),
+                "first_run_ms": round(first_ms, 3)}
+        if times:
+            info["median_ms"] = round(float(np.median(times)), 3)
+        if args.profile:
+            prof = sess.end_profiling()
+            result["__profile__"] = np.asarray(prof)
+            info["profile"] = prof
+        np.savez(args.out, **result)
+    except Exception as e:  # noqa: BLE001 - one line to stderr, exit 2
+        msg = " ".join(f"{type(e).__name__}: {e}".split())
+        print(f"runtime_worker: error: {msg[:2000]}", file=sys.stderr)
+        return 2
+    print(json.dumps(info))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Helpers shared by the sample generators (runs in the generator venvs: numpy + onnx only)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = ROOT / "samples"
+BUILD = ROOT / "build" / "samples"
+
+
+def np_dtype_name(elem_type: int) -> str:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
+
+
+def input_specs(model: onnx.ModelProto) -> list[dict]:
+    inits = {i.name for i in model.graph.initializer}
+    out = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        shape = []
+        for d in tt.shape.dim:
+            shape.append(d.dim_param if d.HasField("dim_param") else int(d.dim_value))
+        out.append({"name": vi.name, "shape": shape, "dtype": np_dtype_name(tt.elem_type)})
+    return out
+
+
+def write_fragment(name: str, entry: dict) -> None:
+    """Each generator writes one JSON fragment per sample; write_manifest.py merges them."""
+    BUILD.mkdir(parents=True, exist_ok=True)
+    (BUILD / f"{name}.json").write_text(json.dumps(entry, indent=1))

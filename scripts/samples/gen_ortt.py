@@ -1,0 +1,165 @@
+"""Generate the ort-training samples (run in build/venv-gen-ortt).
+
+torch.onnx.export (TorchScript, training mode, opset 16, no constant folding) then
+onnxruntime.training.artifacts.generate_artifacts(AdamW); only training_model.onnx is kept,
+renamed to samples/<name>.onnx, with the parameter values (forward initializers) in
+samples/<name>.params.npz keyed by graph input name.
+"""
+from __future__ import annotations
+
+import io
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+from onnxruntime.training import artifacts
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import SAMPLES, input_specs, write_fragment  # noqa: E402
+from models import CNN, MLP, SEQ, D_MODEL, Block  # noqa: E402
+
+
+def export(model: torch.nn.Module, x: torch.Tensor, dyn: dict) -> onnx.ModelProto:
+    f = io.BytesIO()
+    torch.onnx.export(
+        model, (x,), f, input_names=["input"], output_names=["output"], opset_version=16,
+        do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING,
+        dynamic_axes=dyn, dynamo=False,
+    )
+    return onnx.load_from_string(f.getvalue())
+
+
+def build(name: str, model: torch.nn.Module, x: torch.Tensor, loss: str, desc: str,
+          num_classes: int | None = None) -> None:
+    torch.manual_seed(0)
+    fwd = export(model, x, {"input": {0: "batch"}, "output": {0: "batch"}})
+    params = dict(model.named_parameters())
+    inits = {i.name: i for i in fwd.graph.initializer}
+    requires_grad = [n for n in params if n in inits]
+    missing = [n for n in params if n not in inits]
+    assert not missing, f"{name}: parameters not exported under their names: {missing}"
+    frozen = [n for n in inits if n not in params]  # BN running stats, masks, ...
+    values = {n: numpy_helper.to_array(inits[n]) for n in inits}
+    lt = artifacts.LossType.CrossEntropyLoss if loss == "cross_entropy" else artifacts.LossType.MSELoss
+    with tempfile.TemporaryDirectory() as td:
+        artifacts.generate_artifacts(
+            fwd, requires_grad=requires_grad, frozen_params=frozen, loss=lt,
+            optimizer=artifacts.OptimType.AdamW, artifact_directory=td,
+        )
+        shutil.copyfile(Path(td) / "training_model.onnx", SAMPLES / f"{name}.onnx")
+    m = onnx.load(SAMPLES / f"{name}.onnx")
+    specs = input_specs(m)
+    names = {s["name"] for s in specs}
+    np.savez(SAMPLES / f"{name}.params.npz", **{n: v for n, v in values.items() if n in names})
+    for s in specs:
+        n = s["name"]
+        if n == "input":
+            s["role"] = "data"
+        elif n in requires_grad:
+            s["role"] = "parameter"
+        elif n in frozen:
+            s["role"] = "frozen_parameter"
+        elif n.endswith(".accumulation.buffer"):
+            s["role"] = "grad_buffer"
+        elif n == "lazy_reset_grad":
+            s["role"] = "flag"
+        elif s["dtype"].startswith("int"):
+            s["role"] = "labels"
+            s["range"] = [0, num_classes]
+        else:
+            s["role"] = "target"
+    err = verify(m, model, x, values, specs, loss, num_classes)
+    g = m.graph
+    entry = {
+        "file": f"{name}.onnx", "family": "ort-training", "runtime": "onnxruntime-training",
+        "description": desc, "loss": loss, "loss_output": g.output[0].name,
+        "params": f"{name}.params.npz", "inputs": specs,
+        "patterns": dict(model.PATTERNS), "nodes": len(g.node), "ir_version": m.ir_version,
+        "zero_grad_params": list(getattr(model, "ZERO_GRAD", [])),
+        "max_abs_grad_err_vs_torch": float(f"{err:.3g}"),
+    }
+    if num_classes:
+        entry["num_classes"] = num_classes
+    write_fragment(name, entry)
+    print(f"{name}: {len(g.node)} nodes, ir {m.ir_version}, inputs {len(specs)}, "
+          f"max |grad - torch| = {err:.3g}")
+
+
+def verify(m: onnx.ModelProto, model: torch.nn.Module, x: torch.Tensor, values: dict,
+           specs: list[dict], loss: str, num_classes: int | None) -> float:
+    """Run the training graph in onnxruntime-training; compare loss and grads with autograd."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(1)
+    xv = x.numpy()
+    feeds: dict[str, np.ndarray] = {}
+    for s in specs:
+        n = s["name"]
+        if n == "input":
+            feeds[n] = xv
+        elif s["role"] in ("parameter", "frozen_parameter"):
+            feeds[n] = values[n].copy()
+        elif s["role"] == "grad_buffer":
+            feeds[n] = np.zeros(values[n.removesuffix("_grad.accumulation.buffer")].shape, np.float32)
+        elif s["role"] == "flag":
+            feeds[n] = np.ones([1], np.bool_)
+        elif s["role"] == "labels":
+            feeds[n] = rng.integers(0, num_classes, size=[xv.shape[0]]).astype(np.int64)
+        else:
+            feeds[n] = rng.standard_normal(model(x).shape).astype(np.float32)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    out = sess.run(None, feeds)
+    model.zero_grad()
+    y = model(x)
+    if loss == "cross_entropy":
+        ref = torch.nn.functional.cross_entropy(y, torch.from_numpy(feeds["labels"]))
+    else:
+        ref = torch.nn.functional.mse_loss(y, torch.from_numpy(feeds["target"]))
+    ref.backward()
+    err = abs(float(out[0]) - float(ref))
+    for n, p in model.named_parameters():
+        g = feeds[f"{n}_grad.accumulation.buffer"]
+        err = max(err, float(np.abs(g - p.grad.numpy()).max()))
+    return err
+
+
+def main(which: list[str]) -> None:
+    SAMPLES.mkdir(exist_ok=True)
+    torch.manual_seed(0)
+    jobs = {
+        "ortt_mlp": lambda: build(
+            "ortt_mlp", MLP(), torch.randn(2, MLP.IN), "mse",
+            "MLP [B,16]: Linear+ReLU, Linear+GELU(erf), Linear+SiLU, Linear(bias=False)+ReLU, Linear; MSE."),
+        "ortt_block": lambda: build(
+            "ortt_block", Block("explicit"), torch.randn(2, SEQ, D_MODEL), "mse",
+            "Pre-LN transformer block [B,8,32], 2 heads: separate q/k/v Linears, explicit attention "
+            "(q@k^T Div sqrt(16), + additive causal mask, softmax, @v), o-proj, LayerNorms, "
+            "Linear+GELU MLP, residual adds; MSE."),
+        "ortt_block_sdpa": lambda: build(
+            "ortt_block_sdpa", Block("sdpa"), torch.randn(2, SEQ, D_MODEL), "mse",
+            "Pre-LN block as ortt_block but fused QKV Linear(32->96)+chunk(3) and "
+            "F.scaled_dot_product_attention(is_causal=True); MSE."),
+        "ortt_block_mul": lambda: build(
+            "ortt_block_mul", Block("mul"), torch.randn(2, SEQ, D_MODEL), "mse",
+            "Pre-LN block as ortt_block but the scale is a multiply (q * 16**-0.5) before q@k^T "
+            "and the causal mask is masked_fill(-inf) (Where); MSE."),
+        "ortt_cnn": lambda: build(
+            "ortt_cnn", CNN(), torch.randn(2, 3, 8, 8), "cross_entropy",
+            "CNN [B,3,8,8]: Conv(no bias)+BN+ReLU, Conv+BN+ReLU, plus a 1x1 Conv+BN shortcut "
+            "WITHOUT ReLU added to it, MaxPool 2x2, mean(H,W), Linear(8->4); cross-entropy.",
+            num_classes=CNN.NUM_CLASSES),
+    }
+    for n in which or list(jobs):
+        torch.manual_seed(0)
+        jobs[n]()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,143 @@
+"""Generate the torch-joint samples (run in build/venv-gen-torch: torch 2.13, onnx, onnxscript).
+
+aot_export_module(loss_module, [x, target], trace_joint=True, output_loss_index=0) gives one FX
+graph with forward and backward (inputs: parameters, buffers, user inputs; outputs: loss, then the
+parameter gradients); torch.onnx.export(gm, dynamo=True) turns it into standard ONNX ops.
+Graph inputs/outputs are renamed to the parameter names / 'loss' / '<param>_grad', parameter
+(and buffer) values are stored in samples/<name>.params.npz, ir_version is set to 10.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+import torch.nn.functional as F
+from torch._functorch.aot_autograd import aot_export_module
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import SAMPLES, input_specs, write_fragment  # noqa: E402
+from models import MLP, SEQ, D_MODEL, Block  # noqa: E402
+
+IR_VERSION = 10
+
+
+class MSELossModule(torch.nn.Module):
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor):
+        return (F.mse_loss(self.net(x), target),)
+
+
+def _rename(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
+    g = model.graph
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.name in mapping:
+            vi.name = mapping[vi.name]
+    for n in g.node:
+        for i, t in enumerate(n.input):
+            if t in mapping:
+                n.input[i] = mapping[t]
+        for i, t in enumerate(n.output):
+            if t in mapping:
+                n.output[i] = mapping[t]
+
+
+def build(name: str, net: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, desc: str) -> None:
+    mod = MSELossModule(net)
+    gm, sig = aot_export_module(mod, [x, target], trace_joint=True, output_loss_index=0)
+    named = {**dict(mod.named_parameters()), **dict(mod.named_buffers())}
+    order = list(sig.parameters) + list(sig.buffers)
+    flat = [named[n].detach().clone() for n in order] + [x, target]
+    with tempfile.TemporaryDirectory() as td:
+        prog = torch.onnx.export(gm, tuple(flat), dynamo=True, optimize=True, verbose=False)
+        prog.save(str(Path(td) / "m.onnx"))
+        m = onnx.load(str(Path(td) / "m.onnx"))
+    g = m.graph
+    in_names = [i.name for i in g.input if i.name not in {t.name for t in g.initializer}]
+    assert len(in_names) == len(flat), (in_names, len(flat))
+    short = [n.removeprefix("net.") for n in order]
+    mapping = dict(zip(in_names, short + ["input", "target"]))
+    grads = sig.backward_signature.gradients_to_parameters  # grad output name -> param name
+    fx_out = [n for n in sig.user_outputs] + list(grads)
+    assert len(g.output) == len(fx_out), ([o.name for o in g.output], fx_out)
+    mapping[g.output[0].name] = "loss"
+    for o, fx in zip(list(g.output)[1:], list(grads)):
+        mapping[o.name] = grads[fx].removeprefix("net.") + "_grad"
+    _rename(m, mapping)
+    for node in m.graph.node:  # stack traces hold absolute build paths: drop them, keep the rest
+        keep = [(p.key, p.value) for p in node.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
+        del node.metadata_props[:]
+        for k, v in keep:
+            node.metadata_props.add(key=k, value=v)
+    m.ir_version = IR_VERSION
+    onnx.checker.check_model(m)
+    onnx.save(m, SAMPLES / f"{name}.onnx")
+    values = {s: named[n].detach().numpy() for s, n in zip(short, order)}
+    np.savez(SAMPLES / f"{name}.params.npz", **values)
+    err = verify(m, mod, x, target, values)
+    specs = input_specs(m)
+    pnames = {n.removeprefix("net.") for n in sig.parameters}
+    for s in specs:
+        n = s["name"]
+        s["role"] = ("data" if n == "input" else "target" if n == "target" else
+                     "parameter" if n in pnames else "frozen_parameter")
+    entry = {
+        "file": f"{name}.onnx", "family": "torch-joint", "runtime": "onnxruntime",
+        "description": desc, "loss": "mse", "loss_output": "loss",
+        "params": f"{name}.params.npz", "inputs": specs,
+        "gradient_outputs": [o.name for o in m.graph.output][1:],
+        "patterns": dict(net.PATTERNS), "nodes": len(m.graph.node), "ir_version": m.ir_version,
+        "zero_grad_params": list(getattr(net, "ZERO_GRAD", [])),
+        "max_abs_grad_err_vs_torch": float(f"{err:.3g}"),
+    }
+    write_fragment(name, entry)
+    print(f"{name}: {len(m.graph.node)} nodes, ir {m.ir_version}, inputs {len(specs)}, "
+          f"functions {len(m.functions)}, max |grad - torch| = {err:.3g}")
+
+
+def verify(m: onnx.ModelProto, mod: torch.nn.Module, x: torch.Tensor, target: torch.Tensor,
+           values: dict) -> float:
+    """Run the joint graph in stock onnxruntime and compare loss and grads with autograd."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    feeds = {**values, "input": x.numpy(), "target": target.numpy()}
+    names = [o.name for o in sess.get_outputs()]
+    out = dict(zip(names, sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})))
+    mod.zero_grad()
+    ref = mod(x, target)[0]
+    ref.backward()
+    err = abs(float(out["loss"]) - float(ref))
+    for n, p in mod.named_parameters():
+        err = max(err, float(np.abs(out[n.removeprefix("net.") + "_grad"] - p.grad.numpy()).max()))
+    return err
+
+
+def main(which: list[str]) -> None:
+    SAMPLES.mkdir(exist_ok=True)
+    jobs = {
+        "torch_mlp": lambda: build(
+            "torch_mlp", MLP(), torch.randn(2, MLP.IN), torch.randn(2, MLP.OUT),
+            "MLP [B=2,16] (fixed shapes): Linear+ReLU, Linear+GELU(erf), Linear+SiLU, "
+            "Linear(bias=False)+ReLU, Linear; MSE; joint forward+backward graph."),
+        "torch_block": lambda: build(
+            "torch_block", Block("mul"), torch.randn(2, SEQ, D_MODEL), torch.randn(2, SEQ, D_MODEL),
+            "Pre-LN block [B=2,8,32] (fixed shapes), 2 heads: separate q/k/v Linears, "
+            "scale as multiply (q * 16**-0.5), masked_fill(causal, -inf) mask, softmax, @v, "
+            "o-proj, LayerNorms, Linear+GELU MLP, residual adds; MSE; joint graph."),
+    }
+    for n in which or list(jobs):
+        torch.manual_seed(0)
+        jobs[n]()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

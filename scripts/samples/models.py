@@ -1,0 +1,145 @@
+"""Tiny PyTorch models shared by the sample generators (both families).
+
+Each model documents its canonical pattern counts in PATTERNS; the counts are read off the
+model code (see samples/manifest.yaml for the count rule), not off any exported graph.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PATTERN_KEYS = ("linear_relu", "linear_gelu", "linear_silu", "sdpa", "conv_bn_relu", "layernorm")
+
+
+def patterns(**kw: int) -> dict[str, int]:
+    out = {k: 0 for k in PATTERN_KEYS}
+    for k, v in kw.items():
+        assert k in out, k
+        out[k] = v
+    return out
+
+
+class MLP(nn.Module):
+    """2-D input [B, 16] -> [B, 8]; Linear+ReLU, Linear+GELU(erf), Linear+SiLU, Linear(no bias)+ReLU, Linear."""
+
+    IN, HID, OUT = 16, 32, 8
+    PATTERNS = patterns(linear_relu=2, linear_gelu=1, linear_silu=1)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(self.IN, self.HID)
+        self.fc2 = nn.Linear(self.HID, self.HID)
+        self.fc3 = nn.Linear(self.HID, self.HID)
+        self.fc4 = nn.Linear(self.HID, self.HID, bias=False)
+        self.head = nn.Linear(self.HID, self.OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.fc1(x))
+        x = F.gelu(self.fc2(x))  # erf GELU
+        x = F.silu(self.fc3(x))
+        x = F.relu(self.fc4(x))  # bias-free Linear + ReLU
+        return self.head(x)
+
+
+D_MODEL, N_HEADS, SEQ, FF = 32, 2, 8, 64
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block, input [B, S=8, D=32], 2 heads of 16.
+
+    attn variants:
+      "explicit": separate q/k/v Linears, scores = (q @ k^T) / sqrt(dh) (Div), + additive causal mask
+      "mul":      separate q/k/v Linears, scores = (q * dh**-0.5) @ k^T, masked_fill(causal, -inf) (Where)
+      "sdpa":     fused qkv Linear(D, 3D) + chunk, F.scaled_dot_product_attention(is_causal=True)
+    """
+
+    PATTERNS = patterns(linear_gelu=1, sdpa=1, layernorm=2)
+    # softmax is shift-invariant per row, so the key bias gets an exactly-zero gradient
+    ZERO_GRAD = ["k.bias"]
+
+    def __init__(self, attn: str = "explicit") -> None:
+        super().__init__()
+        assert attn in ("explicit", "mul", "sdpa")
+        if attn == "sdpa":
+            self.ZERO_GRAD = []  # the fused qkv.bias is only partly (its k third) zero
+        self.attn = attn
+        self.dh = D_MODEL // N_HEADS
+        self.ln1 = nn.LayerNorm(D_MODEL)
+        if attn == "sdpa":
+            self.qkv = nn.Linear(D_MODEL, 3 * D_MODEL)
+        else:
+            self.q = nn.Linear(D_MODEL, D_MODEL)
+            self.k = nn.Linear(D_MODEL, D_MODEL)
+            self.v = nn.Linear(D_MODEL, D_MODEL)
+        self.o = nn.Linear(D_MODEL, D_MODEL)
+        self.ln2 = nn.LayerNorm(D_MODEL)
+        self.fc1 = nn.Linear(D_MODEL, FF)
+        self.fc2 = nn.Linear(FF, D_MODEL)
+        causal = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)
+        if attn == "explicit":
+            # additive mask, 0 on/below the diagonal, -1e4 above it
+            self.register_buffer("mask", causal.float() * -1e4, persistent=False)
+        elif attn == "mul":
+            self.register_buffer("mask", causal, persistent=False)
+
+    def _heads(self, t: torch.Tensor, b: int, s: int) -> torch.Tensor:
+        return t.reshape(b, s, N_HEADS, self.dh).transpose(1, 2)  # [B, H, S, dh]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s = x.shape[0], x.shape[1]
+        h = self.ln1(x)
+        if self.attn == "sdpa":
+            q, k, v = self.qkv(h).chunk(3, dim=-1)
+            q, k, v = (self._heads(t, b, s) for t in (q, k, v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            q = self._heads(self.q(h), b, s)
+            k = self._heads(self.k(h), b, s)
+            v = self._heads(self.v(h), b, s)
+            if self.attn == "explicit":
+                scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.dh)
+                scores = scores + self.mask
+            else:
+                scores = torch.matmul(q * (self.dh ** -0.5), k.transpose(-2, -1))
+                scores = scores.masked_fill(self.mask, float("-inf"))
+            p = torch.softmax(scores, dim=-1)
+            a = torch.matmul(p, v)
+        a = a.transpose(1, 2).reshape(b, s, D_MODEL)
+        x = x + self.o(a)
+        x = x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        return x
+
+
+class CNN(nn.Module):
+    """Input [B, 3, 8, 8] -> logits [B, 4].
+
+    stem: Conv(3->8, 3x3, bias=False) + BN + ReLU              (conv_bn_relu #1)
+    body: Conv(8->8, 3x3) + BN + ReLU                           (conv_bn_relu #2)
+    shortcut: Conv(8->8, 1x1) + BN, NO ReLU, added to the body  (not a conv_bn_relu)
+    MaxPool 2x2, mean over H,W, Linear(8 -> 4).
+    """
+
+    NUM_CLASSES = 4
+    PATTERNS = patterns(conv_bn_relu=2)
+    # a conv bias right before a training-mode BatchNorm gets an exactly-zero gradient
+    ZERO_GRAD = ["conv2.bias", "conv_s.bias"]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.conv_s = nn.Conv2d(8, 8, 1)
+        self.bn_s = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, self.NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(h))) + self.bn_s(self.conv_s(h))
+        y = F.max_pool2d(y, 2)
+        y = y.mean(dim=(2, 3))
+        return self.head(y)
