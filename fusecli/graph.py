@@ -71,6 +71,7 @@ class GraphIndex:
         self.initializers = {t.name: t for t in graph.initializer}
         self.names = set()
         self._const_cache: dict[str, np.ndarray | None] = {}
+        self._shapes: dict[str, list[int | None]] | None = None
         for i, proto in enumerate(graph.node):
             self._add(proto, float(i))
 
@@ -132,6 +133,20 @@ class GraphIndex:
                 value = _constant_node_value(prod)
         self._const_cache[name] = value
         return value
+
+    def shape(self, name: str) -> list[int | None] | None:
+        """Static shape of a tensor from value_info/inputs/outputs/initializers, if recorded."""
+        if self._shapes is None:
+            self._shapes = {}
+            g = self.graph
+            for v in list(g.value_info) + list(g.input) + list(g.output):
+                t = v.type.tensor_type
+                if t.HasField("shape"):
+                    self._shapes[v.name] = [d.dim_value if d.HasField("dim_value") else None
+                                            for d in t.shape.dim]
+            for t in g.initializer:
+                self._shapes[t.name] = list(t.dims)
+        return self._shapes.get(name)
 
     def unique_name(self, base: str) -> str:
         name, i = base, 1

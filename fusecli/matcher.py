@@ -109,9 +109,49 @@ def check_attr(node: GNode, name: str, c: AttrConstraint) -> tuple[bool, object,
     return True, _norm(effective), ""
 
 
-def const_matches(value: np.ndarray | None, want, tol: float) -> tuple[bool, str]:
+def _kind_matches(arr: np.ndarray, kind: str, data_shape=None) -> tuple[bool, str]:
+    flat = arr.reshape(-1)
+    ints = arr.dtype.kind in "iu"
+    shown = f"is {flat[:6].tolist()}{'...' if flat.size > 6 else ''}"
+    if kind == "constant":
+        return True, ""
+    if kind == "scalar":
+        return arr.size == 1 and arr.dtype.kind in "iuf", f"{shown}, rule wants a scalar number"
+    if kind == "leading_axes":
+        ok = ints and arr.ndim == 1 and flat.size >= 1 and sorted(flat.tolist()) == list(
+            range(flat.size))
+        if ok and data_shape is not None:
+            ok = len(data_shape) == flat.size + 1
+        return ok, (f"{shown}, rule wants every axis but the last [0, ..., k-1]"
+                    f"{f' of a rank-{len(data_shape)} tensor' if data_shape else ''}")
+    if kind == "last_axis":
+        ok = ints and flat.size == 1 and (int(flat[0]) == -1 or (
+            data_shape is not None and int(flat[0]) == len(data_shape) - 1))
+        return ok, f"{shown}, rule wants the last axis (-1, or rank-1 of a known shape)"
+    if kind == "flatten_2d":
+        ok = ints and arr.ndim == 1 and flat.size == 2 and flat[1] > 0 and flat[0] != 0
+        if ok and data_shape is not None and data_shape and data_shape[-1] is not None:
+            lead = data_shape[:-1]
+            ok = data_shape[-1] == flat[1] and (flat[0] == -1 or (
+                None not in lead and int(np.prod(lead, dtype=np.int64)) == flat[0]))
+        elif ok:
+            ok = flat[0] == -1  # unknown input shape: only [-1, n] is surely a flatten
+        return ok, f"{shown}, rule wants a shape that flattens the leading dims: [-1 or M, n]"
+    if kind == "large_negative":
+        ok = arr.size == 1 and arr.dtype.kind == "f" and float(flat[0]) <= -1e4
+        return ok, f"{shown}, rule wants a mask fill value <= -1e4 (or -inf)"
+    if kind == "vector_shape":
+        ok = ints and arr.ndim == 1 and flat.size == 1 and flat[0] > 0
+        return ok, f"{shown}, rule wants a 1-D shape [n]"
+    return False, f"unknown kind {kind}"
+
+
+def const_matches(value: np.ndarray | None, want, tol: float, kind: str | None = None,
+                  data_shape=None) -> tuple[bool, str]:
     if value is None:
         return False, "is not a constant (initializer or Constant node)"
+    if kind is not None:
+        return _kind_matches(np.asarray(value), kind, data_shape)
     arr = np.asarray(value)
     if arr.dtype.kind not in "biuf":
         return False, f"is a constant of dtype {arr.dtype}, rule wants a number"
@@ -178,12 +218,14 @@ class Matcher:
     def _absent(self, i, spec, nodes, tensors, captures):
         t2 = dict(tensors)
         if spec.optional == "passthrough":
-            src = next(var_name(t) for t in spec.inputs if t != "_")
+            src = var_name(spec.inputs[0])
             dst = var_name(spec.outputs[0])
             if src in t2:
                 if dst in t2 and t2[dst] != t2[src]:
                     return None
                 t2[dst] = t2[src]
+            elif dst in t2:
+                t2[src] = t2[dst]
         return self._search(i + 1, nodes, t2, captures)
 
     def _no_candidate_detail(self, spec: NodeSpec, tensors) -> str:
@@ -284,7 +326,7 @@ class Matcher:
             if tok == "_":
                 continue
             v = var_name(tok)
-            if name == "" and not tok.endswith("?"):
+            if name == "" and not tok.endswith("*"):
                 self._fail(depth, nodes, spec.id, kind + "s",
                            f"node {node.name} has no {kind} {pos} (rule: {tok})")
                 return False
@@ -297,7 +339,9 @@ class Matcher:
                 continue
             ts = self.rule.tensors.get(v)
             if ts is not None and name:
-                ok, detail = const_matches(self.g.const_value(name), ts.const, ts.tol)
+                data_shape = self.g.shape(actual[0]) if kind == "input" and pos else None
+                ok, detail = const_matches(self.g.const_value(name), ts.const, ts.tol,
+                                           ts.kind, data_shape)
                 if not ok:
                     self._fail(depth, nodes, spec.id, "constant",
                                f"node {node.name} {kind} {pos} '{name}' ({v}) {detail}")
@@ -309,10 +353,12 @@ class Matcher:
     def _finish(self, nodes, tensors, captures) -> Match | None:
         self._res.structural = True
         rule = self.rule
-        matched = {n.uid for n in nodes.values()}
+        kept = {s.id for s in rule.nodes if s.keep}
+        removed = {k: n for k, n in nodes.items() if k not in kept}
+        matched = {n.uid for n in removed.values()}
         rep_out = {tensors.get(v, "") for v in rule.replace.outputs if v}
         rep_out.discard("")
-        for spec_id, node in nodes.items():
+        for spec_id, node in removed.items():
             for t in node.outputs:
                 if not t or t in rep_out:
                     continue
@@ -331,7 +377,7 @@ class Matcher:
                 return self._guard(nodes, "missing_required_input",
                                    f"{rule.replace.op} needs {port.name} but '{v}' is not bound")
         # placement: after every producer of a fused input, before every outside consumer
-        first = min(n.key for n in nodes.values())
+        first = min(n.key for n in removed.values())
         lo = -math.inf
         for v in rule.replace.inputs:
             t = tensors.get(v)
@@ -351,8 +397,8 @@ class Matcher:
             return self._guard(nodes, "would_create_cycle",
                                "an input of the fused op is produced after one of its outputs is "
                                "consumed; fusing would create a cycle")
-        inter = sorted({t for n in nodes.values() for t in n.outputs if t and t not in rep_out})
-        return Match(rule, dict(nodes), dict(tensors), dict(captures), key, inter)
+        inter = sorted({t for n in removed.values() for t in n.outputs if t and t not in rep_out})
+        return Match(rule, removed, dict(tensors), dict(captures), key, inter)
 
     def _guard(self, nodes, reason, detail):
         f = Failure(len(nodes), {k: n.name for k, n in nodes.items()}, None, reason, detail)

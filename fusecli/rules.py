@@ -21,7 +21,7 @@ CANONICAL_PATTERNS = ("linear_relu", "linear_gelu", "linear_silu", "sdpa", "conv
 DEFAULT_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-_VAR_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\??$")
+_VAR_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\*?$")
 CONST_FUNCS = {
     "identity": lambda x: x,
     "reciprocal": lambda x: 1.0 / x,
@@ -30,7 +30,10 @@ CONST_FUNCS = {
     "negate": lambda x: -x,
 }
 _ATTR_CONSTRAINT_KEYS = {"equals", "one_of", "absent_or", "absent", "capture"}
-_NODE_KEYS = {"id", "op", "domain", "inputs", "outputs", "attrs", "commutative", "optional"}
+_NODE_KEYS = {"id", "op", "domain", "inputs", "outputs", "attrs", "commutative", "optional",
+              "keep"}
+TENSOR_KINDS = ("constant", "scalar", "leading_axes", "last_axis", "flatten_2d",
+                "vector_shape", "large_negative")
 _RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace"}
 
 
@@ -89,18 +92,20 @@ class NodeSpec:
     id: str
     ops: tuple[str, ...]
     domains: tuple[str, ...]
-    inputs: tuple[str, ...]          # variable names; "_" = any; "x?" = may be absent
+    inputs: tuple[str, ...]          # variable names; "_" = any; "x*" = may be absent
     outputs: tuple[str, ...]
     attrs: dict[str, AttrConstraint]
     commutative: bool
     optional: str | None            # None | "branch" | "passthrough"
+    keep: bool = False              # context node: must match, is not removed
     line: int | None = None
 
 
 @dataclass(frozen=True)
 class TensorSpec:
-    const: object = None
+    const: object = None             # expected value (number or list), or None with a kind
     tol: float = 1e-5
+    kind: str | None = None          # one of TENSOR_KINDS
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,7 @@ class Rule:
 
 
 def var_name(token: str) -> str:
-    return token[:-1] if token.endswith("?") else token
+    return token[:-1] if token.endswith("*") else token
 
 
 def _norm_domain(d: str) -> str:
@@ -174,7 +179,7 @@ def _parse_ports(src, node_id, key, raw, line) -> tuple[str, ...]:
     for t in raw:
         if t != "_" and not _VAR_RE.match(t):
             raise RuleError(src, f"node '{node_id}': {key} entry {t!r} is not a variable name "
-                            "(letters, digits, '_', optional trailing '?'; '_' for any)", line)
+                            "(letters, digits, '_', a trailing '*' when the tensor may be absent; '_' for any)", line)
     return tuple(raw)
 
 
@@ -187,7 +192,7 @@ def _parse_node(src, raw, index) -> NodeSpec:
         raise RuleError(src, f"nodes[{index}]: unknown key(s) {sorted(unknown)}; allowed: "
                         f"{sorted(_NODE_KEYS)}", line)
     nid = raw.get("id")
-    if not isinstance(nid, str) or not _VAR_RE.match(nid) or nid.endswith("?"):
+    if not isinstance(nid, str) or not _VAR_RE.match(nid) or nid.endswith("*"):
         raise RuleError(src, f"nodes[{index}]: 'id' is required and must be an identifier", line)
     ops = raw.get("op")
     if ops is None or not all(isinstance(o, str) and o for o in _as_list(ops)):
@@ -212,18 +217,22 @@ def _parse_node(src, raw, index) -> NodeSpec:
         raise RuleError(src, f"node '{nid}': optional must be true, false or 'passthrough'",
                         _line(raw, "optional"))
     if optional == "passthrough":
-        real_in = [t for t in inputs if t != "_"]
-        if len(real_in) != 1 or len(outputs) != 1:
-            raise RuleError(src, f"node '{nid}': a passthrough node needs exactly one input and "
-                            "one output variable", line)
+        if not inputs or inputs[0] == "_" or len(outputs) != 1:
+            raise RuleError(src, f"node '{nid}': a passthrough node needs its first input and "
+                            "its one output named (when absent, the output is the first input)",
+                            line)
     if index == 0 and optional:
         raise RuleError(src, f"node '{nid}': the first node is the anchor and cannot be optional",
                         line)
     commutative = raw.get("commutative", False)
     if not isinstance(commutative, bool):
         raise RuleError(src, f"node '{nid}': commutative must be true or false", line)
+    keep = raw.get("keep", False)
+    if not isinstance(keep, bool) or (keep and optional):
+        raise RuleError(src, f"node '{nid}': keep must be true or false, and a kept (context) "
+                        "node cannot be optional", line)
     return NodeSpec(nid, tuple(_as_list(ops)), domains, inputs, outputs, attrs, commutative,
-                    optional, line)
+                    optional, keep, line)
 
 
 def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
@@ -234,12 +243,18 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
     out = {}
     for name, spec in raw.items():
         line = _line(raw, name)
-        if not isinstance(spec, dict) or "const" not in spec:
-            raise RuleError(src, f"tensor '{name}': expected a mapping with 'const' "
-                            "(and optional 'tol')", line)
-        unknown = set(spec) - {"const", "tol"}
+        if not isinstance(spec, dict) or ("const" in spec) == ("kind" in spec):
+            raise RuleError(src, f"tensor '{name}': expected a mapping with either 'const' "
+                            f"(and optional 'tol') or 'kind' (one of {list(TENSOR_KINDS)})", line)
+        unknown = set(spec) - {"const", "tol", "kind"}
         if unknown:
             raise RuleError(src, f"tensor '{name}': unknown key(s) {sorted(unknown)}", line)
+        if "kind" in spec:
+            if spec["kind"] not in TENSOR_KINDS:
+                raise RuleError(src, f"tensor '{name}': kind must be one of {list(TENSOR_KINDS)}",
+                                line)
+            out[name] = TensorSpec(kind=spec["kind"])
+            continue
         const = spec["const"]
         flat = const if isinstance(const, list) else [const]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
@@ -316,6 +331,7 @@ def _parse_replace(src, raw, captures, const_vars) -> Replacement:
 
 def _check_dataflow(src, nodes: tuple[NodeSpec, ...], replace: Replacement, tensors) -> None:
     produced: dict[str, str] = {}
+    kept_out: set[str] = set()
     seen: set[str] = set()
     ids = set()
     for i, n in enumerate(nodes):
@@ -333,6 +349,8 @@ def _check_dataflow(src, nodes: tuple[NodeSpec, ...], replace: Replacement, tens
                 raise RuleError(src, f"tensor '{o}' is produced by both '{produced[o]}' and "
                                 f"'{n.id}'", n.line)
             produced[o] = n.id
+            if n.keep:
+                kept_out.add(o)
         seen |= ins | outs
     for t in tensors:
         if t not in seen:
@@ -341,11 +359,11 @@ def _check_dataflow(src, nodes: tuple[NodeSpec, ...], replace: Replacement, tens
         if v and v not in seen:
             raise RuleError(src, f"replace refers to '{v}', which no pattern node uses", None)
     for v in replace.outputs:
-        if v and v not in produced:
-            raise RuleError(src, f"replace.outputs: '{v}' is not produced by a pattern node",
-                            None)
+        if v and (v not in produced or v in kept_out):
+            raise RuleError(src, f"replace.outputs: '{v}' is not produced by a (non-kept) "
+                            "pattern node", None)
     for v in replace.inputs:
-        if v and v in produced:
+        if v and v in produced and v not in kept_out:
             raise RuleError(src, f"replace.inputs: '{v}' is produced inside the pattern; a fused "
                             "op cannot consume its own intermediate", None)
 

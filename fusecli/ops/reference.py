@@ -57,13 +57,18 @@ def linear_activation_grad(dy, x, a, w, activation: str, trans_w: int = 0):
     return da, dw, db
 
 
-def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0):
+def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, q_scale=None,
+                   k_scale=None):
     do64, q64, v64, p64 = (t.astype(np.float64) for t in (do, q, v, p))
     k64 = k.astype(np.float64)
     k_sd = np.swapaxes(k64, -1, -2) if k_transposed else k64  # [..., Sk, D]
     dv = np.swapaxes(p64, -1, -2) @ do64
     dp = do64 @ np.swapaxes(v64, -1, -2)
     ds = p64 * (dp - (dp * p64).sum(axis=-1, keepdims=True))
+    if q_scale is not None:
+        scale_q = scale_q * float(np.asarray(q_scale, dtype=np.float64).reshape(-1)[0])
+    if k_scale is not None:
+        scale_k = scale_k * float(np.asarray(k_scale, dtype=np.float64).reshape(-1)[0])
     dq = scale_q * (ds @ k_sd)
     dk = scale_k * (np.swapaxes(ds, -1, -2) @ q64)
     if k_transposed:
@@ -197,9 +202,11 @@ def _reference_ops():
     class AttentionGrad(OpRun):
         op_domain = DOMAIN
 
-        def _run(self, do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0):
+        def _run(self, do, q, k, v, p, q_scale=None, k_scale=None, scale_q=1.0, scale_k=1.0,
+                 k_transposed=0):
             return attention_grad(do, q, k, v, p, 1.0 if scale_q is None else scale_q,
-                                  1.0 if scale_k is None else scale_k, k_transposed or 0)
+                                  1.0 if scale_k is None else scale_k, k_transposed or 0,
+                                  q_scale, k_scale)
 
     class ConvBnReluGrad(OpRun):
         op_domain = DOMAIN

@@ -1,0 +1,82 @@
+"""Locate and register fusecli's onnxruntime custom-op library (``fusecli/lib/libfusecli_ops.so``).
+
+The library implements every op of the ``com.fusecli`` domain (see ``fusecli/ops/contracts.yaml``)
+on the CPU execution provider, and on the CUDA execution provider when it was built with nvcc.
+It is built by ``make lib`` (``scripts/build_lib.sh``) and is never committed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+LIBRARY_NAME = "libfusecli_ops.so"
+
+
+class LibraryNotBuilt(FileNotFoundError):
+    """The custom-op library has not been built yet."""
+
+
+def library_path() -> str:
+    """Absolute path of the built custom-op library; raises :class:`LibraryNotBuilt` if missing."""
+    path = (Path(__file__).resolve().parent / "lib" / LIBRARY_NAME)
+    if not path.is_file():
+        raise LibraryNotBuilt("fusecli's custom-op library is not built: run `make lib`")
+    return str(path)
+
+
+def session_options(threads: int | None = None, opt_level=None):
+    """``onnxruntime.SessionOptions`` with fusecli's custom-op library registered.
+
+    ``threads`` sets the intra-op thread count (None: onnxruntime's default); ``opt_level`` is an
+    ``onnxruntime.GraphOptimizationLevel`` (None: ORT_ENABLE_ALL). Intra-op spinning is turned
+    off (it distorts timings and wastes cores on small machines).
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(library_path())
+    if threads is not None:
+        so.intra_op_num_threads = int(threads)
+    so.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if opt_level is None else opt_level)
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return so
+
+
+def kernel_calls(op_name: str) -> int:
+    """How many times the library's kernel for ``op_name`` ran in this process (-1: unknown op).
+
+    Loads the same .so that onnxruntime dlopens (same absolute path, so the same handle and the
+    same counters).
+    """
+    return int(_cdll().fusecli_kernel_calls(op_name.encode()))
+
+
+def reset_kernel_calls() -> None:
+    _cdll().fusecli_reset_kernel_calls()
+
+
+def has_cuda() -> bool:
+    """Whether the built library contains the CUDA kernels."""
+    return bool(_cdll().fusecli_has_cuda())
+
+
+_CDLL = None
+
+
+def _cdll():
+    global _CDLL
+    if _CDLL is None:
+        import ctypes
+
+        lib = ctypes.CDLL(library_path(), mode=os.RTLD_NOW | getattr(os, "RTLD_GLOBAL", 0))
+        lib.fusecli_kernel_calls.argtypes = [ctypes.c_char_p]
+        lib.fusecli_kernel_calls.restype = ctypes.c_int64
+        lib.fusecli_reset_kernel_calls.argtypes = []
+        lib.fusecli_reset_kernel_calls.restype = None
+        lib.fusecli_has_cuda.argtypes = []
+        lib.fusecli_has_cuda.restype = ctypes.c_int
+        _CDLL = lib
+    return _CDLL
