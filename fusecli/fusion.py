@@ -50,6 +50,13 @@ class FusionRecord:
     fused_node: str
     replaced: list[str]
     intermediates: list[str]
+    node: onnx.NodeProto                 # the fused node as inserted
+    nodes: dict[str, str]                # rule node id -> replaced node name
+    tensors: dict[str, str]              # rule variable -> tensor name
+
+    def as_dict(self) -> dict:
+        return {"rule": self.rule, "pattern": self.pattern, "fused_node": self.fused_node,
+                "replaced": self.replaced, "intermediates": self.intermediates}
 
 
 @dataclass
@@ -233,7 +240,9 @@ class FusionPass:
         credit[fused.uid] = rule.name
         stats.rules[rule.name].fused += 1
         stats.fusions.append(FusionRecord(rule.name, rule.pattern, name, replaced,
-                                          list(m.intermediates)))
+                                          list(m.intermediates), proto,
+                                          {k: n.name for k, n in m.nodes.items()},
+                                          dict(m.tensors)))
         stats.buffers_eliminated += len(m.intermediates)
         if stats.bytes_eliminated is not None:
             for t in m.intermediates:

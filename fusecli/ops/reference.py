@@ -43,16 +43,19 @@ def activation_grad(dy: np.ndarray, x: np.ndarray, activation: str) -> np.ndarra
     return out.astype(dy.dtype)
 
 
-def linear_activation_grad(dy, x, a, w, activation: str, trans_w: int = 0):
+def linear_activation_grad(dy, x, a, w=None, activation: str = "relu", trans_w: int = 0):
     n = dy.shape[-1]
     k = a.shape[-1]
     dz = activation_grad(dy, x, activation).astype(np.float64).reshape(-1, n)
     a2 = a.astype(np.float64).reshape(-1, k)
-    w64 = w.astype(np.float64)
-    wnk = w64.T if trans_w else w64  # [N, K]
-    da = (dz @ wnk).reshape(*a.shape).astype(a.dtype)
+    if w is None:
+        da = None
+    else:
+        w64 = w.astype(np.float64)
+        wnk = w64.T if trans_w else w64  # [N, K]
+        da = (dz @ wnk).reshape(*a.shape[:-1], wnk.shape[1]).astype(a.dtype)
     dw_nk = dz.T @ a2
-    dw = (dw_nk.T if trans_w else dw_nk).astype(w.dtype)
+    dw = (dw_nk.T if trans_w else dw_nk).astype(a.dtype)
     db = dz.sum(axis=0).astype(dy.dtype)
     return da, dw, db
 
@@ -170,13 +173,14 @@ def layer_norm_grad(dy, x, gamma, mean, inv_std, dr=None, axis=-1):
     mu = mean.astype(np.float64).reshape(-1, 1)
     rs = inv_std.astype(np.float64).reshape(-1, 1)
     xhat = (xs - mu) * rs
-    g = d * gamma.astype(np.float64).reshape(1, n)
+    g = d * (1.0 if gamma is None else gamma.astype(np.float64).reshape(1, n))
     dx = rs * (g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True))
     if dr is not None:
         dx = dx + dr.astype(np.float64).reshape(-1, n)
-    dgamma = (d * xhat).sum(axis=0).reshape(gamma.shape)
-    dbeta = d.sum(axis=0).reshape(gamma.shape)
-    return dx.reshape(x.shape).astype(dy.dtype), dgamma.astype(gamma.dtype), dbeta.astype(gamma.dtype)
+    pshape = x.shape[ax:]
+    dgamma = (d * xhat).sum(axis=0).reshape(pshape).astype(dy.dtype)
+    dbeta = d.sum(axis=0).reshape(pshape).astype(dy.dtype)
+    return dx.reshape(x.shape).astype(dy.dtype), dgamma, dbeta
 
 
 # --- onnx.reference adapters --------------------------------------------------------------
@@ -187,42 +191,48 @@ def _reference_ops():
     def _s(v):
         return v.decode() if isinstance(v, bytes) else v
 
+    def _fit(op, res):
+        # a node lists only the outputs it needs; an absent ("") output gets a placeholder
+        res = tuple(res)[:len(op.output)]
+        return tuple(np.empty(0, np.float32) if r is None else r for r in res)
+
     class ActivationGrad(OpRun):
         op_domain = DOMAIN
 
         def _run(self, dy, x, activation=None):
-            return (activation_grad(dy, x, _s(activation)),)
+            return _fit(self, (activation_grad(dy, x, _s(activation)),))
 
     class LinearActivationGrad(OpRun):
         op_domain = DOMAIN
 
-        def _run(self, dy, x, a, w, activation=None, trans_w=0):
-            return linear_activation_grad(dy, x, a, w, _s(activation), trans_w or 0)
+        def _run(self, dy, x, a, w=None, activation=None, trans_w=0):
+            return _fit(self, linear_activation_grad(dy, x, a, w, _s(activation), trans_w or 0))
 
     class AttentionGrad(OpRun):
         op_domain = DOMAIN
 
         def _run(self, do, q, k, v, p, q_scale=None, k_scale=None, scale_q=1.0, scale_k=1.0,
                  k_transposed=0):
-            return attention_grad(do, q, k, v, p, 1.0 if scale_q is None else scale_q,
-                                  1.0 if scale_k is None else scale_k, k_transposed or 0,
-                                  q_scale, k_scale)
+            return _fit(self, attention_grad(do, q, k, v, p, 1.0 if scale_q is None else scale_q,
+                                             1.0 if scale_k is None else scale_k,
+                                             k_transposed or 0, q_scale, k_scale))
 
     class ConvBnReluGrad(OpRun):
         op_domain = DOMAIN
 
         def _run(self, dy, y, x, w, cv, gamma, mean, inv_std, strides=None, pads=None,
                  dilations=None, group=1, relu=1):
-            return conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std,
-                                     tuple(strides or (1, 1)), tuple(pads or (0, 0, 0, 0)),
-                                     tuple(dilations or (1, 1)), group or 1,
-                                     1 if relu is None else relu)
+            return _fit(self, conv_bn_relu_grad(
+                dy, y, x, w, cv, gamma, mean, inv_std, tuple(strides or (1, 1)),
+                tuple(pads or (0, 0, 0, 0)), tuple(dilations or (1, 1)), group or 1,
+                1 if relu is None else relu))
 
     class LayerNormGrad(OpRun):
         op_domain = DOMAIN
 
-        def _run(self, dy, x, gamma, mean, inv_std, dr=None, axis=-1):
-            return layer_norm_grad(dy, x, gamma, mean, inv_std, dr, -1 if axis is None else axis)
+        def _run(self, dy, x, gamma=None, mean=None, inv_std=None, dr=None, axis=-1):
+            return _fit(self, layer_norm_grad(dy, x, gamma, mean, inv_std, dr,
+                                              -1 if axis is None else axis))
 
     return [ActivationGrad, LinearActivationGrad, AttentionGrad, ConvBnReluGrad, LayerNormGrad]
 
