@@ -1,0 +1,315 @@
+// Shared helpers: attributes, tensor access, threads, GEMM, activation math, call counters,
+// and the library entry point RegisterCustomOps.
+#include "common.h"
+
+#include <Eigen/Core>
+#include <unsupported/Eigen/SpecialFunctions>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#define FUSECLI_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace fusecli {
+
+const char* const kOpNames[kNumOps] = {"ActivationGrad", "LinearActivationGrad", "AttentionGrad",
+                                       "ConvBnReluGrad", "LayerNormGrad"};
+static std::atomic<int64_t> g_calls[kNumOps];
+
+void count_call(OpId op) { g_calls[op].fetch_add(1, std::memory_order_relaxed); }
+
+// ---- attributes ---------------------------------------------------------------------------
+int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t dflt) {
+  int64_t v = 0;
+  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &v);
+  if (st) {
+    Ort::GetApi().ReleaseStatus(st);
+    return dflt;
+  }
+  return v;
+}
+float attr_float(const OrtKernelInfo* info, const char* name, float dflt) {
+  float v = 0;
+  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_float(info, name, &v);
+  if (st) {
+    Ort::GetApi().ReleaseStatus(st);
+    return dflt;
+  }
+  return v;
+}
+std::string attr_string(const OrtKernelInfo* info, const char* name, const std::string& dflt) {
+  size_t size = 0;
+  OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_string(info, name, nullptr, &size);
+  if (st) {
+    Ort::GetApi().ReleaseStatus(st);
+    return dflt;
+  }
+  std::string s(size, '\0');
+  st = Ort::GetApi().KernelInfoGetAttribute_string(info, name, &s[0], &size);
+  if (st) {
+    Ort::GetApi().ReleaseStatus(st);
+    return dflt;
+  }
+  if (!s.empty() && s.back() == '\0') s.pop_back();
+  return s;
+}
+std::vector<int64_t> attr_ints(const OrtKernelInfo* info, const char* name,
+                               const std::vector<int64_t>& dflt) {
+  size_t size = 0;
+  OrtStatus* st = Ort::GetApi().KernelInfoGetAttributeArray_int64(info, name, nullptr, &size);
+  if (st) {
+    Ort::GetApi().ReleaseStatus(st);
+    return dflt;
+  }
+  std::vector<int64_t> v(size);
+  if (size == 0) return v;
+  st = Ort::GetApi().KernelInfoGetAttributeArray_int64(info, name, v.data(), &size);
+  if (st) {
+    Ort::GetApi().ReleaseStatus(st);
+    return dflt;
+  }
+  return v;
+}
+
+// ---- tensors ------------------------------------------------------------------------------
+In get_input(Ort::KernelContext& ctx, size_t i) {
+  In r;
+  if (i >= ctx.GetInputCount()) return r;
+  Ort::ConstValue v = ctx.GetInput(i);
+  if (static_cast<const OrtValue*>(v) == nullptr) return r;
+  auto info = v.GetTensorTypeAndShapeInfo();
+  r.shape = info.GetShape();
+  r.type = info.GetElementType();
+  r.data = v.GetTensorRawData();
+  r.present = true;
+  return r;
+}
+
+bool get_output(Ort::KernelContext& ctx, size_t i, const std::vector<int64_t>& shape, void** data) {
+  *data = nullptr;
+  if (i >= ctx.GetOutputCount()) return false;
+  Ort::UnownedValue v = ctx.GetOutput(i, shape);
+  if (static_cast<OrtValue*>(v) == nullptr) return false;
+  *data = v.GetTensorMutableRawData();
+  return true;
+}
+
+int64_t prod(const std::vector<int64_t>& v, size_t from, size_t to) {
+  int64_t p = 1;
+  for (size_t i = from; i < v.size() && i < to; ++i) p *= v[i];
+  return p;
+}
+
+// ---- threading ----------------------------------------------------------------------------
+int num_threads() {
+  static const int n = [] {
+    if (const char* e = std::getenv("FUSECLI_NUM_THREADS")) {
+      int v = std::atoi(e);
+      if (v > 0) return v;
+    }
+    unsigned h = std::thread::hardware_concurrency();
+    return h ? static_cast<int>(h) : 1;
+  }();
+  return n;
+}
+
+int planned_threads(int64_t n, int64_t grain, int max_threads) {
+  int t = max_threads > 0 ? std::min(max_threads, num_threads()) : num_threads();
+  if (grain < 1) grain = 1;
+  int64_t chunks = (n + grain - 1) / grain;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, chunks)));
+}
+
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn,
+                  int max_threads) {
+  if (n <= 0) return;
+  int t = planned_threads(n, grain, max_threads);
+  if (t == 1) {
+    fn(0, 0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  std::vector<std::exception_ptr> errs(t);
+  pool.reserve(t - 1);
+  auto run = [&](int i) {
+    int64_t b = n * i / t, e = n * (i + 1) / t;
+    try {
+      if (b < e) fn(i, b, e);
+    } catch (...) {
+      errs[i] = std::current_exception();
+    }
+  };
+  for (int i = 1; i < t; ++i) pool.emplace_back(run, i);
+  run(0);
+  for (auto& th : pool) th.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+}
+
+// ---- GEMM ---------------------------------------------------------------------------------
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using CMap = Eigen::Map<const RowMat, 0, Eigen::OuterStride<>>;
+using MMap = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
+
+template <typename EA, typename EB>
+static void gemm_block(const EA& a, const EB& b, float alpha, float beta, MMap c) {
+  if (beta == 0.f) {
+    c.noalias() = alpha * (a * b);
+  } else {
+    if (beta != 1.f) c *= beta;
+    c.noalias() += alpha * (a * b);
+  }
+}
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+          int threads) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
+    return;
+  }
+  // Stored shapes: A is [m,k] (or [k,m] when ta), B is [k,n] (or [n,k] when tb).
+  CMap A(a, ta ? k : m, ta ? m : k, Eigen::OuterStride<>(lda));
+  CMap B(b, tb ? n : k, tb ? k : n, Eigen::OuterStride<>(ldb));
+  MMap C(c, m, n, Eigen::OuterStride<>(ldc));
+  const int64_t flops = m * n * k;
+  int max_t = threads > 0 ? threads : num_threads();
+  if (flops < (1 << 18)) max_t = 1;
+  const bool split_rows = m >= n;
+  const int64_t span = split_rows ? m : n;
+  const int64_t grain = std::max<int64_t>(16, span / std::max(1, max_t));
+  parallel_for(
+      span, grain,
+      [&](int, int64_t s0, int64_t s1) {
+        const int64_t len = s1 - s0;
+        if (split_rows) {
+          MMap Cb(c + s0 * ldc, len, n, Eigen::OuterStride<>(ldc));
+          if (!ta && !tb) gemm_block(A.middleRows(s0, len), B, alpha, beta, Cb);
+          else if (!ta && tb) gemm_block(A.middleRows(s0, len), B.transpose(), alpha, beta, Cb);
+          else if (ta && !tb) gemm_block(A.middleCols(s0, len).transpose(), B, alpha, beta, Cb);
+          else gemm_block(A.middleCols(s0, len).transpose(), B.transpose(), alpha, beta, Cb);
+        } else {
+          MMap Cb(c + s0, m, len, Eigen::OuterStride<>(ldc));
+          if (!ta && !tb) gemm_block(A, B.middleCols(s0, len), alpha, beta, Cb);
+          else if (!ta && tb) gemm_block(A, B.middleRows(s0, len).transpose(), alpha, beta, Cb);
+          else if (ta && !tb) gemm_block(A.transpose(), B.middleCols(s0, len), alpha, beta, Cb);
+          else gemm_block(A.transpose(), B.middleRows(s0, len).transpose(), alpha, beta, Cb);
+        }
+      },
+      max_t);
+  (void)C;
+}
+
+// ---- activations --------------------------------------------------------------------------
+Act parse_act(const std::string& s, bool allow_identity) {
+  if (s == "relu") return Act::kRelu;
+  if (s == "gelu") return Act::kGelu;
+  if (s == "gelu_tanh") return Act::kGeluTanh;
+  if (s == "silu") return Act::kSilu;
+  if (s == "identity" && allow_identity) return Act::kIdentity;
+  throw OpError("fusecli: unsupported activation '" + s + "'");
+}
+
+void act_grad_block(Act act, const float* dy, const float* x, float* out, int64_t n) {
+  using Arr = Eigen::Array<float, Eigen::Dynamic, 1>;
+  using CA = Eigen::Map<const Arr>;
+  using MA = Eigen::Map<Arr>;
+  constexpr int64_t kBlock = 1024;
+  alignas(64) float tmp[kBlock];
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t len = std::min(kBlock, n - i0);
+    CA d(dy + i0, len), v(x + i0, len);
+    MA o(out + i0, len);
+    MA t(tmp, len);
+    switch (act) {
+      case Act::kRelu:
+        o = (v > 0.f).select(d, 0.f);
+        break;
+      case Act::kGelu: {
+        const float kSqrt1_2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
+        o = d * (0.5f * (1.f + (v * kSqrt1_2).erf()) + v * (-0.5f * v * v).exp() * kInvSqrt2Pi);
+        break;
+      }
+      case Act::kGeluTanh: {
+        const float a = 0.79788456080286536f, c = 0.044715f;
+        t = (a * v * (1.f + c * v * v)).tanh();
+        o = d * 0.5f * (1.f + t + v * (1.f - t * t) * a * (1.f + 3.f * c * v * v));
+        break;
+      }
+      case Act::kSilu:
+        t = v.logistic();
+        o = d * t * (1.f + v * (1.f - t));
+        break;
+      case Act::kIdentity:
+        if (o.data() != d.data()) o = d;
+        break;
+    }
+  }
+}
+
+void half_to_float(const Ort::Float16_t* src, float* dst, int64_t n) {
+  Eigen::Map<Eigen::Array<float, Eigen::Dynamic, 1>>(dst, n) =
+      Eigen::Map<const Eigen::Array<Eigen::half, Eigen::Dynamic, 1>>(
+          reinterpret_cast<const Eigen::half*>(src), n)
+          .cast<float>();
+}
+void float_to_half(const float* src, Ort::Float16_t* dst, int64_t n) {
+  Eigen::Map<Eigen::Array<Eigen::half, Eigen::Dynamic, 1>>(reinterpret_cast<Eigen::half*>(dst), n) =
+      Eigen::Map<const Eigen::Array<float, Eigen::Dynamic, 1>>(src, n).cast<Eigen::half>();
+}
+
+#ifndef FUSECLI_WITH_CUDA
+void add_cuda_ops(Ort::CustomOpDomain&) {}
+#endif
+
+}  // namespace fusecli
+
+// ---- exported C entry points ----------------------------------------------------------------
+FUSECLI_EXPORT int64_t fusecli_kernel_calls(const char* op_name) {
+  if (!op_name) return -1;
+  for (int i = 0; i < fusecli::kNumOps; ++i)
+    if (std::strcmp(op_name, fusecli::kOpNames[i]) == 0) return fusecli::g_calls[i].load();
+  return -1;
+}
+
+FUSECLI_EXPORT void fusecli_reset_kernel_calls(void) {
+  for (auto& c : fusecli::g_calls) c.store(0);
+}
+
+FUSECLI_EXPORT int fusecli_has_cuda(void) {
+#ifdef FUSECLI_WITH_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+FUSECLI_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
+                                                         const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(fusecli::kOrtApiVersion);
+  if (!api) {
+    const OrtApi* v1 = api_base->GetApi(1);
+    return v1 ? v1->CreateStatus(ORT_FAIL, "fusecli: onnxruntime does not serve API version 16")
+              : nullptr;
+  }
+  Ort::InitApi(api);
+  // One domain object for the library's lifetime, shared by every session that registers it.
+  static std::mutex mu;
+  static std::unique_ptr<Ort::CustomOpDomain> domain;
+  std::lock_guard<std::mutex> lock(mu);
+  try {
+    if (!domain) {
+      domain = std::make_unique<Ort::CustomOpDomain>("com.fusecli");
+      fusecli::add_cpu_ops(*domain);
+      fusecli::add_cuda_ops(*domain);
+    }
+    Ort::UnownedSessionOptions(options).Add(*domain);
+  } catch (const std::exception& e) {
+    return api->CreateStatus(ORT_FAIL, e.what());
+  }
+  return nullptr;
+}

@@ -1,0 +1,132 @@
+// Shared helpers for fusecli's custom-op library (CPU and CUDA op wrappers).
+#pragma once
+
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fusecli {
+
+// The onnxruntime API version this library requests and stamps on every OrtCustomOp, so the
+// same .so loads in onnxruntime 1.19 (serves 1..19) and 1.31 (serves 1..31). Everything used
+// here exists in API 16 (KernelComputeV2 / CreateKernelV2 were added in 16).
+constexpr int kOrtApiVersion = 16;
+
+enum OpId { kActivationGrad = 0, kLinearActivationGrad, kAttentionGrad, kConvBnReluGrad,
+            kLayerNormGrad, kNumOps };
+extern const char* const kOpNames[kNumOps];
+void count_call(OpId op);
+
+// ---- errors -------------------------------------------------------------------------------
+struct OpError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+#define FUSECLI_CHECK(cond, msg)                                                   \
+  do {                                                                             \
+    if (!(cond)) throw ::fusecli::OpError(std::string("fusecli: ") + (msg));       \
+  } while (0)
+
+// ---- attributes with defaults ---------------------------------------------------------------
+int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t dflt);
+float attr_float(const OrtKernelInfo* info, const char* name, float dflt);
+std::string attr_string(const OrtKernelInfo* info, const char* name, const std::string& dflt);
+std::vector<int64_t> attr_ints(const OrtKernelInfo* info, const char* name,
+                               const std::vector<int64_t>& dflt);
+
+// ---- tensors ------------------------------------------------------------------------------
+struct In {
+  const void* data = nullptr;
+  std::vector<int64_t> shape;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  bool present = false;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+  template <typename T> const T* ptr() const { return static_cast<const T*>(data); }
+};
+In get_input(Ort::KernelContext& ctx, size_t i);
+// Allocates output i with `shape` and returns true with *data set, or returns false (and
+// allocates nothing) when the node does not request output i (empty name or past the end).
+bool get_output(Ort::KernelContext& ctx, size_t i, const std::vector<int64_t>& shape, void** data);
+template <typename T>
+T* output_or_null(Ort::KernelContext& ctx, size_t i, const std::vector<int64_t>& shape,
+                  bool* present) {
+  void* d = nullptr;
+  *present = get_output(ctx, i, shape, &d);
+  return static_cast<T*>(d);
+}
+
+int64_t prod(const std::vector<int64_t>& v, size_t from = 0, size_t to = SIZE_MAX);
+
+// ---- threading ----------------------------------------------------------------------------
+int num_threads();  // FUSECLI_NUM_THREADS or hardware_concurrency
+// Splits [0, n) into at most min(num_threads(), ceil(n / grain)) contiguous chunks;
+// fn(thread_index, begin, end). Chunk 0 runs on the calling thread.
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn,
+                  int max_threads = 0);
+int planned_threads(int64_t n, int64_t grain, int max_threads = 0);
+
+// ---- GEMM (row-major, Eigen inside, parallel over output rows) ----------------------------
+// C[m,n] = alpha * op(A) op(B) + beta * C ; op(A) is [m,k], op(B) is [k,n].
+// lda/ldb/ldc are row strides of the stored (untransposed) row-major matrices.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+          int64_t ldc, int threads = 0);
+
+// ---- activations --------------------------------------------------------------------------
+enum class Act { kRelu, kGelu, kGeluTanh, kSilu, kIdentity };
+Act parse_act(const std::string& s, bool allow_identity);
+// out[i] = dy[i] * act'(x[i]) for a contiguous block (vectorized through Eigen arrays).
+void act_grad_block(Act act, const float* dy, const float* x, float* out, int64_t n);
+void half_to_float(const Ort::Float16_t* src, float* dst, int64_t n);
+void float_to_half(const float* src, Ort::Float16_t* dst, int64_t n);
+
+// ---- op base ------------------------------------------------------------------------------
+template <typename TOp, typename TKernel>
+struct OpBase : Ort::CustomOpBase<TOp, TKernel, true> {
+  OpBase(const char* name, const char* ep) : name_(name), ep_(ep) {
+    this->OrtCustomOp::version = kOrtApiVersion;
+  }
+  const char* GetName() const { return name_; }
+  const char* GetExecutionProviderType() const { return ep_; }
+  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      *kernel = new TKernel(info, static_cast<const TOp*>(this));
+      return nullptr;
+    } catch (const std::exception& e) {
+      return api.CreateStatus(ORT_INVALID_ARGUMENT, e.what());
+    }
+  }
+  const char* name_;
+  const char* ep_;
+};
+
+// Wraps a kernel body into an OrtStatusPtr-returning ComputeV2.
+template <typename F>
+OrtStatusPtr guarded(F&& f) {
+  try {
+    f();
+    return nullptr;
+  } catch (const Ort::Exception& e) {
+    return Ort::GetApi().CreateStatus(e.GetOrtErrorCode(), e.what());
+  } catch (const std::exception& e) {
+    return Ort::GetApi().CreateStatus(ORT_FAIL, e.what());
+  }
+}
+
+// Registration hooks (each translation unit adds its ops to the domain).
+void add_cpu_ops(Ort::CustomOpDomain& domain);
+void add_cuda_ops(Ort::CustomOpDomain& domain);  // no-op in a CPU-only build
+
+}  // namespace fusecli

@@ -1,0 +1,310 @@
+// CPU kernels: ActivationGrad, LinearActivationGrad, LayerNormGrad.
+#include <Eigen/Core>
+
+#include "common.h"
+
+namespace fusecli {
+namespace {
+
+constexpr auto kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+constexpr auto kF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+using Arr = Eigen::Array<float, Eigen::Dynamic, 1>;
+using CA = Eigen::Map<const Arr>;
+using MA = Eigen::Map<Arr>;
+
+// ================================ ActivationGrad ============================================
+struct ActOp;
+struct ActKernel {
+  ActKernel(const OrtKernelInfo* info, const ActOp* op);
+  OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
+  void Compute(OrtKernelContext* c);
+  Act act;
+  bool half;
+};
+struct ActOp : OpBase<ActOp, ActKernel> {
+  explicit ActOp(bool half) : OpBase("ActivationGrad", nullptr), half(half) {}
+  size_t GetInputTypeCount() const { return 2; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return half ? kF16 : kF32; }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return half ? kF16 : kF32; }
+  bool half;
+};
+ActKernel::ActKernel(const OrtKernelInfo* info, const ActOp* op)
+    : act(parse_act(attr_string(info, "activation", ""), false)), half(op->half) {}
+
+void ActKernel::Compute(OrtKernelContext* c) {
+  count_call(kActivationGrad);
+  Ort::KernelContext ctx(c);
+  In dy = get_input(ctx, 0), x = get_input(ctx, 1);
+  FUSECLI_CHECK(dy.numel() == x.numel(), "ActivationGrad: dY and X must have the same size");
+  bool present;
+  const int64_t n = dy.numel();
+  if (!half) {
+    float* out = output_or_null<float>(ctx, 0, dy.shape, &present);
+    if (!present) return;
+    const float* d = dy.ptr<float>();
+    const float* v = x.ptr<float>();
+    parallel_for(n, 1 << 15, [&](int, int64_t b, int64_t e) {
+      act_grad_block(act, d + b, v + b, out + b, e - b);
+    });
+  } else {
+    auto* out = output_or_null<Ort::Float16_t>(ctx, 0, dy.shape, &present);
+    if (!present) return;
+    const auto* d = dy.ptr<Ort::Float16_t>();
+    const auto* v = x.ptr<Ort::Float16_t>();
+    parallel_for(n, 1 << 15, [&](int, int64_t b, int64_t e) {
+      constexpr int64_t kB = 2048;
+      alignas(64) float fd[kB], fv[kB];
+      for (int64_t i = b; i < e; i += kB) {
+        const int64_t len = std::min(kB, e - i);
+        half_to_float(d + i, fd, len);
+        half_to_float(v + i, fv, len);
+        act_grad_block(act, fd, fv, fd, len);
+        float_to_half(fd, out + i, len);
+      }
+    });
+  }
+}
+
+// ============================= LinearActivationGrad =========================================
+struct LinOp;
+struct LinKernel {
+  LinKernel(const OrtKernelInfo* info, const LinOp*)
+      : act(parse_act(attr_string(info, "activation", ""), true)),
+        trans_w(attr_int(info, "trans_w", 0) != 0) {}
+  OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
+  void Compute(OrtKernelContext* c);
+  Act act;
+  bool trans_w;
+};
+struct LinOp : OpBase<LinOp, LinKernel> {
+  LinOp() : OpBase("LinearActivationGrad", nullptr) {}
+  size_t GetInputTypeCount() const { return 4; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return kF32; }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return kF32; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const {
+    return OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+  }
+};
+
+void LinKernel::Compute(OrtKernelContext* c) {
+  count_call(kLinearActivationGrad);
+  Ort::KernelContext ctx(c);
+  In dy = get_input(ctx, 0), x = get_input(ctx, 1), a = get_input(ctx, 2), w = get_input(ctx, 3);
+  FUSECLI_CHECK(!dy.shape.empty() && !a.shape.empty(), "LinearActivationGrad: dY and A need rank >= 1");
+  FUSECLI_CHECK(w.shape.size() == 2, "LinearActivationGrad: W must be 2-D");
+  const int64_t N = dy.shape.back(), K = a.shape.back();
+  const int64_t M = N ? dy.numel() / N : 0;
+  FUSECLI_CHECK(x.numel() == dy.numel(), "LinearActivationGrad: X and dY must have the same size");
+  FUSECLI_CHECK(a.numel() == M * K, "LinearActivationGrad: A rows must match dY rows");
+  if (!trans_w)
+    FUSECLI_CHECK(w.shape[0] == N && w.shape[1] == K, "LinearActivationGrad: W must be [N, K] (trans_w=0)");
+  else
+    FUSECLI_CHECK(w.shape[0] == K && w.shape[1] == N, "LinearActivationGrad: W must be [K, N] (trans_w=1)");
+
+  bool want_da, want_dw, want_db;
+  float* da = output_or_null<float>(ctx, 0, a.shape, &want_da);
+  float* dw = output_or_null<float>(ctx, 1, w.shape, &want_dw);
+  float* db = output_or_null<float>(ctx, 2, {N}, &want_db);
+  if (!want_da && !want_dw && !want_db) return;
+
+  const float* dyp = dy.ptr<float>();
+  const float* xp = x.ptr<float>();
+  const float* ap = a.ptr<float>();
+  const float* wp = w.ptr<float>();
+  // dZ is computed once into one buffer (identity: dZ is dY itself), with dB reduced in the
+  // same pass from per-thread partial sums.
+  std::vector<float> dz_buf;
+  const float* dz = dyp;
+  if (act != Act::kIdentity) {
+    dz_buf.resize(static_cast<size_t>(M * N));
+  }
+  if (act != Act::kIdentity || want_db) {
+    const int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, N));
+    const int T = planned_threads(M, grain);
+    std::vector<float> part(want_db ? static_cast<size_t>(T * N) : 0, 0.f);
+    parallel_for(M, grain, [&](int t, int64_t r0, int64_t r1) {
+      const float* src = dyp + r0 * N;
+      if (act != Act::kIdentity) {
+        act_grad_block(act, dyp + r0 * N, xp + r0 * N, dz_buf.data() + r0 * N, (r1 - r0) * N);
+        src = dz_buf.data() + r0 * N;
+      }
+      if (want_db) {
+        MA acc(part.data() + t * N, N);
+        for (int64_t r = 0; r < r1 - r0; ++r) acc += CA(src + r * N, N);
+      }
+    }, T);
+    if (act != Act::kIdentity) dz = dz_buf.data();
+    if (want_db) {
+      MA out(db, N);
+      out.setZero();
+      for (int t = 0; t < T; ++t) out += CA(part.data() + t * N, N);
+    }
+  }
+  if (want_da) {
+    // dA[M,K] = dZ[M,N] W[N,K]  |  dZ W^T with W stored [K,N]
+    gemm(false, trans_w, M, K, N, 1.f, dz, N, wp, trans_w ? N : K, 0.f, da, K);
+  }
+  if (want_dw) {
+    if (!trans_w)  // dW[N,K] = dZ^T A
+      gemm(true, false, N, K, M, 1.f, dz, N, ap, K, 0.f, dw, K);
+    else  // dW[K,N] = A^T dZ
+      gemm(true, false, K, N, M, 1.f, ap, K, dz, N, 0.f, dw, N);
+  }
+}
+
+// ================================ LayerNormGrad =============================================
+struct LnOp;
+struct LnKernel {
+  LnKernel(const OrtKernelInfo* info, const LnOp* op);
+  OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
+  void Compute(OrtKernelContext* c);
+  template <typename T> void Run(Ort::KernelContext& ctx);
+  int64_t axis;
+  bool half;
+};
+struct LnOp : OpBase<LnOp, LnKernel> {
+  explicit LnOp(bool half) : OpBase("LayerNormGrad", nullptr), half(half) {}
+  size_t GetInputTypeCount() const { return 6; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    // mean / inv_std: float32 or float16 (checked at run time; fp16 graphs usually stash fp32).
+    if (i == 3 || i == 4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    return half ? kF16 : kF32;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i == 5 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return half ? kF16 : kF32; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+    return i == 0 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
+                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+  }
+  bool half;
+};
+LnKernel::LnKernel(const OrtKernelInfo* info, const LnOp* op)
+    : axis(attr_int(info, "axis", -1)), half(op->half) {}
+
+void LnKernel::Compute(OrtKernelContext* c) {
+  count_call(kLayerNormGrad);
+  Ort::KernelContext ctx(c);
+  if (half) Run<Ort::Float16_t>(ctx);
+  else Run<float>(ctx);
+}
+
+static inline float stat_at(const In& t, int64_t i) {
+  if (t.type == kF32) return t.ptr<float>()[i];
+  return static_cast<float>(t.ptr<Ort::Float16_t>()[i]);
+}
+
+template <typename T>
+static inline const float* row_as_float(const T* p, float* buf, int64_t n) {
+  if constexpr (std::is_same<T, float>::value) {
+    (void)buf; (void)n;
+    return p;
+  } else {
+    half_to_float(p, buf, n);
+    return buf;
+  }
+}
+
+template <typename T>
+void LnKernel::Run(Ort::KernelContext& ctx) {
+  In dy = get_input(ctx, 0), x = get_input(ctx, 1), gamma = get_input(ctx, 2);
+  In mean = get_input(ctx, 3), rstd = get_input(ctx, 4), dr = get_input(ctx, 5);
+  const int64_t rank = static_cast<int64_t>(x.shape.size());
+  const int64_t ax = axis < 0 ? axis + rank : axis;
+  FUSECLI_CHECK(ax >= 0 && ax <= rank, "LayerNormGrad: axis out of range");
+  FUSECLI_CHECK(dy.numel() == x.numel(), "LayerNormGrad: dY and X must have the same size");
+  const int64_t N = prod(x.shape, static_cast<size_t>(ax));
+  const int64_t M = prod(x.shape, 0, static_cast<size_t>(ax));
+  FUSECLI_CHECK(gamma.numel() == N, "LayerNormGrad: gamma must have prod(shape[axis:]) elements");
+  FUSECLI_CHECK(mean.numel() == M && rstd.numel() == M, "LayerNormGrad: mean/inv_std need one value per row");
+  FUSECLI_CHECK((mean.type == kF32 || mean.type == kF16) && (rstd.type == kF32 || rstd.type == kF16),
+                "LayerNormGrad: mean/inv_std must be float32 or float16");
+  FUSECLI_CHECK(!dr.present || dr.numel() == M * N, "LayerNormGrad: dR must have the shape of dY");
+
+  bool want_dx, want_dg, want_db;
+  T* dx = output_or_null<T>(ctx, 0, x.shape, &want_dx);
+  T* dg = output_or_null<T>(ctx, 1, gamma.shape, &want_dg);
+  T* dbeta = output_or_null<T>(ctx, 2, gamma.shape, &want_db);
+  if (M == 0 || N == 0) {
+    if (want_dg) std::fill(dg, dg + N, T(0.f));
+    if (want_db) std::fill(dbeta, dbeta + N, T(0.f));
+    return;
+  }
+  std::vector<float> gam_buf(static_cast<size_t>(N));
+  const float* gam = row_as_float(gamma.ptr<T>(), gam_buf.data(), N);
+  const T* dyp = dy.ptr<T>();
+  const T* xp = x.ptr<T>();
+  const T* drp = dr.present ? dr.ptr<T>() : nullptr;
+  const bool reduce = want_dg || want_db;
+
+  const int64_t grain = std::max<int64_t>(1, (1 << 14) / N);
+  const int nt = planned_threads(M, grain);
+  std::vector<float> part(reduce ? static_cast<size_t>(2 * nt * N) : 0, 0.f);
+  const float inv_n = 1.f / static_cast<float>(N);
+  parallel_for(M, grain, [&](int t, int64_t r0, int64_t r1) {
+    const bool conv = !std::is_same<T, float>::value;
+    std::vector<float> xh(N), g(N), out(N);
+    std::vector<float> bdy(conv ? N : 0), bx(conv ? N : 0), bdr(conv && drp ? N : 0);
+    MA pg(reduce ? part.data() + (2 * t) * N : nullptr, reduce ? N : 0);
+    MA pb(reduce ? part.data() + (2 * t + 1) * N : nullptr, reduce ? N : 0);
+    MA xhv(xh.data(), N), gv(g.data(), N), ov(out.data(), N);
+    CA gm(gam, N);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float mu = stat_at(mean, r), rs = stat_at(rstd, r);
+      CA d(row_as_float(dyp + r * N, bdy.data(), N), N);
+      CA xv(row_as_float(xp + r * N, bx.data(), N), N);
+      xhv = (xv - mu) * rs;
+      gv = d * gm;
+      if (want_dx) {
+        const float c1 = (gv * xhv).sum() * inv_n;
+        const float c2 = gv.sum() * inv_n;
+        if constexpr (std::is_same<T, float>::value) {
+          MA o(dx + r * N, N);
+          if (drp) o = rs * (gv - c2 - xhv * c1) + CA(drp + r * N, N);
+          else o = rs * (gv - c2 - xhv * c1);
+        } else {
+          if (drp) ov = rs * (gv - c2 - xhv * c1) + CA(row_as_float(drp + r * N, bdr.data(), N), N);
+          else ov = rs * (gv - c2 - xhv * c1);
+          float_to_half(out.data(), dx + r * N, N);
+        }
+      }
+      if (want_dg) pg += d * xhv;
+      if (want_db) pb += d;
+    }
+  }, nt);
+  if (reduce) {
+    std::vector<float> sg(N, 0.f), sb(N, 0.f);
+    MA sgv(sg.data(), N), sbv(sb.data(), N);
+    for (int t = 0; t < nt; ++t) {
+      sgv += CA(part.data() + (2 * t) * N, N);
+      sbv += CA(part.data() + (2 * t + 1) * N, N);
+    }
+    if constexpr (std::is_same<T, float>::value) {
+      if (want_dg) std::copy(sg.begin(), sg.end(), dg);
+      if (want_db) std::copy(sb.begin(), sb.end(), dbeta);
+    } else {
+      if (want_dg) float_to_half(sg.data(), dg, N);
+      if (want_db) float_to_half(sb.data(), dbeta, N);
+    }
+  }
+}
+
+}  // namespace
+
+void add_cpu_ops_elementwise(Ort::CustomOpDomain& domain) {
+  static ActOp act_f32(false), act_f16(true);
+  static LinOp lin;
+  static LnOp ln_f32(false), ln_f16(true);
+  domain.Add(&act_f32);
+  domain.Add(&act_f16);
+  domain.Add(&lin);
+  domain.Add(&ln_f32);
+  domain.Add(&ln_f16);
+}
+
+}  // namespace fusecli

@@ -1,0 +1,270 @@
+// onnxruntime CUDAExecutionProvider kernels: thin wrappers that validate shapes, allocate the
+// outputs and call the C launchers (cuda_kernels.cu) on ORT's compute stream.
+#include "common.h"
+#include "launchers.h"
+
+namespace fusecli {
+namespace {
+
+constexpr auto kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+constexpr auto kF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+constexpr const char* kCuda = "CUDAExecutionProvider";
+constexpr auto kOpt = OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+constexpr auto kReq = OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+
+int act_code(Act a) {
+  switch (a) {
+    case Act::kRelu: return 0;
+    case Act::kGelu: return 1;
+    case Act::kGeluTanh: return 2;
+    case Act::kSilu: return 3;
+    default: return 4;
+  }
+}
+
+void check_cuda(int err, const char* op) {
+  if (err != 0)
+    throw OpError(std::string("fusecli: CUDA launch of ") + op + " failed with cudaError " +
+                  std::to_string(err));
+}
+
+template <typename T> T* opt_out(Ort::KernelContext& ctx, size_t i, const std::vector<int64_t>& s) {
+  bool present;
+  return output_or_null<T>(ctx, i, s, &present);
+}
+
+// ----------------------------------------------------------------------------------------------
+struct ActOp;
+struct ActKernel {
+  ActKernel(const OrtKernelInfo* info, const ActOp* op);
+  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
+    return guarded([&] {
+      count_call(kActivationGrad);
+      Ort::KernelContext ctx(c);
+      In dy = get_input(ctx, 0), x = get_input(ctx, 1);
+      FUSECLI_CHECK(dy.numel() == x.numel(), "ActivationGrad: dY and X must have the same size");
+      void* out = opt_out<void>(ctx, 0, dy.shape);
+      if (!out) return;
+      void* s = ctx.GetGPUComputeStream();
+      check_cuda(half ? fusecli_launch_activation_grad_f16(s, dy.data, x.data, out, dy.numel(), act_code(act))
+                      : fusecli_launch_activation_grad(s, dy.ptr<float>(), x.ptr<float>(),
+                                                       static_cast<float*>(out), dy.numel(), act_code(act)),
+                 "ActivationGrad");
+    });
+  }
+  Act act;
+  bool half;
+};
+struct ActOp : OpBase<ActOp, ActKernel> {
+  explicit ActOp(bool half) : OpBase("ActivationGrad", kCuda), half(half) {}
+  size_t GetInputTypeCount() const { return 2; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return half ? kF16 : kF32; }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return half ? kF16 : kF32; }
+  bool half;
+};
+ActKernel::ActKernel(const OrtKernelInfo* info, const ActOp* op)
+    : act(parse_act(attr_string(info, "activation", ""), false)), half(op->half) {}
+
+// ----------------------------------------------------------------------------------------------
+struct LinOp;
+struct LinKernel {
+  LinKernel(const OrtKernelInfo* info, const LinOp*)
+      : act(parse_act(attr_string(info, "activation", ""), true)),
+        trans_w(attr_int(info, "trans_w", 0) != 0) {}
+  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
+    return guarded([&] {
+      count_call(kLinearActivationGrad);
+      Ort::KernelContext ctx(c);
+      In dy = get_input(ctx, 0), x = get_input(ctx, 1), a = get_input(ctx, 2), w = get_input(ctx, 3);
+      FUSECLI_CHECK(!dy.shape.empty() && !a.shape.empty() && w.shape.size() == 2,
+                    "LinearActivationGrad: bad ranks");
+      const int64_t N = dy.shape.back(), K = a.shape.back(), M = N ? dy.numel() / N : 0;
+      FUSECLI_CHECK(x.numel() == dy.numel() && a.numel() == M * K, "LinearActivationGrad: shape mismatch");
+      FUSECLI_CHECK(trans_w ? (w.shape[0] == K && w.shape[1] == N) : (w.shape[0] == N && w.shape[1] == K),
+                    "LinearActivationGrad: W shape does not match trans_w");
+      float* da = opt_out<float>(ctx, 0, a.shape);
+      float* dw = opt_out<float>(ctx, 1, w.shape);
+      float* db = opt_out<float>(ctx, 2, {N});
+      check_cuda(fusecli_launch_linear_activation_grad(ctx.GetGPUComputeStream(), dy.ptr<float>(),
+                     x.ptr<float>(), a.ptr<float>(), w.ptr<float>(), da, dw, db, M, N, K,
+                     act_code(act), trans_w),
+                 "LinearActivationGrad");
+    });
+  }
+  Act act;
+  bool trans_w;
+};
+struct LinOp : OpBase<LinOp, LinKernel> {
+  LinOp() : OpBase("LinearActivationGrad", kCuda) {}
+  size_t GetInputTypeCount() const { return 4; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return kF32; }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return kF32; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return kOpt; }
+};
+
+// ----------------------------------------------------------------------------------------------
+struct AttnOp;
+struct AttnKernel {
+  AttnKernel(const OrtKernelInfo* info, const AttnOp*)
+      : scale_q(attr_float(info, "scale_q", 1.f)), scale_k(attr_float(info, "scale_k", 1.f)),
+        k_transposed(attr_int(info, "k_transposed", 0) != 0) {}
+  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
+    return guarded([&] {
+      count_call(kAttentionGrad);
+      Ort::KernelContext ctx(c);
+      In dO = get_input(ctx, 0), q = get_input(ctx, 1), k = get_input(ctx, 2), v = get_input(ctx, 3),
+         p = get_input(ctx, 4);
+      for (const In* t : {&dO, &q, &k, &v, &p})
+        FUSECLI_CHECK(t->shape.size() >= 2, "AttentionGrad: every input needs rank >= 2");
+      const size_t r = p.shape.size();
+      const int64_t Sq = p.shape[r - 2], Sk = p.shape[r - 1], D = q.shape.back(), Dv = v.shape.back();
+      const int64_t B = prod(p.shape, 0, r - 2);
+      FUSECLI_CHECK(q.numel() == B * Sq * D && dO.numel() == B * Sq * Dv && v.numel() == B * Sk * Dv &&
+                        k.numel() == B * Sk * D,
+                    "AttentionGrad: shape mismatch");
+      float* dq = opt_out<float>(ctx, 0, q.shape);
+      float* dk = opt_out<float>(ctx, 1, k.shape);
+      float* dv = opt_out<float>(ctx, 2, v.shape);
+      check_cuda(fusecli_launch_attention_grad(ctx.GetGPUComputeStream(), dO.ptr<float>(), q.ptr<float>(),
+                     k.ptr<float>(), v.ptr<float>(), p.ptr<float>(), dq, dk, dv, B, Sq, Sk, D, Dv,
+                     scale_q, scale_k, k_transposed),
+                 "AttentionGrad");
+    });
+  }
+  float scale_q, scale_k;
+  bool k_transposed;
+};
+struct AttnOp : OpBase<AttnOp, AttnKernel> {
+  AttnOp() : OpBase("AttentionGrad", kCuda) {}
+  size_t GetInputTypeCount() const { return 5; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return kF32; }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return kF32; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return kOpt; }
+};
+
+// ----------------------------------------------------------------------------------------------
+struct ConvOp;
+struct ConvKernel {
+  ConvKernel(const OrtKernelInfo* info, const ConvOp*)
+      : strides(attr_ints(info, "strides", {1, 1})), pads(attr_ints(info, "pads", {0, 0, 0, 0})),
+        dilations(attr_ints(info, "dilations", {1, 1})), group(attr_int(info, "group", 1)),
+        relu(attr_int(info, "relu", 1) != 0) {
+    FUSECLI_CHECK(strides.size() == 2 && pads.size() == 4 && dilations.size() == 2 && group >= 1,
+                  "ConvBnReluGrad: bad strides/pads/dilations/group");
+  }
+  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
+    return guarded([&] {
+      count_call(kConvBnReluGrad);
+      Ort::KernelContext ctx(c);
+      In dy = get_input(ctx, 0), y = get_input(ctx, 1), x = get_input(ctx, 2), w = get_input(ctx, 3),
+         cv = get_input(ctx, 4), gamma = get_input(ctx, 5), mean = get_input(ctx, 6),
+         istd = get_input(ctx, 7);
+      FUSECLI_CHECK(dy.shape.size() == 4 && x.shape.size() == 4 && w.shape.size() == 4,
+                    "ConvBnReluGrad: dY, X and W must be 4-D");
+      const int64_t N = dy.shape[0], C = dy.shape[1], H = dy.shape[2], Wd = dy.shape[3];
+      const int64_t Cin = x.shape[1], Hin = x.shape[2], Win = x.shape[3], kh = w.shape[2], kw = w.shape[3];
+      FUSECLI_CHECK(C % group == 0 && Cin % group == 0 && w.shape[0] == C && w.shape[1] == Cin / group &&
+                        y.numel() == dy.numel() && cv.numel() == dy.numel() && gamma.numel() == C &&
+                        mean.numel() == C && istd.numel() == C && x.shape[0] == N,
+                    "ConvBnReluGrad: shape mismatch");
+      const int64_t eho = (Hin + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) / strides[0] + 1;
+      const int64_t ewo = (Win + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) / strides[1] + 1;
+      FUSECLI_CHECK(eho == H && ewo == Wd, "ConvBnReluGrad: dY spatial size does not match the convolution");
+      float* dx = opt_out<float>(ctx, 0, x.shape);
+      float* dw = opt_out<float>(ctx, 1, w.shape);
+      float* dbc = opt_out<float>(ctx, 2, {C});
+      float* dg = opt_out<float>(ctx, 3, {C});
+      float* db = opt_out<float>(ctx, 4, {C});
+      check_cuda(fusecli_launch_conv_bn_relu_grad(ctx.GetGPUComputeStream(), dy.ptr<float>(),
+                     y.ptr<float>(), x.ptr<float>(), w.ptr<float>(), cv.ptr<float>(), gamma.ptr<float>(),
+                     mean.ptr<float>(), istd.ptr<float>(), dx, dw, dbc, dg, db, N, C, H, Wd, Cin, Hin,
+                     Win, kh, kw, strides[0], strides[1], pads[0], pads[1], pads[2], pads[3],
+                     dilations[0], dilations[1], group, relu ? 1 : 0),
+                 "ConvBnReluGrad");
+    });
+  }
+  std::vector<int64_t> strides, pads, dilations;
+  int64_t group;
+  bool relu;
+};
+struct ConvOp : OpBase<ConvOp, ConvKernel> {
+  ConvOp() : OpBase("ConvBnReluGrad", kCuda) {}
+  size_t GetInputTypeCount() const { return 8; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return kF32; }
+  size_t GetOutputTypeCount() const { return 5; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return kF32; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return kOpt; }
+};
+
+// ----------------------------------------------------------------------------------------------
+struct LnOp;
+struct LnKernel {
+  LnKernel(const OrtKernelInfo* info, const LnOp* op);
+  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
+    return guarded([&] {
+      count_call(kLayerNormGrad);
+      Ort::KernelContext ctx(c);
+      In dy = get_input(ctx, 0), x = get_input(ctx, 1), gamma = get_input(ctx, 2);
+      In mean = get_input(ctx, 3), rstd = get_input(ctx, 4), dr = get_input(ctx, 5);
+      const int64_t rank = static_cast<int64_t>(x.shape.size());
+      const int64_t ax = axis < 0 ? axis + rank : axis;
+      FUSECLI_CHECK(ax >= 0 && ax <= rank, "LayerNormGrad: axis out of range");
+      const int64_t N = prod(x.shape, static_cast<size_t>(ax)), M = prod(x.shape, 0, static_cast<size_t>(ax));
+      FUSECLI_CHECK(dy.numel() == x.numel() && gamma.numel() == N && mean.numel() == M &&
+                        rstd.numel() == M && (!dr.present || dr.numel() == M * N),
+                    "LayerNormGrad: shape mismatch");
+      FUSECLI_CHECK(mean.type == rstd.type && (mean.type == kF32 || (half && mean.type == kF16)),
+                    "LayerNormGrad: mean/inv_std must be float32 (or float16 with float16 data)");
+      void* dx = opt_out<void>(ctx, 0, x.shape);
+      void* dg = opt_out<void>(ctx, 1, gamma.shape);
+      void* db = opt_out<void>(ctx, 2, gamma.shape);
+      void* s = ctx.GetGPUComputeStream();
+      int err;
+      if (half)
+        err = fusecli_launch_layer_norm_grad_f16(s, dy.data, x.data, gamma.data, mean.data, rstd.data,
+                                                 mean.type == kF16, dr.present ? dr.data : nullptr,
+                                                 dx, dg, db, M, N);
+      else
+        err = fusecli_launch_layer_norm_grad(s, dy.ptr<float>(), x.ptr<float>(), gamma.ptr<float>(),
+                                             mean.ptr<float>(), rstd.ptr<float>(),
+                                             dr.present ? dr.ptr<float>() : nullptr,
+                                             static_cast<float*>(dx), static_cast<float*>(dg),
+                                             static_cast<float*>(db), M, N);
+      check_cuda(err, "LayerNormGrad");
+    });
+  }
+  int64_t axis;
+  bool half;
+};
+struct LnOp : OpBase<LnOp, LnKernel> {
+  explicit LnOp(bool half) : OpBase("LayerNormGrad", kCuda), half(half) {}
+  size_t GetInputTypeCount() const { return 6; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    if (i == 3 || i == 4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    return half ? kF16 : kF32;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const { return i == 5 ? kOpt : kReq; }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return half ? kF16 : kF32; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const { return i == 0 ? kReq : kOpt; }
+  bool half;
+};
+LnKernel::LnKernel(const OrtKernelInfo* info, const LnOp* op) : axis(attr_int(info, "axis", -1)), half(op->half) {}
+
+}  // namespace
+
+void add_cuda_ops(Ort::CustomOpDomain& domain) {
+  static ActOp act_f32(false), act_f16(true);
+  static LinOp lin;
+  static AttnOp attn;
+  static ConvOp conv;
+  static LnOp ln_f32(false), ln_f16(true);
+  for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&act_f32, &act_f16, &lin, &attn, &conv,
+                                                              &ln_f32, &ln_f16})
+    domain.Add(op);
+}
+
+}  // namespace fusecli

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Build fusecli's onnxruntime custom-op library (CPU kernels, plus CUDA kernels when nvcc is
+# found) into build/lib and copy it to fusecli/lib/libfusecli_ops.so. Quick when nothing changed.
+#   FUSECLI_CUDA=0     force a CPU-only build
+#   FUSECLI_NATIVE=0   do not tune for this machine's CPU (portable x86-64 build)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash scripts/fetch_deps.sh
+
+BUILD="$ROOT/build/lib"
+CUDA_OPT="${FUSECLI_CUDA:-ON}"; [[ "$CUDA_OPT" == 0 ]] && CUDA_OPT=OFF; [[ "$CUDA_OPT" == 1 ]] && CUDA_OPT=ON
+NATIVE_OPT="${FUSECLI_NATIVE:-ON}"; [[ "$NATIVE_OPT" == 0 ]] && NATIVE_OPT=OFF; [[ "$NATIVE_OPT" == 1 ]] && NATIVE_OPT=ON
+
+NVCC_ARGS=()
+if [[ "$CUDA_OPT" == ON ]]; then
+  NVCC="${CUDACXX:-$(command -v nvcc || true)}"
+  [[ -z "$NVCC" && -x /usr/local/cuda/bin/nvcc ]] && NVCC=/usr/local/cuda/bin/nvcc
+  [[ -n "$NVCC" ]] && NVCC_ARGS=(-DCMAKE_CUDA_COMPILER="$NVCC")
+fi
+
+GEN=()
+command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
+STAMP="$BUILD/.fusecli-config"
+WANT="cuda=$CUDA_OPT native=$NATIVE_OPT nvcc=${NVCC_ARGS[*]:-none} gen=${GEN[*]:-make}"
+if [[ ! -f "$BUILD/CMakeCache.txt" || "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]]; then
+  rm -rf "$BUILD"
+  cmake -S fusecli/csrc -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DFUSECLI_DEPS="$ROOT/build/deps" -DFUSECLI_CUDA="$CUDA_OPT" -DFUSECLI_NATIVE="$NATIVE_OPT" \
+    "${NVCC_ARGS[@]}" >/dev/null
+  echo "$WANT" > "$STAMP"
+fi
+JOBS="$(nproc 2>/dev/null || echo 2)"
+cmake --build "$BUILD" -j "$JOBS" -- $([[ ${#GEN[@]} -eq 0 ]] && echo --no-print-directory) >/dev/null
+mkdir -p fusecli/lib
+SO="$BUILD/libfusecli_ops.so"
+if ! cmp -s "$SO" fusecli/lib/libfusecli_ops.so 2>/dev/null; then
+  cp "$SO" fusecli/lib/libfusecli_ops.so.tmp && mv -f fusecli/lib/libfusecli_ops.so.tmp fusecli/lib/libfusecli_ops.so
+fi
+if nm -D --defined-only fusecli/lib/libfusecli_ops.so | grep -c fusecli_launch_ >/dev/null; then
+  KIND="CPU + CUDA kernels"
+else
+  KIND="CPU kernels only"
+fi
+echo "built fusecli/lib/libfusecli_ops.so ($KIND)"

@@ -1,0 +1,198 @@
+"""ctypes bindings of fusecli's CUDA launchers (fusecli/csrc/launchers.h) for torch tensors.
+
+The library is FUSECLI_CUDA_LIB if set, else build/gpu/libfusecli_cuda.so (launchers only, built
+by run_gpu_checks.sh with nvcc alone), else fusecli/lib/libfusecli_ops.so."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ACT = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "identity": 4}
+
+_P, _I64, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+SIGNATURES = {
+    "fusecli_launch_activation_grad": [_P, _P, _P, _P, _I64, _I],
+    "fusecli_launch_activation_grad_f16": [_P, _P, _P, _P, _I64, _I],
+    "fusecli_launch_linear_activation_grad": [_P] * 8 + [_I64] * 3 + [_I, _I],
+    "fusecli_launch_attention_grad": [_P] * 9 + [_I64] * 5 + [_F, _F, _I],
+    "fusecli_launch_conv_bn_relu_grad": [_P] * 14 + [_I64] * 18 + [_I],
+    "fusecli_launch_layer_norm_grad": [_P] * 10 + [_I64] * 2,
+    "fusecli_launch_layer_norm_grad_f16": [_P] * 6 + [_I] + [_P] * 4 + [_I64] * 2,
+}
+
+
+def library_file() -> str:
+    env = os.environ.get("FUSECLI_CUDA_LIB")
+    if env:
+        return env
+    for cand in (REPO / "build" / "gpu" / "libfusecli_cuda.so", REPO / "fusecli" / "lib" / "libfusecli_ops.so"):
+        if cand.exists():
+            return str(cand)
+    raise FileNotFoundError("no fusecli CUDA library: run tests/gpu/run_gpu_checks.sh or `make lib`")
+
+
+_LIB = None
+
+
+def lib():
+    global _LIB
+    if _LIB is None:
+        l = ctypes.CDLL(library_file())
+        for name, args in SIGNATURES.items():
+            f = getattr(l, name)
+            f.argtypes = args
+            f.restype = ctypes.c_int
+        _LIB = l
+    return _LIB
+
+
+def ptr(t):
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+def stream():
+    import torch
+    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+def call(name, *args):
+    err = getattr(lib(), name)(*args)
+    if err != 0:
+        raise RuntimeError(f"{name} returned cudaError {err}")
+
+
+# --- convenience wrappers (allocate outputs with torch) ----------------------------------------
+
+def activation_grad(dy, x, act):
+    import torch
+    out = torch.empty_like(dy)
+    name = "fusecli_launch_activation_grad" + ("_f16" if dy.dtype == torch.float16 else "")
+    call(name, stream(), ptr(dy), ptr(x), ptr(out), dy.numel(), ACT[act])
+    return out
+
+
+def linear_activation_grad(dy, x, a, w, act, trans_w=0, want=(1, 1, 1)):
+    import torch
+    n, k = dy.shape[-1], a.shape[-1]
+    m = dy.numel() // n
+    da = torch.empty_like(a) if want[0] else None
+    dw = torch.empty_like(w) if want[1] else None
+    db = torch.empty(n, device=dy.device, dtype=dy.dtype) if want[2] else None
+    call("fusecli_launch_linear_activation_grad", stream(), ptr(dy), ptr(x), ptr(a), ptr(w),
+         ptr(da), ptr(dw), ptr(db), m, n, k, ACT[act], trans_w)
+    return da, dw, db
+
+
+def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, want=(1, 1, 1)):
+    import torch
+    sq, sk = p.shape[-2], p.shape[-1]
+    b = p.numel() // (sq * sk)
+    d, dv_dim = q.shape[-1], v.shape[-1]
+    outs = [torch.empty_like(t) if w_ else None for t, w_ in zip((q, k, v), want)]
+    call("fusecli_launch_attention_grad", stream(), ptr(do), ptr(q), ptr(k), ptr(v), ptr(p),
+         *(ptr(o) for o in outs), b, sq, sk, d, dv_dim, scale_q, scale_k, k_transposed)
+    return outs
+
+
+def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pads=(0, 0, 0, 0),
+                      dilations=(1, 1), group=1, relu=1, want=(1, 1, 1, 1, 1)):
+    import torch
+    c = dy.shape[1]
+    shapes = [x.shape, w.shape, (c,), (c,), (c,)]
+    outs = [torch.empty(s, device=dy.device, dtype=dy.dtype) if w_ else None for s, w_ in zip(shapes, want)]
+    call("fusecli_launch_conv_bn_relu_grad", stream(), *(ptr(t) for t in (dy, y, x, w, cv, gamma, mean, inv_std)),
+         *(ptr(o) for o in outs), dy.shape[0], c, dy.shape[2], dy.shape[3], x.shape[1], x.shape[2],
+         x.shape[3], w.shape[2], w.shape[3], strides[0], strides[1], *pads, dilations[0], dilations[1],
+         group, relu)
+    return outs
+
+
+def layer_norm_grad(dy, x, gamma, mean, inv_std, dr=None, want=(1, 1, 1)):
+    import torch
+    n = gamma.numel()
+    m = x.numel() // n
+    outs = [torch.empty(s, device=x.device, dtype=x.dtype) if w_ else None
+            for s, w_ in zip((x.shape, gamma.shape, gamma.shape), want)]
+    if x.dtype == torch.float16:
+        call("fusecli_launch_layer_norm_grad_f16", stream(), ptr(dy), ptr(x), ptr(gamma), ptr(mean),
+             ptr(inv_std), int(mean.dtype == torch.float16), ptr(dr), *(ptr(o) for o in outs), m, n)
+    else:
+        call("fusecli_launch_layer_norm_grad", stream(), ptr(dy), ptr(x), ptr(gamma), ptr(mean),
+             ptr(inv_std), ptr(dr), *(ptr(o) for o in outs), m, n)
+    return outs
+
+
+# --- torch references (unfused ops) -------------------------------------------------------------
+
+def ref_act_grad(dy, x, act):
+    import math
+    import torch
+    if act == "identity":
+        return dy
+    if act == "relu":
+        return dy * (x > 0)
+    if act == "gelu":
+        return dy * (0.5 * (1 + torch.erf(x / math.sqrt(2))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
+    if act == "gelu_tanh":
+        a, c = math.sqrt(2 / math.pi), 0.044715
+        t = torch.tanh(a * (x + c * x ** 3))
+        return dy * 0.5 * (1 + t + x * (1 - t * t) * a * (1 + 3 * c * x * x))
+    if act == "silu":
+        s = torch.sigmoid(x)
+        return dy * s * (1 + x * (1 - s))
+    raise ValueError(act)
+
+
+def ref_linear(dy, x, a, w, act, trans_w):
+    n, k = dy.shape[-1], a.shape[-1]
+    dz = ref_act_grad(dy, x, act).reshape(-1, n)
+    a2 = a.reshape(-1, k)
+    wnk = w.t() if trans_w else w
+    da = (dz @ wnk).reshape(a.shape)
+    dw = a2.t() @ dz if trans_w else dz.t() @ a2
+    return da, dw, dz.sum(0)
+
+
+def ref_attention(do, q, k, v, p, sq_, sk_, kt):
+    k_sd = k.transpose(-1, -2) if kt else k
+    dv = p.transpose(-1, -2) @ do
+    dp = do @ v.transpose(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    dq = sq_ * (ds @ k_sd)
+    dk = sk_ * (ds.transpose(-1, -2) @ q)
+    return dq, (dk.transpose(-1, -2) if kt else dk), dv
+
+
+def ref_conv(dy, y, x, w, cv, gamma, mean, inv_std, strides, pads, dilations, group, relu):
+    import torch
+    d = dy * (y > 0) if relu else dy
+    sh = (1, -1, 1, 1)
+    xhat = (cv - mean.view(sh)) * inv_std.view(sh)
+    r = cv.shape[0] * cv.shape[2] * cv.shape[3]
+    dbeta = d.sum((0, 2, 3))
+    dgamma = (d * xhat).sum((0, 2, 3))
+    dc = (gamma * inv_std / r).view(sh) * (r * d - dbeta.view(sh) - xhat * dgamma.view(sh))
+    # asymmetric pads: pad X explicitly, then a symmetric-free conv
+    pt, pl, pb, pr = pads
+    xp = torch.nn.functional.pad(x, (pl, pr, pt, pb))
+    dxp = torch.nn.grad.conv2d_input(xp.shape, w, dc, stride=strides, dilation=dilations, groups=group)
+    dx = dxp[:, :, pt:pt + x.shape[2], pl:pl + x.shape[3]]
+    dw = torch.nn.grad.conv2d_weight(xp, w.shape, dc, stride=strides, dilation=dilations, groups=group)
+    return dx, dw, dc.sum((0, 2, 3)), dgamma, dbeta
+
+
+def ref_layer_norm(dy, x, gamma, mean, inv_std, dr=None):
+    n = gamma.numel()
+    d = dy.reshape(-1, n)
+    xs = x.reshape(-1, n)
+    mu = mean.reshape(-1, 1)
+    rs = inv_std.reshape(-1, 1)
+    xhat = (xs - mu) * rs
+    g = d * gamma.reshape(1, n)
+    dx = rs * (g - g.mean(1, keepdim=True) - xhat * (g * xhat).mean(1, keepdim=True))
+    if dr is not None:
+        dx = dx + dr.reshape(-1, n)
+    return dx.reshape(x.shape), (d * xhat).sum(0).reshape(gamma.shape), d.sum(0).reshape(gamma.shape)

@@ -1,0 +1,168 @@
+"""fusecli's CUDA launchers (through ctypes, torch device pointers) against torch on random data.
+Skipped only when torch with CUDA is unavailable."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+try:
+    import torch
+    _HAVE_CUDA = torch.cuda.is_available()
+except Exception:  # torch not installed: no CUDA either
+    torch = None
+    _HAVE_CUDA = False
+
+pytestmark = pytest.mark.skipif(not _HAVE_CUDA, reason="torch.cuda is unavailable")
+
+import cuda_lib as L  # noqa: E402
+
+ACTS = ["relu", "gelu", "gelu_tanh", "silu"]
+
+
+def _close(got, ref, tol=2e-4, what=""):
+    ref = ref.to(got.dtype)
+    scale = max(1.0, ref.abs().max().item() if ref.numel() else 1.0)
+    torch.testing.assert_close(got, ref, rtol=tol, atol=tol * scale, msg=lambda m: f"{what}: {m}")
+
+
+def _rand(*shape, dtype=None, scale=1.0, gen=None):
+    t = torch.randn(*shape, device="cuda", dtype=torch.float64, generator=gen) * scale
+    t = torch.where(t.abs() < 1e-3, torch.full_like(t, 1e-3), t)
+    return t.to(dtype or torch.float32)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(1234)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", [(1,), (3,), (17,), (5, 33), (1023, 1025)])
+def test_activation_grad(act, dtype, shape):
+    dt = getattr(torch, dtype)
+    dy, x = _rand(*shape, dtype=dt), _rand(*shape, dtype=dt, scale=2.0)
+    got = L.activation_grad(dy, x, act)
+    ref = L.ref_act_grad(dy.double(), x.double(), act)
+    _close(got, ref, 2e-4 if dt == torch.float32 else 1e-2, act)
+
+
+@pytest.mark.parametrize("act", ACTS + ["identity"])
+@pytest.mark.parametrize("trans_w", [0, 1])
+@pytest.mark.parametrize("lead,n,k", [((1,), 1, 1), ((3,), 17, 5), ((2, 3), 17, 33), ((512,), 257, 384)])
+def test_linear_activation_grad(act, trans_w, lead, n, k):
+    dy, x, a = _rand(*lead, n), _rand(*lead, n, scale=2.0), _rand(*lead, k)
+    w = _rand(*((k, n) if trans_w else (n, k)), scale=0.3)
+    got = L.linear_activation_grad(dy, x, a, w, act, trans_w)
+    ref = L.ref_linear(dy.double(), x.double(), a.double(), w.double(), act, trans_w)
+    for g, r, nm in zip(got, ref, "dA dW dB".split()):
+        _close(g, r, 5e-4, nm)
+
+
+@pytest.mark.parametrize("want", [m for m in itertools.product([0, 1], repeat=3) if any(m)])
+def test_linear_activation_grad_optional(want):
+    dy, x, a, w = _rand(9, 19), _rand(9, 19), _rand(9, 11), _rand(19, 11)
+    got = L.linear_activation_grad(dy, x, a, w, "gelu", 0, want)
+    ref = L.ref_linear(dy.double(), x.double(), a.double(), w.double(), "gelu", 0)
+    for wnt, g, r in zip(want, got, ref):
+        assert (g is None) == (not wnt)
+        if wnt:
+            _close(g, r)
+
+
+@pytest.mark.parametrize("kt", [0, 1])
+@pytest.mark.parametrize("lead,sq,sk,d,dv", [((1,), 1, 1, 1, 1), ((3,), 17, 5, 8, 3),
+                                             ((2, 3), 7, 33, 17, 16), ((2, 8), 256, 256, 64, 64)])
+def test_attention_grad(kt, lead, sq, sk, d, dv):
+    do, q, v = _rand(*lead, sq, dv), _rand(*lead, sq, d), _rand(*lead, sk, dv)
+    k = _rand(*lead, d, sk) if kt else _rand(*lead, sk, d)
+    p = torch.softmax(torch.randn(*lead, sq, sk, device="cuda"), -1)
+    s1, s2 = 1 / d ** 0.5, 0.7 / d ** 0.5
+    got = L.attention_grad(do, q, k, v, p, s1, s2, kt)
+    ref = L.ref_attention(do.double(), q.double(), k.double(), v.double(), p.double(), s1, s2, kt)
+    for g, r, nm in zip(got, ref, "dQ dK dV".split()):
+        _close(g, r, 5e-4, nm)
+
+
+CONV = [
+    (1, 1, 1, 1, 1, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    (2, 3, 7, 9, 4, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    (3, 4, 11, 10, 6, 3, 2, (2, 1), (1, 0, 2, 1), (2, 1), 2),
+    (2, 6, 9, 9, 6, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 6),
+    (2, 8, 8, 8, 16, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    (8, 32, 28, 28, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+]
+
+
+def _conv_inputs(n, cin, hin, win, c, kh, kw, strides, pads, dil, group):
+    x = _rand(n, cin, hin, win)
+    w = _rand(c, cin // group, kh, kw, scale=0.5)
+    h = (hin + pads[0] + pads[2] - dil[0] * (kh - 1) - 1) // strides[0] + 1
+    wd = (win + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // strides[1] + 1
+    cv = _rand(n, c, h, wd, scale=1.5) + 0.2
+    mean = cv.mean((0, 2, 3))
+    inv_std = 1 / torch.sqrt(cv.var((0, 2, 3), unbiased=False) + 1e-5)
+    gamma = _rand(c).abs() + 0.5
+    y = torch.relu(_rand(n, c, h, wd))
+    return _rand(n, c, h, wd), y, x, w, cv, gamma, mean, inv_std
+
+
+@pytest.mark.parametrize("relu", [1, 0])
+@pytest.mark.parametrize("case", CONV)
+def test_conv_bn_relu_grad(case, relu):
+    *dims, strides, pads, dil, group = case
+    ins = _conv_inputs(*dims, strides, pads, dil, group)
+    got = L.conv_bn_relu_grad(*ins, strides, pads, dil, group, relu)
+    ref = L.ref_conv(*(t.double() for t in ins), strides, pads, dil, group, relu)
+    for g, r, nm in zip(got, ref, "dX dW dBc dGamma dBeta".split()):
+        _close(g, r, 1e-3, nm)
+
+
+@pytest.mark.parametrize("want", [(0, 1, 1, 1, 1), (1, 1, 0, 1, 1), (0, 0, 0, 1, 1), (1, 0, 0, 0, 0)])
+def test_conv_bn_relu_grad_optional(want):
+    *dims, strides, pads, dil, group = CONV[1]
+    ins = _conv_inputs(*dims, strides, pads, dil, group)
+    got = L.conv_bn_relu_grad(*ins, strides, pads, dil, group, 1, want)
+    ref = L.ref_conv(*(t.double() for t in ins), strides, pads, dil, group, 1)
+    for wnt, g, r in zip(want, got, ref):
+        assert (g is None) == (not wnt)
+        if wnt:
+            _close(g, r, 1e-3)
+
+
+@pytest.mark.parametrize("dtype,stats", [("float32", "float32"), ("float16", "float32"), ("float16", "float16")])
+@pytest.mark.parametrize("with_dr", [True, False])
+@pytest.mark.parametrize("m,n", [(1, 1), (3, 17), (10, 33), (1, 1023), (4096, 1024), (257, 8192)])
+def test_layer_norm_grad(dtype, stats, with_dr, m, n):
+    dt, st = getattr(torch, dtype), getattr(torch, stats)
+    x = _rand(m, n, dtype=dt, scale=2.0)
+    x64 = x.double()
+    mean = x64.mean(1)
+    inv_std = 1 / torch.sqrt(x64.var(1, unbiased=False) + 1e-5)
+    dy, gamma = _rand(m, n, dtype=dt), _rand(n, dtype=dt)
+    dr = _rand(m, n, dtype=dt) if with_dr else None
+    got = L.layer_norm_grad(dy, x, gamma, mean.to(st), inv_std.to(st), dr)
+    ref = L.ref_layer_norm(dy.double(), x64, gamma.double(), mean.to(st).double(),
+                           inv_std.to(st).double(), None if dr is None else dr.double())
+    tol = 5e-4 if dt == torch.float32 else 2e-2
+    for g, r, nm in zip(got, ref, "dX dGamma dBeta".split()):
+        _close(g, r, tol, nm)
+
+
+def test_layer_norm_grad_optional_outputs():
+    x = _rand(5, 67)
+    mean, inv_std = x.mean(1), 1 / torch.sqrt(x.var(1, unbiased=False) + 1e-5)
+    dy, gamma = _rand(5, 67), _rand(67)
+    for want in [(1, 0, 0), (0, 1, 1), (1, 1, 0)]:
+        got = L.layer_norm_grad(dy, x, gamma, mean, inv_std, None, want)
+        ref = L.ref_layer_norm(dy.double(), x.double(), gamma.double(), mean.double(), inv_std.double())
+        for wnt, g, r in zip(want, got, ref):
+            assert (g is None) == (not wnt)
+            if wnt:
+                _close(g, r)

@@ -1,0 +1,482 @@
+"""fusecli's custom-op library (fusecli/lib/libfusecli_ops.so) against the NumPy reference and
+against the unfused standard-ONNX subgraphs each op replaces, in onnxruntime with graph
+optimizations off; plus loading the same .so in onnxruntime-training 1.19.2."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+from fusecli import library
+from fusecli.ops import reference as R
+
+from kernel_helpers import (OPSET, Builder, act_grad_subgraph, assert_close, fused_model, ort_session,
+                            rand, run_fused, run_in_ortt, tol)
+
+ACTS = ["relu", "gelu", "gelu_tanh", "silu"]
+F32, F16 = np.float32, np.float16
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _built():
+    library.library_path()  # fails clearly when the library is not built
+
+
+def _rng(*key):
+    return np.random.default_rng(abs(hash(key)) % (2**32))
+
+
+# ==================================== ActivationGrad ===========================================
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("shape", [(1,), (3,), (17,), (2, 3, 17), (5, 33), (256, 1023)])
+def test_activation_grad_vs_reference(act, dtype, shape):
+    rng = _rng("act", act, str(dtype), shape)
+    dy, x = rand(rng, shape, dtype), rand(rng, shape, dtype, scale=2.0)
+    (dx,) = run_fused("ActivationGrad", [("dY", dy), ("X", x)], [("dX", dtype)], activation=act)
+    assert_close(dx, R.activation_grad(dy, x, act), **tol(dtype), what=f"{act} {shape}")
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_activation_grad_vs_unfused(act):
+    rng = _rng("act-unfused", act)
+    dy, x = rand(rng, (7, 129)), rand(rng, (7, 129), scale=3.0)
+    (dx,) = run_fused("ActivationGrad", [("dY", dy), ("X", x)], [("dX", F32)], activation=act)
+    b = Builder()
+    out = act_grad_subgraph(b, b.input("dY", dy), b.input("X", x), act)
+    (ref,) = b.run([out])
+    assert_close(dx, ref, what=act)
+
+
+def test_activation_grad_bad_activation_is_an_error():
+    dy = np.ones((2, 2), F32)
+    with pytest.raises(Exception, match="activation"):
+        run_fused("ActivationGrad", [("dY", dy), ("X", dy)], [("dX", F32)], activation="tanhh")
+
+
+# ================================ LinearActivationGrad =========================================
+
+def _lin_inputs(rng, lead, n, k, trans_w):
+    dy = rand(rng, (*lead, n))
+    x = rand(rng, (*lead, n), scale=2.0)
+    a = rand(rng, (*lead, k))
+    w = rand(rng, (k, n) if trans_w else (n, k), scale=0.3)
+    return dy, x, a, w
+
+
+LIN_SHAPES = [((1,), 1, 1), ((3,), 17, 5), ((2, 3), 17, 33), ((64,), 3, 129), ((384,), 257, 320)]
+
+
+@pytest.mark.parametrize("act", ACTS + ["identity"])
+@pytest.mark.parametrize("trans_w", [0, 1])
+@pytest.mark.parametrize("lead,n,k", LIN_SHAPES)
+def test_linear_activation_grad_vs_reference(act, trans_w, lead, n, k):
+    rng = _rng("lin", act, trans_w, lead, n, k)
+    dy, x, a, w = _lin_inputs(rng, lead, n, k, trans_w)
+    da, dw, db = run_fused("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", w)],
+                           [("dA", F32), ("dW", F32), ("dB", F32)], activation=act, trans_w=trans_w)
+    rda, rdw, rdb = R.linear_activation_grad(dy, x, a, w, act, trans_w)
+    assert_close(da, rda, what="dA")
+    assert_close(dw, rdw, what="dW")
+    assert_close(db, rdb, what="dB")
+
+
+@pytest.mark.parametrize("mask", [m for m in itertools.product([0, 1], repeat=3) if any(m)])
+@pytest.mark.parametrize("trans_w", [0, 1])
+def test_linear_activation_grad_optional_outputs(mask, trans_w):
+    rng = _rng("lin-opt", mask, trans_w)
+    dy, x, a, w = _lin_inputs(rng, (2, 9), 19, 11, trans_w)
+    outs = [(nm, F32) if m else None for nm, m in zip(["dA", "dW", "dB"], mask)]
+    got = run_fused("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", w)], outs,
+                    activation="gelu", trans_w=trans_w)
+    ref = R.linear_activation_grad(dy, x, a, w, "gelu", trans_w)
+    for m, g, r in zip(mask, got, ref):
+        if m:
+            assert_close(g, r)
+        else:
+            assert g is None
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "identity"])
+@pytest.mark.parametrize("trans_w", [0, 1])
+def test_linear_activation_grad_vs_unfused(act, trans_w):
+    rng = _rng("lin-unfused", act, trans_w)
+    lead, n, k = (4, 33), 65, 47
+    dy, x, a, w = _lin_inputs(rng, lead, n, k, trans_w)
+    da, dw, db = run_fused("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", w)],
+                           [("dA", F32), ("dW", F32), ("dB", F32)], activation=act, trans_w=trans_w)
+    b = Builder()
+    dz = act_grad_subgraph(b, b.input("dY", dy), b.input("X", x), act)
+    dz2 = b.op("Reshape", dz, b.ints([-1, n]))
+    a2 = b.op("Reshape", b.input("A", a), b.ints([-1, k]))
+    wn = b.input("W", w)
+    if trans_w:
+        rda = b.op("Gemm", dz2, wn, transB=1)                 # [M,N] x [K,N]^T
+        rdw = b.op("Gemm", a2, dz2, transA=1)                 # A^T dZ = [K,N]
+    else:
+        rda = b.op("MatMul", dz2, wn)                         # [M,N] x [N,K]
+        rdw = b.op("Gemm", dz2, a2, transA=1)                 # dZ^T A = [N,K]
+    rda = b.op("Reshape", rda, b.ints([*lead, k]))
+    rdb = b.op("ReduceSum", dz2, b.ints([0]), keepdims=0)
+    ref = b.run([rda, rdw, rdb])
+    for g, r, nm in zip((da, dw, db), ref, "dA dW dB".split()):
+        assert_close(g, r, what=nm)
+
+
+# ==================================== AttentionGrad ============================================
+
+def _attn_inputs(rng, lead, sq, sk, d, dv, k_transposed):
+    do = rand(rng, (*lead, sq, dv))
+    q = rand(rng, (*lead, sq, d))
+    k = rand(rng, (*lead, d, sk) if k_transposed else (*lead, sk, d))
+    v = rand(rng, (*lead, sk, dv))
+    logits = rng.standard_normal((*lead, sq, sk))
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p = (p / p.sum(-1, keepdims=True)).astype(F32)
+    return do, q, k, v, p
+
+
+ATTN_SHAPES = [((1,), 1, 1, 1, 1), ((3,), 17, 5, 8, 3), ((2, 3), 7, 33, 17, 16),
+               ((1,), 65, 130, 32, 32), ((2, 4), 128, 128, 64, 64)]
+
+
+@pytest.mark.parametrize("k_transposed", [0, 1])
+@pytest.mark.parametrize("lead,sq,sk,d,dv", ATTN_SHAPES)
+def test_attention_grad_vs_reference(k_transposed, lead, sq, sk, d, dv):
+    rng = _rng("attn", k_transposed, lead, sq, sk, d, dv)
+    do, q, k, v, p = _attn_inputs(rng, lead, sq, sk, d, dv, k_transposed)
+    sq_, sk_ = 1 / np.sqrt(d), 0.7 / np.sqrt(d)
+    got = run_fused("AttentionGrad", [("dO", do), ("Q", q), ("K", k), ("V", v), ("P", p)],
+                    [("dQ", F32), ("dK", F32), ("dV", F32)], scale_q=float(sq_), scale_k=float(sk_),
+                    k_transposed=k_transposed)
+    ref = R.attention_grad(do, q, k, v, p, np.float32(sq_), np.float32(sk_), k_transposed)
+    for g, r, nm in zip(got, ref, "dQ dK dV".split()):
+        assert_close(g, r, what=nm)
+
+
+@pytest.mark.parametrize("mask", [m for m in itertools.product([0, 1], repeat=3) if any(m)])
+def test_attention_grad_optional_outputs_and_defaults(mask):
+    rng = _rng("attn-opt", mask)
+    do, q, k, v, p = _attn_inputs(rng, (2,), 9, 13, 5, 7, 0)
+    outs = [(nm, F32) if m else None for nm, m in zip(["dQ", "dK", "dV"], mask)]
+    got = run_fused("AttentionGrad", [("dO", do), ("Q", q), ("K", k), ("V", v), ("P", p)], outs)
+    ref = R.attention_grad(do, q, k, v, p)  # default scales 1.0, k_transposed 0
+    for m, g, r in zip(mask, got, ref):
+        if m:
+            assert_close(g, r)
+        else:
+            assert g is None
+
+
+@pytest.mark.parametrize("k_transposed", [0, 1])
+def test_attention_grad_vs_unfused(k_transposed):
+    rng = _rng("attn-unfused", k_transposed)
+    lead, sq, sk, d, dv = (2, 3), 33, 47, 16, 24
+    do, q, k, v, p = _attn_inputs(rng, lead, sq, sk, d, dv, k_transposed)
+    scale = float(1 / np.sqrt(d))
+    got = run_fused("AttentionGrad", [("dO", do), ("Q", q), ("K", k), ("V", v), ("P", p)],
+                    [("dQ", F32), ("dK", F32), ("dV", F32)], scale_q=scale, scale_k=scale,
+                    k_transposed=k_transposed)
+    b = Builder()
+    ndo, nq, nk, nv, npr = (b.input(nm, t) for nm, t in
+                            zip(["dO", "Q", "K", "V", "P"], (do, q, k, v, p)))
+    perm = [0, 1, 3, 2]
+    rdv = b.op("MatMul", b.op("Transpose", npr, perm=perm), ndo)
+    dp = b.op("MatMul", ndo, b.op("Transpose", nv, perm=perm))
+    rs = b.op("ReduceSum", b.mul(dp, npr), b.ints([-1]), keepdims=1)
+    ds = b.mul(npr, b.sub(dp, rs))
+    k_sd = b.op("Transpose", nk, perm=perm) if k_transposed else nk
+    rdq = b.mul(b.op("MatMul", ds, k_sd), b.const(scale))
+    rdk = b.mul(b.op("MatMul", b.op("Transpose", ds, perm=perm), nq), b.const(scale))
+    if k_transposed:
+        rdk = b.op("Transpose", rdk, perm=perm)
+    ref = b.run([rdq, rdk, rdv])
+    for g, r, nm in zip(got, ref, "dQ dK dV".split()):
+        assert_close(g, r, what=nm)
+
+
+# =================================== ConvBnReluGrad ============================================
+
+def _conv_inputs(rng, n, cin, hin, win, c, kh, kw, strides, pads, dilations, group):
+    x = rand(rng, (n, cin, hin, win))
+    w = rand(rng, (c, cin // group, kh, kw), scale=0.5)
+    h = (hin + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
+    wd = (win + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+    cv = rand(rng, (n, c, h, wd), scale=1.5) + 0.2
+    mean = cv.mean(axis=(0, 2, 3)).astype(F32)
+    inv_std = (1 / np.sqrt(cv.var(axis=(0, 2, 3)) + 1e-5)).astype(F32)
+    gamma = rand(rng, (c,), positive=True)
+    y = np.maximum(rand(rng, cv.shape), 0).astype(F32) + (rng.random(cv.shape) < 0.1).astype(F32)
+    dy = rand(rng, cv.shape)
+    return dict(dY=dy, Y=y, X=x, W=w, Cv=cv, gamma=gamma, mean=mean, inv_std=inv_std)
+
+
+CONV_CASES = [
+    # n, cin, hin, win, c, kh, kw, strides, pads, dilations, group
+    (1, 1, 1, 1, 1, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    (2, 3, 7, 9, 5, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    (2, 3, 7, 9, 4, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    (3, 4, 11, 10, 6, 3, 2, (2, 1), (1, 0, 2, 1), (2, 1), 2),
+    (2, 6, 9, 9, 6, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 6),      # depthwise
+    (2, 8, 8, 8, 16, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),     # pointwise
+    (2, 4, 9, 9, 8, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 4),
+    (4, 16, 16, 16, 32, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),  # large-ish
+]
+CONV_OUTS = ["dX", "dW", "dBc", "dGamma", "dBeta"]
+
+
+def _conv_attrs(strides, pads, dilations, group, relu=1):
+    return dict(strides=list(strides), pads=list(pads), dilations=list(dilations), group=group,
+                relu=relu)
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "x".join(map(str, c[:7])) + f"g{c[-1]}")
+@pytest.mark.parametrize("relu", [1, 0])
+def test_conv_bn_relu_grad_vs_reference(case, relu):
+    *dims, strides, pads, dilations, group = case
+    rng = _rng("conv", case, relu)
+    ins = _conv_inputs(rng, *dims, strides, pads, dilations, group)
+    got = run_fused("ConvBnReluGrad", list(ins.items()), [(o, F32) for o in CONV_OUTS],
+                    **_conv_attrs(strides, pads, dilations, group, relu))
+    ref = R.conv_bn_relu_grad(*ins.values(), strides=strides, pads=pads, dilations=dilations,
+                              group=group, relu=relu)
+    for g, r, nm in zip(got, ref, CONV_OUTS):
+        assert_close(g, r, rtol=1e-3, atol_scale=1e-3, what=nm)
+
+
+@pytest.mark.parametrize("present", [
+    (0, 1, 1, 1, 1),   # first conv: no dX
+    (1, 1, 0, 1, 1),   # bias-free conv: no dBc
+    (0, 1, 0, 1, 1),   # both
+    (1, 0, 0, 0, 0),   # only dX
+    (0, 0, 0, 1, 1),   # BN only
+])
+def test_conv_bn_relu_grad_optional_outputs(present):
+    case = CONV_CASES[2]
+    *dims, strides, pads, dilations, group = case
+    rng = _rng("conv-opt", present)
+    ins = _conv_inputs(rng, *dims, strides, pads, dilations, group)
+    outs = [(o, F32) if p else None for o, p in zip(CONV_OUTS, present)]
+    got = run_fused("ConvBnReluGrad", list(ins.items()), outs,
+                    **_conv_attrs(strides, pads, dilations, group))
+    ref = R.conv_bn_relu_grad(*ins.values(), strides=strides, pads=pads, dilations=dilations,
+                              group=group)
+    for p, g, r in zip(present, got, ref):
+        if p:
+            assert_close(g, r, rtol=1e-3, atol_scale=1e-3)
+        else:
+            assert g is None
+
+
+def test_conv_bn_relu_grad_default_attributes():
+    rng = _rng("conv-defaults")
+    ins = _conv_inputs(rng, 2, 3, 6, 6, 4, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1), 1)
+    got = run_fused("ConvBnReluGrad", list(ins.items()), [(o, F32) for o in CONV_OUTS])
+    ref = R.conv_bn_relu_grad(*ins.values())
+    for g, r in zip(got, ref):
+        assert_close(g, r, rtol=1e-3, atol_scale=1e-3)
+
+
+def _conv_unfused_chain(ins, strides, pads, dilations, group):
+    """ReluGrad -> BatchNormalizationGrad -> ConvGrad (com.microsoft, onnxruntime-training)."""
+    w = ins["W"]
+    nodes = [
+        helper.make_node("ReluGrad", ["dY", "Y"], ["dZ"], domain="com.microsoft"),
+        helper.make_node("BatchNormalizationGrad", ["dZ", "Cv", "gamma", "mean", "inv_std"],
+                         ["dC", "dGamma", "dBeta"], domain="com.microsoft", epsilon=1e-5),
+        helper.make_node("ConvGrad", ["dC", "X", "W"], ["dX", "dW", "dBc"], domain="com.microsoft",
+                         strides=list(strides), pads=list(pads), dilations=list(dilations),
+                         group=group, kernel_shape=list(w.shape[2:])),
+    ]
+    g_in = [helper.make_tensor_value_info(k, 1, list(v.shape)) for k, v in ins.items()]
+    g_out = [helper.make_tensor_value_info(o, 1, None) for o in CONV_OUTS]
+    graph = helper.make_graph(nodes, "conv_unfused", g_in, g_out)
+    return helper.make_model(graph, ir_version=9, opset_imports=[
+        helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_conv_bn_relu_grad_vs_unfused_ortt_chain_and_same_so_in_ortt():
+    """The unfused com.microsoft chain in onnxruntime-training 1.19.2 vs the fused op, the fused
+    op running in onnxruntime-training (same .so, API 16) and in this onnxruntime, and the
+    kernel-call counter seen through ctypes in that process."""
+    jobs, fused_here = [], []
+    for case in (CONV_CASES[1], CONV_CASES[2], CONV_CASES[6]):
+        *dims, strides, pads, dilations, group = case
+        ins = _conv_inputs(_rng("conv-ortt", case), *dims, strides, pads, dilations, group)
+        jobs.append(dict(model=_conv_unfused_chain(ins, strides, pads, dilations, group),
+                         feeds=ins, outputs=CONV_OUTS))
+        fused = fused_model("ConvBnReluGrad", list(ins.items()), [(o, F32) for o in CONV_OUTS],
+                            **_conv_attrs(strides, pads, dilations, group))
+        jobs.append(dict(model=fused, feeds=ins, outputs=CONV_OUTS, library=True,
+                         count=["ConvBnReluGrad"]))
+        fused_here.append(ort_session(fused).run(CONV_OUTS, ins))
+    version, results, calls = run_in_ortt(jobs)
+    assert version == "1.19.2"
+    for i, here in enumerate(fused_here):
+        unfused, fused_ortt = results[2 * i], results[2 * i + 1]
+        assert calls[2 * i + 1] == {"ConvBnReluGrad": 1}
+        for nm, u, f, h in zip(CONV_OUTS, unfused, fused_ortt, here):
+            assert_close(f, u, rtol=1e-3, atol_scale=1e-3, what=f"case {i} {nm} fused vs unfused")
+            # not bitwise: vectorized sums peel differently with the buffers' alignment
+            assert_close(f, h, rtol=1e-5, atol_scale=1e-5, what=f"{nm}: same .so, two onnxruntimes")
+
+
+# ==================================== LayerNormGrad ============================================
+
+def _ln_inputs(rng, shape, axis, dtype, stat_dtype=F32, with_dr=True):
+    ax = axis % len(shape)
+    rows = shape[:ax]
+    n = int(np.prod(shape[ax:]))
+    x = rand(rng, shape, dtype, scale=2.0) + dtype(0.3)
+    x64 = x.astype(np.float64).reshape(-1, n)
+    mean = x64.mean(1)
+    inv_std = 1 / np.sqrt(x64.var(1) + 1e-5)
+    stat_shape = (*rows, *([1] * (len(shape) - ax)))
+    return dict(dY=rand(rng, shape, dtype), X=x, gamma=rand(rng, shape[ax:], dtype),
+                mean=mean.reshape(stat_shape).astype(stat_dtype),
+                inv_std=inv_std.reshape(stat_shape).astype(stat_dtype),
+                dR=rand(rng, shape, dtype) if with_dr else None)
+
+
+LN_SHAPES = [((1, 1), -1), ((3, 17), -1), ((2, 5, 33), -1), ((4, 3, 17), -2), ((1, 1023), 1),
+             ((512, 768), -1)]
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("with_dr", [True, False])
+@pytest.mark.parametrize("shape,axis", LN_SHAPES)
+def test_layer_norm_grad_vs_reference(dtype, with_dr, shape, axis):
+    rng = _rng("ln", str(dtype), with_dr, shape, axis)
+    ins = _ln_inputs(rng, shape, axis, dtype, with_dr=with_dr)
+    got = run_fused("LayerNormGrad", list(ins.items()), [("dX", dtype), ("dGamma", dtype),
+                                                          ("dBeta", dtype)], axis=axis)
+    ref = R.layer_norm_grad(ins["dY"], ins["X"], ins["gamma"], ins["mean"], ins["inv_std"],
+                            ins["dR"], axis)
+    t = tol(dtype)
+    if dtype == F16:  # dGamma/dBeta sum M rows: compare relative to the sum's magnitude
+        t = dict(rtol=2e-2, atol_scale=2e-2)
+    for g, r, nm in zip(got, ref, ["dX", "dGamma", "dBeta"]):
+        assert_close(g, r, **t, what=nm)
+
+
+def test_layer_norm_grad_fp16_with_fp16_stats():
+    rng = _rng("ln-f16-stats")
+    ins = _ln_inputs(rng, (6, 40), -1, F16, stat_dtype=F16)
+    got = run_fused("LayerNormGrad", list(ins.items()), [("dX", F16), ("dGamma", F16), ("dBeta", F16)])
+    ref = R.layer_norm_grad(*ins.values())
+    for g, r in zip(got, ref):
+        assert_close(g, r, rtol=2e-2, atol_scale=2e-2)
+
+
+@pytest.mark.parametrize("outs", [(1, 0, 0), (1, 1, 0), (1, 0, 1)])
+@pytest.mark.parametrize("with_dr", [True, False])
+def test_layer_norm_grad_optional_outputs(outs, with_dr):
+    rng = _rng("ln-opt", outs, with_dr)
+    ins = _ln_inputs(rng, (5, 67), -1, F32, with_dr=with_dr)
+    req = [(nm, F32) if o else None for nm, o in zip(["dX", "dGamma", "dBeta"], outs)]
+    got = run_fused("LayerNormGrad", list(ins.items()), req)
+    ref = R.layer_norm_grad(*ins.values())
+    for o, g, r in zip(outs, got, ref):
+        if o:
+            assert_close(g, r)
+        else:
+            assert g is None
+
+
+@pytest.mark.parametrize("with_dr", [True, False])
+def test_layer_norm_grad_vs_unfused(with_dr):
+    rng = _rng("ln-unfused", with_dr)
+    shape = (3, 21, 96)
+    ins = _ln_inputs(rng, shape, -1, F32, with_dr=with_dr)
+    got = run_fused("LayerNormGrad", list(ins.items()), [("dX", F32), ("dGamma", F32), ("dBeta", F32)])
+    b = Builder()
+    dy, x, gam, mu, rs = (b.input(k, ins[k]) for k in ["dY", "X", "gamma", "mean", "inv_std"])
+    ax = b.ints([-1])
+    xhat = b.mul(b.sub(x, mu), rs)
+    g = b.mul(dy, gam)
+    c2 = b.op("ReduceMean", g, ax, keepdims=1)
+    c1 = b.op("ReduceMean", b.mul(g, xhat), ax, keepdims=1)
+    dx = b.mul(rs, b.sub(b.sub(g, c2), b.mul(xhat, c1)))
+    if with_dr:
+        dx = b.add(dx, b.input("dR", ins["dR"]))
+    rows = b.ints([0, 1])
+    dgam = b.op("ReduceSum", b.mul(dy, xhat), rows, keepdims=0)
+    dbet = b.op("ReduceSum", dy, rows, keepdims=0)
+    ref = b.run([dx, dgam, dbet])
+    for gg, r, nm in zip(got, ref, ["dX", "dGamma", "dBeta"]):
+        assert_close(gg, r, what=nm)
+
+
+# ============================ library plumbing / both onnxruntimes ============================
+
+def test_kernel_call_counter_counts_library_kernels():
+    library.reset_kernel_calls()
+    assert library.kernel_calls("LayerNormGrad") == 0
+    assert library.kernel_calls("NoSuchOp") == -1
+    rng = _rng("counter")
+    ins = _ln_inputs(rng, (4, 8), -1, F32)
+    model = fused_model("LayerNormGrad", list(ins.items()), [("dX", F32)])
+    sess = ort_session(model)
+    feeds = {k: v for k, v in ins.items() if v is not None}
+    for _ in range(3):
+        sess.run(None, feeds)
+    assert library.kernel_calls("LayerNormGrad") == 3
+    assert library.kernel_calls("ActivationGrad") == 0
+
+
+def test_same_so_runs_each_op_in_onnxruntime_training():
+    rng = _rng("ortt-all")
+    dy, x = rand(rng, (5, 9)), rand(rng, (5, 9))
+    lin = _lin_inputs(rng, (6,), 7, 5, 1)
+    att = _attn_inputs(rng, (2,), 5, 6, 4, 3, 1)
+    ln = _ln_inputs(rng, (4, 19), -1, F16)
+    cases = [
+        ("ActivationGrad", dict(dY=dy.astype(F16), X=x.astype(F16)), ["dX"], dict(activation="silu"),
+         R.activation_grad(dy.astype(F16), x.astype(F16), "silu"), F16),
+        ("LinearActivationGrad", dict(zip(["dY", "X", "A", "W"], lin)), ["dA", "dW", "dB"],
+         dict(activation="gelu_tanh", trans_w=1), R.linear_activation_grad(*lin, "gelu_tanh", 1), F32),
+        ("AttentionGrad", dict(zip(["dO", "Q", "K", "V", "P"], att)), ["dQ", "dK", "dV"],
+         dict(scale_q=0.5, scale_k=0.25, k_transposed=1),
+         R.attention_grad(*att, 0.5, 0.25, 1), F32),
+        ("LayerNormGrad", {k: v for k, v in ln.items()}, ["dX", "dGamma", "dBeta"], {},
+         R.layer_norm_grad(*ln.values()), F16),
+    ]
+    jobs = []
+    for op, feeds, outs, attrs, _, dt in cases:
+        model = fused_model(op, list(feeds.items()), [(o, dt) for o in outs], **attrs)
+        jobs.append(dict(model=model, feeds=feeds, outputs=outs, library=True, count=[op]))
+    version, results, calls = run_in_ortt(jobs)
+    assert version == "1.19.2"
+    for (op, _, _, _, ref, dt), got, c in zip(cases, results, calls):
+        assert c == {op: 1}
+        ref = ref if isinstance(ref, tuple) else (ref,)
+        t = tol(dt) if dt == F32 else dict(rtol=2e-2, atol_scale=2e-2)
+        for g, r in zip(got, ref):
+            assert_close(g, r, **t, what=op)
+
+
+def test_library_path_and_session_options():
+    path = library.library_path()
+    assert path.endswith("fusecli/lib/libfusecli_ops.so")
+    so = library.session_options(threads=1)
+    assert isinstance(so, ort.SessionOptions)
+    assert so.intra_op_num_threads == 1
+
+
+def test_profiling_shows_fused_op_names(tmp_path):
+    rng = _rng("profile")
+    dy, x = rand(rng, (8, 8)), rand(rng, (8, 8))
+    model = fused_model("ActivationGrad", [("dY", dy), ("X", x)], [("dX", F32)], activation="gelu")
+    so = library.session_options(opt_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    so.enable_profiling = True
+    so.profile_file_prefix = str(tmp_path / "prof")
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess.run(None, {"dY": dy, "X": x})
+    prof = sess.end_profiling()
+    text = open(prof).read()
+    assert '"op_name" : "ActivationGrad"' in text or '"op_name":"ActivationGrad"' in text
