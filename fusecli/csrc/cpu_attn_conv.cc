@@ -28,8 +28,12 @@ struct AttnKernel {
 };
 struct AttnOp : OpBase<AttnOp, AttnKernel> {
   AttnOp() : OpBase("AttentionGrad", nullptr) {}
-  size_t GetInputTypeCount() const { return 5; }
+  size_t GetInputTypeCount() const { return 7; }
   ONNXTensorElementDataType GetInputType(size_t) const { return kF32; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i >= 5 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL  // q/k_scale
+                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+  }
   size_t GetOutputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return kF32; }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const {
@@ -41,9 +45,13 @@ void AttnKernel::Compute(OrtKernelContext* c) {
   count_call(kAttentionGrad);
   Ort::KernelContext ctx(c);
   In dO = get_input(ctx, 0), q = get_input(ctx, 1), k = get_input(ctx, 2), v = get_input(ctx, 3),
-     p = get_input(ctx, 4);
+     p = get_input(ctx, 4), qs = get_input(ctx, 5), ks = get_input(ctx, 6);
   for (const In* t : {&dO, &q, &k, &v, &p})
     FUSECLI_CHECK(t->shape.size() >= 2, "AttentionGrad: every input needs rank >= 2");
+  FUSECLI_CHECK((!qs.present || qs.numel() == 1) && (!ks.present || ks.numel() == 1),
+                "AttentionGrad: q_scale and k_scale must be scalars");
+  const float scale_q = this->scale_q * (qs.present ? qs.ptr<float>()[0] : 1.f);
+  const float scale_k = this->scale_k * (ks.present ? ks.ptr<float>()[0] : 1.f);
   const size_t r = p.shape.size();
   const int64_t Sq = p.shape[r - 2], Sk = p.shape[r - 1];
   const int64_t D = q.shape.back(), Dv = v.shape.back();

@@ -81,6 +81,10 @@ struct LinOp : OpBase<LinOp, LinKernel> {
   LinOp() : OpBase("LinearActivationGrad", nullptr) {}
   size_t GetInputTypeCount() const { return 4; }
   ONNXTensorElementDataType GetInputType(size_t) const { return kF32; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i == 3 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL  // W: only for dA
+                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+  }
   size_t GetOutputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return kF32; }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const {
@@ -93,26 +97,32 @@ void LinKernel::Compute(OrtKernelContext* c) {
   Ort::KernelContext ctx(c);
   In dy = get_input(ctx, 0), x = get_input(ctx, 1), a = get_input(ctx, 2), w = get_input(ctx, 3);
   FUSECLI_CHECK(!dy.shape.empty() && !a.shape.empty(), "LinearActivationGrad: dY and A need rank >= 1");
-  FUSECLI_CHECK(w.shape.size() == 2, "LinearActivationGrad: W must be 2-D");
   const int64_t N = dy.shape.back(), K = a.shape.back();
   const int64_t M = N ? dy.numel() / N : 0;
   FUSECLI_CHECK(x.numel() == dy.numel(), "LinearActivationGrad: X and dY must have the same size");
   FUSECLI_CHECK(a.numel() == M * K, "LinearActivationGrad: A rows must match dY rows");
-  if (!trans_w)
-    FUSECLI_CHECK(w.shape[0] == N && w.shape[1] == K, "LinearActivationGrad: W must be [N, K] (trans_w=0)");
-  else
-    FUSECLI_CHECK(w.shape[0] == K && w.shape[1] == N, "LinearActivationGrad: W must be [K, N] (trans_w=1)");
+  if (w.present) {
+    FUSECLI_CHECK(w.shape.size() == 2, "LinearActivationGrad: W must be 2-D");
+    if (!trans_w)
+      FUSECLI_CHECK(w.shape[0] == N && w.shape[1] == K, "LinearActivationGrad: W must be [N, K] (trans_w=0)");
+    else
+      FUSECLI_CHECK(w.shape[0] == K && w.shape[1] == N, "LinearActivationGrad: W must be [K, N] (trans_w=1)");
+  }
+  const std::vector<int64_t> w_shape = trans_w ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K};
+  std::vector<int64_t> da_shape = a.shape;
+  da_shape.back() = K;
 
   bool want_da, want_dw, want_db;
-  float* da = output_or_null<float>(ctx, 0, a.shape, &want_da);
-  float* dw = output_or_null<float>(ctx, 1, w.shape, &want_dw);
+  float* da = output_or_null<float>(ctx, 0, da_shape, &want_da);
+  FUSECLI_CHECK(!want_da || w.present, "LinearActivationGrad: dA is requested but W is absent");
+  float* dw = output_or_null<float>(ctx, 1, w_shape, &want_dw);
   float* db = output_or_null<float>(ctx, 2, {N}, &want_db);
   if (!want_da && !want_dw && !want_db) return;
 
   const float* dyp = dy.ptr<float>();
   const float* xp = x.ptr<float>();
   const float* ap = a.ptr<float>();
-  const float* wp = w.ptr<float>();
+  const float* wp = w.present ? w.ptr<float>() : nullptr;
   // dZ is computed once into one buffer (identity: dZ is dY itself), with dB reduced in the
   // same pass from per-thread partial sums.
   std::vector<float> dz_buf;
@@ -173,14 +183,14 @@ struct LnOp : OpBase<LnOp, LnKernel> {
     return half ? kF16 : kF32;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i == 5 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
-                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+    // gamma (only needed for dX) and the residual gradient dR are optional
+    return i == 2 || i == 5 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+                            : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
   }
   size_t GetOutputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return half ? kF16 : kF32; }
-  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
-    return i == 0 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
-                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const {
+    return OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
   }
   bool half;
 };
@@ -220,7 +230,9 @@ void LnKernel::Run(Ort::KernelContext& ctx) {
   FUSECLI_CHECK(dy.numel() == x.numel(), "LayerNormGrad: dY and X must have the same size");
   const int64_t N = prod(x.shape, static_cast<size_t>(ax));
   const int64_t M = prod(x.shape, 0, static_cast<size_t>(ax));
-  FUSECLI_CHECK(gamma.numel() == N, "LayerNormGrad: gamma must have prod(shape[axis:]) elements");
+  FUSECLI_CHECK(!gamma.present || gamma.numel() == N,
+                "LayerNormGrad: gamma must have prod(shape[axis:]) elements");
+  const std::vector<int64_t> pshape(x.shape.begin() + ax, x.shape.end());
   FUSECLI_CHECK(mean.numel() == M && rstd.numel() == M, "LayerNormGrad: mean/inv_std need one value per row");
   FUSECLI_CHECK((mean.type == kF32 || mean.type == kF16) && (rstd.type == kF32 || rstd.type == kF16),
                 "LayerNormGrad: mean/inv_std must be float32 or float16");
@@ -228,15 +240,16 @@ void LnKernel::Run(Ort::KernelContext& ctx) {
 
   bool want_dx, want_dg, want_db;
   T* dx = output_or_null<T>(ctx, 0, x.shape, &want_dx);
-  T* dg = output_or_null<T>(ctx, 1, gamma.shape, &want_dg);
-  T* dbeta = output_or_null<T>(ctx, 2, gamma.shape, &want_db);
+  FUSECLI_CHECK(!want_dx || gamma.present, "LayerNormGrad: dX is requested but gamma is absent");
+  T* dg = output_or_null<T>(ctx, 1, gamma.present ? gamma.shape : pshape, &want_dg);
+  T* dbeta = output_or_null<T>(ctx, 2, gamma.present ? gamma.shape : pshape, &want_db);
   if (M == 0 || N == 0) {
     if (want_dg) std::fill(dg, dg + N, T(0.f));
     if (want_db) std::fill(dbeta, dbeta + N, T(0.f));
     return;
   }
-  std::vector<float> gam_buf(static_cast<size_t>(N));
-  const float* gam = row_as_float(gamma.ptr<T>(), gam_buf.data(), N);
+  std::vector<float> gam_buf(static_cast<size_t>(N), 1.f);
+  const float* gam = gamma.present ? row_as_float(gamma.ptr<T>(), gam_buf.data(), N) : gam_buf.data();
   const T* dyp = dy.ptr<T>();
   const T* xp = x.ptr<T>();
   const T* drp = dr.present ? dr.ptr<T>() : nullptr;

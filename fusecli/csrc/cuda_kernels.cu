@@ -340,7 +340,7 @@ __global__ void ln_rows_kernel(const T* __restrict__ dy, const T* __restrict__ x
     float s1 = 0.f, s2 = 0.f;
     if (dx) {
       for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-        const float g = to_f(dyr[j]) * to_f(gamma[j]);
+        const float g = to_f(dyr[j]) * (gamma ? to_f(gamma[j]) : 1.f);
         s1 += g * (to_f(xr[j]) - mu) * rs;
         s2 += g;
       }
@@ -352,7 +352,7 @@ __global__ void ln_rows_kernel(const T* __restrict__ dy, const T* __restrict__ x
       const float d = to_f(dyr[j]);
       const float xh = (to_f(xr[j]) - mu) * rs;
       if (dx) {
-        float v = rs * (d * to_f(gamma[j]) - s2 - xh * s1);
+        float v = rs * (d * (gamma ? to_f(gamma[j]) : 1.f) - s2 - xh * s1);
         if (dr) v += to_f(dr[r * n + j]);
         dx[r * n + j] = from_f<T>(v);
       }
@@ -431,6 +431,12 @@ FUSECLI_EXPORT int fusecli_launch_activation_grad_f16(void* stream, const void* 
   return cudaGetLastError();
 }
 
+FUSECLI_EXPORT int fusecli_read_scalar(void* stream, const float* p, float* out) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  RETURN_IF_ERR(cudaMemcpyAsync(out, p, sizeof(float), cudaMemcpyDeviceToHost, s));
+  return cudaStreamSynchronize(s);
+}
+
 FUSECLI_EXPORT int fusecli_launch_linear_activation_grad(void* stream, const float* dy,
     const float* x, const float* a, const float* w, float* da, float* dw, float* db, int64_t m,
     int64_t n, int64_t k, int act, int trans_w) {
@@ -448,6 +454,7 @@ FUSECLI_EXPORT int fusecli_launch_linear_activation_grad(void* stream, const flo
     else if (n > 0) col_sum_kernel<<<static_cast<unsigned>((n + 31) / 32), dim3(32, 8), 0, s>>>(dz, db, m, n);
     RETURN_IF_ERR(cudaGetLastError());
   }
+  if (da && !w) return cudaErrorInvalidValue;
   if (da)  // dA[m,k] = dZ W  (W [n,k])  |  dZ W^T  (W [k,n])
     RETURN_IF_ERR(sgemm(s, false, trans_w != 0, m, k, n, 1.f, dz, n, 0, w, trans_w ? n : k, 0, 0.f, da, k, 0));
   if (dw) {

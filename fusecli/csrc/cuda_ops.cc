@@ -77,17 +77,19 @@ struct LinKernel {
       count_call(kLinearActivationGrad);
       Ort::KernelContext ctx(c);
       In dy = get_input(ctx, 0), x = get_input(ctx, 1), a = get_input(ctx, 2), w = get_input(ctx, 3);
-      FUSECLI_CHECK(!dy.shape.empty() && !a.shape.empty() && w.shape.size() == 2,
+      FUSECLI_CHECK(!dy.shape.empty() && !a.shape.empty() && (!w.present || w.shape.size() == 2),
                     "LinearActivationGrad: bad ranks");
       const int64_t N = dy.shape.back(), K = a.shape.back(), M = N ? dy.numel() / N : 0;
       FUSECLI_CHECK(x.numel() == dy.numel() && a.numel() == M * K, "LinearActivationGrad: shape mismatch");
-      FUSECLI_CHECK(trans_w ? (w.shape[0] == K && w.shape[1] == N) : (w.shape[0] == N && w.shape[1] == K),
+      FUSECLI_CHECK(!w.present || (trans_w ? (w.shape[0] == K && w.shape[1] == N)
+                                           : (w.shape[0] == N && w.shape[1] == K)),
                     "LinearActivationGrad: W shape does not match trans_w");
       float* da = opt_out<float>(ctx, 0, a.shape);
-      float* dw = opt_out<float>(ctx, 1, w.shape);
+      FUSECLI_CHECK(!da || w.present, "LinearActivationGrad: dA is requested but W is absent");
+      float* dw = opt_out<float>(ctx, 1, trans_w ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K});
       float* db = opt_out<float>(ctx, 2, {N});
       check_cuda(fusecli_launch_linear_activation_grad(ctx.GetGPUComputeStream(), dy.ptr<float>(),
-                     x.ptr<float>(), a.ptr<float>(), w.ptr<float>(), da, dw, db, M, N, K,
+                     x.ptr<float>(), a.ptr<float>(), w.present ? w.ptr<float>() : nullptr, da, dw, db, M, N, K,
                      act_code(act), trans_w),
                  "LinearActivationGrad");
     });
@@ -99,6 +101,7 @@ struct LinOp : OpBase<LinOp, LinKernel> {
   LinOp() : OpBase("LinearActivationGrad", kCuda) {}
   size_t GetInputTypeCount() const { return 4; }
   ONNXTensorElementDataType GetInputType(size_t) const { return kF32; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const { return i == 3 ? kOpt : kReq; }
   size_t GetOutputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return kF32; }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return kOpt; }
@@ -115,9 +118,12 @@ struct AttnKernel {
       count_call(kAttentionGrad);
       Ort::KernelContext ctx(c);
       In dO = get_input(ctx, 0), q = get_input(ctx, 1), k = get_input(ctx, 2), v = get_input(ctx, 3),
-         p = get_input(ctx, 4);
+         p = get_input(ctx, 4), qs = get_input(ctx, 5), ks = get_input(ctx, 6);
       for (const In* t : {&dO, &q, &k, &v, &p})
         FUSECLI_CHECK(t->shape.size() >= 2, "AttentionGrad: every input needs rank >= 2");
+      float sq_extra = 1.f, sk_extra = 1.f;  // run-time scales live on the device: read them
+      if (qs.present) check_cuda(fusecli_read_scalar(ctx.GetGPUComputeStream(), qs.ptr<float>(), &sq_extra), "AttentionGrad");
+      if (ks.present) check_cuda(fusecli_read_scalar(ctx.GetGPUComputeStream(), ks.ptr<float>(), &sk_extra), "AttentionGrad");
       const size_t r = p.shape.size();
       const int64_t Sq = p.shape[r - 2], Sk = p.shape[r - 1], D = q.shape.back(), Dv = v.shape.back();
       const int64_t B = prod(p.shape, 0, r - 2);
@@ -129,7 +135,7 @@ struct AttnKernel {
       float* dv = opt_out<float>(ctx, 2, v.shape);
       check_cuda(fusecli_launch_attention_grad(ctx.GetGPUComputeStream(), dO.ptr<float>(), q.ptr<float>(),
                      k.ptr<float>(), v.ptr<float>(), p.ptr<float>(), dq, dk, dv, B, Sq, Sk, D, Dv,
-                     scale_q, scale_k, k_transposed),
+                     scale_q * sq_extra, scale_k * sk_extra, k_transposed),
                  "AttentionGrad");
     });
   }
@@ -138,8 +144,9 @@ struct AttnKernel {
 };
 struct AttnOp : OpBase<AttnOp, AttnKernel> {
   AttnOp() : OpBase("AttentionGrad", kCuda) {}
-  size_t GetInputTypeCount() const { return 5; }
+  size_t GetInputTypeCount() const { return 7; }
   ONNXTensorElementDataType GetInputType(size_t) const { return kF32; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const { return i >= 5 ? kOpt : kReq; }
   size_t GetOutputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return kF32; }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return kOpt; }
@@ -213,22 +220,25 @@ struct LnKernel {
       const int64_t ax = axis < 0 ? axis + rank : axis;
       FUSECLI_CHECK(ax >= 0 && ax <= rank, "LayerNormGrad: axis out of range");
       const int64_t N = prod(x.shape, static_cast<size_t>(ax)), M = prod(x.shape, 0, static_cast<size_t>(ax));
-      FUSECLI_CHECK(dy.numel() == x.numel() && gamma.numel() == N && mean.numel() == M &&
+      FUSECLI_CHECK(dy.numel() == x.numel() && (!gamma.present || gamma.numel() == N) && mean.numel() == M &&
                         rstd.numel() == M && (!dr.present || dr.numel() == M * N),
                     "LayerNormGrad: shape mismatch");
       FUSECLI_CHECK(mean.type == rstd.type && (mean.type == kF32 || (half && mean.type == kF16)),
                     "LayerNormGrad: mean/inv_std must be float32 (or float16 with float16 data)");
+      const std::vector<int64_t> pshape(x.shape.begin() + ax, x.shape.end());
       void* dx = opt_out<void>(ctx, 0, x.shape);
-      void* dg = opt_out<void>(ctx, 1, gamma.shape);
-      void* db = opt_out<void>(ctx, 2, gamma.shape);
+      FUSECLI_CHECK(!dx || gamma.present, "LayerNormGrad: dX is requested but gamma is absent");
+      void* dg = opt_out<void>(ctx, 1, pshape);
+      void* db = opt_out<void>(ctx, 2, pshape);
       void* s = ctx.GetGPUComputeStream();
       int err;
       if (half)
-        err = fusecli_launch_layer_norm_grad_f16(s, dy.data, x.data, gamma.data, mean.data, rstd.data,
+        err = fusecli_launch_layer_norm_grad_f16(s, dy.data, x.data, gamma.present ? gamma.data : nullptr, mean.data, rstd.data,
                                                  mean.type == kF16, dr.present ? dr.data : nullptr,
                                                  dx, dg, db, M, N);
       else
-        err = fusecli_launch_layer_norm_grad(s, dy.ptr<float>(), x.ptr<float>(), gamma.ptr<float>(),
+        err = fusecli_launch_layer_norm_grad(s, dy.ptr<float>(), x.ptr<float>(),
+                                             gamma.present ? gamma.ptr<float>() : nullptr,
                                              mean.ptr<float>(), rstd.ptr<float>(),
                                              dr.present ? dr.ptr<float>() : nullptr,
                                              static_cast<float*>(dx), static_cast<float*>(dg),
@@ -246,10 +256,10 @@ struct LnOp : OpBase<LnOp, LnKernel> {
     if (i == 3 || i == 4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
     return half ? kF16 : kF32;
   }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const { return i == 5 ? kOpt : kReq; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const { return i == 2 || i == 5 ? kOpt : kReq; }
   size_t GetOutputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return half ? kF16 : kF32; }
-  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const { return i == 0 ? kReq : kOpt; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return kOpt; }
   bool half;
 };
 LnKernel::LnKernel(const OrtKernelInfo* info, const LnOp* op) : axis(attr_int(info, "axis", -1)), half(op->half) {}

@@ -54,7 +54,7 @@ int fusecli_launch_conv_bn_relu_grad(void* stream, const float* dy, const float*
 /* dY, X, dR (nullable), dX: [m, n]; gamma [n]; mean, inv_std [m] (float32).
  * dX, dGamma [n], dBeta [n]: nullable. */
 int fusecli_launch_layer_norm_grad(void* stream, const float* dy, const float* x,
-                                   const float* gamma, const float* mean, const float* inv_std,
+                                   const float* gamma /* nullable: 1 */, const float* mean, const float* inv_std,
                                    const float* dr, float* dx, float* dgamma, float* dbeta,
                                    int64_t m, int64_t n);
 /* float16 dY, X, gamma, dR, dX, dGamma, dBeta; mean/inv_std float16 when stats_f16 != 0,
@@ -63,6 +63,9 @@ int fusecli_launch_layer_norm_grad_f16(void* stream, const void* dy, const void*
                                        const void* gamma, const void* mean, const void* inv_std,
                                        int stats_f16, const void* dr, void* dx, void* dgamma,
                                        void* dbeta, int64_t m, int64_t n);
+
+/* Copies one float from device memory (a run-time scale tensor) and waits for it. */
+int fusecli_read_scalar(void* stream, const float* p, float* out);
 
 /* Kernel-call counters of the onnxruntime kernels (CPU and CUDA Compute calls per op name;
  * -1 for an unknown name), their reset, and whether the CUDA kernels were compiled in. */
