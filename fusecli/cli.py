@@ -61,20 +61,38 @@ def cli():
 @click.option("--in-place", is_flag=True, help="Allow -o to be the input file.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No log lines on stderr.")
-def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet):
+@click.option("--verify", "do_verify", is_flag=True,
+              help="Run `fusecli verify` on the written output (exit 1 on a mismatch).")
+@click.option("--expect", type=click.Path(path_type=Path),
+              help="YAML/JSON mapping pattern-or-rule -> minimum fused count (exit 3 if below).")
+@click.option("--baseline", type=click.Path(path_type=Path),
+              help="A previous --json report; exit 3 if any fused count drops below it.")
+def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet, do_verify,
+             expect, baseline):
     """Fuse MODEL and write the result to OUTPUT.
 
     MODEL is an ONNX training graph (onnxruntime-training artifact or torch joint graph).
-    Prints a per-pattern table (or JSON with --json). The input file is never modified.
+    Prints a per-pattern table (or JSON with --json) on stdout; logs go to stderr. The input
+    file is never modified; the output is written atomically.
     """
+    from .ci import check_expectations, load_baseline, load_expectations
     from .modelio import check_output_path, load_model, save_model
     from .report import stats_table
 
     if output is None and not dry_run:
         raise click.UsageError("missing -o/--output (or pass --dry-run)")
+    if do_verify and dry_run:
+        raise click.UsageError("--verify needs a written output; drop --dry-run")
     dest = check_output_path(model, output, in_place) if output is not None else None
+    wanted = load_expectations(expect) if expect else {}
+    base = load_baseline(baseline) if baseline else None
     fp = _load_pass(rules, only, skip)
     m = load_model(model)
+    _sanity(m, quiet)
+    if len(m.graph.node) >= 5000 and not quiet:
+        click.echo(f"fusecli: {len(m.graph.node)} nodes, matching {len(fp.rules)} rules ...",
+                   err=True)
+        fp.progress = lambda msg: click.echo(f"fusecli: {msg}", err=True)
     fp.run(m)
     d = fp.stats.as_dict(str(model))
     if fp.stats.total_fused == 0 and not _has_gradient_nodes(m):
@@ -87,7 +105,87 @@ def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet
         _echo_json(d)
     else:
         verb = "would fuse" if dry_run else "fused"
-        click.echo(stats_table(d, f"{model}: {verb} {d['total_fused']} chains"))
+        click.echo(stats_table(d, f"{model}: {verb} {d['total_fused']} chain(s)"))
+    rc = errors.EXIT_OK
+    if do_verify:
+        report = _run_verify(model, dest, quiet=quiet)
+        if not report.ok:
+            rc = errors.EXIT_CHECK_FAILED
+    problems = check_expectations(d, wanted, base)
+    for line in problems:
+        click.echo(f"fusecli: regression: {line}", err=True)
+    if problems:
+        raise SystemExit(errors.EXIT_EXPECTATION)
+    if rc:
+        raise SystemExit(rc)
+
+
+def _sanity(model, quiet: bool) -> None:
+    try:
+        from .sanity import check_graph
+    except ImportError:  # pragma: no cover - sanity checks ship with the package
+        return
+    for warning in check_graph(model):
+        _log(quiet, f"warning: {warning}")
+
+
+def _parse_dims(dims) -> dict[str, int]:
+    out = {}
+    for item in dims:
+        name, _, value = item.partition("=")
+        if not name or not value.isdigit():
+            raise click.BadParameter(f"--dim wants NAME=VALUE with a positive integer, got {item!r}")
+        out[name] = int(value)
+    return out
+
+
+def _run_verify(original, fused, seed=0, rtol=1e-5, atol=1e-6, dims=None, runtime_python=None,
+                quiet=False, as_json=False):
+    from .verify import verify_models
+
+    report = verify_models(original, fused, seed=seed, rtol=rtol, atol=atol, dims=dims,
+                           runtime_python=runtime_python)
+    if as_json:
+        _echo_json(report.as_dict())
+        return report
+    out = click.echo if not quiet else (lambda *a, **k: None)
+    out(f"verify: {Path(original).name} vs {Path(fused).name} in {report.runtime} "
+        f"(graph optimizations off, rtol={rtol:g}, atol={atol:g})")
+    w = max((len(d.name) for d in report.outputs), default=10)
+    for d in report.outputs:
+        out(f"  {d.name:<{w}}  max_abs {d.max_abs:.3e}  max_rel {d.rel:.3e}  "
+            f"{'ok' if d.ok else 'MISMATCH'}")
+    runs = ", ".join(f"{k} x{v}" for k, v in sorted(report.fused_kernel_runs.items()))
+    out(f"  fused kernels executed: {runs or 'none'}")
+    out(f"  max relative error {report.max_rel:.3e}: {'PASS' if report.ok else 'FAIL'}")
+    for d in report.outputs:
+        if not d.ok:
+            click.echo(f"fusecli: mismatch in {d.name} (max abs {d.max_abs:.3e}); fused nodes "
+                       f"upstream: {', '.join(d.upstream_fused) or 'none'}", err=True)
+    return report
+
+
+@cli.command()
+@click.argument("original", type=click.Path(path_type=Path))
+@click.argument("fused", type=click.Path(path_type=Path))
+@click.option("--seed", default=0, show_default=True, help="Seed of the random feeds.")
+@click.option("--rtol", default=1e-5, show_default=True, help="Relative tolerance (of max |ref|).")
+@click.option("--atol", default=1e-6, show_default=True, help="Absolute tolerance.")
+@click.option("--dim", "dims", multiple=True, help="Symbolic dimension NAME=VALUE (repeatable).")
+@click.option("--runtime-python", type=click.Path(path_type=Path),
+              help="Python whose onnxruntime runs the models (default: picked by the graph).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def verify(original, fused, seed, rtol, atol, dims, runtime_python, as_json):
+    """Check that FUSED computes what ORIGINAL computes.
+
+    Runs both models on the same random feeds in the same runtime with graph optimizations off
+    (onnxruntime-training for ort-training graphs) and compares every output, including the
+    gradients written in place into accumulation buffers. Exit 1 on a mismatch.
+    """
+    report = _run_verify(original, fused, seed, rtol, atol, _parse_dims(dims),
+                         str(runtime_python) if runtime_python else None, as_json=as_json)
+    if not report.ok:
+        raise SystemExit(errors.EXIT_CHECK_FAILED)
 
 
 def _has_gradient_nodes(model) -> bool:
@@ -112,6 +210,7 @@ def stats(model, rules, as_json):
 
     fp = _load_pass(rules)
     m = load_model(model)
+    _sanity(m, False)
     inv = fused_inventory(m)
     fp.run(copy.deepcopy(m) if len(m.graph.node) < 50_000 else m)
     d = fp.stats.as_dict(str(model))
@@ -126,6 +225,43 @@ def stats(model, rules, as_json):
         click.echo(f"  skipped {s.rule} at {s.anchor}: {s.failure.reason}: {s.failure.detail}")
     if inv["fused_ops"]:
         click.echo(inventory_table(inv, "fused ops already in the model:"))
+
+
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--rules", "rules", multiple=True, type=click.Path(path_type=Path),
+              help="Rule file or folder (repeatable). Default: the shipped rules.")
+@click.option("--rule", "rule_names", multiple=True, help="Explain only this rule (repeatable).")
+@click.option("--node", "node_names", multiple=True,
+              help="Explain only candidates that involve this node (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def explain(model, rules, rule_names, node_names, as_json):
+    """Explain why rules did not fuse in MODEL.
+
+    For every candidate where a rule started to match and failed: the deepest partial match
+    (rule node -> graph node) and the exact constraint that failed. With --rule or --node,
+    candidates that failed on their first node are listed too.
+    """
+    from .explain import explain_model
+    from .modelio import load_model
+
+    fp = _load_pass(rules, only=rule_names)
+    m = load_model(model)
+    misses = explain_model(m, fp, node_names=node_names,
+                           include_shallow=bool(rule_names or node_names))
+    if as_json:
+        _echo_json({"model": str(model), "misses": misses})
+        return
+    if not misses:
+        click.echo(f"{model}: no near misses" + (" for the selection" if rule_names or node_names
+                                                  else ""))
+        return
+    for miss in misses:
+        bound = ", ".join(f"{k}={v}" for k, v in miss["bound"].items()) or "(nothing bound)"
+        where = f" at rule node '{miss['node']}'" if miss["node"] else ""
+        click.echo(f"{miss['rule']} ({miss['pattern']}) anchored at {miss['anchor']}:")
+        click.echo(f"  matched {miss['depth']} node(s): {bound}")
+        click.echo(f"  failed{where}: [{miss['reason']}] {miss['detail']}")
 
 
 @cli.group("rules")
@@ -192,6 +328,8 @@ def main(argv=None) -> int:
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except SystemExit as exc:  # a command's documented exit code (1 check failed, 3 CI)
+        return exc.code if isinstance(exc.code, int) else errors.EXIT_INTERNAL
     except click.ClickException as exc:
         click.echo(f"fusecli: error: {exc.format_message()} (see --help)", err=True)
         return errors.EXIT_BAD_INPUT

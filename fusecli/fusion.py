@@ -128,7 +128,7 @@ class FusionPass:
     """
 
     def __init__(self, rules=None, only: Iterable[str] = (), skip: Iterable[str] = (),
-                 progress: Callable[[str], None] | None = None):
+                 progress: Callable[[str], None] | None = None, explain: bool = False):
         if rules is None or all(not isinstance(r, Rule) for r in rules):
             rules = load_rules(rules)
         only, skip = set(only), set(skip)
@@ -137,11 +137,16 @@ class FusionPass:
                       if (not only or r.pattern in only or r.name in only)
                       and r.pattern not in skip and r.name not in skip]
         self.progress = progress
+        # explain: also try anchors of the right op type in other domains, and keep the
+        # deepest failure of every attempt that did not fuse (self.misses)
+        self.explain = explain
+        self.misses: dict[tuple[str, int], Skip] = {}
         self.stats = Stats(self.all_rules)
 
     # -- public ----------------------------------------------------------------------------
     def run(self, model: onnx.ModelProto) -> int:
         self.stats = stats = Stats(self.all_rules)
+        self.misses = {}
         graph = model.graph
         stats.nodes_before = len(graph.node)
         index = GraphIndex(graph)
@@ -155,7 +160,8 @@ class FusionPass:
             touched: set[int] = set()
             for rule in self.rules:
                 spec = rule.anchor
-                anchors = [n for op in spec.ops for d in spec.domains
+                domains = spec.domains if not self.explain else index.domains()
+                anchors = [n for op in spec.ops for d in domains
                            for n in index.candidates(op, d)]
                 anchors.sort(key=lambda n: n.key)
                 matcher = Matcher(index, rule)
@@ -171,8 +177,14 @@ class FusionPass:
                     if res.match is None:
                         if res.structural and res.guard_failure is not None:
                             skipped[k] = res.guard_failure
+                        if self.explain:
+                            failure = res.guard_failure or res.deepest
+                            if failure is not None:
+                                self.misses[k] = Skip(rule.name, rule.pattern, anchor.name,
+                                                      failure)
                         continue
                     skipped.pop(k, None)
+                    self.misses.pop(k, None)
                     fused = self._apply(index, res.match, credit, stats, sizes, removed_inputs)
                     touched.update(self._neighbourhood(index, fused))
             if not touched:

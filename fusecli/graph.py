@@ -117,6 +117,9 @@ class GraphIndex:
     def alive_nodes(self) -> list[GNode]:
         return sorted((n for n in self.nodes if n.alive), key=lambda n: n.key)
 
+    def domains(self) -> tuple[str, ...]:
+        return tuple(sorted({d for d, _ in self.by_op}))
+
     def candidates(self, op: str, domain: str) -> list[GNode]:
         return list(self.by_op.get((domain, op), {}).values())
 

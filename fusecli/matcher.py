@@ -180,15 +180,23 @@ class Matcher:
         res = MatchResult()
         self._res = res
         self._anchor = anchor
+        self._node_fail: dict[int, str] = {}  # graph node uid -> why it fit no rule node
         found = self._search(0, {}, {}, {})
         res.match = found
         return res
 
     # -- failure bookkeeping ---------------------------------------------------------------
-    def _fail(self, depth, nodes, spec, reason, detail):
+    # at equal depth, a failure on a node of the right op type says more than a wrong op type
+    _SPECIFIC = {"op_type": 0, "domain": 1, "no_candidate": 1, "inputs": 2, "outputs": 2,
+                 "dataflow": 3, "attribute": 4, "constant": 4}
+
+    def _fail(self, depth, nodes, spec, reason, detail, node: GNode | None = None):
         f = Failure(depth, {k: n.name for k, n in nodes.items()}, spec, reason, detail)
+        if node is not None and reason != "op_type":
+            self._node_fail[node.uid] = f"rule node '{spec}': {detail}"
         d = self._res.deepest
-        if d is None or depth > d.depth:
+        if d is None or (depth, self._SPECIFIC.get(reason, 0)) > (
+                d.depth, self._SPECIFIC.get(d.reason, 0)):
             self._res.deepest = f
 
     # -- search ----------------------------------------------------------------------------
@@ -276,12 +284,12 @@ class Matcher:
         depth = len(nodes)
         if node.op not in spec.ops:
             self._fail(depth, nodes, spec.id, "op_type",
-                       f"node {node.name} is {node.op}, rule wants {'|'.join(spec.ops)}")
+                       f"node {node.name} is {node.op}, rule wants {'|'.join(spec.ops)}", node)
             return
         if node.domain not in spec.domains:
             self._fail(depth, nodes, spec.id, "domain",
                        f"node {node.name} is in domain '{node.domain or 'ai.onnx'}', rule wants "
-                       f"{[d or 'ai.onnx' for d in spec.domains]}")
+                       f"{[d or 'ai.onnx' for d in spec.domains]}", node)
             return
         if any(n is node for n in nodes.values()):
             return
@@ -289,7 +297,7 @@ class Matcher:
         for name, c in spec.attrs.items():
             ok, value, detail = check_attr(node, name, c)
             if not ok:
-                self._fail(depth, nodes, spec.id, "attribute", f"node {node.name}: {detail}")
+                self._fail(depth, nodes, spec.id, "attribute", f"node {node.name}: {detail}", node)
                 return
             if c.capture:
                 caps[c.capture] = value
@@ -299,7 +307,7 @@ class Matcher:
             actual.pop()
         if len(actual) > n_in:
             self._fail(depth, nodes, spec.id, "inputs",
-                       f"node {node.name} has {len(actual)} inputs, rule lists {n_in}")
+                       f"node {node.name} has {len(actual)} inputs, rule lists {n_in}", node)
             return
         actual += [""] * (n_in - len(actual))
         # outputs the rule does not list are intermediates: the guards check them
@@ -328,13 +336,13 @@ class Matcher:
             v = var_name(tok)
             if name == "" and not tok.endswith("*"):
                 self._fail(depth, nodes, spec.id, kind + "s",
-                           f"node {node.name} has no {kind} {pos} (rule: {tok})")
+                           f"node {node.name} has no {kind} {pos} (rule: {tok})", node)
                 return False
             if v in t2:
                 if t2[v] != name:
                     self._fail(depth, nodes, spec.id, "dataflow",
                                f"node {node.name} {kind} {pos} is '{name}', but {v} is already "
-                               f"bound to '{t2[v]}'")
+                               f"bound to '{t2[v]}'", node)
                     return False
                 continue
             ts = self.rule.tensors.get(v)
@@ -344,7 +352,7 @@ class Matcher:
                                            ts.kind, data_shape)
                 if not ok:
                     self._fail(depth, nodes, spec.id, "constant",
-                               f"node {node.name} {kind} {pos} '{name}' ({v}) {detail}")
+                               f"node {node.name} {kind} {pos} '{name}' ({v}) {detail}", node)
                     return False
             t2[v] = name
         return True
@@ -368,9 +376,11 @@ class Matcher:
                                        f"and {rule.replace.op} does not produce it")
                 for c in self.g.consumers.get(t, []):
                     if c.uid not in matched:
+                        why = self._node_fail.get(c.uid)
                         return self._guard(nodes, "intermediate_consumed_outside",
                                            f"intermediate '{t}' of node {node.name} is also "
-                                           f"consumed by {c.name} ({c.op}) outside the match")
+                                           f"consumed by {c.name} ({c.op}) outside the match"
+                                           + (f" (it did not fit {why})" if why else ""))
         contract_inputs = _contract_ports(rule.replace.op, "inputs")
         for v, port in zip(rule.replace.inputs, contract_inputs):
             if not port.optional and not tensors.get(v):

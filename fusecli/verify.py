@@ -159,15 +159,35 @@ class VerifyReport:
     outputs: list[OutputDiff]
     rtol: float
     atol: float
+    fused_kernel_runs: dict[str, int] = field(default_factory=dict)  # from the ORT profile
 
     @property
     def ok(self) -> bool:
         return all(d.ok for d in self.outputs)
 
+    @property
+    def max_rel(self) -> float:
+        """Max relative error over outputs that are not (numerically) zero."""
+        return max((d.rel for d in self.outputs if d.max_ref > self.atol), default=0.0)
+
     def as_dict(self) -> dict:
         return {"ok": self.ok, "runtime": self.runtime, "rtol": self.rtol, "atol": self.atol,
-                "max_rel": max((d.rel for d in self.outputs), default=0.0),
+                "max_rel": self.max_rel, "fused_kernel_runs": self.fused_kernel_runs,
                 "outputs": [d.as_dict() for d in self.outputs]}
+
+
+def _kernel_runs(profile_path: str, fused_ops: set[str]) -> dict[str, int]:
+    """Count the fused ops' kernel executions in an onnxruntime profile."""
+    import json
+
+    counts: dict[str, int] = {}
+    with open(profile_path) as f:
+        events = json.load(f)
+    for e in events:
+        op = e.get("args", {}).get("op_name")
+        if e.get("cat") == "Node" and op in fused_ops and e.get("name", "").endswith("_kernel_time"):
+            counts[op] = counts.get(op, 0) + 1
+    return counts
 
 
 def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: int = 0,
@@ -184,7 +204,10 @@ def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: i
     feeds = make_feeds(orig, manifest_entry_for(original), seed=seed, dims=dims)
     lib = library_path() if any(n.domain == FUSED_DOMAIN for n in fmodel.graph.node) else None
     ref, info = run_in_runtime(original, feeds, python)
-    got, _ = run_in_runtime(fused, feeds, python, library=lib)
+    with tempfile.TemporaryDirectory(prefix="fusecli-prof-") as pdir:
+        got, finfo = run_in_runtime(fused, feeds, python, library=lib, extra=["--profile", pdir])
+        fused_ops = {n.op_type for n in fmodel.graph.node if n.domain == FUSED_DOMAIN}
+        runs = _kernel_runs(finfo["profile"], fused_ops) if finfo.get("profile") else {}
     diffs = []
     for name in [o.name for o in orig.graph.output] + sorted(k for k in ref if k.startswith("fed/")):
         if name not in got:
@@ -195,7 +218,7 @@ def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: i
         if not ok:
             d.upstream_fused = _upstream_fused(fmodel, name.removeprefix("fed/"))
         diffs.append(d)
-    return VerifyReport(info["runtime"], diffs, rtol, atol)
+    return VerifyReport(info["runtime"], diffs, rtol, atol, runs)
 
 
 # --- per-fusion check against the NumPy references ------------------------------------------
