@@ -24,10 +24,15 @@ def explain_model(model: onnx.ModelProto, fp: FusionPass, node_names: Iterable[s
     out = []
     for skip in fp.misses.values():
         f = skip.failure
+        if wanted:
+            # the attempt's own failure when it involves a wanted node, else the reason a
+            # wanted node did not fit any rule node in this attempt
+            if not wanted & {skip.anchor, *f.bound.values(), f.candidate}:
+                hit = [skip.node_failures[n] for n in sorted(wanted) if n in skip.node_failures]
+                if not hit:
+                    continue
+                f = hit[0]
         if not include_shallow and f.depth == 0:
-            continue
-        involved = {skip.anchor, *f.bound.values()}
-        if wanted and not wanted & involved:
             continue
         out.append({"rule": skip.rule, "pattern": skip.pattern, "anchor": skip.anchor,
                     **f.as_dict()})

@@ -65,6 +65,7 @@ class Skip:
     pattern: str
     anchor: str
     failure: Failure
+    node_failures: dict[str, Failure] = field(default_factory=dict)
 
 
 class Stats:
@@ -181,7 +182,7 @@ class FusionPass:
                             failure = res.guard_failure or res.deepest
                             if failure is not None:
                                 self.misses[k] = Skip(rule.name, rule.pattern, anchor.name,
-                                                      failure)
+                                                      failure, res.node_failures)
                         continue
                     skipped.pop(k, None)
                     self.misses.pop(k, None)

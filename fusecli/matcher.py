@@ -30,10 +30,11 @@ class Failure:
     spec: str | None             # spec id that failed (None for guards)
     reason: str                  # short category
     detail: str                  # exact constraint
+    candidate: str | None = None  # the graph node that failed the rule node, if any
 
     def as_dict(self) -> dict:
         return {"depth": self.depth, "bound": dict(self.bound), "node": self.spec,
-                "reason": self.reason, "detail": self.detail}
+                "candidate": self.candidate, "reason": self.reason, "detail": self.detail}
 
 
 @dataclass
@@ -52,6 +53,8 @@ class MatchResult:
     structural: bool = False             # some binding of all nodes was found
     guard_failure: Failure | None = None
     deepest: Failure | None = None
+    # per graph node that fit no rule node: its most telling failure (for explain --node)
+    node_failures: dict[str, Failure] = field(default_factory=dict)
 
 
 def _schema_default(node: GNode, attr: str):
@@ -191,13 +194,21 @@ class Matcher:
                  "dataflow": 3, "attribute": 4, "constant": 4}
 
     def _fail(self, depth, nodes, spec, reason, detail, node: GNode | None = None):
-        f = Failure(depth, {k: n.name for k, n in nodes.items()}, spec, reason, detail)
-        if node is not None and reason != "op_type":
-            self._node_fail[node.uid] = f"rule node '{spec}': {detail}"
+        f = Failure(depth, {k: n.name for k, n in nodes.items()}, spec, reason, detail,
+                    node.name if node is not None else None)
+        if node is not None:
+            if reason != "op_type":
+                self._node_fail[node.uid] = f"rule node '{spec}': {detail}"
+            prev = self._res.node_failures.get(node.name)
+            if prev is None or self._rank(f) > self._rank(prev):
+                self._res.node_failures[node.name] = f
         d = self._res.deepest
-        if d is None or (depth, self._SPECIFIC.get(reason, 0)) > (
-                d.depth, self._SPECIFIC.get(d.reason, 0)):
+        if d is None or self._rank(f) > self._rank(d):
             self._res.deepest = f
+
+    @classmethod
+    def _rank(cls, f: Failure) -> tuple[int, int]:
+        return f.depth, cls._SPECIFIC.get(f.reason, 0)
 
     # -- search ----------------------------------------------------------------------------
     def _search(self, i, nodes, tensors, captures) -> Match | None:

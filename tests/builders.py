@@ -65,3 +65,141 @@ def ortt_linear_act(act="relu", *, first=False, bias=True, identity=True, M=6, N
         outputs.append(vi("dZ", [M, N]))
     inputs = [vi("dY", [M, N]), vi("X", [M, N]), vi("A", [M, K]), vi("W", [N, K])]
     return model(nodes, inputs, outputs, inits)
+
+
+# --- composable fragments (prefixed tensor names, several per graph) -------------------------
+# Each returns a Fragment: nodes, graph inputs/outputs, initializers, and the intermediates a
+# fusion removes. ``critical`` intermediates block the fusion when something outside reads them
+# (or they are graph outputs); ``soft`` ones only shrink it (an optional/passthrough rule node
+# then stays outside and the rest still fuses).
+
+class Fragment:
+    def __init__(self, kind, prefix, nodes, inputs, outputs, inits, critical, soft, anchor,
+                 dy, out_grad):
+        self.kind = kind
+        self.prefix = prefix
+        self.nodes = nodes
+        self.inputs = inputs
+        self.outputs = outputs
+        self.inits = inits
+        self.critical = critical          # intermediates whose outside use blocks the fusion
+        self.soft = soft                  # intermediates whose outside use only shrinks it
+        self.anchor = anchor              # name of the node that disappears when fused
+        self.dy = dy                      # name of the incoming gradient (a graph input)
+        self.out_grad = out_grad          # outgoing gradient (may feed another fragment) or None
+
+    @property
+    def tensors(self) -> list[str]:
+        seen = []
+        for n in self.nodes:
+            for t in list(n.input) + list(n.output):
+                if t and t not in seen:
+                    seen.append(t)
+        return seen
+
+
+def frag_ortt_linear_act(p, act="relu", *, first=False, bias=True, identity=True, M=6, N=5,
+                         K=4):
+    """ortt_linear_act as a fragment with tensor/node names prefixed by ``p``."""
+    op = {"relu": "ReluGrad", "gelu": "GeluGrad", "silu": "QuickGeluGrad"}[act]
+    kw = {"alpha": 1.0} if act == "silu" else {}
+    t = lambda s: f"{p}{s}"  # noqa: E731
+    nodes = [helper.make_node(op, [t("dY"), t("X")], [t("dZ")], name=t("act_grad"), domain=MS,
+                              **kw)]
+    outputs = [vi(t("dW"), [N, K])]
+    inits = []
+    soft = []
+    if bias:
+        inits.append(const(t("axes0"), [0], np.int64))
+        nodes.append(helper.make_node("ReduceSum", [t("dZ"), t("axes0")],
+                                      [t("db_raw") if identity else t("db")], name=t("bgrad"),
+                                      keepdims=0))
+        if identity:
+            nodes.append(helper.make_node("Identity", [t("db_raw")], [t("db")], name=t("bid")))
+            soft.append(t("db_raw"))
+        outputs.append(vi(t("db"), [N]))
+    nodes.append(helper.make_node("Gemm", [t("dZ"), t("A")], [t("dW")], name=t("wgrad"),
+                                  transA=1, transB=0, beta=0.0))
+    out_grad = None
+    if not first:
+        nodes.append(helper.make_node("Gemm", [t("dZ"), t("W")], [t("dA")], name=t("dgrad")))
+        outputs.append(vi(t("dA"), [M, K]))
+        out_grad = t("dA")
+    inputs = [vi(t("dY"), [M, N]), vi(t("X"), [M, N]), vi(t("A"), [M, K]), vi(t("W"), [N, K])]
+    return Fragment(f"linear_{act}", p, nodes, inputs, outputs, inits, [t("dZ")], soft,
+                    t("act_grad"), t("dY"), out_grad)
+
+
+def frag_ortt_layernorm(p, *, residual=True, B=4, D=8):
+    """onnxruntime-training LayerNormalizationGrad (+ the residual-gradient Sum), as in
+    samples/ortt_block.onnx nodes 63-65."""
+    t = lambda s: f"{p}{s}"  # noqa: E731
+    dx0 = t("dX0") if residual else t("dX")
+    nodes = [helper.make_node("LayerNormalizationGrad",
+                              [t("dY"), t("X"), t("gamma"), t("mean"), t("inv_std")],
+                              [dx0, t("dGamma"), t("dBeta")], name=t("ln_grad"), domain=MS,
+                              axis=-1, epsilon=1e-5)]
+    inputs = [vi(t("dY"), [B, D]), vi(t("X"), [B, D]), vi(t("gamma"), [D]),
+              vi(t("mean"), [B, 1]), vi(t("inv_std"), [B, 1])]
+    soft = []
+    if residual:
+        nodes.append(helper.make_node("Sum", [t("dR"), dx0], [t("dX")], name=t("acc")))
+        inputs.append(vi(t("dR"), [B, D]))
+        soft.append(dx0)
+    outputs = [vi(t("dX"), [B, D]), vi(t("dGamma"), [D]), vi(t("dBeta"), [D])]
+    return Fragment("layernorm", p, nodes, inputs, outputs, [], [], soft, t("ln_grad"), t("dY"),
+                    None)
+
+
+def compose(fragments, extra_nodes=(), extra_outputs=(), opset=17):
+    """One model from several fragments (+ distractor nodes and extra graph outputs)."""
+    nodes, inputs, outputs, inits = [], [], [], []
+    for f in fragments:
+        nodes += f.nodes
+        inputs += f.inputs
+        outputs += f.outputs
+        inits += f.inits
+    nodes += list(extra_nodes)
+    outputs += list(extra_outputs)
+    return model(nodes, inputs, outputs, inits, opset=opset)
+
+
+def ortt_linear_act_matmul(act="silu", *, three_d=True, bias=True, first=False, B=2, S=3, N=5,
+                           K=4):
+    """onnxruntime-training backward of Transpose(W) + MatMul (+ Add) + activation, as in the
+    transformer MLP (3-D, FusedMatMul, Reshape to 2-D for the weight grad) or a 2-D bias-free
+    layer (Gemm with transB=1 for the input grad)."""
+    op = {"relu": "ReluGrad", "gelu": "GeluGrad", "silu": "QuickGeluGrad"}[act]
+    kw = {"alpha": 1.0} if act == "silu" else {}
+    lead = [B, S] if three_d else [B * S]
+    nodes = [helper.make_node(op, ["dY", "X"], ["dZ"], name="act_grad", domain=MS, **kw)]
+    inits = []
+    outputs = [vi("dWt", [K, N])]
+    if three_d:
+        nodes.append(helper.make_node("Identity", ["dZ"], ["dZm"], name="add_grad_id"))
+        inits += [const("shape_dz", [-1, N], np.int64), const("shape_a", [-1, K], np.int64)]
+        nodes += [helper.make_node("Reshape", ["dZm", "shape_dz"], ["dZ2"], name="flat_dz"),
+                  helper.make_node("Reshape", ["A", "shape_a"], ["A2"], name="flat_a"),
+                  helper.make_node("Gemm", ["A2", "dZ2"], ["dWt"], name="wgrad", transA=1,
+                                   beta=1.0)]
+        src = "dZm"
+    else:
+        nodes.append(helper.make_node("Gemm", ["A", "dZ"], ["dWt"], name="wgrad", transA=1,
+                                      transB=0, beta=0.0))
+        src = "dZ"
+    if bias:
+        inits.append(const("axes", list(range(len(lead))), np.int64))
+        nodes.append(helper.make_node("ReduceSum", ["dZ", "axes"], ["dB"], name="bgrad",
+                                      keepdims=0))
+        outputs.append(vi("dB", [N]))
+    if not first:
+        if three_d:
+            nodes.append(helper.make_node("FusedMatMul", [src, "Wt"], ["dA"], name="dgrad",
+                                          domain=MS, transA=0, transB=1, alpha=1.0,
+                                          transBatchA=0, transBatchB=0))
+        else:
+            nodes.append(helper.make_node("Gemm", [src, "Wt"], ["dA"], name="dgrad", transA=0,
+                                          transB=1, beta=0.0))
+        outputs.append(vi("dA", lead + [K]))
+    inputs = [vi("dY", lead + [N]), vi("X", lead + [N]), vi("A", lead + [K]), vi("Wt", [K, N])]
+    return model(nodes, inputs, outputs, inits)

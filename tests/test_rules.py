@@ -1,0 +1,343 @@
+"""Every shipped rule: a positive fixture (it fires on a real sample) and one negative fixture
+per guard, made by mutating exactly one matched instance of that real sample:
+
+- wrong attribute: an attribute the rule constrains, on a required node, changed;
+- wrong constant: a constant the rule checks, replaced (for that node only) by another value;
+- wrong domain: the anchor node moved to another domain;
+- extra consumer: an outside node (and graph output) reading an intermediate of the match;
+- graph-output intermediate: an intermediate of the match made a graph output.
+
+Each mutated instance must not be fused by the rule (the other instances still are), and
+`explain` must name the real reason. Synthetic fixtures cover variants the samples lack.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import builders
+from conftest import SAMPLES
+
+from fusecli import FusionPass, load_rules
+from fusecli.explain import explain_model
+from fusecli.rules import var_name
+
+RULES = load_rules()
+SAMPLE_MODELS = {p.stem: onnx.load(p) for p in sorted(SAMPLES.glob("*.onnx"))}
+# variants the samples lack (a 3-D SiLU MLP in the ort-training spelling)
+SAMPLE_MODELS["synthetic_ortt_silu_3d"] = builders.ortt_linear_act_matmul("silu")
+
+
+def _upto(rule_name):
+    """The shipped rules up to and including ``rule_name`` in application order, so that a
+    rule's fusions are not absorbed by a later rule that builds on them."""
+    rule = next(r for r in RULES if r.name == rule_name)
+    return [r for r in RULES if (r.order, r.name) <= (rule.order, rule.name)]
+
+
+def _fusions(model, rule=None):
+    fp = FusionPass(rules=_upto(rule) if rule else None)
+    fp.run(model)
+    return fp.stats.fusions if rule is None else [f for f in fp.stats.fusions if f.rule == rule]
+
+
+def _first_instance(rule):
+    """(sample name, model, FusionRecord) of the rule's first fusion on a shipped sample."""
+    for name, model in SAMPLE_MODELS.items():
+        recs = _fusions(copy.deepcopy(model), rule.name)
+        if recs:
+            return name, model, recs[0], len(recs)
+    return None
+
+
+FIRST = {r.name: _first_instance(r) for r in RULES}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_rule_fires_on_a_sample(rule):
+    assert FIRST[rule.name] is not None, f"{rule.name} fuses nothing in samples/"
+
+
+# --- mutation helpers -----------------------------------------------------------------------
+
+def _node(model, name):
+    return next(n for n in model.graph.node if n.name == name)
+
+
+def _required_specs(rule):
+    """Rule nodes that every match binds to an ORIGINAL graph node (not kept context, not an
+    op that an earlier rule created)."""
+    return [s for s in rule.nodes if not s.optional and not s.keep
+            and "com.fusecli" not in s.domains]
+
+
+def _mutated_attr_value(v):
+    if isinstance(v, bytes):
+        return v + b"_x"
+    if isinstance(v, float):
+        return v * 2.0 + 1.0
+    if isinstance(v, int):
+        return v + 1
+    if isinstance(v, list):
+        return [x + 1 for x in v] if v else [1]
+    return None
+
+
+def _attr_cases():
+    out = []
+    for r in RULES:
+        for s in _required_specs(r):
+            for attr, c in s.attrs.items():
+                if c.has_equals or c.one_of is not None:
+                    out.append(pytest.param(r, s.id, attr, id=f"{r.name}-{s.id}.{attr}"))
+                    break
+            else:
+                continue
+            break
+    return out
+
+
+def _const_cases():
+    out = []
+    for r in RULES:
+        required_inputs = {var_name(t): s.id for s in _required_specs(r) for t in s.inputs}
+        for var in r.tensors:
+            if var in required_inputs:
+                out.append(pytest.param(r, required_inputs[var], var, id=f"{r.name}-{var}"))
+                break
+    return out
+
+
+def _intermediate_cases():
+    out = []
+    for r in RULES:
+        first = FIRST[r.name]
+        if first is None:
+            continue
+        rec = first[2]
+        # an intermediate produced by a required node that no chain of optional pass-through
+        # nodes can turn into a fused-op output (else the rule legitimately fuses around it)
+        required = {s.id for s in _required_specs(r)}
+        node_of = {v: k for k, v in rec.nodes.items()}
+        var_of = {t: v for v, t in rec.tensors.items()}
+        through = {var_name(s.inputs[0]): var_name(s.outputs[0])
+                   for s in r.nodes if s.optional == "passthrough"}
+        model = first[1]
+        for t in rec.intermediates:
+            prod = next((n for n in model.graph.node if t in n.output), None)
+            if prod is None or node_of.get(prod.name) not in required:
+                continue
+            v, reach = var_of.get(t), set()
+            while v is not None and v not in reach:
+                reach.add(v)
+                v = through.get(v)
+            if not reach & set(r.replace.outputs):
+                out.append(pytest.param(r, t, id=f"{r.name}-{t[-30:]}"))
+                break
+    return out
+
+
+def _expect_one_fewer(rule, mutated, first, reason=None, node=None):
+    _, _, _, count = first
+    recs = _fusions(copy.deepcopy(mutated), rule.name)
+    assert len(recs) == count - 1, [f.replaced for f in recs]
+    if node is not None:
+        assert all(node not in f.replaced for f in recs)
+    if reason is not None:
+        fp = FusionPass(rules=_upto(rule.name))
+        misses = explain_model(mutated, fp, node_names=[node] if node else (),
+                               include_shallow=True)
+        assert any(m["rule"] == rule.name and m["reason"] == reason for m in misses), misses
+
+
+@pytest.mark.parametrize("rule,spec_id,attr", _attr_cases())
+def test_negative_wrong_attribute(rule, spec_id, attr):
+    first = FIRST[rule.name]
+    _, model, rec, _ = first
+    mutated = copy.deepcopy(model)
+    node = _node(mutated, rec.nodes[spec_id])
+    old = next((a for a in node.attribute if a.name == attr), None)
+    value = helper.get_attribute_value(old) if old is not None else None
+    new = _mutated_attr_value(value) if value is not None else 7
+    if old is not None:
+        node.attribute.remove(old)
+    node.attribute.append(helper.make_attribute(attr, new))
+    _expect_one_fewer(rule, mutated, first, "attribute", node.name)
+
+
+@pytest.mark.parametrize("rule,spec_id,var", _const_cases())
+def test_negative_wrong_constant(rule, spec_id, var):
+    first = FIRST[rule.name]
+    _, model, rec, _ = first
+    mutated = copy.deepcopy(model)
+    node = _node(mutated, rec.nodes[spec_id])
+    tensor = rec.tensors[var]
+    idx = list(node.input).index(tensor)
+    spec = rule.tensors[var]
+    # a value that the constraint refuses, of the dtype the slot holds
+    old = None
+    for t in mutated.graph.initializer:
+        if t.name == tensor:
+            old = numpy_helper.to_array(t)
+    if old is None:
+        prod = next(n for n in mutated.graph.node if tensor in n.output)
+        old = numpy_helper.to_array(helper.get_attribute_value(prod.attribute[0]))
+    if spec.kind in ("scalar", "large_negative"):
+        bad = np.asarray([1.0, 2.0], dtype=old.dtype)  # not a scalar
+    elif old.dtype.kind in "iu":
+        bad = np.full((3,), 5, dtype=old.dtype)
+    else:
+        bad = np.asarray(old, dtype=old.dtype) * 3.0 + 2.0
+    new_name = f"{tensor}__mutated"
+    mutated.graph.initializer.append(numpy_helper.from_array(np.asarray(bad), new_name))
+    node.input[idx] = new_name
+    _expect_one_fewer(rule, mutated, first, None, node.name)
+    misses = explain_model(mutated, FusionPass(rules=_upto(rule.name)), node_names=[node.name],
+                           include_shallow=True)
+    assert any(m["rule"] == rule.name and (m["reason"] == "constant" or "rule wants" in m["detail"])
+               for m in misses), misses
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_negative_wrong_domain(rule):
+    first = FIRST[rule.name]
+    _, model, rec, _ = first
+    anchor = _required_specs(rule)[0]
+    mutated = copy.deepcopy(model)
+    node = _node(mutated, rec.nodes[anchor.id])
+    node.domain = "com.example"
+    mutated.opset_import.append(helper.make_opsetid("com.example", 1))
+    _expect_one_fewer(rule, mutated, first, None, node.name)
+    misses = explain_model(mutated, FusionPass(rules=_upto(rule.name)), node_names=[node.name],
+                           include_shallow=True)
+    assert any(m["reason"] in ("domain", "no_candidate", "op_type") for m in misses), misses
+
+
+@pytest.mark.parametrize("rule,tensor", _intermediate_cases())
+def test_negative_extra_consumer(rule, tensor):
+    first = FIRST[rule.name]
+    mutated = copy.deepcopy(first[1])
+    mutated.graph.node.append(helper.make_node("Identity", [tensor], ["distractor_out"],
+                                               name="distractor"))
+    mutated.graph.output.append(helper.make_tensor_value_info("distractor_out",
+                                                              onnx.TensorProto.FLOAT, None))
+    _expect_one_fewer(rule, mutated, first, "intermediate_consumed_outside")
+    out = copy.deepcopy(mutated)
+    FusionPass().run(out)
+    assert any(tensor in n.output for n in out.graph.node)  # still produced for its reader
+
+
+@pytest.mark.parametrize("rule,tensor", _intermediate_cases())
+def test_negative_graph_output_intermediate(rule, tensor):
+    first = FIRST[rule.name]
+    mutated = copy.deepcopy(first[1])
+    mutated.graph.output.append(helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT,
+                                                              None))
+    _expect_one_fewer(rule, mutated, first, "intermediate_is_graph_output")
+    out = copy.deepcopy(mutated)
+    FusionPass().run(out)
+    assert any(tensor in n.output for n in out.graph.node)
+
+
+def test_every_rule_has_guard_fixtures():
+    """Each rule is covered by the intermediate guards; constants and attributes where the
+    rule constrains them on a required node."""
+    covered = {p.values[0].name for p in _intermediate_cases()}
+    missing = {r.name for r in RULES} - covered
+    # rules whose every intermediate sits behind an optional node are covered by the
+    # synthetic fixtures below
+    assert missing <= {"layernorm_ortt", "layernorm_torch_params"}, missing
+
+
+# --- synthetic variants (bias-free, first layer, no Identity) and exact guard reasons --------
+
+@pytest.mark.parametrize("act,pattern", [("relu", "linear_relu"), ("gelu", "linear_gelu"),
+                                         ("silu", "linear_silu")])
+@pytest.mark.parametrize("variant", [{}, {"first": True}, {"bias": False},
+                                     {"identity": False}, {"first": True, "bias": False}])
+def test_ortt_linear_gemm_variants_fuse(act, pattern, variant):
+    m = builders.ortt_linear_act(act, **variant)
+    fp = FusionPass()
+    assert fp.run(m) == 1
+    assert fp.stats.patterns[pattern].fused == 1
+    fused = [n for n in m.graph.node if n.domain == "com.fusecli"]
+    assert [n.op_type for n in fused] == ["LinearActivationGrad"]
+    assert list(fused[0].output)[:1] == ([""] if variant.get("first") else ["dA"])
+    assert len(m.graph.node) == 1
+
+
+@pytest.mark.parametrize("act,pattern", [("relu", "linear_relu"), ("gelu", "linear_gelu"),
+                                         ("silu", "linear_silu")])
+@pytest.mark.parametrize("variant", [{}, {"first": True}, {"bias": False},
+                                     {"three_d": False, "bias": False},
+                                     {"three_d": False, "first": True}])
+def test_ortt_linear_matmul_variants_fuse(act, pattern, variant):
+    m = builders.ortt_linear_act_matmul(act, **variant)
+    fp = FusionPass()
+    assert fp.run(m) == 1
+    assert fp.stats.patterns[pattern].fused == 1
+    assert fp.stats.rules[f"linear_{act}_ortt_matmul"].fused == 1
+    assert len(m.graph.node) == 1
+    fused = m.graph.node[0]
+    assert {a.name: helper.get_attribute_value(a) for a in fused.attribute}["trans_w"] == 1
+
+
+@pytest.mark.parametrize("extra,reason", [
+    ("consumer", "intermediate_consumed_outside"),
+    ("graph_output", "intermediate_is_graph_output"),
+    ("wrong_const", "intermediate_consumed_outside"),
+])
+def test_ortt_linear_guards_name_their_reason(extra, reason):
+    m = builders.ortt_linear_act("relu", extra=extra)
+    fp = FusionPass()
+    assert fp.run(m) == 0
+    assert fp.stats.patterns["linear_relu"].skipped == {reason: 1}
+    assert fp.stats.patterns["linear_relu"].detected == 1
+
+
+@pytest.mark.parametrize("extra", ["wrong_attr", "wrong_domain"])
+def test_ortt_linear_structural_negatives_are_not_detected(extra):
+    m = builders.ortt_linear_act("relu", extra=extra)
+    fp = FusionPass()
+    assert fp.run(m) == 0
+    assert fp.stats.patterns["linear_relu"].detected == 0
+
+
+def test_layernorm_residual_guard():
+    """LayerNormGrad with its residual Sum: an outside reader of the LN's own dX keeps the Sum
+    outside (the fused op then produces that dX), never drops it."""
+    m = copy.deepcopy(SAMPLE_MODELS["ortt_block"])
+    ln = next(n for n in m.graph.node if n.op_type == "LayerNormalizationGrad"
+              and any(c.op_type == "Sum" and n.output[0] in c.input for c in m.graph.node))
+    dx = ln.output[0]
+    m.graph.output.append(helper.make_tensor_value_info(dx, onnx.TensorProto.FLOAT, None))
+    recs = _fusions(m, "layernorm_ortt")
+    assert len(recs) == 2
+    assert all(r.node.output[0] != "" for r in recs)
+    assert any(dx in r.node.output for r in recs)
+
+
+def test_stats_reset_on_every_run():
+    fp = FusionPass()
+    fp.run(copy.deepcopy(SAMPLE_MODELS["ortt_mlp"]))
+    first = fp.stats.as_dict()
+    fp.run(copy.deepcopy(SAMPLE_MODELS["ortt_mlp"]))
+    assert fp.stats.as_dict() == first
+    fp.run(copy.deepcopy(SAMPLE_MODELS["ortt_cnn"]))
+    assert fp.stats.patterns["linear_relu"].fused == 0
+    assert fp.stats.patterns["conv_bn_relu"].fused == 2
+
+
+def test_shortcut_conv_bn_without_relu_is_not_conv_bn_relu():
+    m = copy.deepcopy(SAMPLE_MODELS["ortt_cnn"])
+    shortcut_bn = [n.name for n in m.graph.node if n.op_type == "BatchNormalizationGrad"
+                   and not any(p.op_type == "ReluGrad" and p.output[0] == n.input[0]
+                               for p in m.graph.node)]
+    assert shortcut_bn
+    recs = _fusions(m, "conv_bn_relu_ortt")
+    assert all(not set(shortcut_bn) & set(r.replaced) for r in recs)
