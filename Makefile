@@ -30,7 +30,7 @@ $(ORTT_VENV)/.installed: scripts/ortt-requirements.txt
 
 demo: venv lib
 	@mkdir -p out
-	$(VENV)/bin/fusecli optimize samples/ortt_mlp.onnx -o out/ortt_mlp.fused.onnx
+	$(VENV)/bin/fusecli optimize samples/torch_block.onnx -o out/torch_block.fused.onnx --verify
 
 test: venv lib ortt-env
 	$(VPY) -m pytest -q tests

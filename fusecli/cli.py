@@ -153,7 +153,8 @@ def _run_verify(original, fused, seed=0, rtol=1e-5, atol=1e-6, dims=None, runtim
         f"(graph optimizations off, rtol={rtol:g}, atol={atol:g})")
     w = max((len(d.name) for d in report.outputs), default=10)
     for d in report.outputs:
-        out(f"  {d.name:<{w}}  max_abs {d.max_abs:.3e}  max_rel {d.rel:.3e}  "
+        rel = f"{d.rel:.3e}" if d.max_ref > atol else "  (zero)  "  # |ref| <= atol: abs only
+        out(f"  {d.name:<{w}}  max_abs {d.max_abs:.3e}  max_rel {rel}  "
             f"{'ok' if d.ok else 'MISMATCH'}")
     runs = ", ".join(f"{k} x{v}" for k, v in sorted(report.fused_kernel_runs.items()))
     out(f"  fused kernels executed: {runs or 'none'}")
@@ -309,6 +310,39 @@ def rules_validate(paths):
 
     loaded = load_rules(list(paths) or None)
     click.echo(f"{len(loaded)} rule(s) valid")
+
+
+@cli.command("ops")
+@click.argument("name", required=False)
+def ops_cmd(name):
+    """List the fused ops, or print the contract of the op NAME.
+
+    The contracts live in fusecli/ops/contracts.yaml, shared by the rules, the NumPy references
+    and the C++/CUDA kernels.
+    """
+    from .contracts import load_contracts
+
+    c = load_contracts()
+    if name is None:
+        for op in c.ops.values():
+            click.echo(f"{c.domain}::{op.name:<22} {op.summary}")
+        return
+    if name not in c.ops:
+        raise FuseError(f"no fused op named '{name}'; known: {', '.join(sorted(c.ops))}")
+    op = c.ops[name]
+    click.echo(f"{c.domain}::{op.name} (opset {c.version}) - {op.summary}")
+    click.echo(f"  types: {', '.join(op.types)}")
+    for kind, ports in (("inputs", op.inputs), ("outputs", op.outputs)):
+        click.echo(f"  {kind}:")
+        for i, p in enumerate(ports):
+            click.echo(f"    {i}. {p.name}{' (optional)' if p.optional else ''}: {p.doc}")
+    if op.attributes:
+        click.echo("  attributes:")
+        for k, v in op.attributes.items():
+            click.echo(f"    {k}: {v}")
+    click.echo("  math:")
+    for line in op.math.rstrip().splitlines():
+        click.echo(f"    {line}")
 
 
 @cli.command("library-path")
