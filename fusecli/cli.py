@@ -270,6 +270,15 @@ def rules_group():
     """List, show and validate rule files."""
 
 
+def _attach_rules_new() -> None:
+    from .rulegen import rules_new
+
+    rules_group.add_command(rules_new)
+
+
+_attach_rules_new()
+
+
 @rules_group.command("list")
 @click.option("--rules", "rules", multiple=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
