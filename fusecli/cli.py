@@ -26,8 +26,14 @@ def _log(ctx_quiet: bool, msg: str) -> None:
         click.echo(msg, err=True)
 
 
-def _load_pass(rules, only=(), skip=()):
+_PROVIDER = click.option(
+    "--provider", type=click.Choice(["any", "cpu", "cuda"]), default="any", show_default=True,
+    help="Fuse only where fusecli's library has a kernel for this execution provider.")
+
+
+def _load_pass(rules, only=(), skip=(), provider="any"):
     from .fusion import FusionPass
+    from .library import kernel_ops
     from .rules import load_rules
 
     loaded = load_rules(list(rules) or None)
@@ -36,7 +42,8 @@ def _load_pass(rules, only=(), skip=()):
         if name not in known:
             raise FuseError(f"--only/--skip: no rule or pattern named '{name}'; see "
                             "`fusecli rules list`")
-    return FusionPass(rules=loaded, only=only, skip=skip)
+    kernels = None if provider == "any" else kernel_ops(provider)
+    return FusionPass(rules=loaded, only=only, skip=skip, kernels=kernels)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -67,8 +74,9 @@ def cli():
               help="YAML/JSON mapping pattern-or-rule -> minimum fused count (exit 3 if below).")
 @click.option("--baseline", type=click.Path(path_type=Path),
               help="A previous --json report; exit 3 if any fused count drops below it.")
+@_PROVIDER
 def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet, do_verify,
-             expect, baseline):
+             expect, baseline, provider):
     """Fuse MODEL and write the result to OUTPUT.
 
     MODEL is an ONNX training graph (onnxruntime-training artifact or torch joint graph).
@@ -86,7 +94,7 @@ def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet
     dest = check_output_path(model, output, in_place) if output is not None else None
     wanted = load_expectations(expect) if expect else {}
     base = load_baseline(baseline) if baseline else None
-    fp = _load_pass(rules, only, skip)
+    fp = _load_pass(rules, only, skip, provider)
     m = load_model(model)
     _sanity(m, quiet)
     if len(m.graph.node) >= 5000 and not quiet:
@@ -201,7 +209,8 @@ def _has_gradient_nodes(model) -> bool:
 @click.option("--rules", "rules", multiple=True, type=click.Path(path_type=Path),
               help="Rule file or folder (repeatable). Default: the shipped rules.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def stats(model, rules, as_json):
+@_PROVIDER
+def stats(model, rules, as_json, provider):
     """Report what would fuse in MODEL, what was skipped and why, and fused ops present.
 
     Nothing is written. On an already fused model it lists the fused ops it holds.
@@ -209,7 +218,7 @@ def stats(model, rules, as_json):
     from .modelio import load_model
     from .report import fused_inventory, inventory_table, stats_table
 
-    fp = _load_pass(rules)
+    fp = _load_pass(rules, provider=provider)
     m = load_model(model)
     _sanity(m, False)
     inv = fused_inventory(m)
@@ -236,7 +245,8 @@ def stats(model, rules, as_json):
 @click.option("--node", "node_names", multiple=True,
               help="Explain only candidates that involve this node (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def explain(model, rules, rule_names, node_names, as_json):
+@_PROVIDER
+def explain(model, rules, rule_names, node_names, as_json, provider):
     """Explain why rules did not fuse in MODEL.
 
     For every candidate where a rule started to match and failed: the deepest partial match
@@ -246,7 +256,7 @@ def explain(model, rules, rule_names, node_names, as_json):
     from .explain import explain_model
     from .modelio import load_model
 
-    fp = _load_pass(rules, only=rule_names)
+    fp = _load_pass(rules, only=rule_names, provider=provider)
     m = load_model(model)
     misses = explain_model(m, fp, node_names=node_names,
                            include_shallow=bool(rule_names or node_names))

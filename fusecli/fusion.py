@@ -129,7 +129,8 @@ class FusionPass:
     """
 
     def __init__(self, rules=None, only: Iterable[str] = (), skip: Iterable[str] = (),
-                 progress: Callable[[str], None] | None = None, explain: bool = False):
+                 progress: Callable[[str], None] | None = None, explain: bool = False,
+                 kernels: Iterable[str] | None = None):
         if rules is None or all(not isinstance(r, Rule) for r in rules):
             rules = load_rules(rules)
         only, skip = set(only), set(skip)
@@ -142,6 +143,9 @@ class FusionPass:
         # deepest failure of every attempt that did not fuse (self.misses)
         self.explain = explain
         self.misses: dict[tuple[str, int], Skip] = {}
+        # fused ops that have a kernel for the chosen execution provider (None: all of them);
+        # a match whose fused op has none is skipped with reason missing_kernel
+        self.kernels = None if kernels is None else set(kernels)
         self.stats = Stats(self.all_rules)
 
     # -- public ----------------------------------------------------------------------------
@@ -175,6 +179,13 @@ class FusionPass:
                         detected.add(k)
                         stats.rules[rule.name].detected += 1
                         stats.patterns[rule.pattern].detected += 1
+                    if res.match is not None and self.kernels is not None \
+                            and rule.replace.op not in self.kernels:
+                        res.guard_failure = Failure(
+                            len(res.match.nodes), {k: n.name for k, n in res.match.nodes.items()},
+                            None, "missing_kernel",
+                            f"{rule.replace.op} has no kernel for the chosen execution provider")
+                        res.match = None
                     if res.match is None:
                         if res.structural and res.guard_failure is not None:
                             skipped[k] = res.guard_failure

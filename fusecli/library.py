@@ -80,3 +80,18 @@ def _cdll():
         lib.fusecli_has_cuda.restype = ctypes.c_int
         _CDLL = lib
     return _CDLL
+
+
+def kernel_ops(provider: str) -> set[str]:
+    """Fused ops with a kernel for ``provider`` ('cpu' or 'cuda') in the built library."""
+    from .contracts import load_contracts
+
+    ops = set(load_contracts().ops)
+    if provider == "cpu":
+        return ops
+    if provider == "cuda":
+        try:
+            return ops if has_cuda() else set()
+        except (LibraryNotBuilt, OSError):
+            return set()
+    raise ValueError(f"unknown execution provider {provider!r}")

@@ -341,3 +341,13 @@ def test_shortcut_conv_bn_without_relu_is_not_conv_bn_relu():
     assert shortcut_bn
     recs = _fusions(m, "conv_bn_relu_ortt")
     assert all(not set(shortcut_bn) & set(r.replaced) for r in recs)
+
+
+def test_missing_kernel_for_the_chosen_provider_is_a_skip_reason():
+    m = copy.deepcopy(SAMPLE_MODELS["ortt_block"])
+    fp = FusionPass(kernels={"LayerNormGrad"})  # as if only LayerNormGrad had a kernel
+    assert fp.run(m) == 2
+    assert fp.stats.patterns["sdpa"].skipped == {"missing_kernel": 1}
+    assert fp.stats.patterns["linear_gelu"].skipped == {"missing_kernel": 1}
+    misses = explain_model(SAMPLE_MODELS["ortt_block"], FusionPass(kernels=set()))
+    assert {m["reason"] for m in misses if m["depth"] > 3} == {"missing_kernel"}
