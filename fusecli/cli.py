@@ -372,7 +372,16 @@ def library_path_cmd():
     click.echo(library_path())
 
 
+def _sigterm_as_interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
+    import signal
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        # a CI runner's SIGTERM unwinds like Ctrl-C: temporary files are removed
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         cli.main(args=argv, prog_name="fusecli", standalone_mode=False)
         return errors.EXIT_OK
@@ -390,7 +399,7 @@ def main(argv=None) -> int:
         click.echo("fusecli: aborted", err=True)
         return errors.EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        click.echo("fusecli: interrupted; no output was written", err=True)
+        click.echo("fusecli: interrupted; the output file was not replaced", err=True)
         return 130
     except Exception as exc:  # noqa: BLE001 - last resort: one line, exit 4
         if os.environ.get("FUSECLI_DEBUG"):

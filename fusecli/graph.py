@@ -129,7 +129,10 @@ class GraphIndex:
             return self._const_cache[name]
         value = None
         if name in self.initializers and name not in self.graph_inputs:
-            value = numpy_helper.to_array(self.initializers[name])
+            t = self.initializers[name]
+            # weights left on disk (external data, not loaded) are never constants to check
+            if t.data_location != onnx.TensorProto.EXTERNAL:
+                value = numpy_helper.to_array(t)
         else:
             prod = self.producer.get(name)
             if prod is not None and prod.op == "Constant" and prod.domain == "":

@@ -198,8 +198,12 @@ def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: i
     from .library import library_path
     from .modelio import load_model
 
+    from .sanity import check_graph
+
     orig = load_model(original)
     fmodel = load_model(fused)
+    for m in (orig, fmodel):
+        check_graph(m)  # fatal problems raise a one-line ModelError
     python = pick_runtime(orig, runtime_python)
     feeds = make_feeds(orig, manifest_entry_for(original), seed=seed, dims=dims)
     lib = library_path() if any(n.domain == FUSED_DOMAIN for n in fmodel.graph.node) else None
