@@ -280,13 +280,15 @@ def rules_group():
     """List, show and validate rule files."""
 
 
-def _attach_rules_new() -> None:
+def _attach_commands() -> None:
+    from .bench.command import bench
     from .rulegen import rules_new
 
     rules_group.add_command(rules_new)
+    cli.add_command(bench)
 
 
-_attach_rules_new()
+_attach_commands()
 
 
 @rules_group.command("list")

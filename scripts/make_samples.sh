@@ -4,6 +4,8 @@
 #   build/venv-gen-ortt : torch 2.13 + onnxruntime-training-cpu 1.19.2 + onnx 1.16.2 + numpy 1.26
 #   build/venv-gen-torch: torch 2.13 + onnx 1.23.2 + onnxscript 0.7.2 + onnxruntime 1.31.1
 # Usage: scripts/make_samples.sh [SAMPLE ...]   (default: all; names start with ortt_ or torch_)
+#        scripts/make_samples.sh --bench [DIR]  benchmark-size copies of every sample into DIR
+#                                               (default build/bench-samples; samples/ untouched)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -23,6 +25,18 @@ mkvenv() {  # dir, marker-content, packages...
 
 ORTT_PKGS=(torch==2.13.0 onnxruntime-training-cpu==1.19.2 onnx==1.16.2 numpy==1.26.4)
 TORCH_PKGS=(torch==2.13.0 onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.31.1)
+
+if [[ ${1:-} == --bench ]]; then
+    out=${2:-build/bench-samples}
+    mkdir -p "$out"
+    mkvenv "$GEN_ORTT" "${ORTT_PKGS[*]}" "${ORTT_PKGS[@]}"
+    "$GEN_ORTT/bin/python" scripts/samples/gen_ortt.py --bench "$out" 2> "$out/gen_ortt.log" \
+        || { tail -30 "$out/gen_ortt.log" >&2; exit 1; }
+    mkvenv "$GEN_TORCH" "${TORCH_PKGS[*]}" "${TORCH_PKGS[@]}"
+    "$GEN_TORCH/bin/python" scripts/samples/gen_torch.py --bench "$out" 2> "$out/gen_torch.log" \
+        || { tail -30 "$out/gen_torch.log" >&2; exit 1; }
+    exit 0
+fi
 
 ortt=(); torchj=()
 for s in "$@"; do

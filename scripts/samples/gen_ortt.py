@@ -21,6 +21,7 @@ from onnxruntime.training import artifacts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SAMPLES, input_specs, write_fragment  # noqa: E402
+import models as M  # noqa: E402
 from models import CNN, MLP, SEQ, D_MODEL, Block  # noqa: E402
 
 
@@ -35,7 +36,10 @@ def export(model: torch.nn.Module, x: torch.Tensor, dyn: dict) -> onnx.ModelProt
 
 
 def build(name: str, model: torch.nn.Module, x: torch.Tensor, loss: str, desc: str,
-          num_classes: int | None = None) -> None:
+          num_classes: int | None = None, out_dir: Path | None = None) -> None:
+    """out_dir None: the shipped samples (samples/, fragment in build/samples); else a benchmark
+    copy written to out_dir with its manifest-style entry in out_dir/<name>.json."""
+    dest = out_dir or SAMPLES
     torch.manual_seed(0)
     fwd = export(model, x, {"input": {0: "batch"}, "output": {0: "batch"}})
     params = dict(model.named_parameters())
@@ -51,11 +55,11 @@ def build(name: str, model: torch.nn.Module, x: torch.Tensor, loss: str, desc: s
             fwd, requires_grad=requires_grad, frozen_params=frozen, loss=lt,
             optimizer=artifacts.OptimType.AdamW, artifact_directory=td,
         )
-        shutil.copyfile(Path(td) / "training_model.onnx", SAMPLES / f"{name}.onnx")
-    m = onnx.load(SAMPLES / f"{name}.onnx")
+        shutil.copyfile(Path(td) / "training_model.onnx", dest / f"{name}.onnx")
+    m = onnx.load(dest / f"{name}.onnx")
     specs = input_specs(m)
     names = {s["name"] for s in specs}
-    np.savez(SAMPLES / f"{name}.params.npz", **{n: v for n, v in values.items() if n in names})
+    np.savez(dest / f"{name}.params.npz", **{n: v for n, v in values.items() if n in names})
     for s in specs:
         n = s["name"]
         if n == "input":
@@ -85,7 +89,13 @@ def build(name: str, model: torch.nn.Module, x: torch.Tensor, loss: str, desc: s
     }
     if num_classes:
         entry["num_classes"] = num_classes
-    write_fragment(name, entry)
+    if out_dir is not None:
+        import json
+
+        entry["dims"] = {"batch": int(x.shape[0])}
+        (out_dir / f"{name}.json").write_text(json.dumps(entry, indent=1))
+    else:
+        write_fragment(name, entry)
     print(f"{name}: {len(g.node)} nodes, ir {m.ir_version}, inputs {len(specs)}, "
           f"max |grad - torch| = {err:.3g}")
 
@@ -130,7 +140,38 @@ def verify(m: onnx.ModelProto, model: torch.nn.Module, x: torch.Tensor, values: 
     return err
 
 
+def main_bench(out_dir: Path, which: list[str]) -> None:
+    """Benchmark-size copies of the samples (same code, bigger models) into out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    B, S, D = M.BENCH_BLOCK_BATCH, M.BENCH_BLOCK["seq"], M.BENCH_BLOCK["d_model"]
+    hw = M.BENCH_CNN_HW
+    jobs = {
+        "ortt_mlp": lambda: build(
+            "ortt_mlp", MLP(**M.BENCH_MLP), torch.randn(M.BENCH_MLP_BATCH, M.BENCH_MLP["inp"]),
+            "mse", f"ortt_mlp at bench size {M.BENCH_MLP}, batch {M.BENCH_MLP_BATCH}",
+            out_dir=out_dir),
+        "ortt_block": lambda: build(
+            "ortt_block", Block("explicit", **M.BENCH_BLOCK), torch.randn(B, S, D), "mse",
+            f"ortt_block at bench size {M.BENCH_BLOCK}, batch {B}", out_dir=out_dir),
+        "ortt_block_sdpa": lambda: build(
+            "ortt_block_sdpa", Block("sdpa", **M.BENCH_BLOCK), torch.randn(B, S, D), "mse",
+            f"ortt_block_sdpa at bench size {M.BENCH_BLOCK}, batch {B}", out_dir=out_dir),
+        "ortt_block_mul": lambda: build(
+            "ortt_block_mul", Block("mul", **M.BENCH_BLOCK), torch.randn(B, S, D), "mse",
+            f"ortt_block_mul at bench size {M.BENCH_BLOCK}, batch {B}", out_dir=out_dir),
+        "ortt_cnn": lambda: build(
+            "ortt_cnn", CNN(**M.BENCH_CNN), torch.randn(M.BENCH_CNN_BATCH, 3, hw, hw),
+            "cross_entropy", f"ortt_cnn at bench size {M.BENCH_CNN}, {hw}x{hw}, batch "
+            f"{M.BENCH_CNN_BATCH}", num_classes=CNN.NUM_CLASSES, out_dir=out_dir),
+    }
+    for n in which or list(jobs):
+        torch.manual_seed(0)
+        jobs[n]()
+
+
 def main(which: list[str]) -> None:
+    if which[:1] == ["--bench"]:
+        return main_bench(Path(which[1]), which[2:])
     SAMPLES.mkdir(exist_ok=True)
     torch.manual_seed(0)
     jobs = {

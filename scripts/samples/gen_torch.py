@@ -20,6 +20,7 @@ from torch._functorch.aot_autograd import aot_export_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SAMPLES, input_specs, write_fragment  # noqa: E402
+import models as M  # noqa: E402
 from models import MLP, SEQ, D_MODEL, Block  # noqa: E402
 
 IR_VERSION = 10
@@ -48,7 +49,10 @@ def _rename(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
                 n.output[i] = mapping[t]
 
 
-def build(name: str, net: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, desc: str) -> None:
+def build(name: str, net: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, desc: str,
+          out_dir: Path | None = None) -> None:
+    """out_dir None: the shipped samples; else a benchmark copy (entry in out_dir/<name>.json)."""
+    dest = out_dir or SAMPLES
     mod = MSELossModule(net)
     gm, sig = aot_export_module(mod, [x, target], trace_joint=True, output_loss_index=0)
     named = {**dict(mod.named_parameters()), **dict(mod.named_buffers())}
@@ -77,9 +81,9 @@ def build(name: str, net: torch.nn.Module, x: torch.Tensor, target: torch.Tensor
             node.metadata_props.add(key=k, value=v)
     m.ir_version = IR_VERSION
     onnx.checker.check_model(m)
-    onnx.save(m, SAMPLES / f"{name}.onnx")
+    onnx.save(m, dest / f"{name}.onnx")
     values = {s: named[n].detach().numpy() for s, n in zip(short, order)}
-    np.savez(SAMPLES / f"{name}.params.npz", **values)
+    np.savez(dest / f"{name}.params.npz", **values)
     err = verify(m, mod, x, target, values)
     specs = input_specs(m)
     pnames = {n.removeprefix("net.") for n in sig.parameters}
@@ -96,7 +100,12 @@ def build(name: str, net: torch.nn.Module, x: torch.Tensor, target: torch.Tensor
         "zero_grad_params": list(getattr(net, "ZERO_GRAD", [])),
         "max_abs_grad_err_vs_torch": float(f"{err:.3g}"),
     }
-    write_fragment(name, entry)
+    if out_dir is not None:
+        import json
+
+        (out_dir / f"{name}.json").write_text(json.dumps(entry, indent=1))
+    else:
+        write_fragment(name, entry)
     print(f"{name}: {len(m.graph.node)} nodes, ir {m.ir_version}, inputs {len(specs)}, "
           f"functions {len(m.functions)}, max |grad - torch| = {err:.3g}")
 
@@ -121,7 +130,29 @@ def verify(m: onnx.ModelProto, mod: torch.nn.Module, x: torch.Tensor, target: to
     return err
 
 
+def main_bench(out_dir: Path, which: list[str]) -> None:
+    """Benchmark-size copies of the samples (same code, bigger models) into out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    B, S, D = M.BENCH_BLOCK_BATCH, M.BENCH_BLOCK["seq"], M.BENCH_BLOCK["d_model"]
+    mb = M.BENCH_MLP_BATCH
+    jobs = {
+        "torch_mlp": lambda: build(
+            "torch_mlp", MLP(**M.BENCH_MLP), torch.randn(mb, M.BENCH_MLP["inp"]),
+            torch.randn(mb, M.BENCH_MLP["out"]),
+            f"torch_mlp at bench size {M.BENCH_MLP}, batch {mb}", out_dir=out_dir),
+        "torch_block": lambda: build(
+            "torch_block", Block("mul", **M.BENCH_BLOCK), torch.randn(B, S, D),
+            torch.randn(B, S, D), f"torch_block at bench size {M.BENCH_BLOCK}, batch {B}",
+            out_dir=out_dir),
+    }
+    for n in which or list(jobs):
+        torch.manual_seed(0)
+        jobs[n]()
+
+
 def main(which: list[str]) -> None:
+    if which[:1] == ["--bench"]:
+        return main_bench(Path(which[1]), which[2:])
     SAMPLES.mkdir(exist_ok=True)
     jobs = {
         "torch_mlp": lambda: build(

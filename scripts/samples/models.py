@@ -11,6 +11,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# Benchmark ("realistic") sizes used by `gen_*.py --bench OUTDIR` (fusecli.bench.suite):
+# transformer d=512, 8 heads, seq 128, FF 2048, batch 4; MLP 1024 wide, batch 256;
+# CNN 32/64 channels on 32x32, batch 16.
+BENCH_BLOCK = dict(d_model=512, n_heads=8, seq=128, ff=2048)
+BENCH_BLOCK_BATCH = 4
+BENCH_MLP = dict(inp=1024, hid=1024, out=1024)
+BENCH_MLP_BATCH = 256
+BENCH_CNN = dict(c1=32, c2=64)
+BENCH_CNN_BATCH, BENCH_CNN_HW = 16, 32
+
 PATTERN_KEYS = ("linear_relu", "linear_gelu", "linear_silu", "sdpa", "conv_bn_relu", "layernorm")
 
 
@@ -28,8 +38,10 @@ class MLP(nn.Module):
     IN, HID, OUT = 16, 32, 8
     PATTERNS = patterns(linear_relu=2, linear_gelu=1, linear_silu=1)
 
-    def __init__(self) -> None:
+    def __init__(self, inp: int | None = None, hid: int | None = None, out: int | None = None) -> None:
         super().__init__()
+        # sizes default to the class constants (the shipped samples); bigger ones for benchmarks
+        self.IN, self.HID, self.OUT = inp or self.IN, hid or self.HID, out or self.OUT
         self.fc1 = nn.Linear(self.IN, self.HID)
         self.fc2 = nn.Linear(self.HID, self.HID)
         self.fc3 = nn.Linear(self.HID, self.HID)
@@ -60,25 +72,27 @@ class Block(nn.Module):
     # softmax is shift-invariant per row, so the key bias gets an exactly-zero gradient
     ZERO_GRAD = ["k.bias"]
 
-    def __init__(self, attn: str = "explicit") -> None:
+    def __init__(self, attn: str = "explicit", d_model: int = D_MODEL, n_heads: int = N_HEADS,
+                 seq: int = SEQ, ff: int = FF) -> None:
         super().__init__()
         assert attn in ("explicit", "mul", "sdpa")
+        self.d_model, self.n_heads = d_model, n_heads
         if attn == "sdpa":
             self.ZERO_GRAD = []  # the fused qkv.bias is only partly (its k third) zero
         self.attn = attn
-        self.dh = D_MODEL // N_HEADS
-        self.ln1 = nn.LayerNorm(D_MODEL)
+        self.dh = d_model // n_heads
+        self.ln1 = nn.LayerNorm(d_model)
         if attn == "sdpa":
-            self.qkv = nn.Linear(D_MODEL, 3 * D_MODEL)
+            self.qkv = nn.Linear(d_model, 3 * d_model)
         else:
-            self.q = nn.Linear(D_MODEL, D_MODEL)
-            self.k = nn.Linear(D_MODEL, D_MODEL)
-            self.v = nn.Linear(D_MODEL, D_MODEL)
-        self.o = nn.Linear(D_MODEL, D_MODEL)
-        self.ln2 = nn.LayerNorm(D_MODEL)
-        self.fc1 = nn.Linear(D_MODEL, FF)
-        self.fc2 = nn.Linear(FF, D_MODEL)
-        causal = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)
+            self.q = nn.Linear(d_model, d_model)
+            self.k = nn.Linear(d_model, d_model)
+            self.v = nn.Linear(d_model, d_model)
+        self.o = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc1 = nn.Linear(d_model, ff)
+        self.fc2 = nn.Linear(ff, d_model)
+        causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1)
         if attn == "explicit":
             # additive mask, 0 on/below the diagonal, -1e4 above it
             self.register_buffer("mask", causal.float() * -1e4, persistent=False)
@@ -86,7 +100,7 @@ class Block(nn.Module):
             self.register_buffer("mask", causal, persistent=False)
 
     def _heads(self, t: torch.Tensor, b: int, s: int) -> torch.Tensor:
-        return t.reshape(b, s, N_HEADS, self.dh).transpose(1, 2)  # [B, H, S, dh]
+        return t.reshape(b, s, self.n_heads, self.dh).transpose(1, 2)  # [B, H, S, dh]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s = x.shape[0], x.shape[1]
@@ -107,7 +121,7 @@ class Block(nn.Module):
                 scores = scores.masked_fill(self.mask, float("-inf"))
             p = torch.softmax(scores, dim=-1)
             a = torch.matmul(p, v)
-        a = a.transpose(1, 2).reshape(b, s, D_MODEL)
+        a = a.transpose(1, 2).reshape(b, s, self.d_model)
         x = x + self.o(a)
         x = x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
         return x
@@ -127,15 +141,16 @@ class CNN(nn.Module):
     # a conv bias right before a training-mode BatchNorm gets an exactly-zero gradient
     ZERO_GRAD = ["conv2.bias", "conv_s.bias"]
 
-    def __init__(self) -> None:
+    def __init__(self, c1: int = 8, c2: int = 8) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(8)
-        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
-        self.bn2 = nn.BatchNorm2d(8)
-        self.conv_s = nn.Conv2d(8, 8, 1)
-        self.bn_s = nn.BatchNorm2d(8)
-        self.head = nn.Linear(8, self.NUM_CLASSES)
+        # c1/c2: stem and body channels (8/8 in the shipped sample; bigger for benchmarks)
+        self.conv1 = nn.Conv2d(3, c1, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c1)
+        self.conv2 = nn.Conv2d(c1, c2, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(c2)
+        self.conv_s = nn.Conv2d(c1, c2, 1)
+        self.bn_s = nn.BatchNorm2d(c2)
+        self.head = nn.Linear(c2, self.NUM_CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.relu(self.bn1(self.conv1(x)))

@@ -1,0 +1,178 @@
+"""``fusecli bench ORIGINAL FUSED``: time a fused model against its original, side by side.
+
+Both models run in ONE process of the model's runtime (onnxruntime, or onnxruntime-training from
+``.venv-ortt``; chosen like ``fusecli verify``) through ``fusecli/bench_worker.py``: same
+SessionOptions (intra-op spinning off, ORT_ENABLE_ALL, ``--threads`` intra-op threads), same
+feeds (``fusecli.feeds.make_feeds``; in-place gradient buffers re-copied before every run),
+``--warmup`` runs each, then ``--runs`` iterations in alternating order (A B, B A, ...).
+Reported: median/min/max per model, the spread, speed-up = original median / fused median, and
+the peak memory of one run of each model measured in a fresh process (see bench_worker.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import click
+import numpy as np
+
+from ..contracts import FUSED_DOMAIN
+from ..errors import FuseError
+
+WORKER = Path(__file__).resolve().parent.parent / "bench_worker.py"
+
+
+def default_threads() -> int:
+    return os.cpu_count() or 1
+
+
+def parse_dims(items) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for item in items or ():
+        name, sep, value = str(item).partition("=")
+        if not sep or not name.strip():
+            raise FuseError(f"--dim {item!r}: expected NAME=VALUE, e.g. --dim batch=4")
+        try:
+            v = int(value)
+        except ValueError:
+            raise FuseError(f"--dim {item!r}: VALUE must be a positive integer") from None
+        if v <= 0:
+            raise FuseError(f"--dim {item!r}: VALUE must be a positive integer")
+        dims[name.strip()] = v
+    return dims
+
+
+def _has_fused(model) -> bool:
+    return any(n.domain == FUSED_DOMAIN for n in model.graph.node)
+
+
+def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | None = None,
+              runtime_python: str | None = None, dims: dict[str, int] | None = None,
+              entry: dict | None = None, seed: int = 0, peak_memory: bool = True,
+              profile_dir: str | None = None, opt_level: str = "all",
+              feeds: dict[str, np.ndarray] | None = None, timeout: float | None = None) -> dict:
+    """Run bench_worker.py on (original, fused); return its JSON plus 'python'.
+
+    ``entry``: a manifest-style entry for make_feeds (default: the shipped sample's entry, if
+    ``original`` is one). ``feeds`` overrides the generated feeds entirely.
+    """
+    from ..feeds import make_feeds
+    from ..library import LibraryNotBuilt, library_path
+    from ..modelio import load_model
+    from ..verify import manifest_entry_for, needs_training_runtime, pick_runtime
+
+    if runs < 1:
+        raise FuseError("--runs must be at least 1")
+    if warmup < 0:
+        raise FuseError("--warmup must be 0 or more")
+    threads = default_threads() if not threads else int(threads)
+    if threads < 1:
+        raise FuseError("--threads must be at least 1")
+    orig = load_model(original)
+    fmodel = load_model(fused)
+    python = pick_runtime(orig, runtime_python)
+    if runtime_python is None and needs_training_runtime(fmodel):
+        python = pick_runtime(fmodel, None)  # the fused model still needs the training runtime
+    lib = None
+    if _has_fused(fmodel) or _has_fused(orig):
+        try:
+            lib = library_path()
+        except LibraryNotBuilt as exc:
+            raise FuseError(f"{exc}") from None
+    if feeds is None:
+        try:
+            feeds = make_feeds(orig, entry if entry is not None else manifest_entry_for(original),
+                               seed=seed, dims=dims)
+        except (FileNotFoundError, NotImplementedError, ValueError) as exc:
+            raise FuseError(f"cannot build feeds for {original}: {exc}") from None
+    with tempfile.TemporaryDirectory(prefix="fusecli-bench-") as tmp:
+        fpath = Path(tmp) / "feeds.npz"
+        np.savez(fpath, **feeds)
+        cmd = [python, str(WORKER), "--a", str(original), "--b", str(fused), "--feeds", str(fpath),
+               "--runs", str(runs), "--warmup", str(warmup), "--threads", str(threads),
+               "--opt-level", opt_level]
+        if lib:
+            cmd += ["--library", lib, "--library-for", "both"]
+        if not peak_memory:
+            cmd.append("--no-peak-memory")
+        if profile_dir:
+            cmd += ["--profile", str(profile_dir)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise FuseError(f"benchmark of {Path(original).name} timed out after {timeout} s; "
+                            "use fewer --runs") from None
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        last = lines[-1] if lines else f"exit code {proc.returncode}"
+        raise FuseError(f"benchmark of {Path(original).name} vs {Path(fused).name} failed: {last}")
+    try:
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise FuseError("bench worker printed no result (see its stderr)") from None
+    res["python"] = python
+    return res
+
+
+def summary(res: dict) -> dict:
+    """The documented --json object."""
+    def part(d):
+        return {"median_ms": float(d["median_ms"]), "min_ms": float(d["min_ms"]),
+                "max_ms": float(d["max_ms"]),
+                "peak_bytes": None if d.get("peak_bytes") is None else int(d["peak_bytes"])}
+
+    a, b = part(res["a"]), part(res["b"])
+    speedup = a["median_ms"] / b["median_ms"] if b["median_ms"] > 0 else float("inf")
+    return {"original": a, "fused": b, "speedup": float(speedup), "runtime": str(res["runtime"]),
+            "threads": int(res["threads"]), "runs": int(res["runs"])}
+
+
+def _mib(v) -> str:
+    return "n/a" if v is None else f"{v / 2**20:.2f} MiB"
+
+
+@click.command("bench")
+@click.argument("original", type=click.Path(path_type=Path))
+@click.argument("fused", type=click.Path(path_type=Path))
+@click.option("--runs", type=int, default=20, show_default=True,
+              help="Timed iterations per model (interleaved A B, B A, ...).")
+@click.option("--warmup", type=int, default=3, show_default=True, help="Warm-up runs per model.")
+@click.option("--threads", type=int, default=None,
+              help="Intra-op threads for both sessions (default: the machine's CPU count).")
+@click.option("--runtime-python", default=None,
+              help="Python interpreter whose onnxruntime runs the models (default: picked like "
+                   "`fusecli verify`).")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+              help="Value of a symbolic input dimension (repeatable), e.g. --dim batch=4.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def bench(original, fused, runs, warmup, threads, runtime_python, dims, as_json):
+    """Time FUSED against ORIGINAL on the same feeds, interleaved, in one process.
+
+    Prints median/min/max per model, the spread, the speed-up (original median / fused median)
+    and the peak memory of one run of each. Spinning is off; medians of interleaved runs are the
+    only fair comparison on small machines.
+    """
+    res = run_bench(original, fused, runs=runs, warmup=warmup, threads=threads,
+                    runtime_python=runtime_python, dims=parse_dims(dims))
+    s = summary(res)
+    if as_json:
+        click.echo(json.dumps(s))
+        return
+    click.echo(f"{s['runtime']}, {s['threads']} intra-op threads, spinning off, "
+               f"{warmup} warm-up + {s['runs']} interleaved runs each")
+    click.echo(f"{'model':<9} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'spread':>8} "
+               f"{'peak memory':>12}")
+    for key, path in (("original", original), ("fused", fused)):
+        d = s[key]
+        spread = (d["max_ms"] - d["min_ms"]) / d["median_ms"] if d["median_ms"] else 0.0
+        click.echo(f"{key:<9} {d['median_ms']:>10.3f} {d['min_ms']:>9.3f} {d['max_ms']:>9.3f} "
+                   f"{spread:>7.1%} {_mib(d['peak_bytes']):>12}   {path}")
+    click.echo(f"speed-up: {s['speedup']:.3f}x (original median / fused median)")
+    method = res["a"].get("peak_method")
+    if method:
+        click.echo(f"peak memory: {method}")

@@ -1,0 +1,253 @@
+"""Time two ONNX models side by side in one process (standalone: numpy + onnxruntime + stdlib).
+
+usage: python fusecli/bench_worker.py --a A.onnx --b B.onnx --feeds feeds.npz
+           [--library custom_ops.so] [--library-for a|b|both] [--runs N] [--warmup K]
+           [--threads T] [--opt-level disable|basic|extended|all] [--spinning]
+           [--peak-memory | --no-peak-memory] [--profile DIR]
+
+Runs under the main venv (onnxruntime) and under .venv-ortt (onnxruntime-training), so it must
+not import the fusecli package (same rule as runtime_worker.py).
+
+Timing: both sessions are created with the same SessionOptions (intra-op spinning OFF unless
+--spinning, graph optimization level --opt-level (default "all" = ORT_ENABLE_ALL), --threads
+intra-op threads, one inter-op thread), both get the same feeds, K warm-up runs each, then N
+iterations in alternating order (A B, B A, A B, ...). Before EVERY run each fed input is copied
+afresh from the pristine feed (outside the timed region): onnxruntime-training accumulates
+gradients in place into the fed '*accumulation.buffer' arrays, and both models must do the same
+work every time. A model's inputs that are not in the feeds file are an error.
+
+Peak memory ("peak_bytes"): measured per model in a FRESH child process (this script with
+--peak-of), with the CPU memory arena off so that freed memory goes back to the OS: the peak
+resident set size (VmHWM, reset through /proc/self/clear_refs just before the run) minus the
+resident set size just before the run, over one run after one warm-up run. It counts everything
+the run allocates (intermediates, outputs, onnxruntime's own buffers) but not the feeds or the
+session's initializers. "peak_method" says which method was used; null where neither
+/proc/self/clear_refs nor /proc/self/status is usable.
+
+Prints one JSON object on stdout; on error prints one line to stderr and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+OPT_LEVELS = ("disable", "basic", "extended", "all")
+
+
+def _runtime_name(ort) -> str:
+    import importlib.util
+
+    try:
+        training = importlib.util.find_spec("onnxruntime.training") is not None
+    except Exception:  # noqa: BLE001
+        training = False
+    return f"onnxruntime-training {ort.__version__}" if training else f"onnxruntime {ort.__version__}"
+
+
+def _session_options(ort, args, arena: bool = True, library: str | None = None, profile=None):
+    so = ort.SessionOptions()
+    spin = "1" if args.spinning else "0"
+    so.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    so.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[args.opt_level]
+    if args.threads:
+        so.intra_op_num_threads = args.threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if not arena:
+        so.enable_cpu_mem_arena = False
+    if profile:
+        os.makedirs(profile, exist_ok=True)
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(profile, "ort_profile")
+    if library:
+        if not os.path.exists(library):
+            raise FileNotFoundError(f"custom-op library not found: {library}")
+        so.register_custom_ops_library(os.path.abspath(library))
+    return so
+
+
+def _load_feeds(path):
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as z:
+        return {k: np.ascontiguousarray(z[k]) for k in z.files}
+
+
+def _inputs_for(sess, loaded, label):
+    names = [i.name for i in sess.get_inputs()]
+    missing = [n for n in names if n not in loaded]
+    if missing:
+        raise KeyError(f"feeds lack inputs of model {label}: {', '.join(missing[:5])}"
+                       + (" ..." if len(missing) > 5 else ""))
+    return names
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+        return True
+    except OSError:
+        return False
+
+
+def peak_of(args) -> int:
+    """Child mode: one model, arena off; print {"peak_bytes": int|None, "peak_method": str}."""
+    import numpy as np  # noqa: F401
+    import onnxruntime as ort
+
+    lib = args.library if args.peak_of == "a" and args.library_for in ("a", "both") or \
+        args.peak_of == "b" and args.library_for in ("b", "both") else None
+    model = args.a if args.peak_of == "a" else args.b
+    so = _session_options(ort, args, arena=False, library=lib)
+    sess = ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
+    loaded = _load_feeds(args.feeds)
+    names = _inputs_for(sess, loaded, args.peak_of)
+    outs = [o.name for o in sess.get_outputs()]
+    sess.run(outs, {n: loaded[n].copy() for n in names})  # warm-up (lazy allocations)
+    fresh = {n: loaded[n].copy() for n in names}
+    can_reset = _reset_peak()
+    base = _status_kb("VmRSS")
+    if can_reset and base is not None:
+        sess.run(outs, fresh)
+        hwm = _status_kb("VmHWM")
+        res = {"peak_bytes": max(0, (hwm - base)) * 1024 if hwm is not None else None,
+               "peak_method": "VmHWM-VmRSS (clear_refs), arena off, fresh process"}
+    else:
+        import resource
+
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        sess.run(outs, fresh)
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        # ru_maxrss only grows: a delta is a lower bound of the run's peak (0 when an earlier
+        # phase of the process peaked higher), so say so
+        res = {"peak_bytes": max(0, after - before) * 1024 if base is not None else None,
+               "peak_method": "ru_maxrss delta (lower bound), arena off, fresh process"}
+    print(json.dumps(res))
+    return 0
+
+
+def _measure_peak(args, which: str) -> tuple[int | None, str | None]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--a", args.a, "--b", args.b,
+           "--feeds", args.feeds, "--threads", str(args.threads), "--opt-level", args.opt_level,
+           "--library-for", args.library_for, "--peak-of", which]
+    if args.library:
+        cmd += ["--library", args.library]
+    if args.spinning:
+        cmd.append("--spinning")
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        return None, None
+    try:
+        d = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None, None
+    return d.get("peak_bytes"), d.get("peak_method")
+
+
+def _summary(times):
+    import numpy as np
+
+    t = np.asarray(times, dtype=np.float64)
+    return {"median_ms": float(np.median(t)), "min_ms": float(t.min()), "max_ms": float(t.max()),
+            "mean_ms": float(t.mean()),
+            "p25_ms": float(np.percentile(t, 25)), "p75_ms": float(np.percentile(t, 75)),
+            "times_ms": [round(float(x), 4) for x in t]}
+
+
+def _parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--a", required=True, help="first model (the original)")
+    ap.add_argument("--b", required=True, help="second model (the fused one)")
+    ap.add_argument("--feeds", required=True, help=".npz keyed by graph input name")
+    ap.add_argument("--library", default=None, help="custom-op shared library to register")
+    ap.add_argument("--library-for", default="both", choices=("a", "b", "both"))
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = ORT default)")
+    ap.add_argument("--opt-level", default="all", choices=OPT_LEVELS)
+    ap.add_argument("--spinning", action="store_true", help="leave intra-op spinning on")
+    ap.add_argument("--no-peak-memory", dest="peak_memory", action="store_false")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="also write an onnxruntime profile of each session into DIR/a, DIR/b")
+    ap.add_argument("--peak-of", default=None, choices=("a", "b"), help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    try:
+        if args.peak_of:
+            return peak_of(args)
+        import numpy as np  # noqa: F401
+        import onnxruntime as ort
+
+        if args.runs < 1 or args.warmup < 0:
+            raise ValueError("--runs must be >= 1 and --warmup >= 0")
+        sessions, names, outs = {}, {}, {}
+        loaded = _load_feeds(args.feeds)
+        for key, path in (("a", args.a), ("b", args.b)):
+            lib = args.library if args.library_for in (key, "both") else None
+            prof = os.path.join(args.profile, key) if args.profile else None
+            so = _session_options(ort, args, library=lib, profile=prof)
+            sessions[key] = ort.InferenceSession(path, sess_options=so,
+                                                 providers=["CPUExecutionProvider"])
+            names[key] = _inputs_for(sessions[key], loaded, key)
+            outs[key] = [o.name for o in sessions[key].get_outputs()]
+
+        def run(key):
+            fresh = {n: loaded[n].copy() for n in names[key]}  # pristine buffers every run
+            t0 = time.perf_counter()
+            sessions[key].run(outs[key], fresh)
+            return (time.perf_counter() - t0) * 1e3
+
+        for _ in range(args.warmup):
+            run("a")
+            run("b")
+        times = {"a": [], "b": []}
+        for i in range(args.runs):
+            order = ("a", "b") if i % 2 == 0 else ("b", "a")
+            for key in order:
+                times[key].append(run(key))
+        result = {"runtime": _runtime_name(ort), "threads": args.threads, "runs": args.runs,
+                  "warmup": args.warmup, "opt_level": args.opt_level,
+                  "spinning": bool(args.spinning), "pid": os.getpid()}
+        for key in ("a", "b"):
+            result[key] = _summary(times[key])
+            if args.profile:
+                result[key]["profile"] = sessions[key].end_profiling()
+        for key in ("a", "b"):
+            peak, method = _measure_peak(args, key) if args.peak_memory else (None, None)
+            result[key]["peak_bytes"] = peak
+            result[key]["peak_method"] = method
+    except Exception as e:  # noqa: BLE001 - one line to stderr, exit 2
+        msg = " ".join(f"{type(e).__name__}: {e}".split())
+        print(f"bench_worker: error: {msg[:2000]}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
