@@ -35,61 +35,19 @@ import subprocess
 import sys
 import time
 
-OPT_LEVELS = ("disable", "basic", "extended", "all")
 
 
-def _runtime_name(ort) -> str:
-    import importlib.util
 
-    try:
-        training = importlib.util.find_spec("onnxruntime.training") is not None
-    except Exception:  # noqa: BLE001
-        training = False
-    return f"onnxruntime-training {ort.__version__}" if training else f"onnxruntime {ort.__version__}"
+if __package__:  # imported as fusecli.bench_worker
+    from .runtime_worker import OPT_LEVELS, _runtime_name, input_names, load_feeds, session_options
+else:  # run as a script (also under .venv-ortt, where fusecli cannot be imported)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from runtime_worker import OPT_LEVELS, _runtime_name, input_names, load_feeds, session_options
 
 
 def _session_options(ort, args, arena: bool = True, library: str | None = None, profile=None):
-    so = ort.SessionOptions()
-    spin = "1" if args.spinning else "0"
-    so.add_session_config_entry("session.intra_op.allow_spinning", spin)
-    so.add_session_config_entry("session.inter_op.allow_spinning", spin)
-    so.graph_optimization_level = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[args.opt_level]
-    if args.threads:
-        so.intra_op_num_threads = args.threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    if not arena:
-        so.enable_cpu_mem_arena = False
-    if profile:
-        os.makedirs(profile, exist_ok=True)
-        so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(profile, "ort_profile")
-    if library:
-        if not os.path.exists(library):
-            raise FileNotFoundError(f"custom-op library not found: {library}")
-        so.register_custom_ops_library(os.path.abspath(library))
-    return so
-
-
-def _load_feeds(path):
-    import numpy as np
-
-    with np.load(path, allow_pickle=False) as z:
-        return {k: np.ascontiguousarray(z[k]) for k in z.files}
-
-
-def _inputs_for(sess, loaded, label):
-    names = [i.name for i in sess.get_inputs()]
-    missing = [n for n in names if n not in loaded]
-    if missing:
-        raise KeyError(f"feeds lack inputs of model {label}: {', '.join(missing[:5])}"
-                       + (" ..." if len(missing) > 5 else ""))
-    return names
+    return session_options(ort, args.opt_level, args.threads, library, profile,
+                           spinning=bool(args.spinning), arena=arena)
 
 
 def _status_kb(field: str) -> int | None:
@@ -122,8 +80,8 @@ def peak_of(args) -> int:
     model = args.a if args.peak_of == "a" else args.b
     so = _session_options(ort, args, arena=False, library=lib)
     sess = ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
-    loaded = _load_feeds(args.feeds)
-    names = _inputs_for(sess, loaded, args.peak_of)
+    loaded = load_feeds(args.feeds)
+    names = input_names(sess, loaded, args.peak_of)
     outs = [o.name for o in sess.get_outputs()]
     sess.run(outs, {n: loaded[n].copy() for n in names})  # warm-up (lazy allocations)
     fresh = {n: loaded[n].copy() for n in names}
@@ -206,14 +164,14 @@ def main(argv=None) -> int:
         if args.runs < 1 or args.warmup < 0:
             raise ValueError("--runs must be >= 1 and --warmup >= 0")
         sessions, names, outs = {}, {}, {}
-        loaded = _load_feeds(args.feeds)
+        loaded = load_feeds(args.feeds)
         for key, path in (("a", args.a), ("b", args.b)):
             lib = args.library if args.library_for in (key, "both") else None
             prof = os.path.join(args.profile, key) if args.profile else None
             so = _session_options(ort, args, library=lib, profile=prof)
             sessions[key] = ort.InferenceSession(path, sess_options=so,
                                                  providers=["CPUExecutionProvider"])
-            names[key] = _inputs_for(sessions[key], loaded, key)
+            names[key] = input_names(sessions[key], loaded, key)
             outs[key] = [o.name for o in sessions[key].get_outputs()]
 
         def run(key):

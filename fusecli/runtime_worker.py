@@ -41,6 +41,52 @@ def _runtime_name(ort) -> str:
     return f"onnxruntime-training {ort.__version__}" if training else f"onnxruntime {ort.__version__}"
 
 
+def session_options(ort, opt_level: str = "disable", threads: int = 0, library: str | None = None,
+                    profile: str | None = None, spinning: bool = False, arena: bool = True):
+    """SessionOptions shared by the run and bench workers (idle spinning off unless asked)."""
+    so = ort.SessionOptions()
+    spin = "1" if spinning else "0"
+    so.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    so.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[opt_level]
+    if threads:
+        so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if not arena:
+        so.enable_cpu_mem_arena = False
+    if profile:
+        os.makedirs(profile, exist_ok=True)
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(profile, "ort_profile")
+    if library:
+        if not os.path.exists(library):
+            raise FileNotFoundError(f"custom-op library not found: {library}")
+        so.register_custom_ops_library(os.path.abspath(library))
+    return so
+
+
+def load_feeds(path: str) -> dict:
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as z:
+        return {k: np.ascontiguousarray(z[k]) for k in z.files}
+
+
+def input_names(sess, loaded: dict, label: str = "") -> list[str]:
+    names = [i.name for i in sess.get_inputs()]
+    missing = [n for n in names if n not in loaded]
+    if missing:
+        raise KeyError(f"feeds lack graph inputs{f' of model {label}' if label else ''}: "
+                       f"{', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
+    return names
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True)
@@ -61,34 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         import onnxruntime as ort
 
         runtime = _runtime_name(ort)
-        so = ort.SessionOptions()
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        so.graph_optimization_level = {
-            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[args.opt_level]
-        if args.threads:
-            so.intra_op_num_threads = args.threads
-            so.inter_op_num_threads = 1
-        if args.profile:
-            os.makedirs(args.profile, exist_ok=True)
-            so.enable_profiling = True
-            so.profile_file_prefix = os.path.join(args.profile, "ort_profile")
-        if args.library:
-            if not os.path.exists(args.library):
-                raise FileNotFoundError(f"custom-op library not found: {args.library}")
-            so.register_custom_ops_library(os.path.abspath(args.library))
+        so = session_options(ort, args.opt_level, args.threads, args.library, args.profile)
         sess = ort.InferenceSession(args.model, sess_options=so, providers=["CPUExecutionProvider"])
-
-        with np.load(args.feeds, allow_pickle=False) as z:
-            loaded = {k: z[k] for k in z.files}
-        names = [i.name for i in sess.get_inputs()]
-        missing = [n for n in names if n not in loaded]
-        if missing:
-            raise KeyError(f"feeds lack graph inputs: {', '.join(missing[:5])}"
-                           + (" ..." if len(missing) > 5 else ""))
+        loaded = load_feeds(args.feeds)
+        names = input_names(sess, loaded)
         # contiguous, writable arrays: ort-training writes gradients into them in place
         feeds = {n: np.require(loaded[n], requirements=["C", "W"]).copy() for n in names}
         out_names = [o.name for o in sess.get_outputs()]
