@@ -102,6 +102,33 @@ def test_linear_activation_grad_optional_outputs(mask, trans_w):
             assert g is None
 
 
+@pytest.mark.parametrize("outs", [(0, 1, 1), (0, 1, 0), (0, 0, 1)])
+@pytest.mark.parametrize("act", ["gelu", "relu", "identity"])
+@pytest.mark.parametrize("trans_w", [0, 1])
+def test_linear_activation_grad_without_w(outs, act, trans_w):
+    """First layer: W is absent (input 3 is ""), dA is not requested."""
+    rng = _rng("lin-no-w", outs, act, trans_w)
+    dy, x, a, _ = _lin_inputs(rng, (3, 7), 21, 13, trans_w)
+    req = [(nm, F32) if o else None for nm, o in zip(["dA", "dW", "dB"], outs)]
+    got = run_fused("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", None)], req,
+                    activation=act, trans_w=trans_w)
+    ref = R.linear_activation_grad(dy, x, a, None, act, trans_w)
+    assert got[0] is None and ref[0] is None
+    for o, g, r, nm in zip(outs, got, ref, ["dA", "dW", "dB"]):
+        if o:
+            assert_close(g, r, what=nm)
+        else:
+            assert g is None
+
+
+def test_linear_activation_grad_da_without_w_is_an_error():
+    rng = _rng("lin-no-w-err")
+    dy, x, a, _ = _lin_inputs(rng, (4,), 5, 3, 0)
+    with pytest.raises(Exception, match="W is absent"):
+        run_fused("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", None)],
+                  [("dA", F32), ("dW", F32), None], activation="relu")
+
+
 @pytest.mark.parametrize("act", ["relu", "gelu", "identity"])
 @pytest.mark.parametrize("trans_w", [0, 1])
 def test_linear_activation_grad_vs_unfused(act, trans_w):
@@ -174,6 +201,33 @@ def test_attention_grad_optional_outputs_and_defaults(mask):
 
 
 @pytest.mark.parametrize("k_transposed", [0, 1])
+@pytest.mark.parametrize("qs,ks", [(0.5, None), (None, 3.0), (0.25, -2.0), (1.5, 1.5), (0.0, 2.0)])
+def test_attention_grad_runtime_scales(k_transposed, qs, ks):
+    """Optional scalar inputs 5 (q_scale) and 6 (k_scale) multiply dQ and dK on top of the
+    scale_q / scale_k attributes; dV is unaffected."""
+    rng = _rng("attn-scales", k_transposed, qs, ks)
+    do, q, k, v, p = _attn_inputs(rng, (2, 2), 11, 19, 8, 6, k_transposed)
+    q_scale = None if qs is None else np.array(qs, F32)
+    k_scale = None if ks is None else np.array([ks], F32)  # rank 0 or [1]: one element each
+    attrs = dict(scale_q=0.35, scale_k=0.7, k_transposed=k_transposed)
+    got = run_fused("AttentionGrad", [("dO", do), ("Q", q), ("K", k), ("V", v), ("P", p),
+                                      ("q_scale", q_scale), ("k_scale", k_scale)],
+                    [("dQ", F32), ("dK", F32), ("dV", F32)], **attrs)
+    ref = R.attention_grad(do, q, k, v, p, np.float32(0.35), np.float32(0.7), k_transposed,
+                           q_scale, k_scale)
+    for g, r, nm in zip(got, ref, "dQ dK dV".split()):
+        assert_close(g, r, what=nm)
+
+
+def test_attention_grad_runtime_scale_must_be_scalar():
+    rng = _rng("attn-scales-err")
+    do, q, k, v, p = _attn_inputs(rng, (1,), 3, 4, 2, 2, 0)
+    with pytest.raises(Exception, match="scalar"):
+        run_fused("AttentionGrad", [("dO", do), ("Q", q), ("K", k), ("V", v), ("P", p),
+                                    ("q_scale", np.ones(2, F32))], [("dQ", F32), None, None])
+
+
+@pytest.mark.parametrize("k_transposed", [0, 1])
 def test_attention_grad_vs_unfused(k_transposed):
     rng = _rng("attn-unfused", k_transposed)
     lead, sq, sk, d, dv = (2, 3), 33, 47, 16, 24
@@ -224,6 +278,7 @@ CONV_CASES = [
     (3, 4, 11, 10, 6, 3, 2, (2, 1), (1, 0, 2, 1), (2, 1), 2),
     (2, 6, 9, 9, 6, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 6),      # depthwise
     (2, 8, 8, 8, 16, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),     # pointwise
+    (3, 8, 5, 7, 12, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 4),     # grouped pointwise
     (2, 4, 9, 9, 8, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 4),
     (4, 16, 16, 16, 32, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),  # large-ish
 ]
@@ -388,6 +443,39 @@ def test_layer_norm_grad_optional_outputs(outs, with_dr):
             assert g is None
 
 
+@pytest.mark.parametrize("outs", [(0, 1, 1), (0, 1, 0), (0, 0, 1)])
+@pytest.mark.parametrize("with_gamma", [True, False])
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("shape,axis", [((5, 67), -1), ((4, 3, 17), -2), ((256, 96), -1)])
+def test_layer_norm_grad_without_dx(outs, with_gamma, dtype, shape, axis):
+    """dX absent (the input needs no gradient); gamma absent too when only dGamma / dBeta are
+    requested (gamma is input 2, passed as "" between X and mean)."""
+    rng = _rng("ln-no-dx", outs, with_gamma, str(dtype), shape, axis)
+    ins = _ln_inputs(rng, shape, axis, dtype, with_dr=False)
+    if not with_gamma:
+        ins["gamma"] = None
+    req = [(nm, dtype) if o else None for nm, o in zip(["dX", "dGamma", "dBeta"], outs)]
+    got = run_fused("LayerNormGrad", list(ins.items()), req, axis=axis)
+    ref = R.layer_norm_grad(ins["dY"], ins["X"], ins["gamma"], ins["mean"], ins["inv_std"],
+                            None, axis)
+    t = tol(dtype) if dtype == F32 else dict(rtol=2e-2, atol_scale=2e-2)
+    for o, g, r, nm in zip(outs, got, ref, ["dX", "dGamma", "dBeta"]):
+        if o:
+            assert_close(g, r, **t, what=nm)
+            assert g.shape == tuple(shape[axis % len(shape):])
+        else:
+            assert g is None
+
+
+@pytest.mark.parametrize("with_dr", [True, False])
+def test_layer_norm_grad_dx_without_gamma_is_an_error(with_dr):
+    rng = _rng("ln-no-gamma-err", with_dr)
+    ins = _ln_inputs(rng, (3, 8), -1, F32, with_dr=with_dr)
+    ins["gamma"] = None
+    with pytest.raises(Exception, match="gamma is absent"):
+        run_fused("LayerNormGrad", list(ins.items()), [("dX", F32), ("dGamma", F32), None])
+
+
 @pytest.mark.parametrize("with_dr", [True, False])
 def test_layer_norm_grad_vs_unfused(with_dr):
     rng = _rng("ln-unfused", with_dr)
@@ -458,6 +546,39 @@ def test_same_so_runs_each_op_in_onnxruntime_training():
         t = tol(dt) if dt == F32 else dict(rtol=2e-2, atol_scale=2e-2)
         for g, r in zip(got, ref):
             assert_close(g, r, **t, what=op)
+
+
+def test_optional_inputs_in_onnxruntime_training():
+    """The same .so in onnxruntime-training 1.19.2 with absent non-trailing optional inputs
+    (LinearActivationGrad without W, LayerNormGrad without gamma) and present trailing ones
+    (AttentionGrad q_scale / k_scale)."""
+    rng = _rng("ortt-optional")
+    dy, x, a, _ = _lin_inputs(rng, (6,), 9, 5, 0)
+    att = _attn_inputs(rng, (2,), 5, 6, 4, 3, 0)
+    qs, ks = np.array(0.5, F32), np.array(-1.5, F32)
+    ln = _ln_inputs(rng, (7, 19), -1, F32, with_dr=False)
+    ln["gamma"] = None
+    cases = [
+        ("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", None)], [None, "dW", "dB"],
+         dict(activation="gelu"), R.linear_activation_grad(dy, x, a, None, "gelu")[1:]),
+        ("AttentionGrad", list(zip(["dO", "Q", "K", "V", "P"], att)) + [("q_scale", qs), ("k_scale", ks)],
+         ["dQ", "dK", "dV"], dict(scale_q=0.5, scale_k=0.25), R.attention_grad(*att, 0.5, 0.25, 0, qs, ks)),
+        ("LayerNormGrad", list(ln.items()), [None, "dGamma", "dBeta"], {},
+         R.layer_norm_grad(*ln.values())[1:]),
+    ]
+    jobs = []
+    for op, inputs, outs, attrs, _ in cases:
+        model = fused_model(op, inputs, [(o, F32) if o else None for o in outs], **attrs)
+        feeds = {n: v for n, v in inputs if v is not None}
+        jobs.append(dict(model=model, feeds=feeds, outputs=[o for o in outs if o], library=True,
+                         count=[op]))
+    version, results, calls = run_in_ortt(jobs)
+    assert version == "1.19.2"
+    for (op, _, _, _, ref), got, c in zip(cases, results, calls):
+        assert c == {op: 1}
+        assert len(got) == len(ref)
+        for g, r in zip(got, ref):
+            assert_close(g, r, what=op)
 
 
 def test_library_path_and_session_options():

@@ -130,9 +130,7 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int, int64_
     fn(0, 0, n);
     return;
   }
-  std::vector<std::thread> pool;
   std::vector<std::exception_ptr> errs(t);
-  pool.reserve(t - 1);
   auto run = [&](int i) {
     int64_t b = n * i / t, e = n * (i + 1) / t;
     try {
@@ -141,6 +139,8 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int, int64_
       errs[i] = std::current_exception();
     }
   };
+  std::vector<std::thread> pool;
+  pool.reserve(t - 1);
   for (int i = 1; i < t; ++i) pool.emplace_back(run, i);
   run(0);
   for (auto& th : pool) th.join();
@@ -202,6 +202,98 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
       },
       max_t);
   (void)C;
+}
+
+// ---- GEMM through onnxruntime's MatMul kernels -------------------------------------------
+static bool eigen_gemm_forced() {
+  static const bool forced = [] {
+    const char* e = std::getenv("FUSECLI_GEMM");
+    return e && std::strcmp(e, "eigen") == 0;
+  }();
+  return forced;
+}
+
+OrtMatMul::OrtMatMul(const OrtKernelInfo* info) {
+  if (eigen_gemm_forced()) return;
+  const OrtApi& api = Ort::GetApi();
+  const char* tnames[] = {"T"};
+  const ONNXTensorElementDataType tvals[] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
+  for (int i = 0; i < 4; ++i) {
+    const int64_t ta = i / 2, tb = i % 2;
+    const float alpha = 1.f;
+    OrtOpAttr* attrs[3] = {nullptr, nullptr, nullptr};
+    bool ok = true;
+    auto mk = [&](int j, const char* name, const void* data, OrtOpAttrType type) {
+      OrtStatus* st = api.CreateOpAttr(name, data, 1, type, &attrs[j]);
+      if (st) {
+        api.ReleaseStatus(st);
+        ok = false;
+      }
+    };
+    mk(0, "transA", &ta, ORT_OP_ATTR_INT);
+    mk(1, "transB", &tb, ORT_OP_ATTR_INT);
+    mk(2, "alpha", &alpha, ORT_OP_ATTR_FLOAT);
+    if (ok) {
+      OrtStatus* st = api.CreateOp(info, "FusedMatMul", "com.microsoft", 1, tnames, tvals, 1,
+                                   attrs, 3, 2, 1, &ops_[i]);
+      if (st) {
+        api.ReleaseStatus(st);
+        ops_[i] = nullptr;
+      }
+    }
+    for (auto* a : attrs)
+      if (a) api.ReleaseOpAttr(a);
+    if (!ops_[i]) break;
+  }
+  if (!ops_[0] || !ops_[1] || !ops_[2] || !ops_[3]) {  // all or nothing
+    for (auto*& op : ops_) {
+      if (op) Ort::GetApi().ReleaseOp(op);
+      op = nullptr;
+    }
+  }
+}
+
+OrtMatMul::~OrtMatMul() {
+  for (auto* op : ops_)
+    if (op) Ort::GetApi().ReleaseOp(op);
+}
+
+void OrtMatMul::run(const OrtKernelContext* ctx, bool ta, bool tb, int64_t batch, int64_t m,
+                    int64_t n, int64_t k, const float* a, const float* b, float* c,
+                    bool a_batched, bool b_batched) const {
+  if (batch <= 0 || m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    std::fill(c, c + batch * m * n, 0.f);
+    return;
+  }
+  const OrtOp* op = ops_[(ta ? 2 : 0) + (tb ? 1 : 0)];
+  if (!op) {
+    const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+    for (int64_t i = 0; i < batch; ++i)
+      gemm(ta, tb, m, n, k, 1.f, a + (a_batched ? i * m * k : 0), lda,
+           b + (b_batched ? i * k * n : 0), ldb, 0.f, c + i * m * n, n);
+    return;
+  }
+  // Deliberately leaked: no release call into onnxruntime from a static destructor at exit.
+  static const OrtMemoryInfo* mem = [] {
+    OrtMemoryInfo* m = nullptr;
+    Ort::ThrowOnError(Ort::GetApi().CreateCpuMemoryInfo(OrtDeviceAllocator, OrtMemTypeDefault, &m));
+    return m;
+  }();
+  auto shape = [&](int64_t r, int64_t cc, bool batched) {
+    return batch == 1 || !batched ? std::vector<int64_t>{r, cc} : std::vector<int64_t>{batch, r, cc};
+  };
+  const auto sa = ta ? shape(k, m, a_batched) : shape(m, k, a_batched);
+  const auto sb = tb ? shape(n, k, b_batched) : shape(k, n, b_batched);
+  const auto sc = shape(m, n, true);
+  Ort::Value va = Ort::Value::CreateTensor<float>(mem, const_cast<float*>(a),
+                                                  (a_batched ? batch : 1) * m * k, sa.data(), sa.size());
+  Ort::Value vb = Ort::Value::CreateTensor<float>(mem, const_cast<float*>(b),
+                                                  (b_batched ? batch : 1) * k * n, sb.data(), sb.size());
+  Ort::Value vc = Ort::Value::CreateTensor<float>(mem, c, batch * m * n, sc.data(), sc.size());
+  const OrtValue* ins[2] = {va, vb};
+  OrtValue* outs[1] = {vc};
+  Ort::ThrowOnError(Ort::GetApi().InvokeOp(ctx, op, ins, 2, outs, 1));
 }
 
 // ---- activations --------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 // CPU kernels: AttentionGrad, ConvBnReluGrad; and add_cpu_ops.
 #include <Eigen/Core>
 
+#include <cmath>
+#include <memory>
+
 #include "common.h"
 
 namespace fusecli {
@@ -20,11 +23,13 @@ struct AttnKernel {
   AttnKernel(const OrtKernelInfo* info, const AttnOp*)
       : scale_q(attr_float(info, "scale_q", 1.f)),
         scale_k(attr_float(info, "scale_k", 1.f)),
-        k_transposed(attr_int(info, "k_transposed", 0) != 0) {}
+        k_transposed(attr_int(info, "k_transposed", 0) != 0),
+        mm(info) {}
   OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
   void Compute(OrtKernelContext* c);
   float scale_q, scale_k;
   bool k_transposed;
+  OrtMatMul mm;
 };
 struct AttnOp : OpBase<AttnOp, AttnKernel> {
   AttnOp() : OpBase("AttentionGrad", nullptr) {}
@@ -76,41 +81,48 @@ void AttnKernel::Compute(OrtKernelContext* c) {
   const float* vp = v.ptr<float>();
   const float* pp = p.ptr<float>();
 
-  const int T = num_threads();
-  const bool outer = B >= T;  // parallel over batch items, else parallel inside the GEMMs
-  const int inner_threads = outer ? 1 : T;
+  const OrtKernelContext* kc = ctx.GetOrtKernelContext();
   const bool need_ds = want_dq || want_dk;
-  parallel_for(B, 1, [&](int, int64_t b0, int64_t b1) {
-    std::vector<float> ds(need_ds ? static_cast<size_t>(Sq * Sk) : 0);
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* dOb = dOp + b * Sq * Dv;
-      const float* qb = qp + b * Sq * D;
-      const float* kb = kp + b * Sk * D;
-      const float* vb = vp + b * Sk * Dv;
-      const float* pb = pp + b * Sq * Sk;
-      if (want_dv)  // dV[Sk,Dv] = P^T dO
-        gemm(true, false, Sk, Dv, Sq, 1.f, pb, Sk, dOb, Dv, 0.f, dv + b * Sk * Dv, Dv, inner_threads);
-      if (!need_ds) continue;
-      // dP[Sq,Sk] = dO V^T, then dS = P * (dP - rowsum(dP * P)) in place.
-      gemm(false, true, Sq, Sk, Dv, 1.f, dOb, Dv, vb, Dv, 0.f, ds.data(), Sk, inner_threads);
-      for (int64_t i = 0; i < Sq; ++i) {
-        MA d(ds.data() + i * Sk, Sk);
+  // dS is stored pre-multiplied by f (= scale_q unless that is 0 or not finite), so dQ needs no
+  // extra pass and dK one only when scale_k != scale_q.
+  const float f = (std::fabs(scale_q) >= 1e-20f && std::fabs(scale_q) <= 1e20f) ? scale_q : 1.f;
+  // Batch items go in chunks whose dS scratch (~2 MiB) stays in cache between the dP GEMM, the
+  // softmax-backward pass and the dQ / dK GEMMs; each GEMM is one batched onnxruntime MatMul.
+  const int64_t item = Sq * Sk;
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(B, (int64_t(1) << 19) / std::max<int64_t>(1, item)));
+  std::unique_ptr<float[]> ds(need_ds ? new float[static_cast<size_t>(chunk * item)] : nullptr);
+  for (int64_t b0 = 0; b0 < B; b0 += chunk) {
+    const int64_t nb = std::min(chunk, B - b0);
+    const float* dOb = dOp + b0 * Sq * Dv;
+    const float* qb = qp + b0 * Sq * D;
+    const float* kb = kp + b0 * Sk * D;
+    const float* vb = vp + b0 * Sk * Dv;
+    const float* pb = pp + b0 * item;
+    if (want_dv) mm.run(kc, true, false, nb, Sk, Dv, Sq, pb, dOb, dv + b0 * Sk * Dv);  // P^T dO
+    if (!need_ds) continue;
+    mm.run(kc, false, true, nb, Sq, Sk, Dv, dOb, vb, ds.get());  // dP = dO V^T
+    // dS = f * P * (dP - rowsum(dP * P)), in place, rows split over threads
+    const int64_t rows = nb * Sq;
+    parallel_for(rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, Sk)), [&](int, int64_t r0, int64_t r1) {
+      for (int64_t i = r0; i < r1; ++i) {
+        MA d(ds.get() + i * Sk, Sk);
         CA pr(pb + i * Sk, Sk);
         const float rs = (d * pr).sum();
-        d = pr * (d - rs);
+        d = (f * pr) * (d - rs);
       }
-      if (want_dq) {  // dQ[Sq,D] = scale_q dS K   (K as [Sk, D])
-        gemm(false, k_transposed, Sq, D, Sk, scale_q, ds.data(), Sk, kb, k_transposed ? Sk : D, 0.f,
-             dq + b * Sq * D, D, inner_threads);
-      }
-      if (want_dk) {
-        if (!k_transposed)  // dK[Sk,D] = scale_k dS^T Q
-          gemm(true, false, Sk, D, Sq, scale_k, ds.data(), Sk, qb, D, 0.f, dk + b * Sk * D, D, inner_threads);
-        else  // dK[D,Sk] = scale_k Q^T dS
-          gemm(true, false, D, Sk, Sq, scale_k, qb, D, ds.data(), Sk, 0.f, dk + b * Sk * D, Sk, inner_threads);
-      }
+    });
+    if (want_dq) {
+      float* dqb = dq + b0 * Sq * D;
+      mm.run(kc, false, k_transposed, nb, Sq, D, Sk, ds.get(), kb, dqb);  // dS K (K as [Sk, D])
+      if (scale_q != f) MA(dqb, nb * Sq * D) *= scale_q / f;
     }
-  }, outer ? T : 1);
+    if (want_dk) {
+      float* dkb = dk + b0 * Sk * D;
+      if (!k_transposed) mm.run(kc, true, false, nb, Sk, D, Sq, ds.get(), qb, dkb);  // dS^T Q
+      else mm.run(kc, true, false, nb, D, Sk, Sq, qb, ds.get(), dkb);                // Q^T dS
+      if (scale_k != f) MA(dkb, nb * Sk * D) *= scale_k / f;
+    }
+  }
 }
 
 // ================================= ConvBnReluGrad ===========================================
@@ -121,7 +133,8 @@ struct ConvKernel {
         pads(attr_ints(info, "pads", {0, 0, 0, 0})),
         dilations(attr_ints(info, "dilations", {1, 1})),
         group(attr_int(info, "group", 1)),
-        relu(attr_int(info, "relu", 1) != 0) {
+        relu(attr_int(info, "relu", 1) != 0),
+        mm(info) {
     FUSECLI_CHECK(strides.size() == 2 && pads.size() == 4 && dilations.size() == 2,
                   "ConvBnReluGrad: strides/dilations need 2 values, pads 4 (2-D convolutions only)");
     FUSECLI_CHECK(group >= 1, "ConvBnReluGrad: group must be >= 1");
@@ -131,6 +144,7 @@ struct ConvKernel {
   std::vector<int64_t> strides, pads, dilations;
   int64_t group;
   bool relu;
+  OrtMatMul mm;
 };
 struct ConvOp : OpBase<ConvOp, ConvKernel> {
   ConvOp() : OpBase("ConvBnReluGrad", nullptr) {}
@@ -229,43 +243,50 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   const float* gp = gamma.ptr<float>();
   const float* mp = mean.ptr<float>();
   const float* sp = istd.ptr<float>();
-  const bool need_dc = want_dx || want_dw || want_dbc;
-  std::vector<float> dc(need_dc ? static_cast<size_t>(N * C * HW) : 0);
+  // dC is materialized only for the convolution's dgrad / wgrad; dBc alone follows from sums.
+  const bool need_dc = want_dx || want_dw;
+  std::unique_ptr<float[]> dc_buf(need_dc ? new float[static_cast<size_t>(N * C * HW)] : nullptr);  // not zeroed
+  float* const dcp = dc_buf.get();
   std::vector<float> dgam(C), dbet(C), dbias(C);
 
-  // ---- BN + ReLU backward: two passes per channel ----
+  // ---- BN + ReLU backward, one channel slab (N x HW) at a time ----
+  // Pass 1 reads dY, Y, Cv once and writes dZ into dC's slab; pass 2 turns that slab into dC,
+  // reading dZ and Cv back while the slab is still in L2.
   parallel_for(C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, N * HW)),
                [&](int, int64_t c0, int64_t c1) {
-    std::vector<float> dzb(HW), xhb(HW);
-    MA dz(dzb.data(), HW), xh(xhb.data(), HW);
+    std::vector<float> dzb(need_dc ? 0 : HW);
     for (int64_t ch = c0; ch < c1; ++ch) {
       const float mu = mp[ch], is = sp[ch];
-      float sdz = 0.f, sdzx = 0.f;
+      double sdz = 0, sdzc = 0, scv = 0;
       for (int64_t n = 0; n < N; ++n) {
         const int64_t off = (n * C + ch) * HW;
         CA d(dyp + off, HW), yy(yp + off, HW), cc(cvp + off, HW);
+        MA dz(need_dc ? dcp + off : dzb.data(), HW);
         if (relu) dz = (yy > 0.f).select(d, 0.f);
         else dz = d;
-        xh = (cc - mu) * is;
         sdz += dz.sum();
-        sdzx += (dz * xh).sum();
+        sdzc += (dz * (cc - mu)).sum();
+        if (want_dbc && !need_dc) scv += (cc - mu).sum();
       }
-      dbet[ch] = sdz;
-      dgam[ch] = sdzx;
-      if (!need_dc) continue;
-      const float coef = static_cast<float>(gp[ch] * is / R);
-      const float rf = static_cast<float>(R);
-      float sdc = 0.f;
+      const double sdzx = sdzc * is;  // sum dZ * xhat
+      dbet[ch] = static_cast<float>(sdz);
+      dgam[ch] = static_cast<float>(sdzx);
+      const double coef = static_cast<double>(gp[ch]) * is / R;
+      if (!need_dc) {  // sum dC = coef (R sdz - R sdz - sdzx sum xhat)
+        dbias[ch] = static_cast<float>(-coef * sdzx * scv * is);
+        continue;
+      }
+      const float cf = static_cast<float>(coef), rf = static_cast<float>(R);
+      const float a0 = static_cast<float>(sdz), a1 = static_cast<float>(sdzx) * is;
+      double sdc = 0;
       for (int64_t n = 0; n < N; ++n) {
         const int64_t off = (n * C + ch) * HW;
-        CA d(dyp + off, HW), yy(yp + off, HW), cc(cvp + off, HW);
-        MA o(dc.data() + off, HW);
-        if (relu) dz = (yy > 0.f).select(d, 0.f);
-        else dz = d;
-        o = coef * (rf * dz - sdz - (cc - mu) * is * sdzx);
+        CA cc(cvp + off, HW);
+        MA o(dcp + off, HW);
+        o = cf * (rf * o - a0 - (cc - mu) * a1);
         sdc += o.sum();
       }
-      dbias[ch] = sdc;
+      dbias[ch] = static_cast<float>(sdc);
     }
   });
   if (want_dg) std::copy(dgam.begin(), dgam.end(), dgo);
@@ -274,50 +295,80 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   if (!want_dx && !want_dw) return;
 
   // ---- conv dgrad (col2im of W^T dC) and wgrad (dC im2col(X)^T), per (image, group) ----
+  // GEMMs through onnxruntime's MatMul (MLAS on the intra-op pool); im2col / col2im split over
+  // input channels on our threads.
+  const OrtKernelContext* kc = ctx.GetOrtKernelContext();
   const int64_t Cg = C / group, Kc = g.cin_g * kh * kw;
   const bool pointwise = kh == 1 && kw == 1 && g.sh == 1 && g.sw == 1 && pads[0] == 0 &&
                          pads[1] == 0 && pads[2] == 0 && pads[3] == 0 && Hin == H && Win == Wd;
-  const int64_t tasks = N * group;
-  const int T = num_threads();
-  const int outer_t = planned_threads(tasks, 1);
-  const int inner_t = tasks >= T ? 1 : T;
-  std::vector<float> dw_part(want_dw ? static_cast<size_t>(outer_t * C * Kc) : 0, 0.f);
-  if (want_dx) std::fill(dx, dx + x.numel(), 0.f);
   const float* xp = x.ptr<float>();
   const float* wp = w.ptr<float>();
-  parallel_for(tasks, 1, [&](int t, int64_t t0, int64_t t1) {
-    std::vector<float> cols(pointwise ? 0 : static_cast<size_t>(Kc * HW));
-    std::vector<float> gcols(pointwise || !want_dx ? 0 : static_cast<size_t>(Kc * HW));
-    for (int64_t task = t0; task < t1; ++task) {
-      const int64_t n = task / group, gi = task % group;
-      const float* dcg = dc.data() + (n * C + gi * Cg) * HW;  // [Cg, HW]
-      const float* xg = xp + (n * Cin + gi * g.cin_g) * Hin * Win;
+  const int64_t khw = kh * kw;
+  // Images go in chunks of nb: im2col / col2im run one image per thread, each GEMM is one batched
+  // MatMul over the chunk (W broadcast for dgrad; wgrad partials [nb, Cg, Kc] summed after).
+  const int64_t col_sz = Kc * HW;
+  const bool direct = pointwise && group == 1;  // X and dX serve as the column matrices
+  // (~8 MiB of columns per chunk, at least one image per thread, a multiple of the thread count)
+  const int64_t T = num_threads();
+  int64_t nb_max = std::max<int64_t>(T, (int64_t(1) << 21) / std::max<int64_t>(1, std::max(direct ? Cg * HW : col_sz, Cg * Kc)));
+  nb_max = std::min<int64_t>(N, nb_max / T * T);
+  std::unique_ptr<float[]> cols(direct ? nullptr : new float[static_cast<size_t>(nb_max * col_sz)]);
+  std::unique_ptr<float[]> dwt(want_dw ? new float[static_cast<size_t>(nb_max * Cg * Kc)] : nullptr);
+  std::unique_ptr<float[]> dcs(group > 1 ? new float[static_cast<size_t>(nb_max * Cg * HW)] : nullptr);
+  if (want_dw) std::fill(dw, dw + C * Kc, 0.f);
+  for (int64_t n0 = 0; n0 < N; n0 += nb_max) {
+    const int64_t nb = std::min(nb_max, N - n0);
+    for (int64_t gi = 0; gi < group; ++gi) {
+      // dC_g for the chunk as [nb, Cg, HW] (a view when group == 1, else a copy)
+      const float* dcg = dcp + n0 * C * HW;
+      if (group > 1) {
+        for (int64_t i = 0; i < nb; ++i)
+          std::copy(dcp + ((n0 + i) * C + gi * Cg) * HW,
+                    dcp + ((n0 + i) * C + gi * Cg + Cg) * HW, dcs.get() + i * Cg * HW);
+        dcg = dcs.get();
+      }
       const float* wg = wp + gi * Cg * Kc;  // [Cg, Kc]
+      auto x_img = [&](int64_t i) { return xp + ((n0 + i) * Cin + gi * g.cin_g) * Hin * Win; };
       if (want_dw) {
-        const float* colp = xg;
+        const float* colp = nullptr;
         if (!pointwise) {
-          im2col(xg, g, cols.data());
-          colp = cols.data();
+          parallel_for(nb, 1, [&](int, int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) im2col(x_img(i), g, cols.get() + i * col_sz);
+          });
+          colp = cols.get();
+        } else if (group == 1) {
+          colp = x_img(0);  // X chunk is [nb, Cin, HW]
+        } else {
+          parallel_for(nb, 1, [&](int, int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) std::copy(x_img(i), x_img(i) + Kc * HW, cols.get() + i * Kc * HW);
+          });
+          colp = cols.get();
         }
-        // dW_g[Cg, Kc] += dC_g[Cg, HW] cols^T[HW, Kc]
-        gemm(false, true, Cg, Kc, HW, 1.f, dcg, HW, colp, HW, 1.f,
-             dw_part.data() + (static_cast<int64_t>(t) * C + gi * Cg) * Kc, Kc, inner_t);
+        // dWt[i][Cg, Kc] = dC_g[i][Cg, HW] cols[i]^T
+        mm.run(kc, false, true, nb, Cg, Kc, HW, dcg, colp, dwt.get());
+        MA acc(dw + gi * Cg * Kc, Cg * Kc);
+        for (int64_t i = 0; i < nb; ++i) acc += CA(dwt.get() + i * Cg * Kc, Cg * Kc);
       }
       if (want_dx) {
-        float* dxg = dx + (n * Cin + gi * g.cin_g) * Hin * Win;
-        if (pointwise) {  // dX_g[Cin_g, HW] = W_g^T dC_g
-          gemm(true, false, Kc, HW, Cg, 1.f, wg, Kc, dcg, HW, 0.f, dxg, HW, inner_t);
-        } else {
-          gemm(true, false, Kc, HW, Cg, 1.f, wg, Kc, dcg, HW, 0.f, gcols.data(), HW, inner_t);
-          col2im(gcols.data(), g, dxg);
+        if (pointwise && group == 1) {  // dX[i][Cin, HW] = W^T dC[i], straight into dX
+          mm.run(kc, true, false, nb, Kc, HW, Cg, wg, dcg, dx + n0 * Cin * HW, false, true);
+          continue;
         }
+        float* gcols = cols.get();
+        mm.run(kc, true, false, nb, Kc, HW, Cg, wg, dcg, gcols, false, true);  // W_g^T dC_g[i]
+        parallel_for(nb, 1, [&](int, int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            float* dxg = dx + ((n0 + i) * Cin + gi * g.cin_g) * Hin * Win;
+            if (pointwise) {
+              std::copy(gcols + i * Kc * HW, gcols + (i + 1) * Kc * HW, dxg);
+            } else {
+              std::fill(dxg, dxg + g.cin_g * Hin * Win, 0.f);
+              col2im(gcols + i * col_sz, g, dxg);
+            }
+          }
+        });
       }
     }
-  }, outer_t);
-  if (want_dw) {
-    MA out(dw, C * Kc);
-    out = CA(dw_part.data(), C * Kc);
-    for (int t = 1; t < outer_t; ++t) out += CA(dw_part.data() + static_cast<int64_t>(t) * C * Kc, C * Kc);
   }
 }
 

@@ -1,6 +1,12 @@
 // CPU kernels: ActivationGrad, LinearActivationGrad, LayerNormGrad.
 #include <Eigen/Core>
 
+#include <memory>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "common.h"
 
 namespace fusecli {
@@ -71,11 +77,13 @@ struct LinOp;
 struct LinKernel {
   LinKernel(const OrtKernelInfo* info, const LinOp*)
       : act(parse_act(attr_string(info, "activation", ""), true)),
-        trans_w(attr_int(info, "trans_w", 0) != 0) {}
+        trans_w(attr_int(info, "trans_w", 0) != 0),
+        mm(info) {}
   OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
   void Compute(OrtKernelContext* c);
   Act act;
   bool trans_w;
+  OrtMatMul mm;
 };
 struct LinOp : OpBase<LinOp, LinKernel> {
   LinOp() : OpBase("LinearActivationGrad", nullptr) {}
@@ -123,44 +131,50 @@ void LinKernel::Compute(OrtKernelContext* c) {
   const float* xp = x.ptr<float>();
   const float* ap = a.ptr<float>();
   const float* wp = w.present ? w.ptr<float>() : nullptr;
-  // dZ is computed once into one buffer (identity: dZ is dY itself), with dB reduced in the
-  // same pass from per-thread partial sums.
-  std::vector<float> dz_buf;
-  const float* dz = dyp;
-  if (act != Act::kIdentity) {
-    dz_buf.resize(static_cast<size_t>(M * N));
+  if (M == 0) {
+    if (want_da) std::fill(da, da + M * K, 0.f);
+    if (want_dw) std::fill(dw, dw + N * K, 0.f);
+    if (want_db) std::fill(db, db + N, 0.f);
+    return;
   }
-  if (act != Act::kIdentity || want_db) {
-    const int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, N));
+  // One pass over (dY, X): dZ = dY * act'(X) in row tiles that stay in L1/L2 while dB's per-thread
+  // partial sums read them back. dZ is stored only when a GEMM needs it (identity: dZ is dY).
+  const bool need_gemm = want_da || want_dw;
+  const bool store_dz = need_gemm && act != Act::kIdentity;
+  std::unique_ptr<float[]> dz_buf(store_dz ? new float[static_cast<size_t>(M * N)] : nullptr);
+  const float* dz = store_dz ? dz_buf.get() : dyp;
+  if (store_dz || want_db) {
+    const int64_t tile_rows = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, N));
+    const int64_t grain = std::max<int64_t>(tile_rows, (1 << 15) / std::max<int64_t>(1, N));
     const int T = planned_threads(M, grain);
     std::vector<float> part(want_db ? static_cast<size_t>(T * N) : 0, 0.f);
     parallel_for(M, grain, [&](int t, int64_t r0, int64_t r1) {
-      const float* src = dyp + r0 * N;
-      if (act != Act::kIdentity) {
-        act_grad_block(act, dyp + r0 * N, xp + r0 * N, dz_buf.data() + r0 * N, (r1 - r0) * N);
-        src = dz_buf.data() + r0 * N;
-      }
-      if (want_db) {
-        MA acc(part.data() + t * N, N);
-        for (int64_t r = 0; r < r1 - r0; ++r) acc += CA(src + r * N, N);
+      std::unique_ptr<float[]> tmp(!store_dz && act != Act::kIdentity ? new float[tile_rows * N] : nullptr);
+      MA acc(want_db ? part.data() + t * N : nullptr, want_db ? N : 0);
+      for (int64_t i = r0; i < r1; i += tile_rows) {
+        const int64_t rows = std::min(tile_rows, r1 - i);
+        const float* src = dyp + i * N;
+        if (act != Act::kIdentity) {
+          float* dst = store_dz ? dz_buf.get() + i * N : tmp.get();
+          act_grad_block(act, dyp + i * N, xp + i * N, dst, rows * N);
+          src = dst;
+        }
+        if (want_db)
+          for (int64_t r = 0; r < rows; ++r) acc += CA(src + r * N, N);
       }
     }, T);
-    if (act != Act::kIdentity) dz = dz_buf.data();
     if (want_db) {
       MA out(db, N);
-      out.setZero();
-      for (int t = 0; t < T; ++t) out += CA(part.data() + t * N, N);
+      out = CA(part.data(), N);
+      for (int t = 1; t < T; ++t) out += CA(part.data() + t * N, N);
     }
   }
-  if (want_da) {
-    // dA[M,K] = dZ[M,N] W[N,K]  |  dZ W^T with W stored [K,N]
-    gemm(false, trans_w, M, K, N, 1.f, dz, N, wp, trans_w ? N : K, 0.f, da, K);
-  }
+  const OrtKernelContext* kc = ctx.GetOrtKernelContext();
+  if (want_da)  // dA[M,K] = dZ[M,N] W[N,K]  |  dZ W^T with W stored [K,N]
+    mm.run(kc, false, trans_w, 1, M, K, N, dz, wp, da);
   if (want_dw) {
-    if (!trans_w)  // dW[N,K] = dZ^T A
-      gemm(true, false, N, K, M, 1.f, dz, N, ap, K, 0.f, dw, K);
-    else  // dW[K,N] = A^T dZ
-      gemm(true, false, K, N, M, 1.f, ap, K, dz, N, 0.f, dw, N);
+    if (!trans_w) mm.run(kc, true, false, 1, N, K, M, dz, ap, dw);  // dW[N,K] = dZ^T A
+    else mm.run(kc, true, false, 1, K, N, M, ap, dz, dw);           // dW[K,N] = A^T dZ
   }
 }
 
@@ -220,6 +234,57 @@ static inline const float* row_as_float(const T* p, float* buf, int64_t n) {
   }
 }
 
+#if defined(__AVX512F__)
+// One float32 row of LayerNormGrad in two sweeps over L1-resident data: (1) xhat, g = dY gamma,
+// the row sums c1 / c2 and the dGamma / dBeta partials; (2) dX, written with non-temporal stores
+// when `stream` (large outputs: no read-for-ownership of dX lines) and the row is 64-byte aligned.
+static void ln_row_avx512(const float* d, const float* x, const float* gm, const float* dr,
+                          float* dx, float* pg, float* pb, int64_t N, float mu, float rs,
+                          bool stream) {
+  const __m512 vmu = _mm512_set1_ps(mu), vrs = _mm512_set1_ps(rs);
+  __m512 s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= N; j += 16) {
+    const __m512 vd = _mm512_loadu_ps(d + j);
+    const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), vmu), vrs);
+    const __m512 g = _mm512_mul_ps(vd, _mm512_loadu_ps(gm + j));
+    s1 = _mm512_fmadd_ps(g, xh, s1);
+    s2 = _mm512_add_ps(s2, g);
+    if (pg) _mm512_storeu_ps(pg + j, _mm512_fmadd_ps(vd, xh, _mm512_loadu_ps(pg + j)));
+    if (pb) _mm512_storeu_ps(pb + j, _mm512_add_ps(vd, _mm512_loadu_ps(pb + j)));
+  }
+  const __mmask16 tail = static_cast<__mmask16>((1u << (N - j)) - 1u);
+  if (j < N) {
+    const __m512 vd = _mm512_maskz_loadu_ps(tail, d + j);
+    const __m512 xh = _mm512_maskz_mul_ps(tail, _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + j), vmu), vrs);
+    const __m512 g = _mm512_mul_ps(vd, _mm512_maskz_loadu_ps(tail, gm + j));
+    s1 = _mm512_fmadd_ps(g, xh, s1);
+    s2 = _mm512_add_ps(s2, g);
+    if (pg) _mm512_mask_storeu_ps(pg + j, tail, _mm512_fmadd_ps(vd, xh, _mm512_maskz_loadu_ps(tail, pg + j)));
+    if (pb) _mm512_mask_storeu_ps(pb + j, tail, _mm512_add_ps(vd, _mm512_maskz_loadu_ps(tail, pb + j)));
+  }
+  if (!dx) return;
+  const float inv_n = 1.f / static_cast<float>(N);
+  const __m512 c1 = _mm512_set1_ps(_mm512_reduce_add_ps(s1) * inv_n);
+  const __m512 c2 = _mm512_set1_ps(_mm512_reduce_add_ps(s2) * inv_n);
+  const bool nt = stream && (reinterpret_cast<uintptr_t>(dx) % 64 == 0);
+  auto value = [&](int64_t jj, __mmask16 m) {
+    const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + jj), vmu), vrs);
+    const __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, d + jj), _mm512_maskz_loadu_ps(m, gm + jj));
+    __m512 o = _mm512_mul_ps(vrs, _mm512_sub_ps(_mm512_sub_ps(g, c2), _mm512_mul_ps(xh, c1)));
+    if (dr) o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(m, dr + jj));
+    return o;
+  };
+  j = 0;
+  for (; j + 16 <= N; j += 16) {
+    const __m512 o = value(j, 0xFFFF);
+    if (nt) _mm512_stream_ps(dx + j, o);
+    else _mm512_storeu_ps(dx + j, o);
+  }
+  if (j < N) _mm512_mask_storeu_ps(dx + j, tail, value(j, tail));
+}
+#endif
+
 template <typename T>
 void LnKernel::Run(Ort::KernelContext& ctx) {
   In dy = get_input(ctx, 0), x = get_input(ctx, 1), gamma = get_input(ctx, 2);
@@ -259,6 +324,10 @@ void LnKernel::Run(Ort::KernelContext& ctx) {
   const int nt = planned_threads(M, grain);
   std::vector<float> part(reduce ? static_cast<size_t>(2 * nt * N) : 0, 0.f);
   const float inv_n = 1.f / static_cast<float>(N);
+  // Non-temporal dX stores once the output is far larger than the caches would keep anyway.
+  const bool stream = want_dx && M * N * static_cast<int64_t>(sizeof(T)) >= (int64_t(16) << 20) &&
+                      std::getenv("FUSECLI_NO_STREAM") == nullptr;
+  (void)stream;
   parallel_for(M, grain, [&](int t, int64_t r0, int64_t r1) {
     const bool conv = !std::is_same<T, float>::value;
     std::vector<float> xh(N), g(N), out(N);
@@ -267,6 +336,16 @@ void LnKernel::Run(Ort::KernelContext& ctx) {
     MA pb(reduce ? part.data() + (2 * t + 1) * N : nullptr, reduce ? N : 0);
     MA xhv(xh.data(), N), gv(g.data(), N), ov(out.data(), N);
     CA gm(gam, N);
+#if defined(__AVX512F__)
+    if constexpr (std::is_same<T, float>::value) {
+      for (int64_t r = r0; r < r1; ++r)
+        ln_row_avx512(dyp + r * N, xp + r * N, gam, drp ? drp + r * N : nullptr,
+                      want_dx ? dx + r * N : nullptr, want_dg ? pg.data() : nullptr,
+                      want_db ? pb.data() : nullptr, N, stat_at(mean, r), stat_at(rstd, r), stream);
+      if (stream) _mm_sfence();
+      return;
+    }
+#endif
     for (int64_t r = r0; r < r1; ++r) {
       const float mu = stat_at(mean, r), rs = stat_at(rstd, r);
       CA d(row_as_float(dyp + r * N, bdy.data(), N), N);
