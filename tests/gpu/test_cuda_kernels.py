@@ -18,7 +18,9 @@ except Exception:  # torch not installed: no CUDA either
     torch = None
     _HAVE_CUDA = False
 
-pytestmark = pytest.mark.skipif(not _HAVE_CUDA, reason="torch.cuda is unavailable")
+if not _HAVE_CUDA:  # one skip for the module, not one per case
+    pytest.skip("torch.cuda is unavailable (GPU machine only: tests/gpu/run_gpu_checks.sh)",
+                allow_module_level=True)
 
 import cuda_lib as L  # noqa: E402
 
