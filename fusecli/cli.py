@@ -109,30 +109,35 @@ def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet
     if not dry_run:
         save_model(m, dest, model)
         _log(quiet, f"wrote {dest}")
+    report = None
+    if do_verify:
+        from .verify import verify_models
+
+        report = verify_models(model, dest)
     if as_json:
+        if report is not None:
+            d["verify"] = report.as_dict()
         _echo_json(d)
     else:
         verb = "would fuse" if dry_run else "fused"
         click.echo(stats_table(d, f"{model}: {verb} {d['total_fused']} chain(s)"))
-    rc = errors.EXIT_OK
-    if do_verify:
-        report = _run_verify(model, dest, quiet=quiet)
-        if not report.ok:
-            rc = errors.EXIT_CHECK_FAILED
+        if report is not None and not quiet:
+            _print_verify(report, model, dest)
+    if report is not None:
+        _report_mismatches(report)
     problems = check_expectations(d, wanted, base)
     for line in problems:
         click.echo(f"fusecli: regression: {line}", err=True)
     if problems:
         raise SystemExit(errors.EXIT_EXPECTATION)
-    if rc:
-        raise SystemExit(rc)
+    if report is not None and not report.ok:
+        raise SystemExit(errors.EXIT_CHECK_FAILED)
 
 
 def _sanity(model, quiet: bool) -> None:
-    try:
-        from .sanity import check_graph
-    except ImportError:  # pragma: no cover - sanity checks ship with the package
-        return
+    """Fatal graph problems raise a one-line ModelError; the rest are warnings on stderr."""
+    from .sanity import check_graph
+
     for warning in check_graph(model):
         _log(quiet, f"warning: {warning}")
 
@@ -147,31 +152,25 @@ def _parse_dims(dims) -> dict[str, int]:
     return out
 
 
-def _run_verify(original, fused, seed=0, rtol=1e-5, atol=1e-6, dims=None, runtime_python=None,
-                quiet=False, as_json=False):
-    from .verify import verify_models
-
-    report = verify_models(original, fused, seed=seed, rtol=rtol, atol=atol, dims=dims,
-                           runtime_python=runtime_python)
-    if as_json:
-        _echo_json(report.as_dict())
-        return report
-    out = click.echo if not quiet else (lambda *a, **k: None)
-    out(f"verify: {Path(original).name} vs {Path(fused).name} in {report.runtime} "
-        f"(graph optimizations off, rtol={rtol:g}, atol={atol:g})")
+def _print_verify(report, original, fused) -> None:
+    click.echo(f"verify: {Path(original).name} vs {Path(fused).name} in {report.runtime} "
+               f"(graph optimizations off, rtol={report.rtol:g}, atol={report.atol:g})")
     w = max((len(d.name) for d in report.outputs), default=10)
     for d in report.outputs:
-        rel = f"{d.rel:.3e}" if d.max_ref > atol else "  (zero)  "  # |ref| <= atol: abs only
-        out(f"  {d.name:<{w}}  max_abs {d.max_abs:.3e}  max_rel {rel}  "
-            f"{'ok' if d.ok else 'MISMATCH'}")
+        # an output whose reference is (numerically) zero is judged by atol alone
+        rel = f"{d.rel:.3e}" if d.max_ref > report.atol else "  (zero)  "
+        click.echo(f"  {d.name:<{w}}  max_abs {d.max_abs:.3e}  max_rel {rel}  "
+                   f"{'ok' if d.ok else 'MISMATCH'}")
     runs = ", ".join(f"{k} x{v}" for k, v in sorted(report.fused_kernel_runs.items()))
-    out(f"  fused kernels executed: {runs or 'none'}")
-    out(f"  max relative error {report.max_rel:.3e}: {'PASS' if report.ok else 'FAIL'}")
+    click.echo(f"  fused kernels executed: {runs or 'none'}")
+    click.echo(f"  max relative error {report.max_rel:.3e}: {'PASS' if report.ok else 'FAIL'}")
+
+
+def _report_mismatches(report) -> None:
     for d in report.outputs:
         if not d.ok:
             click.echo(f"fusecli: mismatch in {d.name} (max abs {d.max_abs:.3e}); fused nodes "
                        f"upstream: {', '.join(d.upstream_fused) or 'none'}", err=True)
-    return report
 
 
 @cli.command()
@@ -191,8 +190,16 @@ def verify(original, fused, seed, rtol, atol, dims, runtime_python, as_json):
     (onnxruntime-training for ort-training graphs) and compares every output, including the
     gradients written in place into accumulation buffers. Exit 1 on a mismatch.
     """
-    report = _run_verify(original, fused, seed, rtol, atol, _parse_dims(dims),
-                         str(runtime_python) if runtime_python else None, as_json=as_json)
+    from .verify import verify_models
+
+    report = verify_models(original, fused, seed=seed, rtol=rtol, atol=atol,
+                           dims=_parse_dims(dims),
+                           runtime_python=str(runtime_python) if runtime_python else None)
+    if as_json:
+        _echo_json(report.as_dict())
+    else:
+        _print_verify(report, original, fused)
+    _report_mismatches(report)
     if not report.ok:
         raise SystemExit(errors.EXIT_CHECK_FAILED)
 

@@ -157,3 +157,11 @@ def test_python_module_entry_point():
     proc = subprocess.run([sys.executable, "-m", "fusecli", "rules", "list"],
                           capture_output=True, text=True)
     assert proc.returncode == 0 and "sdpa_ortt_div" in proc.stdout
+
+
+def test_optimize_verify_json_stays_one_object(tmp_path):
+    proc = run_cli("optimize", SAMPLES / "torch_mlp.onnx", "-o", tmp_path / "o.onnx", "--verify",
+                   "--json", "-q")
+    d = json.loads(proc.stdout)
+    assert d["verify"]["ok"] and d["verify"]["runtime"].startswith("onnxruntime ")
+    assert set(d) == REPORT_KEYS | {"verify"}
