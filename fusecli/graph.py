@@ -44,16 +44,25 @@ class GNode:
         return f"GNode({self.name}, {self.domain or 'ai.onnx'}::{self.op})"
 
 
-def _subgraph_outer_names(graph: onnx.GraphProto) -> set[str]:
-    """Names a subgraph reads from enclosing scopes."""
-    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+def subgraphs(node: onnx.NodeProto):
+    """(attribute name, GraphProto) of every subgraph attribute of a node (If/Loop/Scan)."""
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            yield a.name, a.g
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for g in a.graphs:
+                yield a.name, g
+
+
+def outer_names(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads from enclosing scopes (its own and nested subgraphs')."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
     used: set[str] = set()
     for node in graph.node:
         used.update(x for x in node.input if x)
-        for a in node.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
-                      list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
-                used |= _subgraph_outer_names(g)
+        for _, g in subgraphs(node):
+            used |= outer_names(g)
         defined.update(node.output)
     used.update(o.name for o in graph.output)
     return used - defined
@@ -79,11 +88,8 @@ class GraphIndex:
     def _add(self, proto: onnx.NodeProto, key: float) -> GNode:
         node = GNode(len(self.nodes), proto, key)
         self.nodes.append(node)
-        for a in proto.attribute:
-            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-                subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
-                for g in subs:
-                    node.implicit.extend(sorted(_subgraph_outer_names(g)))
+        for _, g in subgraphs(proto):
+            node.implicit.extend(sorted(outer_names(g)))
         for t in node.inputs + node.implicit:
             if t:
                 self.consumers[t].append(node)

@@ -27,36 +27,14 @@ from collections import defaultdict, deque
 import onnx
 
 from .errors import ModelError
+from .graph import outer_names, subgraphs
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _MAX_LISTED = 3
 
 
-def _subgraphs(node: onnx.NodeProto):
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            yield a.name, a.g
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            for g in a.graphs:
-                yield a.name, g
-
-
 def _node_label(node: onnx.NodeProto, index: int) -> str:
     return f"node '{node.name}' ({node.op_type})" if node.name else f"node #{index} ({node.op_type})"
-
-
-def _outer_refs(graph: onnx.GraphProto) -> set[str]:
-    """Names a subgraph reads from enclosing scopes (its own and nested subgraphs')."""
-    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    defined |= {t.values.name for t in graph.sparse_initializer}
-    used: set[str] = set()
-    for node in graph.node:
-        used.update(x for x in node.input if x)
-        for _, g in _subgraphs(node):
-            used |= _outer_refs(g)
-        defined.update(node.output)
-    used.update(o.name for o in graph.output)
-    return used - defined
 
 
 def check_opsets(model: onnx.ModelProto) -> list[str]:
@@ -136,11 +114,11 @@ def _check_one_graph(graph: onnx.GraphProto, outer: set[str], where: str,
     implicit: dict[int, list[str]] = {}
     for i, node in enumerate(nodes):
         reads = [x for x in node.input if x]
-        subs = list(_subgraphs(node))
+        subs = list(subgraphs(node))
         if subs:
             refs: set[str] = set()
             for _, g in subs:
-                refs |= _outer_refs(g)
+                refs |= outer_names(g)
             implicit[i] = sorted(refs)
             reads += implicit[i]
         for t in reads:
@@ -172,7 +150,7 @@ def _check_one_graph(graph: onnx.GraphProto, outer: set[str], where: str,
     # -- subgraphs -------------------------------------------------------------------------
     scope = available
     for i, node in enumerate(nodes):
-        for attr, g in _subgraphs(node):
+        for attr, g in subgraphs(node):
             _check_one_graph(g, scope, f"{where}subgraph '{attr}' of {_node_label(node, i)}: ",
                              warnings)
 
