@@ -244,6 +244,8 @@ class FusionPass:
                 attrs[name] = spec[1]
             elif spec[0] == "attr":
                 attrs[name] = m.captures[spec[1]]
+            elif spec[0] == "if_matched":
+                attrs[name] = spec[2] if spec[1] in m.nodes else spec[3]
             else:
                 value = float(np.asarray(index.const_value(m.tensors[spec[1]])).reshape(-1)[0])
                 attrs[name] = float(CONST_FUNCS[spec[2]](value))

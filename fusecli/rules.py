@@ -115,7 +115,8 @@ class Replacement:
     version: int
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    attrs: dict                      # name -> ("literal", v) | ("attr", cap) | ("const", var, fn)
+    attrs: dict  # name -> ("literal", v) | ("attr", cap) | ("const", var, fn)
+    #                   | ("if_matched", node_id, then, else)
 
 
 @dataclass
@@ -303,7 +304,13 @@ def _parse_replace(src, raw, captures, const_vars) -> Replacement:
             raise RuleError(src, f"replace.attrs: {op} has no attribute {name!r}; it has "
                             f"{sorted(contract.attributes)}", aline)
         if isinstance(value, dict):
-            if "attr" in value:
+            if "if_matched" in value:
+                if set(value) != {"if_matched", "then", "else"} or not isinstance(
+                        value["if_matched"], str):
+                    raise RuleError(src, f"replace.attrs.{name}: write {{if_matched: NODE_ID, "
+                                    "then: VALUE, else: VALUE}", aline)
+                attrs[name] = ("if_matched", value["if_matched"], value["then"], value["else"])
+            elif "attr" in value:
                 if value["attr"] not in captures:
                     raise RuleError(src, f"replace.attrs.{name}: no attribute captured as "
                                     f"{value['attr']!r}", aline)
@@ -318,8 +325,9 @@ def _parse_replace(src, raw, captures, const_vars) -> Replacement:
                                     f"{sorted(CONST_FUNCS)}", aline)
                 attrs[name] = ("const", value["const"], fn)
             else:
-                raise RuleError(src, f"replace.attrs.{name}: use a literal, {{attr: NAME}} or "
-                                "{const: VAR, fn: FN}", aline)
+                raise RuleError(src, f"replace.attrs.{name}: use a literal, {{attr: NAME}}, "
+                                "{const: VAR, fn: FN} or {if_matched: NODE_ID, then: V, else: V}",
+                                aline)
         else:
             allowed = contract.attributes[name].get("values")
             if allowed is not None and value not in allowed:
@@ -413,6 +421,11 @@ def parse_rule(text: str, source: str) -> Rule:
     replace = _parse_replace(source, raw["replace"], captures,
                              {k for k, v in tensors.items()})
     _check_dataflow(source, nodes, replace, tensors)
+    optional_ids = {n.id for n in nodes if n.optional}
+    for attr, spec in replace.attrs.items():
+        if spec[0] == "if_matched" and spec[1] not in optional_ids:
+            raise RuleError(source, f"replace.attrs.{attr}: if_matched names '{spec[1]}', which "
+                            "is not an optional rule node")
     return Rule(name, pattern, order, str(raw.get("description", "")).strip(), nodes, tensors,
                 replace, source, raw.get("family"), text)
 

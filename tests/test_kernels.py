@@ -86,6 +86,21 @@ def test_linear_activation_grad_vs_reference(act, trans_w, lead, n, k):
     assert_close(db, rdb, what="dB")
 
 
+@pytest.mark.parametrize("trans_w,trans_dw", [(0, 1), (1, 0)])
+@pytest.mark.parametrize("lead,n,k", [((3,), 17, 5), ((2, 3), 17, 33)])
+def test_linear_activation_grad_dw_layout(trans_w, trans_dw, lead, n, k):
+    """trans_dw writes dW in the other layout than W's (a folded Transpose of the weight grad)."""
+    rng = _rng("lin-dw", trans_w, trans_dw, lead, n, k)
+    dy, x, a, w = _lin_inputs(rng, lead, n, k, trans_w)
+    da, dw = run_fused("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", w)],
+                       [("dA", F32), ("dW", F32)], activation="gelu", trans_w=trans_w,
+                       trans_dw=trans_dw)
+    rda, rdw, _ = R.linear_activation_grad(dy, x, a, w, "gelu", trans_w, trans_dw)
+    assert dw.shape == ((k, n) if trans_dw else (n, k))
+    assert_close(da, rda, what="dA")
+    assert_close(dw, rdw, what="dW")
+
+
 @pytest.mark.parametrize("mask", [m for m in itertools.product([0, 1], repeat=3) if any(m)])
 @pytest.mark.parametrize("trans_w", [0, 1])
 def test_linear_activation_grad_optional_outputs(mask, trans_w):

@@ -78,11 +78,12 @@ struct LinKernel {
   LinKernel(const OrtKernelInfo* info, const LinOp*)
       : act(parse_act(attr_string(info, "activation", ""), true)),
         trans_w(attr_int(info, "trans_w", 0) != 0),
+        trans_dw(attr_int(info, "trans_dw", trans_w ? 1 : 0) != 0),
         mm(info) {}
   OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
   void Compute(OrtKernelContext* c);
   Act act;
-  bool trans_w;
+  bool trans_w, trans_dw;  // layout of the W input / of the dW output ([K, N] when set)
   OrtMatMul mm;
 };
 struct LinOp : OpBase<LinOp, LinKernel> {
@@ -116,7 +117,7 @@ void LinKernel::Compute(OrtKernelContext* c) {
     else
       FUSECLI_CHECK(w.shape[0] == K && w.shape[1] == N, "LinearActivationGrad: W must be [K, N] (trans_w=1)");
   }
-  const std::vector<int64_t> w_shape = trans_w ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K};
+  const std::vector<int64_t> w_shape = trans_dw ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K};
   std::vector<int64_t> da_shape = a.shape;
   da_shape.back() = K;
 
@@ -173,7 +174,7 @@ void LinKernel::Compute(OrtKernelContext* c) {
   if (want_da)  // dA[M,K] = dZ[M,N] W[N,K]  |  dZ W^T with W stored [K,N]
     mm.run(kc, false, trans_w, 1, M, K, N, dz, wp, da);
   if (want_dw) {
-    if (!trans_w) mm.run(kc, true, false, 1, N, K, M, dz, ap, dw);  // dW[N,K] = dZ^T A
+    if (!trans_dw) mm.run(kc, true, false, 1, N, K, M, dz, ap, dw);  // dW[N,K] = dZ^T A
     else mm.run(kc, true, false, 1, K, N, M, ap, dz, dw);           // dW[K,N] = A^T dZ
   }
 }

@@ -439,7 +439,7 @@ FUSECLI_EXPORT int fusecli_read_scalar(void* stream, const float* p, float* out)
 
 FUSECLI_EXPORT int fusecli_launch_linear_activation_grad(void* stream, const float* dy,
     const float* x, const float* a, const float* w, float* da, float* dw, float* db, int64_t m,
-    int64_t n, int64_t k, int act, int trans_w) {
+    int64_t n, int64_t k, int act, int trans_w, int trans_dw) {
   if (act < 0 || act > kIdentity) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   Scratch ws(s);
@@ -458,7 +458,7 @@ FUSECLI_EXPORT int fusecli_launch_linear_activation_grad(void* stream, const flo
   if (da)  // dA[m,k] = dZ W  (W [n,k])  |  dZ W^T  (W [k,n])
     RETURN_IF_ERR(sgemm(s, false, trans_w != 0, m, k, n, 1.f, dz, n, 0, w, trans_w ? n : k, 0, 0.f, da, k, 0));
   if (dw) {
-    if (!trans_w)  // dW[n,k] = dZ^T A
+    if (!trans_dw)  // dW[n,k] = dZ^T A
       RETURN_IF_ERR(sgemm(s, true, false, n, k, m, 1.f, dz, n, 0, a, k, 0, 0.f, dw, k, 0));
     else  // dW[k,n] = A^T dZ
       RETURN_IF_ERR(sgemm(s, true, false, k, n, m, 1.f, a, k, 0, dz, n, 0, 0.f, dw, n, 0));

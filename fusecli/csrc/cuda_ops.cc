@@ -71,7 +71,8 @@ struct LinOp;
 struct LinKernel {
   LinKernel(const OrtKernelInfo* info, const LinOp*)
       : act(parse_act(attr_string(info, "activation", ""), true)),
-        trans_w(attr_int(info, "trans_w", 0) != 0) {}
+        trans_w(attr_int(info, "trans_w", 0) != 0),
+        trans_dw(attr_int(info, "trans_dw", trans_w ? 1 : 0) != 0) {}
   OrtStatusPtr ComputeV2(OrtKernelContext* c) {
     return guarded([&] {
       count_call(kLinearActivationGrad);
@@ -86,16 +87,16 @@ struct LinKernel {
                     "LinearActivationGrad: W shape does not match trans_w");
       float* da = opt_out<float>(ctx, 0, a.shape);
       FUSECLI_CHECK(!da || w.present, "LinearActivationGrad: dA is requested but W is absent");
-      float* dw = opt_out<float>(ctx, 1, trans_w ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K});
+      float* dw = opt_out<float>(ctx, 1, trans_dw ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K});
       float* db = opt_out<float>(ctx, 2, {N});
       check_cuda(fusecli_launch_linear_activation_grad(ctx.GetGPUComputeStream(), dy.ptr<float>(),
                      x.ptr<float>(), a.ptr<float>(), w.present ? w.ptr<float>() : nullptr, da, dw, db, M, N, K,
-                     act_code(act), trans_w),
+                     act_code(act), trans_w, trans_dw),
                  "LinearActivationGrad");
     });
   }
   Act act;
-  bool trans_w;
+  bool trans_w, trans_dw;
 };
 struct LinOp : OpBase<LinOp, LinKernel> {
   LinOp() : OpBase("LinearActivationGrad", kCuda) {}

@@ -43,7 +43,8 @@ def activation_grad(dy: np.ndarray, x: np.ndarray, activation: str) -> np.ndarra
     return out.astype(dy.dtype)
 
 
-def linear_activation_grad(dy, x, a, w=None, activation: str = "relu", trans_w: int = 0):
+def linear_activation_grad(dy, x, a, w=None, activation: str = "relu", trans_w: int = 0,
+                           trans_dw: int | None = None):
     n = dy.shape[-1]
     k = a.shape[-1]
     dz = activation_grad(dy, x, activation).astype(np.float64).reshape(-1, n)
@@ -55,7 +56,8 @@ def linear_activation_grad(dy, x, a, w=None, activation: str = "relu", trans_w: 
         wnk = w64.T if trans_w else w64  # [N, K]
         da = (dz @ wnk).reshape(*a.shape[:-1], wnk.shape[1]).astype(a.dtype)
     dw_nk = dz.T @ a2
-    dw = (dw_nk.T if trans_w else dw_nk).astype(a.dtype)
+    trans_dw = trans_w if trans_dw is None else trans_dw
+    dw = (dw_nk.T if trans_dw else dw_nk).astype(a.dtype)
     db = dz.sum(axis=0).astype(dy.dtype)
     return da, dw, db
 
@@ -205,8 +207,9 @@ def _reference_ops():
     class LinearActivationGrad(OpRun):
         op_domain = DOMAIN
 
-        def _run(self, dy, x, a, w=None, activation=None, trans_w=0):
-            return _fit(self, linear_activation_grad(dy, x, a, w, _s(activation), trans_w or 0))
+        def _run(self, dy, x, a, w=None, activation=None, trans_w=0, trans_dw=None):
+            return _fit(self, linear_activation_grad(dy, x, a, w, _s(activation), trans_w or 0,
+                                                     trans_dw))
 
     class AttentionGrad(OpRun):
         op_domain = DOMAIN

@@ -196,6 +196,12 @@ def main(which: list[str]) -> None:
             "CNN [B,3,8,8]: Conv(no bias)+BN+ReLU, Conv+BN+ReLU, plus a 1x1 Conv+BN shortcut "
             "WITHOUT ReLU added to it, MaxPool 2x2, mean(H,W), Linear(8->4); cross-entropy.",
             num_classes=CNN.NUM_CLASSES),
+        # variants (rules/act_gelu_tanh_grad_ortt.yaml, linear_gelu_tanh_ortt_*.yaml)
+        "ortt_v_gelutanh": lambda: build(
+            "ortt_v_gelutanh", M.GeluTanhMLP(), torch.randn(2, 4, 8), "mse",
+            "GPT-2 style MLP [B,4,8] with GELU(approximate='tanh'): Linear(8->32)+GELU(tanh) on "
+            "the 3-D input (MatMul), reshape to [B*4,32], Linear(32->8)+GELU(tanh) (2-D: Gemm), "
+            "Linear(8->8), reshape back; MSE."),
     }
     for n in which or list(jobs):
         torch.manual_seed(0)

@@ -50,8 +50,10 @@ def _rename(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
 
 
 def build(name: str, net: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, desc: str,
-          out_dir: Path | None = None) -> None:
-    """out_dir None: the shipped samples; else a benchmark copy (entry in out_dir/<name>.json)."""
+          out_dir: Path | None = None, metadata: bool = True) -> None:
+    """out_dir None: the shipped samples; else a benchmark copy (entry in out_dir/<name>.json).
+    metadata False: drop every node's metadata_props (FX provenance, ~2/3 of the file) to keep
+    the variant samples small; the graph itself is unchanged."""
     dest = out_dir or SAMPLES
     mod = MSELossModule(net)
     gm, sig = aot_export_module(mod, [x, target], trace_joint=True, output_loss_index=0)
@@ -75,7 +77,8 @@ def build(name: str, net: torch.nn.Module, x: torch.Tensor, target: torch.Tensor
         mapping[o.name] = grads[fx].removeprefix("net.") + "_grad"
     _rename(m, mapping)
     for node in m.graph.node:  # stack traces hold absolute build paths: drop them, keep the rest
-        keep = [(p.key, p.value) for p in node.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
+        keep = [(p.key, p.value) for p in node.metadata_props
+                if metadata and p.key != "pkg.torch.onnx.stack_trace"]
         del node.metadata_props[:]
         for k, v in keep:
             node.metadata_props.add(key=k, value=v)
@@ -164,6 +167,19 @@ def main(which: list[str]) -> None:
             "Pre-LN block [B=2,8,32] (fixed shapes), 2 heads: separate q/k/v Linears, "
             "scale as multiply (q * 16**-0.5), masked_fill(causal, -inf) mask, softmax, @v, "
             "o-proj, LayerNorms, Linear+GELU MLP, residual adds; MSE; joint graph."),
+        # variants (rules/act_gelu_tanh_grad_torch.yaml, linear_gelu_tanh_torch.yaml,
+        # sdpa_torch_where_div.yaml, sdpa_torch_div.yaml, sdpa_torch_plain.yaml)
+        "torch_v_gelutanh": lambda: build(
+            "torch_v_gelutanh", M.GeluTanhMLP(), torch.randn(2, 4, 8), torch.randn(2, 4, 8),
+            "GPT-2 style MLP [B=2,4,8] (fixed shapes) with GELU(approximate='tanh'): "
+            "Linear(8->32)+GELU(tanh), reshape to [8,32], Linear(32->8)+GELU(tanh), Linear(8->8), "
+            "reshape back; MSE; joint graph.", metadata=False),
+        "torch_v_attn": lambda: build(
+            "torch_v_attn", M.AttnStack(), torch.randn(2, 4, 8), torch.randn(2, 4, 8),
+            "Attention-only residual layers [B=2,4,8] (fixed shapes), 2 heads, separate q/k/v/o "
+            "Linears: (1) (q@k^T) Div sqrt(4) + additive float causal mask, (2) Div scale + "
+            "masked_fill(causal, -inf), (3) q * 4**-0.5 before q@k^T, no mask; MSE; joint graph.",
+            metadata=False),
     }
     for n in which or list(jobs):
         torch.manual_seed(0)

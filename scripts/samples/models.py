@@ -158,3 +158,188 @@ class CNN(nn.Module):
         y = F.max_pool2d(y, 2)
         y = y.mean(dim=(2, 3))
         return self.head(y)
+
+
+# --- variants (other sizes, depths, masks, layouts, activations) ----------------------------
+# Used by the variant samples (samples/manifest.yaml: *_v_*) and by the robustness checks that
+# generate more of them into build/variants/. The classes above stay exactly as they are so the
+# original samples reproduce byte-identically.
+
+
+class ReluMLP(nn.Module):
+    """Linear+ReLU MLP with odd widths: [B, 17] -> 33 -> 33 (bias-free) -> 5 (head, no act)."""
+
+    def __init__(self, inp: int = 17, hid: int = 33, out: int = 5) -> None:
+        super().__init__()
+        self.IN, self.OUT = inp, out
+        self.fc1 = nn.Linear(inp, hid)
+        self.fc2 = nn.Linear(hid, hid)
+        self.fc3 = nn.Linear(hid, hid, bias=False)
+        self.head = nn.Linear(hid, out)
+        self.PATTERNS = patterns(linear_relu=3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        x = F.relu(self.fc3(x))
+        return self.head(x)
+
+
+class GeluTanhMLP(nn.Module):
+    """GPT-2 style MLP with tanh-approximated GELU, [B, S, D] -> [B, S, D]:
+    Linear(D, 4D) + GELU(tanh) on the 3-D input (exported as Transpose + MatMul + Add), then a
+    2-D view [B*S, 4D] -> Linear(4D, D) + GELU(tanh) (a 2-D Linear: Gemm in the TorchScript
+    export) -> Linear(D, D) (no activation), reshaped back to [B, S, D]. Two linear_gelu."""
+
+    def __init__(self, d: int = 8, seq: int = 4) -> None:
+        super().__init__()
+        self.D, self.SEQ = d, seq
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.act1 = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(4 * d, d)
+        self.act2 = nn.GELU(approximate="tanh")
+        self.head = nn.Linear(d, d)
+        self.PATTERNS = patterns(linear_gelu=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s = x.shape[0], x.shape[1]
+        h = self.act1(self.fc1(x)).reshape(-1, 4 * self.D)
+        return self.head(self.act2(self.fc2(h))).reshape(b, s, self.D)
+
+
+class AttnStack(nn.Module):
+    """Attention-only residual layers (no LayerNorm, no MLP) on [B, S, D], one per entry of
+    `kinds`, each x = x + o(softmax(scores) v) with separate q/k/v/o Linears and scores:
+      "additive_div": (q @ k^T) / sqrt(dh) + additive float causal mask (-1e4 above the diagonal)
+      "bool_div":     masked_fill((q @ k^T) / sqrt(dh), causal, -inf)
+      "none_mulq":    (q * dh**-0.5) @ k^T, no mask
+      "none_div":     (q @ k^T) / sqrt(dh), no mask
+    One sdpa per layer; the key bias of every layer gets an exactly-zero gradient."""
+
+    def __init__(self, kinds=("additive_div", "bool_div", "none_mulq"), d_model: int = 8,
+                 n_heads: int = 2, seq: int = 4) -> None:
+        super().__init__()
+        self.kinds, self.D, self.SEQ = list(kinds), d_model, seq
+        self.n_heads, self.dh = n_heads, d_model // n_heads
+        self.q = nn.ModuleList(nn.Linear(d_model, d_model) for _ in kinds)
+        self.k = nn.ModuleList(nn.Linear(d_model, d_model) for _ in kinds)
+        self.v = nn.ModuleList(nn.Linear(d_model, d_model) for _ in kinds)
+        self.o = nn.ModuleList(nn.Linear(d_model, d_model) for _ in kinds)
+        causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1)
+        self.register_buffer("mask_add", causal.float() * -1e4, persistent=False)
+        self.register_buffer("mask_bool", causal, persistent=False)
+        self.PATTERNS = patterns(sdpa=len(self.kinds))
+        self.ZERO_GRAD = [f"k.{i}.bias" for i in range(len(self.kinds))]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s = x.shape[0], x.shape[1]
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(b, s, self.n_heads, self.dh).transpose(1, 2)
+
+        for i, kind in enumerate(self.kinds):
+            q, k, v = heads(self.q[i](x)), heads(self.k[i](x)), heads(self.v[i](x))
+            if kind == "none_mulq":
+                scores = torch.matmul(q * (self.dh ** -0.5), k.transpose(-2, -1))
+            else:
+                scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.dh)
+            if kind == "additive_div":
+                scores = scores + self.mask_add
+            elif kind == "bool_div":
+                scores = scores.masked_fill(self.mask_bool, float("-inf"))
+            a = torch.matmul(torch.softmax(scores, dim=-1), v)
+            x = x + self.o[i](a.transpose(1, 2).reshape(b, s, self.D))
+        return x
+
+
+class VLayer(nn.Module):
+    """Pre-LN transformer layer with the variant knobs of VBlock."""
+
+    def __init__(self, d_model: int, n_heads: int, seq: int, ff: int, mask: str, bias: bool,
+                 act: str) -> None:
+        super().__init__()
+        self.d_model, self.n_heads, self.dh = d_model, n_heads, d_model // n_heads
+        self.mask_kind, self.act = mask, act
+        self.ln1 = nn.LayerNorm(d_model)
+        self.q = nn.Linear(d_model, d_model, bias=bias)
+        self.k = nn.Linear(d_model, d_model, bias=bias)
+        self.v = nn.Linear(d_model, d_model, bias=bias)
+        self.o = nn.Linear(d_model, d_model, bias=bias)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc1 = nn.Linear(d_model, ff, bias=bias)
+        self.fc2 = nn.Linear(ff, d_model, bias=bias)
+        causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1)
+        if mask == "additive":
+            self.register_buffer("mask", causal.float() * -1e4, persistent=False)
+        elif mask == "bool":
+            self.register_buffer("mask", causal, persistent=False)
+
+    def _heads(self, t: torch.Tensor, b: int, s: int) -> torch.Tensor:
+        return t.reshape(b, s, self.n_heads, self.dh).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s = x.shape[0], x.shape[1]
+        h = self.ln1(x)
+        q = self._heads(self.q(h), b, s)
+        k = self._heads(self.k(h), b, s)
+        v = self._heads(self.v(h), b, s)
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.dh)
+        if self.mask_kind == "additive":
+            scores = scores + self.mask
+        elif self.mask_kind == "bool":
+            scores = scores.masked_fill(self.mask, float("-inf"))
+        p = torch.softmax(scores, dim=-1)
+        a = torch.matmul(p, v).transpose(1, 2).reshape(b, s, self.d_model)
+        x = x + self.o(a)
+        approx = "tanh" if self.act == "gelu_tanh" else "none"
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate=approx))
+
+
+class VBlock(nn.Module):
+    """`depth` pre-LN layers; explicit attention softmax(q k^T / sqrt(dh) [+ mask]) v.
+
+    mask: "none" | "additive" (float causal mask, -1e4 above the diagonal, added to the
+    scores) | "bool" (masked_fill(causal, -inf)); bias: every Linear with/without bias;
+    act: "gelu" (erf) | "gelu_tanh".
+    """
+
+    def __init__(self, d_model: int = 32, n_heads: int = 2, seq: int = 8, ff: int = 64,
+                 depth: int = 1, mask: str = "none", bias: bool = True, act: str = "gelu") -> None:
+        super().__init__()
+        self.SEQ, self.D = seq, d_model
+        self.layers = nn.ModuleList(VLayer(d_model, n_heads, seq, ff, mask, bias, act)
+                                    for _ in range(depth))
+        self.PATTERNS = patterns(linear_gelu=depth, sdpa=depth, layernorm=2 * depth)
+        self.ZERO_GRAD = [f"layers.{i}.k.bias" for i in range(depth)] if bias else []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class CNN3(nn.Module):
+    """Input [B, 3, 12, 12] -> logits [B, 4]; three Conv+BN+ReLU blocks:
+    stem Conv(3->8, 3x3, stride 2, pad 1) + BN + ReLU; depthwise Conv(8->8, 3x3, groups=8,
+    pad 1) + BN + ReLU; pointwise Conv(8->16, 1x1, stride 2, no bias) + BN + ReLU;
+    mean over H, W; Linear(16 -> 4)."""
+
+    NUM_CLASSES = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.conv3 = nn.Conv2d(8, 16, 1, stride=2, bias=False)
+        self.bn3 = nn.BatchNorm2d(16)
+        self.head = nn.Linear(16, self.NUM_CLASSES)
+        self.PATTERNS = patterns(conv_bn_relu=3)
+        self.ZERO_GRAD = ["conv1.bias", "conv2.bias"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(self.bn2(self.conv2(x)))
+        x = F.relu(self.bn3(self.conv3(x)))
+        return self.head(x.mean(dim=(2, 3)))
