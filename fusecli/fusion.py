@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .contracts import FUSED_DOMAIN, load_contracts
+from .contracts import FUSED_DOMAIN, infer_output_types, load_contracts
 from .graph import GNode, GraphIndex
 from .matcher import Failure, Match, Matcher
 from .rules import CANONICAL_PATTERNS, CONST_FUNCS, Rule, load_rules
@@ -245,7 +245,7 @@ class FusionPass:
             elif spec[0] == "attr":
                 attrs[name] = m.captures[spec[1]]
             elif spec[0] == "if_matched":
-                attrs[name] = spec[2] if spec[1] in m.nodes else spec[3]
+                attrs[name] = spec[2] if spec[1] in m.bound else spec[3]
             else:
                 value = float(np.asarray(index.const_value(m.tensors[spec[1]])).reshape(-1)[0])
                 attrs[name] = float(CONST_FUNCS[spec[2]](value))
@@ -306,6 +306,17 @@ class FusionPass:
         if len(keep_vi) != len(graph.value_info):
             del graph.value_info[:]
             graph.value_info.extend(keep_vi)
+        # record the fused outputs' types so that memory can be planned for them
+        recorded = {vi.name for vi in graph.value_info} | index.graph_outputs
+        for n in alive:
+            if n.domain != FUSED_DOMAIN:
+                continue
+            for name, tp in zip(n.outputs, infer_output_types(n.proto, index.type_of)):
+                if name and tp is not None and name not in recorded:
+                    vi = graph.value_info.add()
+                    vi.name = name
+                    vi.type.CopyFrom(tp)
+                    recorded.add(name)
         contracts = load_contracts()
         if not any(o.domain == FUSED_DOMAIN for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, contracts.version))

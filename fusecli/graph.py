@@ -146,6 +146,17 @@ class GraphIndex:
         self._const_cache[name] = value
         return value
 
+    def type_of(self, name: str) -> onnx.TypeProto | None:
+        """The recorded tensor type (element type and shape, symbolic dims kept) of a tensor."""
+        if not hasattr(self, "_types"):
+            g = self.graph
+            self._types = {v.name: v.type for v in list(g.value_info) + list(g.input)
+                           + list(g.output) if v.type.HasField("tensor_type")}
+            for t in g.initializer:
+                if t.name not in self._types:
+                    self._types[t.name] = helper.make_tensor_type_proto(t.data_type, list(t.dims))
+        return self._types.get(name)
+
     def shape(self, name: str) -> list[int | None] | None:
         """Static shape of a tensor from value_info/inputs/outputs/initializers, if recorded."""
         if self._shapes is None:

@@ -45,6 +45,7 @@ class Match:
     captures: dict[str, object]
     key: float = 0.0
     intermediates: list[str] = field(default_factory=list)
+    bound: frozenset = frozenset()       # every rule node id bound, kept context included
 
 
 @dataclass
@@ -419,7 +420,7 @@ class Matcher:
                                "an input of the fused op is produced after one of its outputs is "
                                "consumed; fusing would create a cycle")
         inter = sorted({t for n in removed.values() for t in n.outputs if t and t not in rep_out})
-        return Match(rule, removed, dict(tensors), dict(captures), key, inter)
+        return Match(rule, removed, dict(tensors), dict(captures), key, inter, frozenset(nodes))
 
     def _guard(self, nodes, reason, detail):
         f = Failure(len(nodes), {k: n.name for k, n in nodes.items()}, None, reason, detail)

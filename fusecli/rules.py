@@ -229,9 +229,9 @@ def _parse_node(src, raw, index) -> NodeSpec:
     if not isinstance(commutative, bool):
         raise RuleError(src, f"node '{nid}': commutative must be true or false", line)
     keep = raw.get("keep", False)
-    if not isinstance(keep, bool) or (keep and optional):
+    if not isinstance(keep, bool) or (keep and optional == "branch"):
         raise RuleError(src, f"node '{nid}': keep must be true or false, and a kept (context) "
-                        "node cannot be optional", line)
+                        "node can only be optional as a passthrough", line)
     return NodeSpec(nid, tuple(_as_list(ops)), domains, inputs, outputs, attrs, commutative,
                     optional, keep, line)
 

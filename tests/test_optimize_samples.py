@@ -133,3 +133,26 @@ def test_torch_joint_fused_model_runs_in_reference_evaluator(name, optimized, ma
     for out, a, b in zip(sess.get_outputs(), ref, got):
         scale = max(float(np.abs(a).max()), 1e-3)
         assert float(np.abs(a - b).max()) <= 1e-5 * scale, out.name
+
+
+def test_fused_outputs_get_recorded_types():
+    """Weight gradients written by fused ops carry value_info (onnxruntime-training plans
+    memory only for tensors whose shapes it knows), in the parameter's layout."""
+    m = onnx.load(SAMPLES / "ortt_mlp.onnx")
+    params = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in m.graph.input}
+    FusionPass().run(m)
+    recorded = {v.name: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim]
+                for v in m.graph.value_info}
+    for layer in ("fc1", "fc2", "fc3", "fc4"):
+        assert recorded[f"{layer}.weight_grad"] == params[f"{layer}.weight"]
+
+
+def test_weight_transposes_are_folded_into_the_fused_op():
+    """The Transpose+MatMul Linear form: the fused op reads the weight itself and writes its
+    gradient in the weight's layout; no Transpose is left on the gradient path."""
+    m = onnx.load(SAMPLES / "ortt_block.onnx")
+    FusionPass(only=["linear_gelu"]).run(m)
+    fused = next(n for n in m.graph.node if n.op_type == "LinearActivationGrad")
+    assert "fc1.weight" in fused.input and "fc1.weight_grad" in fused.output
+    attrs = {a.name: a.i for a in fused.attribute if a.name.startswith("trans")}
+    assert attrs == {"trans_w": 0, "trans_dw": 0}
