@@ -243,50 +243,36 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   const float* gp = gamma.ptr<float>();
   const float* mp = mean.ptr<float>();
   const float* sp = istd.ptr<float>();
-  // dC is materialized only for the convolution's dgrad / wgrad; dBc alone follows from sums.
-  const bool need_dc = want_dx || want_dw;
-  std::unique_ptr<float[]> dc_buf(need_dc ? new float[static_cast<size_t>(N * C * HW)] : nullptr);  // not zeroed
-  float* const dcp = dc_buf.get();
-  std::vector<float> dgam(C), dbet(C), dbias(C);
-
-  // ---- BN + ReLU backward, one channel slab (N x HW) at a time ----
-  // Pass 1 reads dY, Y, Cv once and writes dZ into dC's slab; pass 2 turns that slab into dC,
-  // reading dZ and Cv back while the slab is still in L2.
+  // BN + ReLU backward in two steps that never hold a full-size dC:
+  // 1. one read of dY, Y, Cv per channel gives the per-channel sums (dBeta, dGamma, and dBc,
+  //    which follows from the sums: sum dC = -coef * sum(dZ xhat) * sum(xhat));
+  // 2. dC is formed image chunk by image chunk right before the conv GEMMs that consume it.
+  std::vector<float> dgam(C), dbet(C), dbias(C), cfv(C), a0v(C), a1v(C);
   parallel_for(C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, N * HW)),
                [&](int, int64_t c0, int64_t c1) {
-    std::vector<float> dzb(need_dc ? 0 : HW);
     for (int64_t ch = c0; ch < c1; ++ch) {
       const float mu = mp[ch], is = sp[ch];
       double sdz = 0, sdzc = 0, scv = 0;
       for (int64_t n = 0; n < N; ++n) {
         const int64_t off = (n * C + ch) * HW;
         CA d(dyp + off, HW), yy(yp + off, HW), cc(cvp + off, HW);
-        MA dz(need_dc ? dcp + off : dzb.data(), HW);
-        if (relu) dz = (yy > 0.f).select(d, 0.f);
-        else dz = d;
-        sdz += dz.sum();
-        sdzc += (dz * (cc - mu)).sum();
-        if (want_dbc && !need_dc) scv += (cc - mu).sum();
+        if (relu) {
+          sdz += (yy > 0.f).select(d, 0.f).sum();
+          sdzc += ((yy > 0.f).select(d, 0.f) * (cc - mu)).sum();
+        } else {
+          sdz += d.sum();
+          sdzc += (d * (cc - mu)).sum();
+        }
+        if (want_dbc) scv += (cc - mu).sum();
       }
       const double sdzx = sdzc * is;  // sum dZ * xhat
+      const double coef = static_cast<double>(gp[ch]) * is / R;
       dbet[ch] = static_cast<float>(sdz);
       dgam[ch] = static_cast<float>(sdzx);
-      const double coef = static_cast<double>(gp[ch]) * is / R;
-      if (!need_dc) {  // sum dC = coef (R sdz - R sdz - sdzx sum xhat)
-        dbias[ch] = static_cast<float>(-coef * sdzx * scv * is);
-        continue;
-      }
-      const float cf = static_cast<float>(coef), rf = static_cast<float>(R);
-      const float a0 = static_cast<float>(sdz), a1 = static_cast<float>(sdzx) * is;
-      double sdc = 0;
-      for (int64_t n = 0; n < N; ++n) {
-        const int64_t off = (n * C + ch) * HW;
-        CA cc(cvp + off, HW);
-        MA o(dcp + off, HW);
-        o = cf * (rf * o - a0 - (cc - mu) * a1);
-        sdc += o.sum();
-      }
-      dbias[ch] = static_cast<float>(sdc);
+      dbias[ch] = static_cast<float>(-coef * sdzx * scv * is);
+      cfv[ch] = static_cast<float>(coef);
+      a0v[ch] = static_cast<float>(sdz);
+      a1v[ch] = static_cast<float>(sdzx) * is;
     }
   });
   if (want_dg) std::copy(dgam.begin(), dgam.end(), dgo);
@@ -308,23 +294,37 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   // MatMul over the chunk (W broadcast for dgrad; wgrad partials [nb, Cg, Kc] summed after).
   const int64_t col_sz = Kc * HW;
   const bool direct = pointwise && group == 1;  // X and dX serve as the column matrices
-  // (~8 MiB of columns per chunk, at least one image per thread, a multiple of the thread count)
+  // (~2 MiB of columns per chunk, at least one image per thread, a multiple of the thread
+  // count: the scratch stays small next to the activations, at no measurable cost in speed)
   const int64_t T = num_threads();
-  int64_t nb_max = std::max<int64_t>(T, (int64_t(1) << 21) / std::max<int64_t>(1, std::max(direct ? Cg * HW : col_sz, Cg * Kc)));
+  int64_t nb_max = std::max<int64_t>(T, (int64_t(1) << 19) / std::max<int64_t>(1, std::max(direct ? Cg * HW : col_sz, Cg * Kc)));
   nb_max = std::min<int64_t>(N, nb_max / T * T);
   std::unique_ptr<float[]> cols(direct ? nullptr : new float[static_cast<size_t>(nb_max * col_sz)]);
+  std::unique_ptr<float[]> dcc(new float[static_cast<size_t>(nb_max * C * HW)]);  // dC of a chunk
+  const float rf = static_cast<float>(R);
   std::unique_ptr<float[]> dwt(want_dw ? new float[static_cast<size_t>(nb_max * Cg * Kc)] : nullptr);
   std::unique_ptr<float[]> dcs(group > 1 ? new float[static_cast<size_t>(nb_max * Cg * HW)] : nullptr);
   if (want_dw) std::fill(dw, dw + C * Kc, 0.f);
   for (int64_t n0 = 0; n0 < N; n0 += nb_max) {
     const int64_t nb = std::min(nb_max, N - n0);
+    // dC = gamma inv_std / R (R dZ - sum dZ - xhat sum(dZ xhat)) for the chunk's images
+    parallel_for(nb * C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
+                 [&](int, int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        const int64_t ch = j % C, off = (n0 * C + j) * HW;
+        CA d(dyp + off, HW), yy(yp + off, HW), cc(cvp + off, HW);
+        MA o(dcc.get() + j * HW, HW);
+        if (relu) o = cfv[ch] * (rf * (yy > 0.f).select(d, 0.f) - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
+        else o = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
+      }
+    });
     for (int64_t gi = 0; gi < group; ++gi) {
       // dC_g for the chunk as [nb, Cg, HW] (a view when group == 1, else a copy)
-      const float* dcg = dcp + n0 * C * HW;
+      const float* dcg = dcc.get();
       if (group > 1) {
         for (int64_t i = 0; i < nb; ++i)
-          std::copy(dcp + ((n0 + i) * C + gi * Cg) * HW,
-                    dcp + ((n0 + i) * C + gi * Cg + Cg) * HW, dcs.get() + i * Cg * HW);
+          std::copy(dcc.get() + (i * C + gi * Cg) * HW, dcc.get() + (i * C + gi * Cg + Cg) * HW,
+                    dcs.get() + i * Cg * HW);
         dcg = dcs.get();
       }
       const float* wg = wp + gi * Cg * Kc;  // [Cg, Kc]
