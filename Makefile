@@ -10,10 +10,10 @@ LIB := fusecli/lib/libfusecli_ops.so
 
 .PHONY: demo test venv lib ortt-env samples bench clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml scripts/constraints.txt
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e '.[test]'
+	$(VPY) -m pip install -q -c scripts/constraints.txt -e '.[test]'
 	touch $@
 
 venv: $(VENV)/.installed
