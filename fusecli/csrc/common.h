@@ -135,6 +135,46 @@ struct OpBase : Ort::CustomOpBase<TOp, TKernel, true> {
   const char* ep_;
 };
 
+// ---- op signatures (fusecli/ops/contracts.yaml) -------------------------------------------
+// One signature per fused op, shared by its CPU and its CUDA registration: port counts, which
+// ports are optional (bit i = port i), which inputs accept float32 or float16 at run time, and
+// whether the op has a float16 variant.
+struct Signature {
+  size_t n_in, n_out;
+  uint32_t opt_in, opt_out, any_float_in;
+};
+constexpr uint32_t kAll = 0xffffffffu;
+constexpr Signature kActivationGradSig{2, 1, 0, 0, 0};
+constexpr Signature kLinearActivationGradSig{4, 3, 1u << 3 /* W */, kAll, 0};
+constexpr Signature kAttentionGradSig{7, 3, (1u << 5) | (1u << 6) /* q/k_scale */, kAll, 0};
+constexpr Signature kConvBnReluGradSig{8, 5, 0, kAll, 0};
+constexpr Signature kLayerNormGradSig{6, 3, (1u << 2) | (1u << 5) /* gamma, dR */, kAll,
+                                      (1u << 3) | (1u << 4) /* mean, inv_std */};
+
+template <typename TOp, typename TKernel, const Signature& S>
+struct SigOp : OpBase<TOp, TKernel> {
+  SigOp(const char* name, const char* ep, bool half = false)
+      : OpBase<TOp, TKernel>(name, ep), half(half) {}
+  size_t GetInputTypeCount() const { return S.n_in; }
+  size_t GetOutputTypeCount() const { return S.n_out; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    if (S.any_float_in >> i & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // checked later
+    return half ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  ONNXTensorElementDataType GetOutputType(size_t) const {
+    return half ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return S.opt_in >> i & 1u ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+                              : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+  }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+    return S.opt_out >> i & 1u ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+                               : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+  }
+  bool half;  // the float16 registration of an op that has one
+};
+
 // Wraps a kernel body into an OrtStatusPtr-returning ComputeV2.
 template <typename F>
 OrtStatusPtr guarded(F&& f) {

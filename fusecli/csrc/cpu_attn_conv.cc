@@ -31,19 +31,8 @@ struct AttnKernel {
   bool k_transposed;
   OrtMatMul mm;
 };
-struct AttnOp : OpBase<AttnOp, AttnKernel> {
-  AttnOp() : OpBase("AttentionGrad", nullptr) {}
-  size_t GetInputTypeCount() const { return 7; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return kF32; }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i >= 5 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL  // q/k_scale
-                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
-  }
-  size_t GetOutputTypeCount() const { return 3; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return kF32; }
-  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const {
-    return OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
-  }
+struct AttnOp : SigOp<AttnOp, AttnKernel, kAttentionGradSig> {
+  AttnOp() : SigOp("AttentionGrad", nullptr) {}
 };
 
 void AttnKernel::Compute(OrtKernelContext* c) {
@@ -146,15 +135,8 @@ struct ConvKernel {
   bool relu;
   OrtMatMul mm;
 };
-struct ConvOp : OpBase<ConvOp, ConvKernel> {
-  ConvOp() : OpBase("ConvBnReluGrad", nullptr) {}
-  size_t GetInputTypeCount() const { return 8; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return kF32; }
-  size_t GetOutputTypeCount() const { return 5; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return kF32; }
-  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const {
-    return OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
-  }
+struct ConvOp : SigOp<ConvOp, ConvKernel, kConvBnReluGradSig> {
+  ConvOp() : SigOp("ConvBnReluGrad", nullptr) {}
 };
 
 struct ConvGeom {

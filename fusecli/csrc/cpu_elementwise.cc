@@ -27,13 +27,8 @@ struct ActKernel {
   Act act;
   bool half;
 };
-struct ActOp : OpBase<ActOp, ActKernel> {
-  explicit ActOp(bool half) : OpBase("ActivationGrad", nullptr), half(half) {}
-  size_t GetInputTypeCount() const { return 2; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return half ? kF16 : kF32; }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return half ? kF16 : kF32; }
-  bool half;
+struct ActOp : SigOp<ActOp, ActKernel, kActivationGradSig> {
+  explicit ActOp(bool half) : SigOp("ActivationGrad", nullptr, half) {}
 };
 ActKernel::ActKernel(const OrtKernelInfo* info, const ActOp* op)
     : act(parse_act(attr_string(info, "activation", ""), false)), half(op->half) {}
@@ -86,19 +81,8 @@ struct LinKernel {
   bool trans_w, trans_dw;  // layout of the W input / of the dW output ([K, N] when set)
   OrtMatMul mm;
 };
-struct LinOp : OpBase<LinOp, LinKernel> {
-  LinOp() : OpBase("LinearActivationGrad", nullptr) {}
-  size_t GetInputTypeCount() const { return 4; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return kF32; }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i == 3 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL  // W: only for dA
-                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
-  }
-  size_t GetOutputTypeCount() const { return 3; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return kF32; }
-  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const {
-    return OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
-  }
+struct LinOp : SigOp<LinOp, LinKernel, kLinearActivationGradSig> {
+  LinOp() : SigOp("LinearActivationGrad", nullptr) {}
 };
 
 void LinKernel::Compute(OrtKernelContext* c) {
@@ -189,25 +173,8 @@ struct LnKernel {
   int64_t axis;
   bool half;
 };
-struct LnOp : OpBase<LnOp, LnKernel> {
-  explicit LnOp(bool half) : OpBase("LayerNormGrad", nullptr), half(half) {}
-  size_t GetInputTypeCount() const { return 6; }
-  ONNXTensorElementDataType GetInputType(size_t i) const {
-    // mean / inv_std: float32 or float16 (checked at run time; fp16 graphs usually stash fp32).
-    if (i == 3 || i == 4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-    return half ? kF16 : kF32;
-  }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    // gamma (only needed for dX) and the residual gradient dR are optional
-    return i == 2 || i == 5 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
-                            : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
-  }
-  size_t GetOutputTypeCount() const { return 3; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return half ? kF16 : kF32; }
-  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const {
-    return OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
-  }
-  bool half;
+struct LnOp : SigOp<LnOp, LnKernel, kLayerNormGradSig> {
+  explicit LnOp(bool half) : SigOp("LayerNormGrad", nullptr, half) {}
 };
 LnKernel::LnKernel(const OrtKernelInfo* info, const LnOp* op)
     : axis(attr_int(info, "axis", -1)), half(op->half) {}

@@ -55,13 +55,8 @@ struct ActKernel {
   Act act;
   bool half;
 };
-struct ActOp : OpBase<ActOp, ActKernel> {
-  explicit ActOp(bool half) : OpBase("ActivationGrad", kCuda), half(half) {}
-  size_t GetInputTypeCount() const { return 2; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return half ? kF16 : kF32; }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return half ? kF16 : kF32; }
-  bool half;
+struct ActOp : SigOp<ActOp, ActKernel, kActivationGradSig> {
+  explicit ActOp(bool half) : SigOp("ActivationGrad", kCuda, half) {}
 };
 ActKernel::ActKernel(const OrtKernelInfo* info, const ActOp* op)
     : act(parse_act(attr_string(info, "activation", ""), false)), half(op->half) {}
@@ -98,14 +93,8 @@ struct LinKernel {
   Act act;
   bool trans_w, trans_dw;
 };
-struct LinOp : OpBase<LinOp, LinKernel> {
-  LinOp() : OpBase("LinearActivationGrad", kCuda) {}
-  size_t GetInputTypeCount() const { return 4; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return kF32; }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const { return i == 3 ? kOpt : kReq; }
-  size_t GetOutputTypeCount() const { return 3; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return kF32; }
-  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return kOpt; }
+struct LinOp : SigOp<LinOp, LinKernel, kLinearActivationGradSig> {
+  LinOp() : SigOp("LinearActivationGrad", kCuda) {}
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -143,14 +132,8 @@ struct AttnKernel {
   float scale_q, scale_k;
   bool k_transposed;
 };
-struct AttnOp : OpBase<AttnOp, AttnKernel> {
-  AttnOp() : OpBase("AttentionGrad", kCuda) {}
-  size_t GetInputTypeCount() const { return 7; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return kF32; }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const { return i >= 5 ? kOpt : kReq; }
-  size_t GetOutputTypeCount() const { return 3; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return kF32; }
-  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return kOpt; }
+struct AttnOp : SigOp<AttnOp, AttnKernel, kAttentionGradSig> {
+  AttnOp() : SigOp("AttentionGrad", kCuda) {}
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -198,13 +181,8 @@ struct ConvKernel {
   int64_t group;
   bool relu;
 };
-struct ConvOp : OpBase<ConvOp, ConvKernel> {
-  ConvOp() : OpBase("ConvBnReluGrad", kCuda) {}
-  size_t GetInputTypeCount() const { return 8; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return kF32; }
-  size_t GetOutputTypeCount() const { return 5; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return kF32; }
-  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return kOpt; }
+struct ConvOp : SigOp<ConvOp, ConvKernel, kConvBnReluGradSig> {
+  ConvOp() : SigOp("ConvBnReluGrad", kCuda) {}
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -250,18 +228,8 @@ struct LnKernel {
   int64_t axis;
   bool half;
 };
-struct LnOp : OpBase<LnOp, LnKernel> {
-  explicit LnOp(bool half) : OpBase("LayerNormGrad", kCuda), half(half) {}
-  size_t GetInputTypeCount() const { return 6; }
-  ONNXTensorElementDataType GetInputType(size_t i) const {
-    if (i == 3 || i == 4) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-    return half ? kF16 : kF32;
-  }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const { return i == 2 || i == 5 ? kOpt : kReq; }
-  size_t GetOutputTypeCount() const { return 3; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return half ? kF16 : kF32; }
-  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return kOpt; }
-  bool half;
+struct LnOp : SigOp<LnOp, LnKernel, kLayerNormGradSig> {
+  explicit LnOp(bool half) : SigOp("LayerNormGrad", kCuda, half) {}
 };
 LnKernel::LnKernel(const OrtKernelInfo* info, const LnOp* op) : axis(attr_int(info, "axis", -1)), half(op->half) {}
 
