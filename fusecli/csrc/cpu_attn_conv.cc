@@ -12,7 +12,6 @@ void add_cpu_ops_elementwise(Ort::CustomOpDomain& domain);
 
 namespace {
 
-constexpr auto kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 using Arr = Eigen::Array<float, Eigen::Dynamic, 1>;
 using CA = Eigen::Map<const Arr>;
 using MA = Eigen::Map<Arr>;
