@@ -358,6 +358,43 @@ void float_to_half(const float* src, Ort::Float16_t* dst, int64_t n) {
 void add_cuda_ops(Ort::CustomOpDomain&) {}
 #endif
 
+// ---- ConvBnReluGrad ------------------------------------------------------------------------
+ConvAttrs::ConvAttrs(const OrtKernelInfo* info)
+    : strides(attr_ints(info, "strides", {1, 1})),
+      pads(attr_ints(info, "pads", {0, 0, 0, 0})),
+      dilations(attr_ints(info, "dilations", {1, 1})),
+      group(attr_int(info, "group", 1)),
+      relu(attr_int(info, "relu", 1) != 0) {
+  FUSECLI_CHECK(strides.size() == 2 && pads.size() == 4 && dilations.size() == 2,
+                "ConvBnReluGrad: strides/dilations need 2 values, pads 4 (2-D convolutions only)");
+  FUSECLI_CHECK(group >= 1, "ConvBnReluGrad: group must be >= 1");
+}
+
+ConvDims conv_dims(const ConvAttrs& a, const In* const in[8]) {
+  const In &dy = *in[0], &y = *in[1], &x = *in[2], &w = *in[3], &cv = *in[4], &gamma = *in[5],
+           &mean = *in[6], &istd = *in[7];
+  FUSECLI_CHECK(dy.shape.size() == 4 && x.shape.size() == 4 && w.shape.size() == 4,
+                "ConvBnReluGrad: dY, X and W must be 4-D");
+  ConvDims d{dy.shape[0], dy.shape[1], dy.shape[2], dy.shape[3], x.shape[1], x.shape[2],
+             x.shape[3], w.shape[2], w.shape[3]};
+  FUSECLI_CHECK(x.shape[0] == d.N, "ConvBnReluGrad: batch of X and dY differ");
+  FUSECLI_CHECK(y.numel() == dy.numel() && cv.numel() == dy.numel(),
+                "ConvBnReluGrad: Y/Cv must match dY");
+  FUSECLI_CHECK(gamma.numel() == d.C && mean.numel() == d.C && istd.numel() == d.C,
+                "ConvBnReluGrad: gamma/mean/inv_std must be [C]");
+  FUSECLI_CHECK(d.C % a.group == 0 && d.Cin % a.group == 0,
+                "ConvBnReluGrad: channels not divisible by group");
+  FUSECLI_CHECK(w.shape[0] == d.C && w.shape[1] == d.Cin / a.group,
+                "ConvBnReluGrad: W must be [C, Cin/group, kh, kw]");
+  const int64_t eho =
+      (d.Hin + a.pads[0] + a.pads[2] - a.dilations[0] * (d.kh - 1) - 1) / a.strides[0] + 1;
+  const int64_t ewo =
+      (d.Win + a.pads[1] + a.pads[3] - a.dilations[1] * (d.kw - 1) - 1) / a.strides[1] + 1;
+  FUSECLI_CHECK(eho == d.H && ewo == d.W,
+                "ConvBnReluGrad: dY spatial size does not match the convolution");
+  return d;
+}
+
 }  // namespace fusecli
 
 // ---- exported C entry points ----------------------------------------------------------------

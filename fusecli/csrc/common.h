@@ -175,6 +175,19 @@ struct SigOp : OpBase<TOp, TKernel> {
   bool half;  // the float16 registration of an op that has one
 };
 
+// ---- ConvBnReluGrad: attributes and the shape checks shared by its CPU and CUDA kernels ----
+struct ConvAttrs {
+  explicit ConvAttrs(const OrtKernelInfo* info);
+  std::vector<int64_t> strides, pads, dilations;
+  int64_t group;
+  bool relu;
+};
+struct ConvDims {
+  int64_t N, C, H, W, Cin, Hin, Win, kh, kw;
+};
+// Validates dY, Y, X, W, Cv, gamma, mean, inv_std against the attributes (throws OpError).
+ConvDims conv_dims(const ConvAttrs& a, const In* const in[8]);
+
 // Wraps a kernel body into an OrtStatusPtr-returning ComputeV2.
 template <typename F>
 OrtStatusPtr guarded(F&& f) {

@@ -115,23 +115,10 @@ void AttnKernel::Compute(OrtKernelContext* c) {
 
 // ================================= ConvBnReluGrad ===========================================
 struct ConvOp;
-struct ConvKernel {
-  ConvKernel(const OrtKernelInfo* info, const ConvOp*)
-      : strides(attr_ints(info, "strides", {1, 1})),
-        pads(attr_ints(info, "pads", {0, 0, 0, 0})),
-        dilations(attr_ints(info, "dilations", {1, 1})),
-        group(attr_int(info, "group", 1)),
-        relu(attr_int(info, "relu", 1) != 0),
-        mm(info) {
-    FUSECLI_CHECK(strides.size() == 2 && pads.size() == 4 && dilations.size() == 2,
-                  "ConvBnReluGrad: strides/dilations need 2 values, pads 4 (2-D convolutions only)");
-    FUSECLI_CHECK(group >= 1, "ConvBnReluGrad: group must be >= 1");
-  }
+struct ConvKernel : ConvAttrs {
+  ConvKernel(const OrtKernelInfo* info, const ConvOp*) : ConvAttrs(info), mm(info) {}
   OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
   void Compute(OrtKernelContext* c);
-  std::vector<int64_t> strides, pads, dilations;
-  int64_t group;
-  bool relu;
   OrtMatMul mm;
 };
 struct ConvOp : SigOp<ConvOp, ConvKernel, kConvBnReluGradSig> {
@@ -193,21 +180,12 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   In dy = get_input(ctx, 0), y = get_input(ctx, 1), x = get_input(ctx, 2), w = get_input(ctx, 3),
      cv = get_input(ctx, 4), gamma = get_input(ctx, 5), mean = get_input(ctx, 6),
      istd = get_input(ctx, 7);
-  FUSECLI_CHECK(dy.shape.size() == 4 && x.shape.size() == 4 && w.shape.size() == 4,
-                "ConvBnReluGrad: dY, X and W must be 4-D");
-  const int64_t N = dy.shape[0], C = dy.shape[1], H = dy.shape[2], Wd = dy.shape[3];
-  const int64_t Cin = x.shape[1], Hin = x.shape[2], Win = x.shape[3];
-  const int64_t kh = w.shape[2], kw = w.shape[3];
-  FUSECLI_CHECK(x.shape[0] == N, "ConvBnReluGrad: batch of X and dY differ");
-  FUSECLI_CHECK(y.numel() == dy.numel() && cv.numel() == dy.numel(), "ConvBnReluGrad: Y/Cv must match dY");
-  FUSECLI_CHECK(gamma.numel() == C && mean.numel() == C && istd.numel() == C, "ConvBnReluGrad: gamma/mean/inv_std must be [C]");
-  FUSECLI_CHECK(C % group == 0 && Cin % group == 0, "ConvBnReluGrad: channels not divisible by group");
-  FUSECLI_CHECK(w.shape[0] == C && w.shape[1] == Cin / group, "ConvBnReluGrad: W must be [C, Cin/group, kh, kw]");
+  const In* in[8] = {&dy, &y, &x, &w, &cv, &gamma, &mean, &istd};
+  const ConvDims d = conv_dims(*this, in);
+  const int64_t N = d.N, C = d.C, H = d.H, Wd = d.W, Cin = d.Cin, Hin = d.Hin, Win = d.Win,
+                kh = d.kh, kw = d.kw;
   ConvGeom g{Cin / group, Hin, Win, kh, kw, H, Wd, strides[0], strides[1], pads[0], pads[1],
              dilations[0], dilations[1]};
-  const int64_t eho = (Hin + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) / strides[0] + 1;
-  const int64_t ewo = (Win + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) / strides[1] + 1;
-  FUSECLI_CHECK(eho == H && ewo == Wd, "ConvBnReluGrad: dY spatial size does not match the convolution");
 
   bool want_dx, want_dw, want_dbc, want_dg, want_db;
   float* dx = output_or_null<float>(ctx, 0, x.shape, &want_dx);

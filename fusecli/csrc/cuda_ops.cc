@@ -138,14 +138,8 @@ struct AttnOp : SigOp<AttnOp, AttnKernel, kAttentionGradSig> {
 
 // ----------------------------------------------------------------------------------------------
 struct ConvOp;
-struct ConvKernel {
-  ConvKernel(const OrtKernelInfo* info, const ConvOp*)
-      : strides(attr_ints(info, "strides", {1, 1})), pads(attr_ints(info, "pads", {0, 0, 0, 0})),
-        dilations(attr_ints(info, "dilations", {1, 1})), group(attr_int(info, "group", 1)),
-        relu(attr_int(info, "relu", 1) != 0) {
-    FUSECLI_CHECK(strides.size() == 2 && pads.size() == 4 && dilations.size() == 2 && group >= 1,
-                  "ConvBnReluGrad: bad strides/pads/dilations/group");
-  }
+struct ConvKernel : ConvAttrs {
+  ConvKernel(const OrtKernelInfo* info, const ConvOp*) : ConvAttrs(info) {}
   OrtStatusPtr ComputeV2(OrtKernelContext* c) {
     return guarded([&] {
       count_call(kConvBnReluGrad);
@@ -153,17 +147,10 @@ struct ConvKernel {
       In dy = get_input(ctx, 0), y = get_input(ctx, 1), x = get_input(ctx, 2), w = get_input(ctx, 3),
          cv = get_input(ctx, 4), gamma = get_input(ctx, 5), mean = get_input(ctx, 6),
          istd = get_input(ctx, 7);
-      FUSECLI_CHECK(dy.shape.size() == 4 && x.shape.size() == 4 && w.shape.size() == 4,
-                    "ConvBnReluGrad: dY, X and W must be 4-D");
-      const int64_t N = dy.shape[0], C = dy.shape[1], H = dy.shape[2], Wd = dy.shape[3];
-      const int64_t Cin = x.shape[1], Hin = x.shape[2], Win = x.shape[3], kh = w.shape[2], kw = w.shape[3];
-      FUSECLI_CHECK(C % group == 0 && Cin % group == 0 && w.shape[0] == C && w.shape[1] == Cin / group &&
-                        y.numel() == dy.numel() && cv.numel() == dy.numel() && gamma.numel() == C &&
-                        mean.numel() == C && istd.numel() == C && x.shape[0] == N,
-                    "ConvBnReluGrad: shape mismatch");
-      const int64_t eho = (Hin + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) / strides[0] + 1;
-      const int64_t ewo = (Win + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) / strides[1] + 1;
-      FUSECLI_CHECK(eho == H && ewo == Wd, "ConvBnReluGrad: dY spatial size does not match the convolution");
+      const In* in[8] = {&dy, &y, &x, &w, &cv, &gamma, &mean, &istd};
+      const ConvDims d = conv_dims(*this, in);
+      const int64_t N = d.N, C = d.C, H = d.H, Wd = d.W, Cin = d.Cin, Hin = d.Hin, Win = d.Win,
+                    kh = d.kh, kw = d.kw;
       float* dx = opt_out<float>(ctx, 0, x.shape);
       float* dw = opt_out<float>(ctx, 1, w.shape);
       float* dbc = opt_out<float>(ctx, 2, {C});
@@ -177,9 +164,6 @@ struct ConvKernel {
                  "ConvBnReluGrad");
     });
   }
-  std::vector<int64_t> strides, pads, dilations;
-  int64_t group;
-  bool relu;
 };
 struct ConvOp : SigOp<ConvOp, ConvKernel, kConvBnReluGradSig> {
   ConvOp() : SigOp("ConvBnReluGrad", kCuda) {}
