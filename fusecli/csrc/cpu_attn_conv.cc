@@ -209,20 +209,18 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   std::vector<float> dgam(C), dbet(C), dbias(C), cfv(C), a0v(C), a1v(C);
   parallel_for(C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, N * HW)),
                [&](int, int64_t c0, int64_t c1) {
+    std::vector<float> dzb(relu ? HW : 0);  // one row of dZ, stays in L1
     for (int64_t ch = c0; ch < c1; ++ch) {
       const float mu = mp[ch], is = sp[ch];
       double sdz = 0, sdzc = 0, scv = 0;
       for (int64_t n = 0; n < N; ++n) {
         const int64_t off = (n * C + ch) * HW;
         CA d(dyp + off, HW), yy(yp + off, HW), cc(cvp + off, HW);
-        if (relu) {
-          sdz += (yy > 0.f).select(d, 0.f).sum();
-          sdzc += ((yy > 0.f).select(d, 0.f) * (cc - mu)).sum();
-        } else {
-          sdz += d.sum();
-          sdzc += (d * (cc - mu)).sum();
-        }
-        if (want_dbc) scv += (cc - mu).sum();
+        if (relu) MA(dzb.data(), HW) = (yy > 0.f).select(d, 0.f);
+        CA dz(relu ? dzb.data() : dyp + off, HW);
+        sdz += dz.sum();
+        sdzc += (dz * (cc - mu)).sum();
+        if (want_dbc) scv += cc.sum() - mu * static_cast<float>(HW);
       }
       const double sdzx = sdzc * is;  // sum dZ * xhat
       const double coef = static_cast<double>(gp[ch]) * is / R;
