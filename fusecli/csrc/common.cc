@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <cstdlib>
 #include <mutex>
 
 #define FUSECLI_EXPORT extern "C" __attribute__((visibility("default")))
@@ -122,16 +123,37 @@ int planned_threads(int64_t n, int64_t grain, int max_threads) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, chunks)));
 }
 
+namespace {
+const OrtApi* g_pool_api = nullptr;                   // serves KernelContext_ParallelFor
+thread_local const OrtKernelContext* tl_ctx = nullptr;  // the running kernel's context
+thread_local bool tl_in_chunk = false;                  // inside a parallel_for chunk
+
+struct ChunkJob {
+  const std::function<void(int)>* run;
+};
+void run_chunk(void* data, size_t i) {
+  const bool prev = tl_in_chunk;
+  tl_in_chunk = true;
+  (*static_cast<ChunkJob*>(data)->run)(static_cast<int>(i));
+  tl_in_chunk = prev;
+}
+}  // namespace
+
+void set_pool_api(const OrtApi* api) { g_pool_api = api; }
+
+PoolScope::PoolScope(const OrtKernelContext* ctx) : prev_(tl_ctx) { tl_ctx = ctx; }
+PoolScope::~PoolScope() { tl_ctx = prev_; }
+
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn,
                   int max_threads) {
   if (n <= 0) return;
-  int t = planned_threads(n, grain, max_threads);
+  int t = tl_in_chunk ? 1 : planned_threads(n, grain, max_threads);
   if (t == 1) {
     fn(0, 0, n);
     return;
   }
   std::vector<std::exception_ptr> errs(t);
-  auto run = [&](int i) {
+  std::function<void(int)> run = [&](int i) {
     int64_t b = n * i / t, e = n * (i + 1) / t;
     try {
       if (b < e) fn(i, b, e);
@@ -139,10 +161,28 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int, int64_
       errs[i] = std::current_exception();
     }
   };
+  if (tl_ctx != nullptr && g_pool_api != nullptr) {
+    ChunkJob job{&run};
+    OrtStatus* st = g_pool_api->KernelContext_ParallelFor(tl_ctx, run_chunk, static_cast<size_t>(t),
+                                                          static_cast<size_t>(t), &job);
+    if (st == nullptr) {
+      for (auto& e : errs)
+        if (e) std::rethrow_exception(e);
+      return;
+    }
+    g_pool_api->ReleaseStatus(st);  // pool unavailable: fall back to our own threads
+    std::fill(errs.begin(), errs.end(), nullptr);
+  }
   std::vector<std::thread> pool;
   pool.reserve(t - 1);
-  for (int i = 1; i < t; ++i) pool.emplace_back(run, i);
+  auto run_marked = [&](int i) {
+    tl_in_chunk = true;
+    run(i);
+  };
+  for (int i = 1; i < t; ++i) pool.emplace_back(run_marked, i);
+  tl_in_chunk = true;
   run(0);
+  tl_in_chunk = false;
   for (auto& th : pool) th.join();
   for (auto& e : errs)
     if (e) std::rethrow_exception(e);
@@ -426,6 +466,9 @@ FUSECLI_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* opti
               : nullptr;
   }
   Ort::InitApi(api);
+  // KernelContext_ParallelFor is API 17: use it where the runtime serves it (1.17 and newer).
+  // (FUSECLI_OWN_THREADS=1 keeps the library's own threads, for A/B measurements.)
+  if (!std::getenv("FUSECLI_OWN_THREADS")) fusecli::set_pool_api(api_base->GetApi(17));
   // One domain object for the library's lifetime, shared by every session that registers it.
   static std::mutex mu;
   static std::unique_ptr<Ort::CustomOpDomain> domain;

@@ -35,6 +35,7 @@ struct AttnOp : SigOp<AttnOp, AttnKernel, kAttentionGradSig> {
 };
 
 void AttnKernel::Compute(OrtKernelContext* c) {
+  PoolScope pool(c);
   count_call(kAttentionGrad);
   Ort::KernelContext ctx(c);
   In dO = get_input(ctx, 0), q = get_input(ctx, 1), k = get_input(ctx, 2), v = get_input(ctx, 3),
@@ -175,6 +176,7 @@ static void col2im(const float* cols, const ConvGeom& g, float* dx) {
 }
 
 void ConvKernel::Compute(OrtKernelContext* c) {
+  PoolScope pool(c);
   count_call(kConvBnReluGrad);
   Ort::KernelContext ctx(c);
   In dy = get_input(ctx, 0), y = get_input(ctx, 1), x = get_input(ctx, 2), w = get_input(ctx, 3),

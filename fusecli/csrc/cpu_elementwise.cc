@@ -34,6 +34,7 @@ ActKernel::ActKernel(const OrtKernelInfo* info, const ActOp* op)
     : act(parse_act(attr_string(info, "activation", ""), false)), half(op->half) {}
 
 void ActKernel::Compute(OrtKernelContext* c) {
+  PoolScope pool(c);
   count_call(kActivationGrad);
   Ort::KernelContext ctx(c);
   In dy = get_input(ctx, 0), x = get_input(ctx, 1);
@@ -86,6 +87,7 @@ struct LinOp : SigOp<LinOp, LinKernel, kLinearActivationGradSig> {
 };
 
 void LinKernel::Compute(OrtKernelContext* c) {
+  PoolScope pool(c);
   count_call(kLinearActivationGrad);
   Ort::KernelContext ctx(c);
   In dy = get_input(ctx, 0), x = get_input(ctx, 1), a = get_input(ctx, 2), w = get_input(ctx, 3);
@@ -180,6 +182,7 @@ LnKernel::LnKernel(const OrtKernelInfo* info, const LnOp* op)
     : axis(attr_int(info, "axis", -1)), half(op->half) {}
 
 void LnKernel::Compute(OrtKernelContext* c) {
+  PoolScope pool(c);
   count_call(kLayerNormGrad);
   Ort::KernelContext ctx(c);
   if (half) Run<Ort::Float16_t>(ctx);
