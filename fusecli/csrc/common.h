@@ -197,11 +197,13 @@ struct ConvAttrs {
   int64_t group;
   bool relu;
 };
-struct ConvDims {
+// The op's eight inputs, read from the kernel context and validated against the attributes
+// (throws OpError), with the dimensions both kernels need.
+struct ConvInputs {
+  ConvInputs(Ort::KernelContext& ctx, const ConvAttrs& a);
+  In dy, y, x, w, cv, gamma, mean, istd;
   int64_t N, C, H, W, Cin, Hin, Win, kh, kw;
 };
-// Validates dY, Y, X, W, Cv, gamma, mean, inv_std against the attributes (throws OpError).
-ConvDims conv_dims(const ConvAttrs& a, const In* const in[8]);
 
 // Wraps a kernel body into an OrtStatusPtr-returning ComputeV2.
 template <typename F>

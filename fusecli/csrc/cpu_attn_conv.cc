@@ -179,13 +179,11 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   PoolScope pool(c);
   count_call(kConvBnReluGrad);
   Ort::KernelContext ctx(c);
-  In dy = get_input(ctx, 0), y = get_input(ctx, 1), x = get_input(ctx, 2), w = get_input(ctx, 3),
-     cv = get_input(ctx, 4), gamma = get_input(ctx, 5), mean = get_input(ctx, 6),
-     istd = get_input(ctx, 7);
-  const In* in[8] = {&dy, &y, &x, &w, &cv, &gamma, &mean, &istd};
-  const ConvDims d = conv_dims(*this, in);
-  const int64_t N = d.N, C = d.C, H = d.H, Wd = d.W, Cin = d.Cin, Hin = d.Hin, Win = d.Win,
-                kh = d.kh, kw = d.kw;
+  const ConvInputs in(ctx, *this);
+  const In &dy = in.dy, &y = in.y, &x = in.x, &w = in.w, &cv = in.cv, &gamma = in.gamma,
+           &mean = in.mean, &istd = in.istd;
+  const int64_t N = in.N, C = in.C, H = in.H, Wd = in.W, Cin = in.Cin, Hin = in.Hin,
+                Win = in.Win, kh = in.kh, kw = in.kw;
   ConvGeom g{Cin / group, Hin, Win, kh, kw, H, Wd, strides[0], strides[1], pads[0], pads[1],
              dilations[0], dilations[1]};
 

@@ -192,8 +192,10 @@ cudaError_t sgemm(cudaStream_t s, bool ta, bool tb, int64_t m, int64_t n, int64_
   return cudaGetLastError();
 }
 
-// Column sums of a [rows, cols] row-major matrix: block (32, 8) owns 32 columns.
-__global__ void col_sum_kernel(const float* __restrict__ a, float* __restrict__ out, int64_t rows,
+// Column sums of a [rows, cols] row-major float matrix, written as T: block (32, 8) owns 32
+// columns. Serves the bias gradient and the reduction of LayerNorm's per-block partials.
+template <typename T = float>
+__global__ void col_sum_kernel(const float* __restrict__ a, T* __restrict__ out, int64_t rows,
                                int64_t cols) {
   __shared__ float sh[8][33];
   const int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x;
@@ -206,7 +208,7 @@ __global__ void col_sum_kernel(const float* __restrict__ a, float* __restrict__ 
     float t = 0.f;
 #pragma unroll
     for (int y = 0; y < 8; ++y) t += sh[y][threadIdx.x];
-    out[j] = t;
+    out[j] = from_f<T>(t);
   }
 }
 
@@ -324,7 +326,7 @@ __global__ void col2im_kernel(const float* __restrict__ cols, float* __restrict_
 
 // ---- LayerNorm backward -------------------------------------------------------------------
 // Each block walks rows blockIdx.x, +gridDim.x; dX per row from two block sums; per-block
-// partial dgamma/dbeta rows (owned by the block, so no atomics; reduced by ln_reduce_kernel).
+// partial dgamma/dbeta rows (owned by the block, so no atomics; reduced by col_sum_kernel).
 template <typename T, typename S>
 __global__ void ln_rows_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                const T* __restrict__ gamma, const S* __restrict__ mean,
@@ -362,23 +364,6 @@ __global__ void ln_rows_kernel(const T* __restrict__ dy, const T* __restrict__ x
   }
 }
 
-template <typename T>
-__global__ void ln_reduce_kernel(const float* __restrict__ part, int64_t parts, int64_t n, T* __restrict__ out) {
-  __shared__ float sh[8][33];
-  const int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x;
-  float s = 0.f;
-  if (j < n)
-    for (int64_t r = threadIdx.y; r < parts; r += 8) s += part[r * n + j];
-  sh[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && j < n) {
-    float t = 0.f;
-#pragma unroll
-    for (int y = 0; y < 8; ++y) t += sh[y][threadIdx.x];
-    out[j] = from_f<T>(t);
-  }
-}
-
 template <typename T, typename S>
 cudaError_t launch_ln(cudaStream_t s, const T* dy, const T* x, const T* gamma, const S* mean,
                       const S* istd, const T* dr, T* dx, T* dgamma, T* dbeta, int64_t m, int64_t n) {
@@ -407,8 +392,8 @@ cudaError_t launch_ln(cudaStream_t s, const T* dy, const T* x, const T* gamma, c
   RETURN_IF_ERR(cudaGetLastError());
   const dim3 rb(32, 8);
   const unsigned rg = static_cast<unsigned>((n + 31) / 32);
-  if (dgamma) ln_reduce_kernel<T><<<rg, rb, 0, s>>>(pg, grid, n, dgamma);
-  if (dbeta) ln_reduce_kernel<T><<<rg, rb, 0, s>>>(pb, grid, n, dbeta);
+  if (dgamma) col_sum_kernel<T><<<rg, rb, 0, s>>>(pg, dgamma, grid, n);
+  if (dbeta) col_sum_kernel<T><<<rg, rb, 0, s>>>(pb, dbeta, grid, n);
   return cudaGetLastError();
 }
 

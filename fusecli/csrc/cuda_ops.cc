@@ -144,22 +144,17 @@ struct ConvKernel : ConvAttrs {
     return guarded([&] {
       count_call(kConvBnReluGrad);
       Ort::KernelContext ctx(c);
-      In dy = get_input(ctx, 0), y = get_input(ctx, 1), x = get_input(ctx, 2), w = get_input(ctx, 3),
-         cv = get_input(ctx, 4), gamma = get_input(ctx, 5), mean = get_input(ctx, 6),
-         istd = get_input(ctx, 7);
-      const In* in[8] = {&dy, &y, &x, &w, &cv, &gamma, &mean, &istd};
-      const ConvDims d = conv_dims(*this, in);
-      const int64_t N = d.N, C = d.C, H = d.H, Wd = d.W, Cin = d.Cin, Hin = d.Hin, Win = d.Win,
-                    kh = d.kh, kw = d.kw;
-      float* dx = opt_out<float>(ctx, 0, x.shape);
-      float* dw = opt_out<float>(ctx, 1, w.shape);
+      const ConvInputs in(ctx, *this);
+      const int64_t C = in.C;
+      float* dx = opt_out<float>(ctx, 0, in.x.shape);
+      float* dw = opt_out<float>(ctx, 1, in.w.shape);
       float* dbc = opt_out<float>(ctx, 2, {C});
       float* dg = opt_out<float>(ctx, 3, {C});
       float* db = opt_out<float>(ctx, 4, {C});
-      check_cuda(fusecli_launch_conv_bn_relu_grad(ctx.GetGPUComputeStream(), dy.ptr<float>(),
-                     y.ptr<float>(), x.ptr<float>(), w.ptr<float>(), cv.ptr<float>(), gamma.ptr<float>(),
-                     mean.ptr<float>(), istd.ptr<float>(), dx, dw, dbc, dg, db, N, C, H, Wd, Cin, Hin,
-                     Win, kh, kw, strides[0], strides[1], pads[0], pads[1], pads[2], pads[3],
+      check_cuda(fusecli_launch_conv_bn_relu_grad(ctx.GetGPUComputeStream(), in.dy.ptr<float>(),
+                     in.y.ptr<float>(), in.x.ptr<float>(), in.w.ptr<float>(), in.cv.ptr<float>(),
+                     in.gamma.ptr<float>(), in.mean.ptr<float>(), in.istd.ptr<float>(), dx, dw, dbc,
+                     dg, db, in.N, C, in.H, in.W, in.Cin, in.Hin, in.Win, in.kh, in.kw, strides[0], strides[1], pads[0], pads[1], pads[2], pads[3],
                      dilations[0], dilations[1], group, relu ? 1 : 0),
                  "ConvBnReluGrad");
     });
