@@ -39,10 +39,12 @@ import time
 
 
 if __package__:  # imported as fusecli.bench_worker
-    from .runtime_worker import OPT_LEVELS, _runtime_name, input_names, load_feeds, session_options
+    from .runtime_worker import (OPT_LEVELS, _runtime_name, input_names, load_feeds,
+                                 report_error, session_options)
 else:  # run as a script (also under .venv-ortt, where fusecli cannot be imported)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from runtime_worker import OPT_LEVELS, _runtime_name, input_names, load_feeds, session_options
+    from runtime_worker import (OPT_LEVELS, _runtime_name, input_names, load_feeds,
+                                report_error, session_options)
 
 
 def _session_options(ort, args, arena: bool = True, library: str | None = None, profile=None):
@@ -200,9 +202,7 @@ def main(argv=None) -> int:
             result[key]["peak_bytes"] = peak
             result[key]["peak_method"] = method
     except Exception as e:  # noqa: BLE001 - one line to stderr, exit 2
-        msg = " ".join(f"{type(e).__name__}: {e}".split())
-        print(f"bench_worker: error: {msg[:2000]}", file=sys.stderr)
-        return 2
+        return report_error("bench_worker", e)
     print(json.dumps(result))
     return 0
 

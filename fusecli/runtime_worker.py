@@ -87,6 +87,13 @@ def input_names(sess, loaded: dict, label: str = "") -> list[str]:
     return names
 
 
+def report_error(prog: str, exc: BaseException) -> int:
+    """The workers' failure contract: one line on stderr, exit code 2."""
+    msg = " ".join(f"{type(exc).__name__}: {exc}".split())
+    print(f"{prog}: error: {msg[:2000]}", file=sys.stderr)
+    return 2
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True)
@@ -140,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             info["profile"] = prof
         np.savez(args.out, **result)
     except Exception as e:  # noqa: BLE001 - one line to stderr, exit 2
-        msg = " ".join(f"{type(e).__name__}: {e}".split())
-        print(f"runtime_worker: error: {msg[:2000]}", file=sys.stderr)
-        return 2
+        return report_error("runtime_worker", e)
     print(json.dumps(info))
     return 0
 
