@@ -85,36 +85,36 @@ def ensure_bench_samples() -> dict[str, dict]:
 
 
 # ---------------------------------------------------------------------------------------------
+def _median_seconds(fn, reps: int = 12, skip: int = 2) -> float:
+    """Median wall time of fn() over reps runs, the first `skip` dropped as warm-up."""
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts[skip:])
+
+
 def copy_bandwidth(threads: int) -> dict:
     """Bytes/s of a large copy: numpy (1 thread) and onnxruntime Add (threads); the max is used."""
     import onnxruntime as ort
 
+    from ..runtime_worker import session_options
+
     n = 16 * 2**20  # 64 MiB of float32 per tensor: far beyond any cache
     src = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     dst = np.empty_like(src)
-    ts = []
-    for _ in range(12):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        ts.append(time.perf_counter() - t0)
-    np_bw = 2 * src.nbytes / statistics.median(ts[2:])
+    np_bw = 2 * src.nbytes / _median_seconds(lambda: np.copyto(dst, src))
     g = helper.make_graph([helper.make_node("Add", ["a", "b"], ["c"])], "bw",
                           [helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [n]),
                            helper.make_tensor_value_info("b", onnx.TensorProto.FLOAT, [n])],
                           [helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [n])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
-    so = ort.SessionOptions()
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.intra_op_num_threads = threads
+    so = session_options(ort, "all", threads)
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     feeds = {"a": src, "b": dst}
-    ts = []
-    for _ in range(12):
-        t0 = time.perf_counter()
-        sess.run(None, feeds)
-        ts.append(time.perf_counter() - t0)
-    ort_bw = 3 * src.nbytes / statistics.median(ts[2:])
+    ort_bw = 3 * src.nbytes / _median_seconds(lambda: sess.run(None, feeds))
     return {"numpy_copy": np_bw, "ort_add": ort_bw, "used": max(np_bw, ort_bw)}
 
 
