@@ -156,9 +156,9 @@ class FusionPass:
         stats.nodes_before = len(graph.node)
         index = GraphIndex(graph)
         sizes = _tensor_bytes(graph)
-        credit: dict[int, str] = {}           # fused node uid -> rule name
+        credit: dict[int, FusionRecord] = {}  # fused node uid -> its record (absorbed: popped)
         detected: set[tuple[str, int]] = set()
-        skipped: dict[tuple[str, int], Failure] = {}
+        skipped: dict[tuple[str, int], tuple[Rule, Failure]] = {}
         removed_inputs: set[str] = set()
         dirty = None                          # None: examine every anchor
         for _round in range(MAX_ROUNDS):
@@ -188,7 +188,7 @@ class FusionPass:
                         res.match = None
                     if res.match is None:
                         if res.structural and res.guard_failure is not None:
-                            skipped[k] = res.guard_failure
+                            skipped[k] = (rule, res.guard_failure)
                         if self.explain:
                             failure = res.guard_failure or res.deepest
                             if failure is not None:
@@ -202,14 +202,13 @@ class FusionPass:
             if not touched:
                 break
             dirty = touched
-        for (rule_name, uid), failure in skipped.items():
-            rule = next(r for r in self.rules if r.name == rule_name)
+        for (_, uid), (rule, failure) in skipped.items():
             ps = stats.patterns[rule.pattern]
             ps.skipped[failure.reason] = ps.skipped.get(failure.reason, 0) + 1
-            stats.skips.append(Skip(rule_name, rule.pattern, index.nodes[uid].name, failure))
-        for uid, rule_name in credit.items():
-            if index.nodes[uid].alive:
-                stats.patterns[stats.rules[rule_name].pattern].fused += 1
+            stats.skips.append(Skip(rule.name, rule.pattern, index.nodes[uid].name, failure))
+        stats.fusions = list(credit.values())  # fusions that survive in the output graph
+        for rec in stats.fusions:
+            stats.patterns[rec.pattern].fused += 1
         if credit:
             self._write_back(model, index, removed_inputs)
         stats.nodes_after = len(graph.node)
@@ -259,16 +258,12 @@ class FusionPass:
         for n in ordered:
             index.remove_node(n)
             removed_inputs.update(t for t in n.inputs if t)
-            prev = credit.pop(n.uid, None)  # a fused node absorbed by a later rule
-            if prev is not None:
-                stats.fusions = [f for f in stats.fusions if f.fused_node != n.name]
+            credit.pop(n.uid, None)  # a fused node absorbed by a later rule
         fused = index.add_node(proto, m.key)
-        credit[fused.uid] = rule.name
+        credit[fused.uid] = FusionRecord(rule.name, rule.pattern, name, replaced,
+                                         list(m.intermediates), proto,
+                                         {k: n.name for k, n in m.nodes.items()}, dict(m.tensors))
         stats.rules[rule.name].fused += 1
-        stats.fusions.append(FusionRecord(rule.name, rule.pattern, name, replaced,
-                                          list(m.intermediates), proto,
-                                          {k: n.name for k, n in m.nodes.items()},
-                                          dict(m.tensors)))
         stats.buffers_eliminated += len(m.intermediates)
         if stats.bytes_eliminated is not None:
             for t in m.intermediates:
@@ -277,8 +272,9 @@ class FusionPass:
                     stats.bytes_eliminated = None
                     break
                 stats.bytes_eliminated += b
-        if self.progress is not None and len(stats.fusions) % 100 == 0:
-            self.progress(f"{len(stats.fusions)} fusions")
+        applied = sum(r.fused for r in stats.rules.values())
+        if self.progress is not None and applied % 100 == 0:
+            self.progress(f"{applied} fusions")
         return fused
 
     @staticmethod

@@ -80,7 +80,7 @@ class GraphIndex:
         self.initializers = {t.name: t for t in graph.initializer}
         self.names = set()
         self._const_cache: dict[str, np.ndarray | None] = {}
-        self._shapes: dict[str, list[int | None]] | None = None
+        self._types: dict[str, onnx.TypeProto] | None = None
         for i, proto in enumerate(graph.node):
             self._add(proto, float(i))
 
@@ -147,8 +147,9 @@ class GraphIndex:
         return value
 
     def type_of(self, name: str) -> onnx.TypeProto | None:
-        """The recorded tensor type (element type and shape, symbolic dims kept) of a tensor."""
-        if not hasattr(self, "_types"):
+        """The recorded tensor type (element type and shape, symbolic dims kept) of a tensor,
+        from value_info, graph inputs/outputs and initializers."""
+        if self._types is None:
             g = self.graph
             self._types = {v.name: v.type for v in list(g.value_info) + list(g.input)
                            + list(g.output) if v.type.HasField("tensor_type")}
@@ -158,18 +159,11 @@ class GraphIndex:
         return self._types.get(name)
 
     def shape(self, name: str) -> list[int | None] | None:
-        """Static shape of a tensor from value_info/inputs/outputs/initializers, if recorded."""
-        if self._shapes is None:
-            self._shapes = {}
-            g = self.graph
-            for v in list(g.value_info) + list(g.input) + list(g.output):
-                t = v.type.tensor_type
-                if t.HasField("shape"):
-                    self._shapes[v.name] = [d.dim_value if d.HasField("dim_value") else None
-                                            for d in t.shape.dim]
-            for t in g.initializer:
-                self._shapes[t.name] = list(t.dims)
-        return self._shapes.get(name)
+        """Static dims of a tensor (None for a symbolic dim), if its shape is recorded."""
+        t = self.type_of(name)
+        if t is None or not t.tensor_type.HasField("shape"):
+            return None
+        return [d.dim_value if d.HasField("dim_value") else None for d in t.tensor_type.shape.dim]
 
     def unique_name(self, base: str) -> str:
         name, i = base, 1

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import defs
 
+from .contracts import load_contracts
 from .graph import GNode, GraphIndex
 from .rules import AttrConstraint, NodeSpec, Rule, var_name
 
@@ -393,8 +394,7 @@ class Matcher:
                                            f"intermediate '{t}' of node {node.name} is also "
                                            f"consumed by {c.name} ({c.op}) outside the match"
                                            + (f" (it did not fit {why})" if why else ""))
-        contract_inputs = _contract_ports(rule.replace.op, "inputs")
-        for v, port in zip(rule.replace.inputs, contract_inputs):
+        for v, port in zip(rule.replace.inputs, load_contracts().ops[rule.replace.op].inputs):
             if not port.optional and not tensors.get(v):
                 return self._guard(nodes, "missing_required_input",
                                    f"{rule.replace.op} needs {port.name} but '{v}' is not bound")
@@ -427,9 +427,3 @@ class Matcher:
         if self._res.guard_failure is None:
             self._res.guard_failure = f
         return None
-
-
-def _contract_ports(op: str, kind: str):
-    from .contracts import load_contracts
-    c = load_contracts().ops[op]
-    return c.inputs if kind == "inputs" else c.outputs

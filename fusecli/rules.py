@@ -418,8 +418,7 @@ def parse_rule(text: str, source: str) -> Rule:
     nodes = tuple(_parse_node(source, n, i) for i, n in enumerate(raw["nodes"]))
     tensors = _parse_tensors(source, raw.get("tensors"))
     captures = {c.capture for n in nodes for c in n.attrs.values() if c.capture}
-    replace = _parse_replace(source, raw["replace"], captures,
-                             {k for k, v in tensors.items()})
+    replace = _parse_replace(source, raw["replace"], captures, set(tensors))
     _check_dataflow(source, nodes, replace, tensors)
     optional_ids = {n.id for n in nodes if n.optional}
     for attr, spec in replace.attrs.items():
