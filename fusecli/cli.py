@@ -6,7 +6,6 @@ Exit codes (shared by every command): 0 success; 1 a check failed; 2 bad input o
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from pathlib import Path
@@ -142,16 +141,6 @@ def _sanity(model, quiet: bool) -> None:
         _log(quiet, f"warning: {warning}")
 
 
-def _parse_dims(dims) -> dict[str, int]:
-    out = {}
-    for item in dims:
-        name, _, value = item.partition("=")
-        if not name or not value.isdigit():
-            raise click.BadParameter(f"--dim wants NAME=VALUE with a positive integer, got {item!r}")
-        out[name] = int(value)
-    return out
-
-
 def _print_verify(report, original, fused) -> None:
     click.echo(f"verify: {Path(original).name} vs {Path(fused).name} in {report.runtime} "
                f"(graph optimizations off, rtol={report.rtol:g}, atol={report.atol:g})")
@@ -190,10 +179,11 @@ def verify(original, fused, seed, rtol, atol, dims, runtime_python, as_json):
     (onnxruntime-training for ort-training graphs) and compares every output, including the
     gradients written in place into accumulation buffers. Exit 1 on a mismatch.
     """
+    from .feeds import parse_dims
     from .verify import verify_models
 
     report = verify_models(original, fused, seed=seed, rtol=rtol, atol=atol,
-                           dims=_parse_dims(dims),
+                           dims=parse_dims(dims),
                            runtime_python=str(runtime_python) if runtime_python else None)
     if as_json:
         _echo_json(report.as_dict())
@@ -229,7 +219,7 @@ def stats(model, rules, as_json, provider):
     m = load_model(model)
     _sanity(m, False)
     inv = fused_inventory(m)
-    fp.run(copy.deepcopy(m) if len(m.graph.node) < 50_000 else m)
+    fp.run(m)  # detection only: the rewritten model is reported on, never written
     d = fp.stats.as_dict(str(model))
     d["already_fused"] = inv
     d["skips"] = [{"rule": s.rule, "pattern": s.pattern, "anchor": s.anchor,

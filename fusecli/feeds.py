@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from .errors import FuseError
+
 DEFAULT_DIMS = {"batch": 2, "batch_size": 2, "b": 2, "n": 2, "seq": 8, "sequence": 8,
                 "seq_len": 8, "s": 8}
 _REPO_SAMPLES = Path(__file__).resolve().parents[1] / "samples"
@@ -120,3 +122,20 @@ def make_feeds(model: onnx.ModelProto, manifest_entry: dict | None = None, seed:
         else:
             raise NotImplementedError(f"input {name!r}: unsupported element type {dtype}")
     return feeds
+
+
+def parse_dims(items) -> dict[str, int]:
+    """`--dim NAME=VALUE` options as {name: positive int}; a one-line FuseError otherwise."""
+    dims: dict[str, int] = {}
+    for item in items or ():
+        name, sep, value = str(item).partition("=")
+        if not sep or not name.strip():
+            raise FuseError(f"--dim {item!r}: expected NAME=VALUE, e.g. --dim batch=4")
+        try:
+            v = int(value)
+        except ValueError:
+            raise FuseError(f"--dim {item!r}: VALUE must be a positive integer") from None
+        if v <= 0:
+            raise FuseError(f"--dim {item!r}: VALUE must be a positive integer")
+        dims[name.strip()] = v
+    return dims

@@ -22,28 +22,13 @@ import numpy as np
 
 from ..contracts import FUSED_DOMAIN
 from ..errors import FuseError
+from ..feeds import parse_dims
 
 WORKER = Path(__file__).resolve().parent.parent / "bench_worker.py"
 
 
 def default_threads() -> int:
     return os.cpu_count() or 1
-
-
-def parse_dims(items) -> dict[str, int]:
-    dims: dict[str, int] = {}
-    for item in items or ():
-        name, sep, value = str(item).partition("=")
-        if not sep or not name.strip():
-            raise FuseError(f"--dim {item!r}: expected NAME=VALUE, e.g. --dim batch=4")
-        try:
-            v = int(value)
-        except ValueError:
-            raise FuseError(f"--dim {item!r}: VALUE must be a positive integer") from None
-        if v <= 0:
-            raise FuseError(f"--dim {item!r}: VALUE must be a positive integer")
-        dims[name.strip()] = v
-    return dims
 
 
 def _has_fused(model) -> bool:
