@@ -26,6 +26,9 @@ from onnx import helper
 
 from .contracts import FUSED_DOMAIN
 from .errors import FuseError
+from .feeds import load_manifest, make_feeds
+from .modelio import load_model
+from .sanity import check_graph
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "runtime_worker.py"
@@ -66,8 +69,6 @@ def manifest_entry_for(path: str | os.PathLike) -> dict | None:
     p = Path(path).resolve()
     if p.parent != SAMPLES.resolve():
         return None
-    from .feeds import load_manifest
-
     for entry in load_manifest().values():
         if entry.get("file") == p.name:
             return entry
@@ -191,22 +192,27 @@ def _kernel_runs(profile_path: str, fused_ops: set[str]) -> dict[str, int]:
     return counts
 
 
+def _load_checked(path) -> onnx.ModelProto:
+    model = load_model(path)
+    check_graph(model)  # fatal problems raise a one-line ModelError
+    return model
+
+
+def _prepare(original, seed, dims, runtime_python) -> tuple[onnx.ModelProto, str, dict]:
+    """The original model, the Python whose onnxruntime runs it, and one set of feeds."""
+    orig = _load_checked(original)
+    python = pick_runtime(orig, runtime_python)
+    return orig, python, make_feeds(orig, manifest_entry_for(original), seed=seed, dims=dims)
+
+
 def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: int = 0,
                   rtol: float = 1e-5, atol: float = 1e-6, dims: dict[str, int] | None = None,
                   runtime_python: str | None = None) -> VerifyReport:
     """Run both models on the same feeds in the same runtime and compare every output."""
-    from .feeds import make_feeds
     from .library import library_path
-    from .modelio import load_model
 
-    from .sanity import check_graph
-
-    orig = load_model(original)
-    fmodel = load_model(fused)
-    for m in (orig, fmodel):
-        check_graph(m)  # fatal problems raise a one-line ModelError
-    python = pick_runtime(orig, runtime_python)
-    feeds = make_feeds(orig, manifest_entry_for(original), seed=seed, dims=dims)
+    orig, python, feeds = _prepare(original, seed, dims, runtime_python)
+    fmodel = _load_checked(fused)
     lib = library_path() if any(n.domain == FUSED_DOMAIN for n in fmodel.graph.node) else None
     ref, info = run_in_runtime(original, feeds, python)
     with tempfile.TemporaryDirectory(prefix="fusecli-prof-") as pdir:
@@ -261,13 +267,9 @@ def check_fusions(original_path: str | os.PathLike, records, seed: int = 0, rtol
     """Evaluate each fusion's reference op on the boundary tensors of an original-model run."""
     from onnx.reference import ReferenceEvaluator
 
-    from .feeds import make_feeds
-    from .modelio import load_model
     from .ops.reference import reference_ops
 
-    orig = load_model(original_path)
-    python = pick_runtime(orig, runtime_python)
-    feeds = make_feeds(orig, manifest_entry_for(original_path), seed=seed, dims=dims)
+    orig, python, feeds = _prepare(original_path, seed, dims, runtime_python)
     probe = onnx.ModelProto()
     probe.CopyFrom(orig)
     existing = {o.name for o in probe.graph.output}
