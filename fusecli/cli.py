@@ -196,7 +196,7 @@ def verify(original, fused, seed, rtol, atol, dims, runtime_python, as_json):
 
 def _has_gradient_nodes(model) -> bool:
     for n in model.graph.node:
-        if "Grad" in n.op_type or "_grad" in "".join(n.output) or n.domain == "com.fusecli":
+        if "Grad" in n.op_type or any("_grad" in o for o in n.output) or n.domain == "com.fusecli":
             return True
     return False
 

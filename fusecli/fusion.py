@@ -19,6 +19,14 @@ from .matcher import Failure, Match, Matcher
 from .rules import CANONICAL_PATTERNS, CONST_FUNCS, Rule, load_rules
 
 MAX_ROUNDS = 16
+# A fused node's doc_string names its rule and the nodes it replaced: "fusecli rule R: a, b"
+DOC_PREFIX = "fusecli rule "
+
+
+def rule_of(node: onnx.NodeProto) -> str | None:
+    """The rule that created a fused node, read back from its doc_string."""
+    doc = node.doc_string
+    return doc[len(DOC_PREFIX):].split(":", 1)[0] if doc.startswith(DOC_PREFIX) else None
 
 
 @dataclass
@@ -253,7 +261,7 @@ class FusionPass:
         name = index.unique_name(f"{first.proto.name or first.op}/fused_{rule.pattern}")
         replaced = [n.name for n in ordered]
         proto = helper.make_node(rep.op, ins, outs, name=name, domain=rep.domain,
-                                 doc_string=f"fusecli rule {rule.name}: " + ", ".join(replaced),
+                                 doc_string=f"{DOC_PREFIX}{rule.name}: " + ", ".join(replaced),
                                  **attrs)
         for n in ordered:
             index.remove_node(n)

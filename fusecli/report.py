@@ -5,6 +5,7 @@ from __future__ import annotations
 import onnx
 
 from .contracts import FUSED_DOMAIN
+from .fusion import rule_of
 
 
 def _fmt_skipped(skipped: dict) -> str:
@@ -36,9 +37,8 @@ def fused_inventory(model: onnx.ModelProto) -> dict:
         if n.domain != FUSED_DOMAIN:
             continue
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
-        doc = n.doc_string
-        if doc.startswith("fusecli rule "):
-            r = doc[len("fusecli rule "):].split(":", 1)[0]
+        r = rule_of(n)
+        if r is not None:
             rules[r] = rules.get(r, 0) + 1
     return {"fused_ops": ops, "by_rule": rules}
 
