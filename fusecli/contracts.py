@@ -16,6 +16,9 @@ class Port:
     name: str
     optional: bool
     doc: str
+    # an output the rewriter always names (a fresh tensor nobody reads): the op's working buffer,
+    # which the runtime may place in an input's memory (the kernel's in-place pair)
+    workspace: bool = False
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,8 @@ class Contracts:
 
 
 def _ports(items) -> tuple[Port, ...]:
-    return tuple(Port(p["name"], bool(p.get("optional", False)), p.get("doc", "")) for p in items)
+    return tuple(Port(p["name"], bool(p.get("optional", False)), p.get("doc", ""),
+                      bool(p.get("workspace", False))) for p in items)
 
 
 @functools.cache
@@ -105,7 +109,7 @@ def infer_output_types(node, type_of) -> list:
                 dw.tensor_type.elem_type = like(0).tensor_type.elem_type
                 nk = [dims[0][-1], dims[1][-1]]
                 dw.tensor_type.shape.dim.extend(nk[::-1] if trans_dw else nk)
-        types = [like(2), dw, vector_like(like(0), -1)]
+        types = [like(2), dw, vector_like(like(0), -1), like(0)]
     elif op == "AttentionGrad":
         types = [like(1), like(2), like(3)]
     elif op == "ConvBnReluGrad":

@@ -259,6 +259,10 @@ class FusionPass:
         ordered = sorted(m.nodes.values(), key=lambda n: n.key)
         first = ordered[0]
         name = index.unique_name(f"{first.proto.name or first.op}/fused_{rule.pattern}")
+        for i, port in enumerate(load_contracts().ops[rep.op].outputs):
+            if port.workspace and (i >= len(outs) or not outs[i]):
+                outs += [""] * (i + 1 - len(outs))
+                outs[i] = index.unique_tensor_name(f"{name}/{port.name}")
         replaced = [n.name for n in ordered]
         proto = helper.make_node(rep.op, ins, outs, name=name, domain=rep.domain,
                                  doc_string=f"{DOC_PREFIX}{rule.name}: " + ", ".join(replaced),

@@ -79,6 +79,7 @@ class GraphIndex:
         self.graph_outputs = {o.name for o in graph.output}
         self.initializers = {t.name: t for t in graph.initializer}
         self.names = set()
+        self.tensor_names: set[str] = set()  # given out by unique_tensor_name
         self._const_cache: dict[str, np.ndarray | None] = {}
         self._types: dict[str, onnx.TypeProto] | None = None
         for i, proto in enumerate(graph.node):
@@ -166,11 +167,26 @@ class GraphIndex:
         return [d.dim_value if d.HasField("dim_value") else None for d in t.tensor_type.shape.dim]
 
     def unique_name(self, base: str) -> str:
+        """A node name not used yet (and reserved from now on)."""
         name, i = base, 1
         while name in self.names:
             i += 1
             name = f"{base}_{i}"
         self.names.add(name)
+        return name
+
+    def unique_tensor_name(self, base: str) -> str:
+        """A tensor name that no node, graph input/output or initializer uses (even one fused
+        away: its value_info may linger), reserved from now on."""
+        def taken(n):
+            return (n in self.producer or n in self.consumers or n in self.graph_inputs
+                    or n in self.graph_outputs or n in self.initializers or n in self.tensor_names)
+
+        name, i = base, 1
+        while taken(name):
+            i += 1
+            name = f"{base}_{i}"
+        self.tensor_names.add(name)
         return name
 
 

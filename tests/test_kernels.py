@@ -99,7 +99,7 @@ def test_linear_activation_grad_vs_reference(act, trans_w, lead, n, k):
     dy, x, a, w = _lin_inputs(rng, lead, n, k, trans_w)
     da, dw, db = run_fused("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", w)],
                            [("dA", F32), ("dW", F32), ("dB", F32)], activation=act, trans_w=trans_w)
-    rda, rdw, rdb = R.linear_activation_grad(dy, x, a, w, act, trans_w)
+    rda, rdw, rdb, _ = R.linear_activation_grad(dy, x, a, w, act, trans_w)
     assert_close(da, rda, what="dA")
     assert_close(dw, rdw, what="dW")
     assert_close(db, rdb, what="dB")
@@ -114,7 +114,7 @@ def test_linear_activation_grad_dw_layout(trans_w, trans_dw, lead, n, k):
     da, dw = run_fused("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", w)],
                        [("dA", F32), ("dW", F32)], activation="gelu", trans_w=trans_w,
                        trans_dw=trans_dw)
-    rda, rdw, _ = R.linear_activation_grad(dy, x, a, w, "gelu", trans_w, trans_dw)
+    rda, rdw, _, _ = R.linear_activation_grad(dy, x, a, w, "gelu", trans_w, trans_dw)
     assert dw.shape == ((k, n) if trans_dw else (n, k))
     assert_close(da, rda, what="dA")
     assert_close(dw, rdw, what="dW")
@@ -134,6 +134,90 @@ def test_linear_activation_grad_optional_outputs(mask, trans_w):
             assert_close(g, r)
         else:
             assert g is None
+
+
+def _inplace_model(op, act, dy_shape, x, extra_inputs, outs, dy_used_after):
+    """dY = Add(P, Q) (an intermediate the runtime may reuse) feeding the fused op; every fused
+    output goes through Neg so none is a graph output (those are never placed in place). With
+    dy_used_after, dY is also a graph output (so it must survive the node)."""
+    fused_outs = [f"f_{o}" for o in outs]
+    ins = ["dY", "X"] + [n for n, _ in extra_inputs]
+    nodes = [helper.make_node("Add", ["P", "Q"], ["dY"]),
+             helper.make_node(op, ins, fused_outs, domain="com.fusecli", activation=act)]
+    nodes += [helper.make_node("Neg", [f], [o]) for f, o in zip(fused_outs, outs)]
+    vi = lambda n, shape=None: helper.make_tensor_value_info(n, 1, shape)  # noqa: E731
+    g_in = [vi("P", dy_shape), vi("Q", dy_shape), vi("X", x.shape)]
+    g_in += [vi(n, a.shape) for n, a in extra_inputs]
+    g_out = [vi(o) for o in outs] + ([vi("dY", dy_shape)] if dy_used_after else [])
+    inner = [vi("dY", dy_shape), vi(fused_outs[-1], dy_shape)]  # shapes the planner compares
+    g = helper.make_graph(nodes, "inplace", g_in, g_out, value_info=inner)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET),
+                                               helper.make_opsetid("com.fusecli", 1)], ir_version=9)
+
+
+INPLACE_CASES = [  # op, in-place output (last), other outputs
+    ("ActivationGrad", ["dX"]),
+    ("LinearActivationGrad", ["dA", "dW", "dB", "dZ"]),
+]
+
+
+@pytest.mark.parametrize("op,outs", INPLACE_CASES)
+@pytest.mark.parametrize("act", ["gelu", "silu", "relu"])
+@pytest.mark.parametrize("dy_used_after", [False, True])
+def test_inplace_output_over_dy(op, outs, act, dy_used_after):
+    """The in-place pair dY -> dX (ActivationGrad) / dY -> dZ (LinearActivationGrad): onnxruntime
+    writes that output into dY's own buffer when dY is dead after the node (the kernel counts
+    it), never when dY is still needed; the results are right either way."""
+    rng = _rng("inplace", op, act, dy_used_after)
+    p, q, x = rand(rng, (6, 40)), rand(rng, (6, 40)), rand(rng, (6, 40), scale=2.0)
+    dy = p + q
+    extra = [("A", rand(rng, (6, 9))), ("W", rand(rng, (40, 9)))] if op != "ActivationGrad" else []
+    model = _inplace_model(op, act, (6, 40), x, extra, outs, dy_used_after)
+    feeds = {"P": p, "Q": q, "X": x, **dict(extra)}
+    library.reset_kernel_calls()
+    got = ort_session(model).run(outs, feeds)
+    if op == "ActivationGrad":
+        ref = [R.activation_grad(dy, x, act)]
+    else:
+        ref = R.linear_activation_grad(dy, x, extra[0][1], extra[1][1], act)
+    for g, r, nm in zip(got, ref, outs):
+        assert_close(-g, r, what=nm)
+    assert library.kernel_calls(op) == 1
+    assert library.kernel_calls(f"{op}/inplace") == (0 if dy_used_after else 1)
+
+
+def test_inplace_output_in_onnxruntime_training():
+    """onnxruntime-training 1.19.2 honours the same in-place pairs (custom-op struct version 18)."""
+    rng = _rng("inplace-ortt")
+    p, q, x = rand(rng, (6, 40)), rand(rng, (6, 40)), rand(rng, (6, 40), scale=2.0)
+    a, w = rand(rng, (6, 9)), rand(rng, (40, 9))
+    jobs = []
+    for op, outs in INPLACE_CASES:
+        extra = [("A", a), ("W", w)] if op != "ActivationGrad" else []
+        model = _inplace_model(op, "gelu", (6, 40), x, extra, outs, False)
+        jobs.append(dict(model=model, feeds={"P": p, "Q": q, "X": x, **dict(extra)}, outputs=outs,
+                         library=True, count=[op, f"{op}/inplace"]))
+    _, results, calls = run_in_ortt(jobs)
+    refs = [[R.activation_grad(p + q, x, "gelu")], R.linear_activation_grad(p + q, x, a, w, "gelu")]
+    for (op, outs), got, ref, c in zip(INPLACE_CASES, results, refs, calls):
+        assert c == {op: 1, f"{op}/inplace": 1}
+        for g, r, nm in zip(got, ref, outs):
+            assert_close(-g, r, what=f"{op} {nm}")
+
+
+@pytest.mark.parametrize("act", ["gelu", "identity"])
+def test_linear_activation_grad_dz_output(act):
+    """Output 3 (dZ) is the activation gradient, with or without the other outputs."""
+    rng = _rng("lin-dz", act)
+    dy, x, a, w = _lin_inputs(rng, (2, 9), 19, 11, 0)
+    ref = R.linear_activation_grad(dy, x, a, w, act)
+    for mask in [(1, 1, 1), (0, 0, 0), (0, 0, 1)]:
+        outs = [(nm, F32) if m else None for nm, m in zip(["dA", "dW", "dB"], mask)] + [("dZ", F32)]
+        got = run_fused("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", w)], outs,
+                        activation=act)
+        for o, g, r in zip(outs, got, ref):
+            if o:
+                assert_close(g, r, what=f"{o[0]} {mask}")
 
 
 @pytest.mark.parametrize("outs", [(0, 1, 1), (0, 1, 0), (0, 0, 1)])
@@ -594,7 +678,7 @@ def test_optional_inputs_in_onnxruntime_training():
     ln["gamma"] = None
     cases = [
         ("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", None)], [None, "dW", "dB"],
-         dict(activation="gelu"), R.linear_activation_grad(dy, x, a, None, "gelu")[1:]),
+         dict(activation="gelu"), R.linear_activation_grad(dy, x, a, None, "gelu")[1:3]),
         ("AttentionGrad", list(zip(["dO", "Q", "K", "V", "P"], att)) + [("q_scale", qs), ("k_scale", ks)],
          ["dQ", "dK", "dV"], dict(scale_q=0.5, scale_k=0.25), R.attention_grad(*att, 0.5, 0.25, 0, qs, ks)),
         ("LayerNormGrad", list(ln.items()), [None, "dGamma", "dBeta"], {},

@@ -147,6 +147,27 @@ def test_fused_outputs_get_recorded_types():
         assert recorded[f"{layer}.weight_grad"] == params[f"{layer}.weight"]
 
 
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_linear_ops_name_their_dz_workspace(name, optimized):
+    """Every LinearActivationGrad names output 3 (dZ, its working buffer, which onnxruntime may
+    place in dY's memory): a fresh tensor, read by nobody, not a graph output, typed like dY."""
+    m = onnx.load(optimized[name][0])
+    producers = [o for n in m.graph.node for o in n.output if o]
+    consumed = {i for n in m.graph.node for i in n.input}
+    types = {v.name: v.type for v in list(m.graph.value_info) + list(m.graph.input)}
+    orig = onnx.load(SAMPLES / f"{name}.onnx")
+    orig_names = ({o for n in orig.graph.node for o in n.output} | {i.name for i in orig.graph.input}
+                  | {t.name for t in orig.graph.initializer})
+    lins = [n for n in m.graph.node if n.op_type == "LinearActivationGrad"]
+    for n in lins:
+        assert len(n.output) == 4, n.name
+        dz = n.output[3]
+        assert dz and dz not in orig_names and producers.count(dz) == 1, dz
+        assert dz not in consumed and dz not in {o.name for o in m.graph.output}, dz
+        if n.input[0] in types:
+            assert types[dz] == types[n.input[0]], dz
+
+
 def test_weight_transposes_are_folded_into_the_fused_op():
     """The Transpose+MatMul Linear form: the fused op reads the weight itself and writes its
     gradient in the weight's layout; no Transpose is left on the gradient path."""

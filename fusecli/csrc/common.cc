@@ -21,8 +21,10 @@ namespace fusecli {
 const char* const kOpNames[kNumOps] = {"ActivationGrad", "LinearActivationGrad", "AttentionGrad",
                                        "ConvBnReluGrad", "LayerNormGrad"};
 static std::atomic<int64_t> g_calls[kNumOps];
+static std::atomic<int64_t> g_inplace[kNumOps];
 
 void count_call(OpId op) { g_calls[op].fetch_add(1, std::memory_order_relaxed); }
+void count_inplace(OpId op) { g_inplace[op].fetch_add(1, std::memory_order_relaxed); }
 
 // ---- attributes ---------------------------------------------------------------------------
 int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t dflt) {
@@ -506,15 +508,23 @@ ConvInputs::ConvInputs(Ort::KernelContext& ctx, const ConvAttrs& a)
 }  // namespace fusecli
 
 // ---- exported C entry points ----------------------------------------------------------------
+// "Op": calls of the op's kernels; "Op/inplace": calls whose in-place output (GetMayInplace) the
+// runtime had placed in the input's own buffer.
 FUSECLI_EXPORT int64_t fusecli_kernel_calls(const char* op_name) {
   if (!op_name) return -1;
+  static const char kSuffix[] = "/inplace";
+  const size_t len = std::strlen(op_name), sl = sizeof(kSuffix) - 1;
+  const bool inplace = len > sl && std::strcmp(op_name + len - sl, kSuffix) == 0;
+  const std::string base(op_name, inplace ? len - sl : len);
   for (int i = 0; i < fusecli::kNumOps; ++i)
-    if (std::strcmp(op_name, fusecli::kOpNames[i]) == 0) return fusecli::g_calls[i].load();
+    if (base == fusecli::kOpNames[i])
+      return inplace ? fusecli::g_inplace[i].load() : fusecli::g_calls[i].load();
   return -1;
 }
 
 FUSECLI_EXPORT void fusecli_reset_kernel_calls(void) {
   for (auto& c : fusecli::g_calls) c.store(0);
+  for (auto& c : fusecli::g_inplace) c.store(0);
 }
 
 FUSECLI_EXPORT int fusecli_has_cuda(void) {

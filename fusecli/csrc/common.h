@@ -20,11 +20,15 @@ namespace fusecli {
 // same .so loads in onnxruntime 1.19 (serves 1..19) and 1.31 (serves 1..31). Everything used
 // here exists in API 16 (KernelComputeV2 / CreateKernelV2 were added in 16).
 constexpr int kOrtApiVersion = 16;
+// Ops that let onnxruntime write an output into an input's buffer (OrtCustomOp::GetMayInplace)
+// are stamped 18, the first version whose struct onnxruntime reads that field from (1.18+).
+constexpr int kOrtApiVersionInplace = 18;
 
 enum OpId { kActivationGrad = 0, kLinearActivationGrad, kAttentionGrad, kConvBnReluGrad,
             kLayerNormGrad, kNumOps };
 extern const char* const kOpNames[kNumOps];
 void count_call(OpId op);
+void count_inplace(OpId op);  // the runtime placed an output in its input's buffer
 
 // ---- errors -------------------------------------------------------------------------------
 struct OpError : std::runtime_error {
@@ -160,16 +164,39 @@ struct Signature {
 };
 constexpr uint32_t kAll = 0xffffffffu;
 constexpr Signature kActivationGradSig{2, 1, 0, 0, 0};
-constexpr Signature kLinearActivationGradSig{4, 3, 1u << 3 /* W */, kAll, 0};
+constexpr Signature kLinearActivationGradSig{4, 4, 1u << 3 /* W */, kAll, 0};
 constexpr Signature kAttentionGradSig{7, 3, (1u << 5) | (1u << 6) /* q/k_scale */, kAll, 0};
 constexpr Signature kConvBnReluGradSig{8, 5, 0, kAll, 0};
 constexpr Signature kLayerNormGradSig{6, 3, (1u << 2) | (1u << 5) /* gamma, dR */, kAll,
                                       (1u << 3) | (1u << 4) /* mean, inv_std */};
 
-template <typename TOp, typename TKernel, const Signature& S>
+// In-place pair for OrtCustomOp::GetMayInplace: output OUT may reuse input IN's buffer. The
+// runtime's memory planner decides (only when IN is not used after the node, has the same size
+// and is not a graph input); the kernel must give the same result either way.
+struct Inplace {
+  int in, out;
+};
+constexpr Inplace kNoInplace{-1, -1};
+constexpr Inplace kActivationGradInplace{0, 0};        // dX in dY
+constexpr Inplace kLinearActivationGradInplace{0, 3};  // the dZ workspace in dY
+
+template <typename TOp, typename TKernel, const Signature& S, const Inplace& IP = kNoInplace>
 struct SigOp : OpBase<TOp, TKernel> {
   SigOp(const char* name, const char* ep, bool half = false)
-      : OpBase<TOp, TKernel>(name, ep), half(half) {}
+      : OpBase<TOp, TKernel>(name, ep), half(half) {
+    if (IP.in < 0) return;
+    OrtCustomOp& op = *this;
+    op.version = kOrtApiVersionInplace;
+    op.GetMayInplace = [](int** ins, int** outs) -> size_t {
+      *ins = new int[1]{IP.in};
+      *outs = new int[1]{IP.out};
+      return 1;
+    };
+    op.ReleaseMayInplace = [](int* ins, int* outs) {
+      delete[] ins;
+      delete[] outs;
+    };
+  }
   size_t GetInputTypeCount() const { return S.n_in; }
   size_t GetOutputTypeCount() const { return S.n_out; }
   ONNXTensorElementDataType GetInputType(size_t i) const {

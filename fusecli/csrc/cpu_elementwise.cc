@@ -27,7 +27,7 @@ struct ActKernel {
   Act act;
   bool half;
 };
-struct ActOp : SigOp<ActOp, ActKernel, kActivationGradSig> {
+struct ActOp : SigOp<ActOp, ActKernel, kActivationGradSig, kActivationGradInplace> {
   explicit ActOp(bool half) : SigOp("ActivationGrad", nullptr, half) {}
 };
 ActKernel::ActKernel(const OrtKernelInfo* info, const ActOp* op)
@@ -44,6 +44,7 @@ void ActKernel::Compute(OrtKernelContext* c) {
   if (!half) {
     float* out = output_or_null<float>(ctx, 0, dy.shape, &present);
     if (!present) return;
+    if (out == dy.data) count_inplace(kActivationGrad);  // elementwise: dX over dY is safe
     const float* d = dy.ptr<float>();
     const float* v = x.ptr<float>();
     parallel_for(n, 1 << 15, [&](int, int64_t b, int64_t e) {
@@ -52,6 +53,7 @@ void ActKernel::Compute(OrtKernelContext* c) {
   } else {
     auto* out = output_or_null<Ort::Float16_t>(ctx, 0, dy.shape, &present);
     if (!present) return;
+    if (out == dy.data) count_inplace(kActivationGrad);  // each chunk is read before written
     const auto* d = dy.ptr<Ort::Float16_t>();
     const auto* v = x.ptr<Ort::Float16_t>();
     parallel_for(n, 1 << 15, [&](int, int64_t b, int64_t e) {
@@ -82,7 +84,7 @@ struct LinKernel {
   bool trans_w, trans_dw;  // layout of the W input / of the dW output ([K, N] when set)
   OrtMatMul mm;
 };
-struct LinOp : SigOp<LinOp, LinKernel, kLinearActivationGradSig> {
+struct LinOp : SigOp<LinOp, LinKernel, kLinearActivationGradSig, kLinearActivationGradInplace> {
   LinOp() : SigOp("LinearActivationGrad", nullptr) {}
 };
 
@@ -112,7 +114,15 @@ void LinKernel::Compute(OrtKernelContext* c) {
   FUSECLI_CHECK(!want_da || w.present, "LinearActivationGrad: dA is requested but W is absent");
   float* dw = output_or_null<float>(ctx, 1, w_shape, &want_dw);
   float* db = output_or_null<float>(ctx, 2, {N}, &want_db);
-  if (!want_da && !want_dw && !want_db) return;
+  // dZ is written to output 3 when the node names it. The runtime may have placed that output in
+  // dY's buffer (in-place pair dY -> dZ): the activation pass reads and writes each element at
+  // the same position, so that is safe. Otherwise a GEMM that needs dZ gets a scratch buffer;
+  // identity needs none (dZ is dY).
+  bool have_dz_out;
+  float* dz_out = output_or_null<float>(ctx, 3, dy.shape, &have_dz_out);
+  const bool need_gemm = want_da || want_dw;
+  const bool store_dz = have_dz_out || (need_gemm && act != Act::kIdentity);
+  if (!want_da && !want_dw && !want_db && !have_dz_out) return;
 
   const float* dyp = dy.ptr<float>();
   const float* xp = x.ptr<float>();
@@ -124,12 +134,14 @@ void LinKernel::Compute(OrtKernelContext* c) {
     if (want_db) std::fill(db, db + N, 0.f);
     return;
   }
+  if (have_dz_out && dz_out == dyp) count_inplace(kLinearActivationGrad);
+  if (have_dz_out && act == Act::kIdentity && dz_out != dyp) std::copy(dyp, dyp + M * N, dz_out);
   // One pass over (dY, X): dZ = dY * act'(X) in row tiles that stay in L1/L2 while dB's per-thread
-  // partial sums read them back. dZ is stored only when a GEMM needs it (identity: dZ is dY).
-  const bool need_gemm = want_da || want_dw;
-  const bool store_dz = need_gemm && act != Act::kIdentity;
-  std::unique_ptr<float[]> dz_buf(store_dz ? new float[static_cast<size_t>(M * N)] : nullptr);
-  const float* dz = store_dz ? dz_buf.get() : dyp;
+  // partial sums read them back. dZ is stored only when a GEMM needs it or output 3 asks for it.
+  std::unique_ptr<float[]> dz_buf(store_dz && !have_dz_out ? new float[static_cast<size_t>(M * N)]
+                                                              : nullptr);
+  float* dz_store = have_dz_out ? dz_out : dz_buf.get();
+  const float* dz = store_dz ? dz_store : dyp;
   if (store_dz || want_db) {
     const int64_t tile_rows = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, N));
     const int64_t grain = std::max<int64_t>(tile_rows, (1 << 15) / std::max<int64_t>(1, N));
@@ -142,7 +154,7 @@ void LinKernel::Compute(OrtKernelContext* c) {
         const int64_t rows = std::min(tile_rows, r1 - i);
         const float* src = dyp + i * N;
         if (act != Act::kIdentity) {
-          float* dst = store_dz ? dz_buf.get() + i * N : tmp.get();
+          float* dst = store_dz ? dz_store + i * N : tmp.get();
           act_grad_block(act, dyp + i * N, xp + i * N, dst, rows * N);
           src = dst;
         }

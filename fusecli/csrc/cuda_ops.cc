@@ -55,7 +55,7 @@ struct ActKernel {
   Act act;
   bool half;
 };
-struct ActOp : SigOp<ActOp, ActKernel, kActivationGradSig> {
+struct ActOp : SigOp<ActOp, ActKernel, kActivationGradSig, kActivationGradInplace> {
   explicit ActOp(bool half) : SigOp("ActivationGrad", kCuda, half) {}
 };
 ActKernel::ActKernel(const OrtKernelInfo* info, const ActOp* op)
@@ -84,16 +84,17 @@ struct LinKernel {
       FUSECLI_CHECK(!da || w.present, "LinearActivationGrad: dA is requested but W is absent");
       float* dw = opt_out<float>(ctx, 1, trans_dw ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K});
       float* db = opt_out<float>(ctx, 2, {N});
+      float* dz = opt_out<float>(ctx, 3, dy.shape);
       check_cuda(fusecli_launch_linear_activation_grad(ctx.GetGPUComputeStream(), dy.ptr<float>(),
-                     x.ptr<float>(), a.ptr<float>(), w.present ? w.ptr<float>() : nullptr, da, dw, db, M, N, K,
-                     act_code(act), trans_w, trans_dw),
+                     x.ptr<float>(), a.ptr<float>(), w.present ? w.ptr<float>() : nullptr, da, dw, db, dz,
+                     M, N, K, act_code(act), trans_w, trans_dw),
                  "LinearActivationGrad");
     });
   }
   Act act;
   bool trans_w, trans_dw;
 };
-struct LinOp : SigOp<LinOp, LinKernel, kLinearActivationGradSig> {
+struct LinOp : SigOp<LinOp, LinKernel, kLinearActivationGradSig, kLinearActivationGradInplace> {
   LinOp() : SigOp("LinearActivationGrad", kCuda) {}
 };
 

@@ -25,11 +25,11 @@ int fusecli_launch_activation_grad_f16(void* stream, const void* dy, const void*
                                        int64_t n, int act);
 
 /* dY, X: [m, n]; A: [m, k]; W: [n, k] (trans_w=0) or [k, n] (trans_w=1).
- * dA [m, k], dW (shape of W), dB [n]: all nullable. */
+ * dA [m, k], dW (shape of W), dB [n], dZ [m, n]: all nullable; dZ may be dY itself. */
 int fusecli_launch_linear_activation_grad(void* stream, const float* dy, const float* x,
                                           const float* a, const float* w, float* da, float* dw,
-                                          float* db, int64_t m, int64_t n, int64_t k, int act,
-                                          int trans_w, int trans_dw);
+                                          float* db, float* dz, int64_t m, int64_t n, int64_t k,
+                                          int act, int trans_w, int trans_dw);
 
 /* dO [b, sq, dv]; Q [b, sq, d]; K [b, sk, d] (k_transposed=0) or [b, d, sk] (1);
  * V [b, sk, dv]; P [b, sq, sk]. dQ, dK (shape of K), dV: nullable. */

@@ -59,7 +59,7 @@ def linear_activation_grad(dy, x, a, w=None, activation: str = "relu", trans_w: 
     trans_dw = trans_w if trans_dw is None else trans_dw
     dw = (dw_nk.T if trans_dw else dw_nk).astype(a.dtype)
     db = dz.sum(axis=0).astype(dy.dtype)
-    return da, dw, db
+    return da, dw, db, dz.reshape(dy.shape).astype(dy.dtype)
 
 
 def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, q_scale=None,

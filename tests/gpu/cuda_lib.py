@@ -16,7 +16,7 @@ _P, _I64, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {
     "fusecli_launch_activation_grad": [_P, _P, _P, _P, _I64, _I],
     "fusecli_launch_activation_grad_f16": [_P, _P, _P, _P, _I64, _I],
-    "fusecli_launch_linear_activation_grad": [_P] * 8 + [_I64] * 3 + [_I, _I, _I],
+    "fusecli_launch_linear_activation_grad": [_P] * 9 + [_I64] * 3 + [_I, _I, _I],
     "fusecli_launch_attention_grad": [_P] * 9 + [_I64] * 5 + [_F, _F, _I],
     "fusecli_launch_conv_bn_relu_grad": [_P] * 14 + [_I64] * 18 + [_I],
     "fusecli_launch_layer_norm_grad": [_P] * 10 + [_I64] * 2,
@@ -74,7 +74,9 @@ def activation_grad(dy, x, act):
     return out
 
 
-def linear_activation_grad(dy, x, a, w, act, trans_w=0, want=(1, 1, 1), trans_dw=None):
+def linear_activation_grad(dy, x, a, w, act, trans_w=0, want=(1, 1, 1), trans_dw=None, dz=None):
+    """dz: None (no dZ output), "out" (a separate dZ tensor) or "inplace" (dZ written over a
+    copy of dY, as onnxruntime's in-place plan does); with dz the result has a 4th item."""
     import torch
     n, k = dy.shape[-1], a.shape[-1]
     m = dy.numel() // n
@@ -83,9 +85,15 @@ def linear_activation_grad(dy, x, a, w, act, trans_w=0, want=(1, 1, 1), trans_dw
     dw = (torch.empty_like(w) if trans_dw == trans_w else torch.empty_like(w.t())) \
         if want[1] else None
     db = torch.empty(n, device=dy.device, dtype=dy.dtype) if want[2] else None
+    dz_t = None
+    if dz == "inplace":
+        dy = dy.clone()
+        dz_t = dy
+    elif dz == "out":
+        dz_t = torch.empty_like(dy)
     call("fusecli_launch_linear_activation_grad", stream(), ptr(dy), ptr(x), ptr(a), ptr(w),
-         ptr(da), ptr(dw), ptr(db), m, n, k, ACT[act], trans_w, trans_dw)
-    return da, dw, db
+         ptr(da), ptr(dw), ptr(db), ptr(dz_t), m, n, k, ACT[act], trans_w, trans_dw)
+    return (da, dw, db) if dz is None else (da, dw, db, dz_t)
 
 
 def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, want=(1, 1, 1)):

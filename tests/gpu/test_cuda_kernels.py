@@ -67,6 +67,18 @@ def test_linear_activation_grad(act, trans_w, lead, n, k):
         _close(g, r, 5e-4, nm)
 
 
+@pytest.mark.parametrize("act", ["gelu", "identity"])
+@pytest.mark.parametrize("dz", ["out", "inplace"])
+def test_linear_activation_grad_dz_output(act, dz):
+    """Output 3 (dZ), separate or in dY's own buffer as onnxruntime's in-place plan may place it."""
+    dy, x, a, w = _rand(33, 19), _rand(33, 19, scale=2.0), _rand(33, 11), _rand(19, 11)
+    got = L.linear_activation_grad(dy, x, a, w, act, 0, dz=dz)
+    ref = L.ref_linear(dy.double(), x.double(), a.double(), w.double(), act, 0)
+    for g, r, nm in zip(got, ref, "dA dW dB".split()):
+        _close(g, r, 5e-4, nm)
+    _close(got[3], L.ref_act_grad(dy.double(), x.double(), act), 2e-4, "dZ")
+
+
 @pytest.mark.parametrize("want", [m for m in itertools.product([0, 1], repeat=3) if any(m)])
 def test_linear_activation_grad_optional(want):
     dy, x, a, w = _rand(9, 19), _rand(9, 19), _rand(9, 11), _rand(19, 11)
