@@ -12,6 +12,7 @@ import pytest
 from onnx import helper
 
 from fusecli import library
+from fusecli.contracts import infer_output_types
 from fusecli.ops import reference as R
 
 from kernel_helpers import (OPSET, Builder, act_grad_subgraph, assert_close, fused_model, ort_session,
@@ -136,70 +137,109 @@ def test_linear_activation_grad_optional_outputs(mask, trans_w):
             assert g is None
 
 
-def _inplace_model(op, act, dy_shape, x, extra_inputs, outs, dy_used_after):
-    """dY = Add(P, Q) (an intermediate the runtime may reuse) feeding the fused op; every fused
-    output goes through Neg so none is a graph output (those are never placed in place). With
-    dy_used_after, dY is also a graph output (so it must survive the node)."""
-    fused_outs = [f"f_{o}" for o in outs]
-    ins = ["dY", "X"] + [n for n, _ in extra_inputs]
-    nodes = [helper.make_node("Add", ["P", "Q"], ["dY"]),
-             helper.make_node(op, ins, fused_outs, domain="com.fusecli", activation=act)]
-    nodes += [helper.make_node("Neg", [f], [o]) for f, o in zip(fused_outs, outs)]
-    vi = lambda n, shape=None: helper.make_tensor_value_info(n, 1, shape)  # noqa: E731
-    g_in = [vi("P", dy_shape), vi("Q", dy_shape), vi("X", x.shape)]
-    g_in += [vi(n, a.shape) for n, a in extra_inputs]
-    g_out = [vi(o) for o in outs] + ([vi("dY", dy_shape)] if dy_used_after else [])
-    inner = [vi("dY", dy_shape), vi(fused_outs[-1], dy_shape)]  # shapes the planner compares
+def _inplace_model(op, inputs, outs, intermediates, keep=(), elem=F32, **attrs):
+    """(model, feeds): `op` in a graph where each input named in `intermediates` is
+    Add(<name>_p, <name>_q) of two graph inputs (an intermediate the runtime may reuse; those in
+    `keep` are also graph outputs, so they must survive the node) and every fused output goes
+    through Neg (a graph output is never placed in an input's buffer). inputs: list of
+    (name, array) in port order."""
+    onnx_t = helper.np_dtype_to_tensor_dtype(np.dtype(elem))
+    vi = lambda n, shape=None: helper.make_tensor_value_info(n, onnx_t, shape)  # noqa: E731
+    nodes, g_in, feeds, inner = [], [], {}, []
+    for name, arr in inputs:
+        if name in intermediates:
+            half = (arr / 2).astype(arr.dtype)
+            feeds[f"{name}_p"], feeds[f"{name}_q"] = half, (arr - half).astype(arr.dtype)
+            g_in += [vi(f"{name}_p", arr.shape), vi(f"{name}_q", arr.shape)]
+            nodes.append(helper.make_node("Add", [f"{name}_p", f"{name}_q"], [name]))
+            inner.append(vi(name, arr.shape))
+        else:
+            feeds[name] = arr
+            g_in.append(helper.make_tensor_value_info(
+                name, helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape))
+    fused = [f"f_{o}" for o in outs]
+    fnode = helper.make_node(op, [n for n, _ in inputs], fused, domain="com.fusecli", **attrs)
+    nodes.append(fnode)
+    nodes += [helper.make_node("Neg", [f], [o]) for f, o in zip(fused, outs)]
+    # the fused outputs' types, recorded as fusecli's rewriter records them: onnxruntime places an
+    # output in an input's buffer only when it knows both sizes
+    types = {v.name: v.type for v in g_in + inner}
+    for f, t in zip(fused, infer_output_types(fnode, types.get)):
+        if t is not None:
+            inner.append(helper.make_value_info(f, t))
+    g_out = [vi(o) for o in outs] + [vi(k, dict(inputs)[k].shape) for k in keep]
     g = helper.make_graph(nodes, "inplace", g_in, g_out, value_info=inner)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET),
-                                               helper.make_opsetid("com.fusecli", 1)], ir_version=9)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET),
+                                                helper.make_opsetid("com.fusecli", 1)], ir_version=9)
+    return model, feeds
 
 
-INPLACE_CASES = [  # op, in-place output (last), other outputs
-    ("ActivationGrad", ["dX"]),
-    ("LinearActivationGrad", ["dA", "dW", "dB", "dZ"]),
-]
+def _inplace_run(op, inputs, outs, intermediates, keep=(), elem=F32, **attrs):
+    """Runs _inplace_model here; returns (negated-back outputs, kernel calls, in-place calls)."""
+    model, feeds = _inplace_model(op, inputs, outs, intermediates, keep, elem, **attrs)
+    library.reset_kernel_calls()
+    got = ort_session(model).run(outs, feeds)
+    return [-g for g in got], library.kernel_calls(op), library.kernel_calls(f"{op}/inplace")
 
 
-@pytest.mark.parametrize("op,outs", INPLACE_CASES)
+@pytest.mark.parametrize("op", ["ActivationGrad", "LinearActivationGrad"])
 @pytest.mark.parametrize("act", ["gelu", "silu", "relu"])
 @pytest.mark.parametrize("dy_used_after", [False, True])
-def test_inplace_output_over_dy(op, outs, act, dy_used_after):
+def test_inplace_output_over_dy(op, act, dy_used_after):
     """The in-place pair dY -> dX (ActivationGrad) / dY -> dZ (LinearActivationGrad): onnxruntime
     writes that output into dY's own buffer when dY is dead after the node (the kernel counts
     it), never when dY is still needed; the results are right either way."""
     rng = _rng("inplace", op, act, dy_used_after)
-    p, q, x = rand(rng, (6, 40)), rand(rng, (6, 40)), rand(rng, (6, 40), scale=2.0)
-    dy = p + q
-    extra = [("A", rand(rng, (6, 9))), ("W", rand(rng, (40, 9)))] if op != "ActivationGrad" else []
-    model = _inplace_model(op, act, (6, 40), x, extra, outs, dy_used_after)
-    feeds = {"P": p, "Q": q, "X": x, **dict(extra)}
-    library.reset_kernel_calls()
-    got = ort_session(model).run(outs, feeds)
+    dy, x = rand(rng, (6, 40)), rand(rng, (6, 40), scale=2.0)
+    a, w = rand(rng, (6, 9)), rand(rng, (40, 9))
     if op == "ActivationGrad":
-        ref = [R.activation_grad(dy, x, act)]
+        inputs, outs, ref = [("dY", dy), ("X", x)], ["dX"], [R.activation_grad(dy, x, act)]
     else:
-        ref = R.linear_activation_grad(dy, x, extra[0][1], extra[1][1], act)
+        inputs, outs = [("dY", dy), ("X", x), ("A", a), ("W", w)], ["dA", "dW", "dB", "dZ"]
+        ref = R.linear_activation_grad(dy, x, a, w, act)
+    got, calls, inplace = _inplace_run(op, inputs, outs, {"dY"}, {"dY"} if dy_used_after else (),
+                                       activation=act)
     for g, r, nm in zip(got, ref, outs):
-        assert_close(-g, r, what=nm)
-    assert library.kernel_calls(op) == 1
-    assert library.kernel_calls(f"{op}/inplace") == (0 if dy_used_after else 1)
+        assert_close(g, r, what=nm)
+    assert (calls, inplace) == (1, 0 if dy_used_after else 1)
 
 
-def test_inplace_output_in_onnxruntime_training():
+@pytest.mark.parametrize("dtype", [F32])
+@pytest.mark.parametrize("dead,expect", [({"dY"}, 1), ({"dR"}, 1), ((), 0)])
+def test_layer_norm_grad_dx_in_place(dtype, dead, expect):
+    """LayerNormGrad's pairs dY -> dX, then dR -> dX: dX lands in whichever of the two is dead
+    after the node, and dGamma / dBeta (which read dY) stay right. (onnxruntime 1.31 applies the
+    pairs of the float32 registration only; float16 ops get fresh outputs.)"""
+    rng = _rng("ln-inplace", str(dtype), tuple(dead))
+    ins = _ln_inputs(rng, (6, 33), -1, dtype)
+    live = {"dY", "dR"} - set(dead)
+    got, calls, inplace = _inplace_run("LayerNormGrad", list(ins.items()), ["dX", "dGamma", "dBeta"],
+                                       {"dY", "dR"}, live, elem=dtype)
+    ref = R.layer_norm_grad(*ins.values())
+    for g, r, nm in zip(got, ref, ["dX", "dGamma", "dBeta"]):
+        assert_close(g, r, **tol(dtype), what=nm)
+    assert (calls, inplace) == (1, expect)
+
+
+def test_inplace_outputs_in_onnxruntime_training():
     """onnxruntime-training 1.19.2 honours the same in-place pairs (custom-op struct version 18)."""
     rng = _rng("inplace-ortt")
-    p, q, x = rand(rng, (6, 40)), rand(rng, (6, 40)), rand(rng, (6, 40), scale=2.0)
-    a, w = rand(rng, (6, 9)), rand(rng, (40, 9))
+    dy, x, a, w = rand(rng, (6, 40)), rand(rng, (6, 40), scale=2.0), rand(rng, (6, 9)), rand(rng, (40, 9))
+    ln = _ln_inputs(rng, (6, 40), -1, F32)
+    cases = [("ActivationGrad", [("dY", dy), ("X", x)], ["dX"], dict(activation="gelu"),
+              [R.activation_grad(dy, x, "gelu")]),
+             ("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", w)],
+              ["dA", "dW", "dB", "dZ"], dict(activation="gelu"),
+              R.linear_activation_grad(dy, x, a, w, "gelu")),
+             ("LayerNormGrad", list(ln.items()), ["dX", "dGamma", "dBeta"], {},
+              R.layer_norm_grad(*ln.values()))]
     jobs = []
-    for op, outs in INPLACE_CASES:
-        extra = [("A", a), ("W", w)] if op != "ActivationGrad" else []
-        model = _inplace_model(op, "gelu", (6, 40), x, extra, outs, False)
-        jobs.append(dict(model=model, feeds={"P": p, "Q": q, "X": x, **dict(extra)}, outputs=outs,
-                         library=True, count=[op, f"{op}/inplace"]))
+    for op, inputs, outs, attrs, _ in cases:
+        model, feeds = _inplace_model(op, inputs, outs, {"dY"}, (), F32, **attrs)
+        jobs.append(dict(model=model, feeds=feeds, outputs=outs, library=True,
+                         count=[op, f"{op}/inplace"]))
     _, results, calls = run_in_ortt(jobs)
-    refs = [[R.activation_grad(p + q, x, "gelu")], R.linear_activation_grad(p + q, x, a, w, "gelu")]
-    for (op, outs), got, ref, c in zip(INPLACE_CASES, results, refs, calls):
+    for (op, _, outs, _, ref), got, c in zip(cases, results, calls):
         assert c == {op: 1, f"{op}/inplace": 1}
         for g, r, nm in zip(got, ref, outs):
             assert_close(-g, r, what=f"{op} {nm}")

@@ -170,27 +170,32 @@ constexpr Signature kConvBnReluGradSig{8, 5, 0, kAll, 0};
 constexpr Signature kLayerNormGradSig{6, 3, (1u << 2) | (1u << 5) /* gamma, dR */, kAll,
                                       (1u << 3) | (1u << 4) /* mean, inv_std */};
 
-// In-place pair for OrtCustomOp::GetMayInplace: output OUT may reuse input IN's buffer. The
-// runtime's memory planner decides (only when IN is not used after the node, has the same size
-// and is not a graph input); the kernel must give the same result either way.
+// In-place pairs for OrtCustomOp::GetMayInplace: output out[i] may reuse input in[i]'s buffer.
+// The runtime's memory planner decides (only when that input is not used after the node, has
+// the same size and is not a graph input; the first usable pair wins); the kernel must give the
+// same result either way.
 struct Inplace {
-  int in, out;
+  int n;
+  int in[2], out[2];
 };
-constexpr Inplace kNoInplace{-1, -1};
-constexpr Inplace kActivationGradInplace{0, 0};        // dX in dY
-constexpr Inplace kLinearActivationGradInplace{0, 3};  // the dZ workspace in dY
+constexpr Inplace kNoInplace{0, {}, {}};
+constexpr Inplace kActivationGradInplace{1, {0}, {0}};        // dX over dY
+constexpr Inplace kLinearActivationGradInplace{1, {0}, {3}};  // the dZ workspace over dY
+constexpr Inplace kLayerNormGradInplace{2, {0, 5}, {0, 0}};   // dX over dY, else over dR
 
 template <typename TOp, typename TKernel, const Signature& S, const Inplace& IP = kNoInplace>
 struct SigOp : OpBase<TOp, TKernel> {
   SigOp(const char* name, const char* ep, bool half = false)
       : OpBase<TOp, TKernel>(name, ep), half(half) {
-    if (IP.in < 0) return;
+    if (IP.n == 0) return;
     OrtCustomOp& op = *this;
     op.version = kOrtApiVersionInplace;
     op.GetMayInplace = [](int** ins, int** outs) -> size_t {
-      *ins = new int[1]{IP.in};
-      *outs = new int[1]{IP.out};
-      return 1;
+      *ins = new int[IP.n];
+      *outs = new int[IP.n];
+      std::copy(IP.in, IP.in + IP.n, *ins);
+      std::copy(IP.out, IP.out + IP.n, *outs);
+      return static_cast<size_t>(IP.n);
     };
     op.ReleaseMayInplace = [](int* ins, int* outs) {
       delete[] ins;

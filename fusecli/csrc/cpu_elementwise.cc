@@ -187,7 +187,7 @@ struct LnKernel {
   int64_t axis;
   bool half;
 };
-struct LnOp : SigOp<LnOp, LnKernel, kLayerNormGradSig> {
+struct LnOp : SigOp<LnOp, LnKernel, kLayerNormGradSig, kLayerNormGradInplace> {
   explicit LnOp(bool half) : SigOp("LayerNormGrad", nullptr, half) {}
 };
 LnKernel::LnKernel(const OrtKernelInfo* info, const LnOp* op)
@@ -291,6 +291,9 @@ void LnKernel::Run(Ort::KernelContext& ctx) {
   FUSECLI_CHECK(!want_dx || gamma.present, "LayerNormGrad: dX is requested but gamma is absent");
   T* dg = output_or_null<T>(ctx, 1, gamma.present ? gamma.shape : pshape, &want_dg);
   T* dbeta = output_or_null<T>(ctx, 2, gamma.present ? gamma.shape : pshape, &want_db);
+  // dX may be in dY's or dR's buffer (in-place pairs): every row reads its dY / dR values (and
+  // adds their dGamma / dBeta partials) before it writes dX at the same positions.
+  if (want_dx && (dx == dy.data || (dr.present && dx == dr.data))) count_inplace(kLayerNormGrad);
   if (M == 0 || N == 0) {
     if (want_dg) std::fill(dg, dg + N, T(0.f));
     if (want_db) std::fill(dbeta, dbeta + N, T(0.f));
@@ -335,6 +338,8 @@ void LnKernel::Run(Ort::KernelContext& ctx) {
       CA xv(row_as_float(xp + r * N, bx.data(), N), N);
       xhv = (xv - mu) * rs;
       gv = d * gm;
+      if (want_dg) pg += d * xhv;  // before dX is written: dX may be in dY's buffer
+      if (want_db) pb += d;
       if (want_dx) {
         const float c1 = (gv * xhv).sum() * inv_n;
         const float c2 = gv.sum() * inv_n;
@@ -348,8 +353,6 @@ void LnKernel::Run(Ort::KernelContext& ctx) {
           float_to_half(out.data(), dx + r * N, N);
         }
       }
-      if (want_dg) pg += d * xhv;
-      if (want_db) pb += d;
     }
   }, nt);
   if (reduce) {
