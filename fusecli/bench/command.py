@@ -39,11 +39,13 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
               runtime_python: str | None = None, dims: dict[str, int] | None = None,
               entry: dict | None = None, seed: int = 0, peak_memory: bool = True,
               profile_dir: str | None = None, opt_level: str = "all",
-              feeds: dict[str, np.ndarray] | None = None, timeout: float | None = None) -> dict:
+              feeds: dict[str, np.ndarray] | None = None, timeout: float | None = None,
+              min_time_s: float = 0.0) -> dict:
     """Run bench_worker.py on (original, fused); return its JSON plus 'python'.
 
     ``entry``: a manifest-style entry for make_feeds (default: the shipped sample's entry, if
-    ``original`` is one). ``feeds`` overrides the generated feeds entirely.
+    ``original`` is one). ``feeds`` overrides the generated feeds entirely. ``min_time_s``: keep
+    iterating past ``runs`` until that much time has passed (short ops get more samples).
     """
     from ..feeds import make_feeds
     from ..library import LibraryNotBuilt, library_path
@@ -79,7 +81,7 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
         np.savez(fpath, **feeds)
         cmd = [python, str(WORKER), "--a", str(original), "--b", str(fused), "--feeds", str(fpath),
                "--runs", str(runs), "--warmup", str(warmup), "--threads", str(threads),
-               "--opt-level", opt_level]
+               "--opt-level", opt_level, "--min-time", str(min_time_s)]
         if lib:
             cmd += ["--library", lib, "--library-for", "both"]
         if not peak_memory:

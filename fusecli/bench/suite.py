@@ -41,6 +41,10 @@ BENCH_SAMPLES = REPO / "build" / "bench-samples"
 WORKDIR = REPO / "build" / "bench"
 SAMPLE_NAMES = ["ortt_mlp", "ortt_block", "ortt_block_mul", "ortt_block_sdpa", "ortt_cnn",
                 "torch_mlp", "torch_block"]
+# per-op comparisons run at least --runs interleaved pairs and keep going for this long, so a
+# 0.1 ms op gets hundreds of samples instead of 20 (medians of 20 had 10-50% interquartile range)
+OP_MIN_TIME_S = 2.0
+STEP_MIN_TIME_S = 5.0  # the same for whole training steps
 GEMM_OPS = {"Gemm", "MatMul", "FusedMatMul", "FusedGemm", "ConvGrad", "Conv", "ConvTranspose"}
 F32 = 4
 
@@ -253,7 +257,8 @@ def chain_models(orig: onnx.ModelProto, names: list[str], fused_node: onnx.NodeP
                     used_inits.append(inits[t])
                 else:
                     ins.append(_vi(t, values[t]))
-    outs = [_vi(o, values[o]) for o in fused_node.output if o]
+    # the chain's results (a fused op's workspace output, e.g. dZ, is not one of them)
+    outs = [_vi(o, values[o]) for o in fused_node.output if o in produced]
     g = helper.make_graph(nodes, "chain", ins, outs, initializer=used_inits)
     um = helper.make_model(g, opset_imports=list(orig.opset_import))
     um.ir_version = orig.ir_version
@@ -308,7 +313,7 @@ class Ctx:
         pa, pb = self.save(a, stem + "_a"), self.save(b, stem + "_b")
         return run_bench(pa, pb, runs=runs or self.runs, warmup=self.warmup,
                          threads=self.threads, feeds=feeds, peak_memory=False,
-                         runtime_python=python)
+                         runtime_python=python, min_time_s=OP_MIN_TIME_S)
 
 
 def op_benchmarks(ctx: Ctx, entries: dict, fused_dir: Path) -> list[dict]:
@@ -329,9 +334,10 @@ def op_benchmarks(ctx: Ctx, entries: dict, fused_dir: Path) -> list[dict]:
         python = pick_runtime(orig)
         feeds = make_feeds(orig, entry, dims=entry.get("dims"))
         inits = {t.name for t in orig.graph.initializer}
+        known = {o for n in orig.graph.node for o in n.output} | {i.name for i in orig.graph.input}
         tensors = sorted(({t for r in recs for t in list(r.node.input) + list(r.node.output) if t}
                           | {t for r in recs for n in orig.graph.node if n.name in
-                             set(expanded[r.fused_node]) for t in n.input if t}) - inits)
+                             set(expanded[r.fused_node]) for t in n.input if t}) & known - inits)
         values = probe_values(src, tensors, feeds, python)
         for r in recs:
             key = (entry["family"], r.node.op_type,
@@ -383,7 +389,7 @@ def one_op(ctx: Ctx, name, entry, orig, rec, names, values, python, lib) -> dict
     elif op == "LinearActivationGrad":
         linear_parts(ctx, row, node, ins, prof, op_of, t_fu)
     elif op == "AttentionGrad":
-        attention_parts(ctx, row, node, ins, t_fu)
+        attention_parts(ctx, row, node, ins, prof, op_of, t_fu)
     elif op == "ConvBnReluGrad":
         conv_parts(ctx, row, node, ins, prof, op_of, t_fu, python)
     floor = row.get("gemm_ms", 0.0) + row.get("mem_floor_ms", 0.0)
@@ -443,7 +449,7 @@ def linear_parts(ctx, row, node, ins, prof, op_of, t_fu):
     row["part"] = (label, un_part, mem_part)
 
 
-def attention_parts(ctx, row, node, ins, t_fu):
+def attention_parts(ctx, row, node, ins, prof, op_of, t_fu):
     dO, Q, K, V, P = ins[:5]
     ktr = int(_attr(node, "k_transposed", 0) or 0)
     sq, dv = dO.shape[-2], dO.shape[-1]
@@ -464,9 +470,20 @@ def attention_parts(ctx, row, node, ins, t_fu):
     # a second copy of the same model as B: a self-comparison whose A side we use
     r = ctx.pair(gm, gm, feeds, "gemm_attn")
     gemm = r["a"]["median_ms"]
+    # the fused op's own GEMM time: the same op asked for dV only is one of its four GEMMs
+    # (P^T dO); the four have the same shape and FLOPs, so they take about 4x that
+    vn = helper.make_node("AttentionGrad", list(node.input), ["", "", "dV"], domain=FUSED_DOMAIN,
+                          **{a.name: helper.get_attribute_value(a) for a in node.attribute})
+    vin = [_vi(t, a) for t, a in zip(node.input, ins) if t]
+    vm = _model([vn], list({v.name: v for v in vin}.values()), [_f("dV", V.shape)], fused=True)
+    r2 = ctx.pair(vm, vm, {t: a for t, a in zip(node.input, ins) if t}, "attn_dv_only")
+    own_gemm = 4 * r2["a"]["median_ms"]
     byts = 3 * bh * sq * sk * F32  # softmax backward: read dP and P, write dS
-    row.update(gemm_ms=gemm, mem_bytes=byts, mem_floor_ms=byts / ctx.bw * 1e3,
-               mem_part_fused_ms=max(t_fu - gemm, 1e-6))
+    row.update(gemm_ms=gemm, fused_gemm_ms=own_gemm, gemm_ratio=own_gemm / gemm, mem_bytes=byts,
+               mem_floor_ms=byts / ctx.bw * 1e3, mem_part_fused_ms=max(t_fu - own_gemm, 1e-6))
+    un_part = sum(v for k, v in prof.items() if op_of.get(k) not in GEMM_OPS)
+    row["part"] = ("softmax bwd + scale (est.: fused - 4 x its dV-only GEMM)", un_part,
+                   row["mem_part_fused_ms"])
 
 
 def conv_parts(ctx, row, node, ins, prof, op_of, t_fu, python):
@@ -552,7 +569,7 @@ def e2e_benchmarks(ctx: Ctx, entries: dict, fused_dir: Path) -> list[dict]:
         dims = entry.get("dims")
         try:
             res = run_bench(src, dest, runs=ctx.runs, warmup=ctx.warmup, threads=ctx.threads,
-                            entry=entry, dims=dims, peak_memory=True)
+                            entry=entry, dims=dims, peak_memory=True, min_time_s=STEP_MIN_TIME_S)
             python = pick_runtime(orig)
             feeds = make_feeds(orig, entry, dims=dims)
             prof, op_of = profile_model(src, feeds, python, ctx.threads, lib)
@@ -656,7 +673,9 @@ def render(meta, ops, e2e, opt) -> str:
     L.append(f"- Runtimes: {meta['runtimes']}. Intra-op threads: **{meta['threads']}**, one "
              "inter-op thread, spinning off, ORT_ENABLE_ALL, CPU execution provider.")
     L.append(f"- Each comparison: both models in one process, {meta['warmup']} warm-up runs each, "
-             f"then {meta['runs']} interleaved runs (A B, B A, ...); medians. In-place gradient "
+             f"then at least {meta['runs']} interleaved runs (A B, B A, ...), more until "
+             f"{OP_MIN_TIME_S:g} s (a fused-op comparison) or {STEP_MIN_TIME_S:g} s (a training "
+             "step) have passed; medians. In-place gradient "
              "buffers are re-copied from the pristine feed before every run.")
     L.append(f"- Copy bandwidth measured in this run: numpy copy {meta['bw']['numpy_copy'] / 1e9:.2f} "
              f"GB/s, onnxruntime Add {meta['bw']['ort_add'] / 1e9:.2f} GB/s; the byte floors use "
@@ -690,8 +709,9 @@ def render(meta, ops, e2e, opt) -> str:
              "LinearActivationGrad = the same op asked for dB only (act grad + bias grad, no "
              "GEMMs; byte floor = read dY and X), or for bias-free layers fused time minus the "
              "same op run with activation=identity and no dB; its GEMM part = that identity "
-             "variant vs onnxruntime's Gemm/MatMul on the same shapes; AttentionGrad = fused time minus onnxruntime's 4 MatMuls "
-             "(an estimate); ConvBnReluGrad = the op asked for dBc/dGamma/dBeta only (computes "
+             "variant vs onnxruntime's Gemm/MatMul on the same shapes; AttentionGrad = fused "
+             "time minus 4 x the same op asked for dV only (one of its four equal-sized GEMMs; "
+             "an estimate), its GEMM part = that 4 x vs onnxruntime's 4 MatMuls; ConvBnReluGrad = the op asked for dBc/dGamma/dBeta only (computes "
              "the full dC, no conv). Unfused part = the corresponding nodes in an onnxruntime "
              "profile of the unfused chain (act grad + ReduceSum + ...; ReluGrad + "
              "BatchNormalizationGrad).\n")
