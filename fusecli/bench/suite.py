@@ -575,7 +575,13 @@ def e2e_benchmarks(ctx: Ctx, entries: dict, fused_dir: Path) -> list[dict]:
             prof, op_of = profile_model(src, feeds, python, ctx.threads, lib)
             fprof, fop_of = profile_model(dest, feeds, python, ctx.threads, lib)
             inits = {t.name for t in orig.graph.initializer}
-            tensors = sorted({t for n in final for t in n.input if t} - inits)
+            # intermediate tensors the fusions removed: outputs of the replaced original nodes
+            # that no fused node produces (sized from this run's real shapes)
+            by_name = {nd.name: nd for nd in orig.graph.node if nd.name}
+            removed = sorted({o for n in final for k in expanded.get(n.name, [])
+                              for o in (by_name[k].output if k in by_name else []) if o}
+                             - {o for n in final for o in n.output})
+            tensors = sorted(({t for n in final for t in n.input if t} - inits) | set(removed))
             vals = probe_values(src, tensors, feeds, python)
         except Exception as exc:  # noqa: BLE001
             rows.append({"sample": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
@@ -598,6 +604,8 @@ def e2e_benchmarks(ctx: Ctx, entries: dict, fused_dir: Path) -> list[dict]:
             "unfused_ms": t_un, "fused_ms": t_fu, "speedup": t_un / t_fu,
             "ideal_ms": ideal, "ideal_speedup": t_un / ideal, "fraction_of_ideal": ideal / t_fu,
             "chains": len(final), "chain_unfused_ms": chain_total,
+            "buffers_removed": len(removed),
+            "bytes_removed": int(sum(vals[t].nbytes for t in removed if t in vals)),
             "profile_unmatched_nodes": unmatched,
             "peak_unfused": res["a"]["peak_bytes"], "peak_fused": res["b"]["peak_bytes"],
             "peak_method": res["a"].get("peak_method"),
@@ -745,20 +753,23 @@ def render(meta, ops, e2e, opt) -> str:
              "chain times from an onnxruntime profile of the unfused step (ORT_ENABLE_ALL, mean "
              "of 5 runs), chain floor = its GEMM/conv nodes at onnxruntime's own time + its "
              "memory-bound bytes / copy bandwidth. Fraction of ideal = ideal time / fused time. "
+             "Intermediate buffers removed = tensors the replaced nodes produced that the "
+             "fused graph no longer has, with their bytes at this size (one step). "
              "Peak = peak RSS growth during one step in a fresh process, CPU arena off "
              f"({e2e[0].get('peak_method') if e2e else ''}).\n")
     L.append("| family | sample | chains | unfused ms | fused ms | speed-up | ideal ms | ideal "
-             "speed-up | fraction of ideal | peak unfused MiB | peak fused MiB | IQR/median "
-             "(unf/fused) |")
-    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+             "speed-up | fraction of ideal | peak unfused MiB | peak fused MiB | intermediate "
+             "buffers removed | IQR/median (unf/fused) |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in e2e:
         if "error" in r:
-            L.append(f"| | {r['sample']} | ERROR: {r['error']} | | | | | | | | | |")
+            L.append(f"| | {r['sample']} | ERROR: {r['error']} | | | | | | | | | | |")
             continue
         L.append(f"| {r['family']} | {r['sample']} | {r['chains']} | {_ms(r['unfused_ms'])} | "
                  f"{_ms(r['fused_ms'])} | {r['speedup']:.3f}x | {_ms(r['ideal_ms'])} | "
                  f"{r['ideal_speedup']:.3f}x | {r['fraction_of_ideal']:.2f} | "
                  f"{_mib(r['peak_unfused'])} | {_mib(r['peak_fused'])} | "
+                 f"{r['buffers_removed']} ({r['bytes_removed'] / 2**20:.1f} MiB) | "
                  f"{r['spread_unfused']:.1%} / {r['spread_fused']:.1%} |")
     L.append("\nWhere the step time goes (profile, top op types):\n")
     for r in e2e:
