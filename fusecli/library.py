@@ -48,6 +48,10 @@ def session_options(threads: int | None = None, opt_level=None):
 def kernel_calls(op_name: str) -> int:
     """How many times the library's kernel for ``op_name`` ran in this process (-1: unknown op).
 
+    Also ``"Op/inplace"`` (calls whose in-place output onnxruntime had put in the input's own
+    buffer) and ``"AttentionGrad/softmax_ns"`` (nanoseconds spent in the CPU kernel's softmax
+    backward, between its GEMMs).
+
     Loads the same .so that onnxruntime dlopens (same absolute path, so the same handle and the
     same counters).
     """

@@ -377,6 +377,27 @@ def test_attention_grad_runtime_scales(k_transposed, qs, ks):
         assert_close(g, r, what=nm)
 
 
+def test_attention_grad_times_its_softmax_phase():
+    """The kernel's own timer of its softmax backward (what `make bench` reports as the op's
+    memory-bound part): positive and below the whole call when dS is needed, untouched when
+    only dV (one GEMM, no softmax) is asked for."""
+    import time
+
+    rng = _rng("attn-phase")
+    att = _attn_inputs(rng, (8,), 64, 64, 32, 32, 0)
+    ins = list(zip(["dO", "Q", "K", "V", "P"], att))
+    for outs, timed in [([("dQ", F32), ("dK", F32), ("dV", F32)], True), ([None, None, ("dV", F32)], False)]:
+        sess = ort_session(fused_model("AttentionGrad", ins, outs))
+        feeds = dict(ins)
+        sess.run(None, feeds)
+        library.reset_kernel_calls()
+        t0 = time.perf_counter_ns()
+        sess.run(None, feeds)
+        wall = time.perf_counter_ns() - t0
+        ns = library.kernel_calls("AttentionGrad/softmax_ns")
+        assert (0 < ns < wall) if timed else ns == 0, (outs, ns, wall)
+
+
 def test_attention_grad_runtime_scale_must_be_scalar():
     rng = _rng("attn-scales-err")
     do, q, k, v, p = _attn_inputs(rng, (1,), 3, 4, 2, 2, 0)

@@ -272,6 +272,26 @@ def chain_models(orig: onnx.ModelProto, names: list[str], fused_node: onnx.NodeP
     return um, fm, feeds
 
 
+def unfused_part_model(um: onnx.ModelProto, values: dict) -> onnx.ModelProto:
+    """The unfused chain's non-GEMM nodes alone: the memory-bound work the fused op replaces.
+    Its outputs are the tensors those nodes hand to the chain's GEMMs/convolutions or to the
+    chain's own outputs (e.g. dZ and dB; dC, dGamma and dBeta)."""
+    g = um.graph
+    part = [n for n in g.node if n.op_type not in GEMM_OPS]
+    to_gemm = {t for n in g.node if n.op_type in GEMM_OPS for t in n.input}
+    chain_outs = {o.name for o in g.output}
+    produced = {o for n in part for o in n.output if o}
+    outs = [o for n in part for o in n.output if o and (o in to_gemm or o in chain_outs)]
+    inits = {t.name: t for t in g.initializer}
+    needed = list(dict.fromkeys(t for n in part for t in n.input if t and t not in produced))
+    ins = [_vi(t, values[t]) for t in needed if t not in inits]
+    pg = helper.make_graph(part, "part", ins, [_vi(o, values[o]) for o in outs],
+                           initializer=[inits[t] for t in needed if t in inits])
+    pm = helper.make_model(pg, opset_imports=list(um.opset_import))
+    pm.ir_version = um.ir_version
+    return pm
+
+
 def _attr(node, name, default=None):
     for a in node.attribute:
         if a.name == name:
@@ -387,18 +407,18 @@ def one_op(ctx: Ctx, name, entry, orig, rec, names, values, python, lib) -> dict
         row.update(shape=f"{list(dY.shape)}", mem_bytes=byts, mem_floor_ms=byts / bw * 1e3,
                    gemm_ms=0.0, mem_part_fused_ms=t_fu)
     elif op == "LinearActivationGrad":
-        linear_parts(ctx, row, node, ins, prof, op_of, t_fu)
+        linear_parts(ctx, row, node, ins, um, values)
     elif op == "AttentionGrad":
-        attention_parts(ctx, row, node, ins, prof, op_of, t_fu)
+        attention_parts(ctx, row, node, ins, um, values, t_fu)
     elif op == "ConvBnReluGrad":
-        conv_parts(ctx, row, node, ins, prof, op_of, t_fu, python)
+        conv_parts(ctx, row, node, ins, um, values)
     floor = row.get("gemm_ms", 0.0) + row.get("mem_floor_ms", 0.0)
     row["floor_ms"] = floor
     row["floor_fraction"] = floor / t_fu if t_fu else None
     return row
 
 
-def linear_parts(ctx, row, node, ins, prof, op_of, t_fu):
+def linear_parts(ctx, row, node, ins, um, values):
     dY, X, A = ins[0], ins[1], ins[2]
     W = ins[3] if len(ins) > 3 else None
     N, K = dY.shape[-1], A.shape[-1]
@@ -428,28 +448,27 @@ def linear_parts(ctx, row, node, ins, prof, op_of, t_fu):
     r = ctx.pair(gemm_model, fid, feeds, "gemm_linear")
     ort_gemm, fused_gemm = r["a"]["median_ms"], r["b"]["median_ms"]
     row.update(gemm_ms=ort_gemm, fused_gemm_ms=fused_gemm, gemm_ratio=fused_gemm / ort_gemm)
-    byts = 3 * M * N * F32  # read dY and X, write dZ once (dZ then feeds the GEMMs)
-    un_part = sum(v for k, v in prof.items() if op_of.get(k) not in GEMM_OPS)
-    if want_db:
-        # the act-grad + bias-grad part alone: the same fused op asked for dB only (no GEMMs)
-        bn = helper.make_node("LinearActivationGrad", [node.input[0], node.input[1], node.input[2]],
-                              ["", "", "dB"], domain=FUSED_DOMAIN,
-                              activation=_attr(node, "activation", "relu"), trans_w=trans_w)
-        fin = [_vi(node.input[0], dY), _vi(node.input[1], X), _vi(node.input[2], A)]
-        pm = _model([bn], fin, [_f("dB", (N,))], fused=True)
-        pfeeds = {node.input[0]: dY, node.input[1]: X, node.input[2]: A}
-        r3 = ctx.pair(pm, pm, pfeeds, "act_bias_part")
-        mem_part = r3["a"]["median_ms"]
-        byts = 2 * M * N * F32  # dB only: read dY and X
-        label = "act grad + bias grad"
-    else:
-        mem_part = max(t_fu - fused_gemm, 0.0)  # estimate: fused - its identity variant
-        label = "act grad (est.: fused - identity variant)"
-    row.update(mem_bytes=byts, mem_floor_ms=byts / ctx.bw * 1e3, mem_part_fused_ms=mem_part)
-    row["part"] = (label, un_part, mem_part)
+    # the act-grad (+ bias-grad) part alone: the same fused op asked for dZ (+ dB) only, no
+    # GEMMs, against the chain's non-GEMM nodes (act grad, ReduceSum, ...) in one pair. Both
+    # write dZ (the GEMMs' operand); byte floor = read dY and X, write dZ.
+    bn = helper.make_node("LinearActivationGrad", [node.input[0], node.input[1], node.input[2]],
+                          ["", "", "dB" if want_db else "", "dZ"], domain=FUSED_DOMAIN,
+                          activation=_attr(node, "activation", "relu"), trans_w=trans_w)
+    fin = [_vi(node.input[0], dY), _vi(node.input[1], X), _vi(node.input[2], A)]
+    pm = _model([bn], fin, ([_f("dB", (N,))] if want_db else []) + [_f("dZ", dY.shape)],
+                fused=True)
+    feeds = {node.input[0]: dY, node.input[1]: X, node.input[2]: A}
+    um_part = unfused_part_model(um, values)
+    feeds.update({i.name: values[i.name] for i in um_part.graph.input})
+    r3 = ctx.pair(um_part, pm, feeds, "act_bias_part")
+    byts = 3 * M * N * F32
+    row.update(mem_bytes=byts, mem_floor_ms=byts / ctx.bw * 1e3,
+               mem_part_fused_ms=r3["b"]["median_ms"])
+    row["part"] = ("act grad + bias grad" if want_db else "act grad", r3["a"]["median_ms"],
+                   r3["b"]["median_ms"])
 
 
-def attention_parts(ctx, row, node, ins, prof, op_of, t_fu):
+def attention_parts(ctx, row, node, ins, um, values, t_fu):
     dO, Q, K, V, P = ins[:5]
     ktr = int(_attr(node, "k_transposed", 0) or 0)
     sq, dv = dO.shape[-2], dO.shape[-1]
@@ -470,23 +489,45 @@ def attention_parts(ctx, row, node, ins, prof, op_of, t_fu):
     # a second copy of the same model as B: a self-comparison whose A side we use
     r = ctx.pair(gm, gm, feeds, "gemm_attn")
     gemm = r["a"]["median_ms"]
-    # the fused op's own GEMM time: the same op asked for dV only is one of its four GEMMs
-    # (P^T dO); the four have the same shape and FLOPs, so they take about 4x that
-    vn = helper.make_node("AttentionGrad", list(node.input), ["", "", "dV"], domain=FUSED_DOMAIN,
-                          **{a.name: helper.get_attribute_value(a) for a in node.attribute})
-    vin = [_vi(t, a) for t, a in zip(node.input, ins) if t]
-    vm = _model([vn], list({v.name: v for v in vin}.values()), [_f("dV", V.shape)], fused=True)
-    r2 = ctx.pair(vm, vm, {t: a for t, a in zip(node.input, ins) if t}, "attn_dv_only")
-    own_gemm = 4 * r2["a"]["median_ms"]
+    # the fused op's softmax backward (between its GEMMs) cannot be separated by timing from
+    # outside: the kernel times it itself ("AttentionGrad/softmax_ns"); the op runs here, in
+    # this process, and the rest of its time is its GEMMs
+    softmax_ms, whole_ms = attention_softmax_phase(node, ins, ctx.threads)
     byts = 3 * bh * sq * sk * F32  # softmax backward: read dP and P, write dS
-    row.update(gemm_ms=gemm, fused_gemm_ms=own_gemm, gemm_ratio=own_gemm / gemm, mem_bytes=byts,
-               mem_floor_ms=byts / ctx.bw * 1e3, mem_part_fused_ms=max(t_fu - own_gemm, 1e-6))
-    un_part = sum(v for k, v in prof.items() if op_of.get(k) not in GEMM_OPS)
-    row["part"] = ("softmax bwd + scale (est.: fused - 4 x its dV-only GEMM)", un_part,
-                   row["mem_part_fused_ms"])
+    row.update(gemm_ms=gemm, fused_gemm_ms=whole_ms - softmax_ms,
+               gemm_ratio=(whole_ms - softmax_ms) / gemm, mem_bytes=byts,
+               mem_floor_ms=byts / ctx.bw * 1e3, mem_part_fused_ms=softmax_ms)
+    um_part = unfused_part_model(um, values)
+    r3 = ctx.pair(um_part, um_part, {i.name: values[i.name] for i in um_part.graph.input},
+                  "attn_unfused_part")
+    row["part"] = ("softmax bwd + scale (kernel's own timer)", r3["a"]["median_ms"], softmax_ms)
 
 
-def conv_parts(ctx, row, node, ins, prof, op_of, t_fu, python):
+def attention_softmax_phase(node, ins, threads: int, seconds: float = 2.0) -> tuple[float, float]:
+    """(softmax-backward ms, whole-op ms) per call of the fused AttentionGrad node, medians over
+    `seconds` of runs in this process (onnxruntime), from the kernel's phase timer."""
+    import onnxruntime as ort
+
+    from ..library import kernel_calls, reset_kernel_calls, session_options
+
+    feeds = {t: a for t, a in zip(node.input, ins) if t}
+    outs = [_f(o, a.shape) for o, a in zip(node.output, ins[1:4]) if o]  # dQ~Q, dK~K, dV~V
+    m = _model([node], [_vi(t, a) for t, a in feeds.items()], outs, fused=True)
+    sess = ort.InferenceSession(m.SerializeToString(), session_options(threads=threads),
+                                providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        sess.run(None, feeds)
+    phase, whole, start = [], [], time.perf_counter()
+    while len(whole) < 20 or time.perf_counter() - start < seconds:
+        reset_kernel_calls()
+        t0 = time.perf_counter()
+        sess.run(None, feeds)
+        whole.append((time.perf_counter() - t0) * 1e3)
+        phase.append(kernel_calls("AttentionGrad/softmax_ns") / 1e6)
+    return float(np.median(phase)), float(np.median(whole))
+
+
+def conv_parts(ctx, row, node, ins, um, values):
     dY, Y, X, W, Cv = ins[:5]
     n, c, h, w = dY.shape
     cin, kh, kw = X.shape[1], W.shape[2], W.shape[3]
@@ -507,6 +548,11 @@ def conv_parts(ctx, row, node, ins, prof, op_of, t_fu, python):
     full_m = _model([full], fin, fouts, fused=True)
     r = ctx.pair(full_m, bn_m, feeds, "conv_bn_part")
     bn_part = r["b"]["median_ms"]
+    # the unfused ReluGrad + BatchNormalizationGrad alone, in one pair with the fused part
+    um_part = unfused_part_model(um, values)
+    pfeeds = dict(feeds)
+    pfeeds.update({i.name: values[i.name] for i in um_part.graph.input})
+    r_un = ctx.pair(um_part, bn_m, pfeeds, "conv_bn_unfused_part")
     # GEMM floor: the conv dgrad/wgrad as plain GEMMs in onnxruntime (im2col not counted)
     kc, hw = cin * kh * kw, h * w
     gfeeds = {"dC": _rand((n, c, hw), 1), "colsT": _rand((n, hw, kc), 2),
@@ -520,13 +566,9 @@ def conv_parts(ctx, row, node, ins, prof, op_of, t_fu, python):
                 gouts)
     r2 = ctx.pair(gm, gm, gfeeds, "gemm_conv")
     byts = 4 * T * F32  # read dY, Y (sign), Cv; write dC
-    un_part = sum(v for k, v in prof.items() if op_of.get(k) in ("ReluGrad",
-                                                                  "BatchNormalizationGrad"))
-    conv_un = sum(v for k, v in prof.items() if op_of.get(k) == "ConvGrad")
     row.update(gemm_ms=r2["a"]["median_ms"], mem_bytes=byts, mem_floor_ms=byts / ctx.bw * 1e3,
-               mem_part_fused_ms=bn_part, conv_unfused_ms=conv_un,
-               conv_fused_est_ms=max(t_fu - bn_part, 0.0))
-    row["part"] = ("ReLU+BN bwd", un_part, bn_part)
+               mem_part_fused_ms=bn_part)
+    row["part"] = ("ReLU+BN bwd", r_un["a"]["median_ms"], r_un["b"]["median_ms"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -714,15 +756,15 @@ def render(meta, ops, e2e, opt) -> str:
                  f"{_ms(r['floor_ms'])} | {r['floor_fraction']:.2f} | {r['spread']:.1%} |")
     L.append("\n### Parts of each fused op\n")
     L.append("Memory-bound part of the fused op: LayerNormGrad = the whole op; "
-             "LinearActivationGrad = the same op asked for dB only (act grad + bias grad, no "
-             "GEMMs; byte floor = read dY and X), or for bias-free layers fused time minus the "
-             "same op run with activation=identity and no dB; its GEMM part = that identity "
-             "variant vs onnxruntime's Gemm/MatMul on the same shapes; AttentionGrad = fused "
-             "time minus 4 x the same op asked for dV only (one of its four equal-sized GEMMs; "
-             "an estimate), its GEMM part = that 4 x vs onnxruntime's 4 MatMuls; ConvBnReluGrad = the op asked for dBc/dGamma/dBeta only (computes "
-             "the full dC, no conv). Unfused part = the corresponding nodes in an onnxruntime "
-             "profile of the unfused chain (act grad + ReduceSum + ...; ReluGrad + "
-             "BatchNormalizationGrad).\n")
+             "LinearActivationGrad = the same op asked for dZ (+ dB) only: act grad (+ bias "
+             "grad), no GEMMs, byte floor = read dY and X, write dZ; its GEMM part = the op run "
+             "with activation=identity vs onnxruntime's Gemm/MatMul on the same shapes; "
+             "AttentionGrad = its softmax backward as timed by the kernel itself (the phase "
+             "between its GEMMs, in this process), its GEMM part = the rest of its time vs "
+             "onnxruntime's 4 MatMuls; ConvBnReluGrad = the op asked for dBc/dGamma/dBeta only (computes the "
+             "full dC, no conv). Unfused part = the chain's non-GEMM nodes alone (act grad + "
+             "ReduceSum ...; ReluGrad + BatchNormalizationGrad), timed in one interleaved pair "
+             "with the fused part (AttentionGrad: timed alone).\n")
     L.append("| family | op | shape | mem-bound part ms | byte floor ms | x floor | GEMM: fused "
              "ms | GEMM: onnxruntime ms | GEMM ratio | part | unfused part ms | part speed-up |")
     L.append("|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")

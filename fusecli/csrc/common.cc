@@ -25,6 +25,9 @@ static std::atomic<int64_t> g_inplace[kNumOps];
 
 void count_call(OpId op) { g_calls[op].fetch_add(1, std::memory_order_relaxed); }
 void count_inplace(OpId op) { g_inplace[op].fetch_add(1, std::memory_order_relaxed); }
+static const char* const kPhaseNames[kNumPhases] = {"AttentionGrad/softmax_ns"};
+static std::atomic<int64_t> g_phase_ns[kNumPhases];
+void add_phase_ns(PhaseId phase, int64_t ns) { g_phase_ns[phase].fetch_add(ns, std::memory_order_relaxed); }
 
 // ---- attributes ---------------------------------------------------------------------------
 int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t dflt) {
@@ -508,10 +511,13 @@ ConvInputs::ConvInputs(Ort::KernelContext& ctx, const ConvAttrs& a)
 }  // namespace fusecli
 
 // ---- exported C entry points ----------------------------------------------------------------
-// "Op": calls of the op's kernels; "Op/inplace": calls whose in-place output (GetMayInplace) the
-// runtime had placed in the input's own buffer.
+// Counters: "Op": calls of the op's kernels; "Op/inplace": calls whose in-place output
+// (GetMayInplace) the runtime had placed in the input's own buffer; "Op/<phase>_ns": wall time
+// spent in a timed phase (see PhaseId). -1 for an unknown name.
 FUSECLI_EXPORT int64_t fusecli_kernel_calls(const char* op_name) {
   if (!op_name) return -1;
+  for (int i = 0; i < fusecli::kNumPhases; ++i)
+    if (std::strcmp(op_name, fusecli::kPhaseNames[i]) == 0) return fusecli::g_phase_ns[i].load();
   static const char kSuffix[] = "/inplace";
   const size_t len = std::strlen(op_name), sl = sizeof(kSuffix) - 1;
   const bool inplace = len > sl && std::strcmp(op_name + len - sl, kSuffix) == 0;
@@ -525,6 +531,7 @@ FUSECLI_EXPORT int64_t fusecli_kernel_calls(const char* op_name) {
 FUSECLI_EXPORT void fusecli_reset_kernel_calls(void) {
   for (auto& c : fusecli::g_calls) c.store(0);
   for (auto& c : fusecli::g_inplace) c.store(0);
+  for (auto& c : fusecli::g_phase_ns) c.store(0);
 }
 
 FUSECLI_EXPORT int fusecli_has_cuda(void) {

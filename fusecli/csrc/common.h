@@ -29,6 +29,10 @@ enum OpId { kActivationGrad = 0, kLinearActivationGrad, kAttentionGrad, kConvBnR
 extern const char* const kOpNames[kNumOps];
 void count_call(OpId op);
 void count_inplace(OpId op);  // the runtime placed an output in its input's buffer
+// Wall time spent in a kernel phase, for benchmarks that cannot separate it from outside
+// (AttentionGrad's softmax backward between its GEMMs). Read as "<Op>/<phase>_ns".
+enum PhaseId { kAttnSoftmaxPhase = 0, kNumPhases };
+void add_phase_ns(PhaseId phase, int64_t ns);
 
 // ---- errors -------------------------------------------------------------------------------
 struct OpError : std::runtime_error {

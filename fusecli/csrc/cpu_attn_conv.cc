@@ -1,6 +1,7 @@
 // CPU kernels: AttentionGrad, ConvBnReluGrad; and add_cpu_ops.
 #include <Eigen/Core>
 
+#include <chrono>
 #include <cmath>
 #include <memory>
 
@@ -92,6 +93,7 @@ void AttnKernel::Compute(OrtKernelContext* c) {
     mm.run(kc, false, true, nb, Sq, Sk, Dv, dOb, vb, ds.get());  // dP = dO V^T
     // dS = f * P * (dP - rowsum(dP * P)), in place, rows split over threads
     const int64_t rows = nb * Sq;
+    const auto t0 = std::chrono::steady_clock::now();
     parallel_for(rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, Sk)), [&](int, int64_t r0, int64_t r1) {
       for (int64_t i = r0; i < r1; ++i) {
         MA d(ds.get() + i * Sk, Sk);
@@ -100,6 +102,8 @@ void AttnKernel::Compute(OrtKernelContext* c) {
         d = (f * pr) * (d - rs);
       }
     });
+    add_phase_ns(kAttnSoftmaxPhase, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now() - t0).count());
     if (want_dq) {
       float* dqb = dq + b0 * Sq * D;
       mm.run(kc, false, k_transposed, nb, Sq, D, Sk, ds.get(), kb, dqb);  // dS K (K as [Sk, D])
