@@ -45,6 +45,7 @@ SAMPLE_NAMES = ["ortt_mlp", "ortt_block", "ortt_block_mul", "ortt_block_sdpa", "
 # 0.1 ms op gets hundreds of samples instead of 20 (medians of 20 had 10-50% interquartile range)
 OP_MIN_TIME_S = 2.0
 STEP_MIN_TIME_S = 5.0  # the same for whole training steps
+MAX_SPREAD = 0.2  # a comparison with a wider interquartile range / median is measured again
 GEMM_OPS = {"Gemm", "MatMul", "FusedMatMul", "FusedGemm", "ConvGrad", "Conv", "ConvTranspose"}
 F32 = 4
 
@@ -331,9 +332,27 @@ class Ctx:
     def pair(self, a: onnx.ModelProto, b: onnx.ModelProto, feeds: dict, stem: str,
              runs: int | None = None, python: str | None = None) -> dict:
         pa, pb = self.save(a, stem + "_a"), self.save(b, stem + "_b")
-        return run_bench(pa, pb, runs=runs or self.runs, warmup=self.warmup,
-                         threads=self.threads, feeds=feeds, peak_memory=False,
-                         runtime_python=python, min_time_s=OP_MIN_TIME_S)
+        return steadiest(lambda: run_bench(pa, pb, runs=runs or self.runs, warmup=self.warmup,
+                                           threads=self.threads, feeds=feeds, peak_memory=False,
+                                           runtime_python=python, min_time_s=OP_MIN_TIME_S))
+
+
+def _spread(res: dict) -> float:
+    return max((res[k]["p75_ms"] - res[k]["p25_ms"]) / res[k]["median_ms"] for k in ("a", "b"))
+
+
+def steadiest(measure, limit: float = MAX_SPREAD, tries: int = 3) -> dict:
+    """measure() again while its interquartile range exceeds `limit` of the median (load from
+    elsewhere on a shared machine), at most `tries` times; the steadiest result wins."""
+    best = None
+    for i in range(tries):
+        res = measure()
+        res["tries"] = i + 1
+        if best is None or _spread(res) < _spread(best):
+            best = res
+        if _spread(best) <= limit:
+            break
+    return best
 
 
 def op_benchmarks(ctx: Ctx, entries: dict, fused_dir: Path) -> list[dict]:
@@ -610,8 +629,9 @@ def e2e_benchmarks(ctx: Ctx, entries: dict, fused_dir: Path) -> list[dict]:
         final = [n for n in work.graph.node if n.domain == FUSED_DOMAIN]
         dims = entry.get("dims")
         try:
-            res = run_bench(src, dest, runs=ctx.runs, warmup=ctx.warmup, threads=ctx.threads,
-                            entry=entry, dims=dims, peak_memory=True, min_time_s=STEP_MIN_TIME_S)
+            res = steadiest(lambda: run_bench(
+                src, dest, runs=ctx.runs, warmup=ctx.warmup, threads=ctx.threads, entry=entry,
+                dims=dims, peak_memory=True, min_time_s=STEP_MIN_TIME_S))
             python = pick_runtime(orig)
             feeds = make_feeds(orig, entry, dims=dims)
             prof, op_of = profile_model(src, feeds, python, ctx.threads, lib)
@@ -725,7 +745,9 @@ def render(meta, ops, e2e, opt) -> str:
     L.append(f"- Each comparison: both models in one process, {meta['warmup']} warm-up runs each, "
              f"then at least {meta['runs']} interleaved runs (A B, B A, ...), more until "
              f"{OP_MIN_TIME_S:g} s (a fused-op comparison) or {STEP_MIN_TIME_S:g} s (a training "
-             "step) have passed; medians. In-place gradient "
+             f"step) have passed; medians. A comparison whose interquartile range exceeded "
+             f"{MAX_SPREAD:.0%} of its median (load from elsewhere on this shared machine) was "
+             "measured again, up to 3 times, and the steadiest kept. In-place gradient "
              "buffers are re-copied from the pristine feed before every run.")
     L.append(f"- Copy bandwidth measured in this run: numpy copy {meta['bw']['numpy_copy'] / 1e9:.2f} "
              f"GB/s, onnxruntime Add {meta['bw']['ort_add'] / 1e9:.2f} GB/s; the byte floors use "
