@@ -22,8 +22,8 @@ Peak memory ("peak_bytes"): measured per model in a FRESH child process (this sc
 resident set size (VmHWM, reset through /proc/self/clear_refs just before the run) minus the
 resident set size just before the run, over one run after one warm-up run. It counts everything
 the run allocates (intermediates, outputs, onnxruntime's own buffers) but not the feeds or the
-session's initializers. The reported value is the median of three such processes (a single
-one was seen off by 4 MiB). "peak_method" says which method was used; null where neither
+session's initializers. The child runs with a fixed glibc mmap threshold (64 KiB), so freed
+large blocks go back to the OS at once; the reported value is the median of three processes. "peak_method" says which method was used; null where neither
 /proc/self/clear_refs nor /proc/self/status is usable.
 
 Prints one JSON object on stdout; on error prints one line to stderr and exits 2.
@@ -118,7 +118,11 @@ def _measure_peak(args, which: str) -> tuple[int | None, str | None]:
         cmd += ["--library", args.library]
     if args.spinning:
         cmd.append("--spinning")
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    # a fixed mmap threshold: every large block is mmapped and unmapped when freed. glibc's
+    # default threshold adapts to earlier frees and keeps such blocks in its heap, which made
+    # the same step's peak vary by 3-4 MiB between processes.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         return None, None
     try:
@@ -135,7 +139,7 @@ def _median_peak(args, which: str, repeats: int = 3) -> tuple[int | None, str | 
     if not vals:
         return None, None
     method = next(m for p, m in got if p is not None)
-    return vals[len(vals) // 2], f"{method}, median of {len(vals)}"
+    return vals[len(vals) // 2], f"{method}, fixed mmap threshold, median of {len(vals)}"
 
 
 def _summary(times):
