@@ -113,7 +113,7 @@ def infer_output_types(node, type_of) -> list:
     elif op == "AttentionGrad":
         types = [like(1), like(2), like(3)]
     elif op == "ConvBnReluGrad":
-        types = [like(2), like(3), like(5), like(5), like(5)]
+        types = [like(2), like(3), like(5), like(5), like(5), like(0)]
     elif op == "LayerNormGrad":
         gamma = like(2) or vector_like(like(1), attrs.get("axis", -1))
         types = [like(1), gamma, gamma]

@@ -157,15 +157,16 @@ def _inplace_model(op, inputs, outs, intermediates, keep=(), elem=F32, **attrs):
             feeds[name] = arr
             g_in.append(helper.make_tensor_value_info(
                 name, helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape))
-    fused = [f"f_{o}" for o in outs]
+    fused = [f"f_{o}" if o else "" for o in outs]  # None: an output the node does not ask for
     fnode = helper.make_node(op, [n for n, _ in inputs], fused, domain="com.fusecli", **attrs)
     nodes.append(fnode)
-    nodes += [helper.make_node("Neg", [f], [o]) for f, o in zip(fused, outs)]
+    outs = [o for o in outs if o]
+    nodes += [helper.make_node("Neg", [f"f_{o}"], [o]) for o in outs]
     # the fused outputs' types, recorded as fusecli's rewriter records them: onnxruntime places an
     # output in an input's buffer only when it knows both sizes
     types = {v.name: v.type for v in g_in + inner}
     for f, t in zip(fused, infer_output_types(fnode, types.get)):
-        if t is not None:
+        if f and t is not None:
             inner.append(helper.make_value_info(f, t))
     g_out = [vi(o) for o in outs] + [vi(k, dict(inputs)[k].shape) for k in keep]
     g = helper.make_graph(nodes, "inplace", g_in, g_out, value_info=inner)
@@ -178,7 +179,7 @@ def _inplace_run(op, inputs, outs, intermediates, keep=(), elem=F32, **attrs):
     """Runs _inplace_model here; returns (negated-back outputs, kernel calls, in-place calls)."""
     model, feeds = _inplace_model(op, inputs, outs, intermediates, keep, elem, **attrs)
     library.reset_kernel_calls()
-    got = ort_session(model).run(outs, feeds)
+    got = ort_session(model).run([o for o in outs if o], feeds)
     return [-g for g in got], library.kernel_calls(op), library.kernel_calls(f"{op}/inplace")
 
 
@@ -226,13 +227,17 @@ def test_inplace_outputs_in_onnxruntime_training():
     rng = _rng("inplace-ortt")
     dy, x, a, w = rand(rng, (6, 40)), rand(rng, (6, 40), scale=2.0), rand(rng, (6, 9)), rand(rng, (40, 9))
     ln = _ln_inputs(rng, (6, 40), -1, F32)
+    conv = CONV_CASES[3]
+    cv = _conv_inputs(rng, *conv)
     cases = [("ActivationGrad", [("dY", dy), ("X", x)], ["dX"], dict(activation="gelu"),
               [R.activation_grad(dy, x, "gelu")]),
              ("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", w)],
               ["dA", "dW", "dB", "dZ"], dict(activation="gelu"),
               R.linear_activation_grad(dy, x, a, w, "gelu")),
              ("LayerNormGrad", list(ln.items()), ["dX", "dGamma", "dBeta"], {},
-              R.layer_norm_grad(*ln.values()))]
+              R.layer_norm_grad(*ln.values())),
+             ("ConvBnReluGrad", list(cv.items()), CONV_OUTS + ["dC"], _conv_attrs(*conv[7:]),
+              R.conv_bn_relu_grad(*cv.values(), *conv[7:]))]
     jobs = []
     for op, inputs, outs, attrs, _ in cases:
         model, feeds = _inplace_model(op, inputs, outs, {"dY"}, (), F32, **attrs)
@@ -481,6 +486,30 @@ def test_conv_bn_relu_grad_vs_reference(case, relu):
                               group=group, relu=relu)
     for g, r, nm in zip(got, ref, CONV_OUTS):
         assert_close(g, r, rtol=1e-3, atol_scale=1e-3, what=nm)
+
+
+@pytest.mark.parametrize("case", [CONV_CASES[2], CONV_CASES[3], CONV_CASES[6],
+                                  (2, 32, 32, 32, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1)],
+                         ids=["strided", "grouped", "grouped-pointwise", "two-chunks"])
+@pytest.mark.parametrize("dy_dead", [True, False])
+@pytest.mark.parametrize("present", [(1, 1, 1, 1, 1), (0, 0, 0, 0, 0)])
+def test_conv_bn_relu_grad_dc_output_in_place(case, dy_dead, present):
+    """Output 5 (dC, the working buffer fusecli always names) is the convolution-output gradient;
+    onnxruntime puts it in dY's buffer when dY is dead after the node (in-place pair dY -> dC),
+    and every output stays right. "two-chunks": each image's columns exceed the chunk budget, so
+    the images go one at a time."""
+    *dims, strides, pads, dilations, group = case
+    rng = _rng("conv-dc", case, dy_dead, present)
+    ins = _conv_inputs(rng, *dims, strides, pads, dilations, group)
+    outs = [o if p else None for o, p in zip(CONV_OUTS, present)] + ["dC"]
+    got, calls, inplace = _inplace_run("ConvBnReluGrad", list(ins.items()), outs, {"dY"},
+                                       () if dy_dead else {"dY"},
+                                       **_conv_attrs(strides, pads, dilations, group))
+    ref = dict(zip(CONV_OUTS + ["dC"], R.conv_bn_relu_grad(
+        *ins.values(), strides=strides, pads=pads, dilations=dilations, group=group)))
+    for g, nm in zip(got, [o for o in outs if o]):
+        assert_close(g, ref[nm], rtol=1e-3, atol_scale=1e-3, what=nm)
+    assert (calls, inplace) == (1, 1 if dy_dead else 0)
 
 
 @pytest.mark.parametrize("present", [

@@ -148,9 +148,13 @@ def test_fused_outputs_get_recorded_types():
 
 
 @pytest.mark.parametrize("name", SAMPLE_NAMES)
-def test_linear_ops_name_their_dz_workspace(name, optimized):
-    """Every LinearActivationGrad names output 3 (dZ, its working buffer, which onnxruntime may
-    place in dY's memory): a fresh tensor, read by nobody, not a graph output, typed like dY."""
+def test_fused_ops_name_their_workspace_outputs(name, optimized):
+    """Every output a contract marks `workspace` (LinearActivationGrad's dZ, ConvBnReluGrad's dC:
+    the op's working buffer, which onnxruntime may place in dY's memory) is named by the rewriter:
+    a fresh tensor, read by nobody, not a graph output, typed like dY."""
+    from fusecli.contracts import load_contracts
+
+    ops = load_contracts().ops
     m = onnx.load(optimized[name][0])
     producers = [o for n in m.graph.node for o in n.output if o]
     consumed = {i for n in m.graph.node for i in n.input}
@@ -158,14 +162,21 @@ def test_linear_ops_name_their_dz_workspace(name, optimized):
     orig = onnx.load(SAMPLES / f"{name}.onnx")
     orig_names = ({o for n in orig.graph.node for o in n.output} | {i.name for i in orig.graph.input}
                   | {t.name for t in orig.graph.initializer})
-    lins = [n for n in m.graph.node if n.op_type == "LinearActivationGrad"]
-    for n in lins:
-        assert len(n.output) == 4, n.name
-        dz = n.output[3]
-        assert dz and dz not in orig_names and producers.count(dz) == 1, dz
-        assert dz not in consumed and dz not in {o.name for o in m.graph.output}, dz
-        if n.input[0] in types:
-            assert types[dz] == types[n.input[0]], dz
+    seen = 0
+    for n in m.graph.node:
+        if n.op_type not in ops:
+            continue
+        for i, port in enumerate(ops[n.op_type].outputs):
+            if not port.workspace:
+                continue
+            seen += 1
+            ws = n.output[i] if i < len(n.output) else ""
+            assert ws and ws not in orig_names and producers.count(ws) == 1, (n.name, ws)
+            assert ws not in consumed and ws not in {o.name for o in m.graph.output}, ws
+            if n.input[0] in types:
+                assert types[ws] == types[n.input[0]], ws
+    fused_kinds = {n.op_type for n in m.graph.node} & {"LinearActivationGrad", "ConvBnReluGrad"}
+    assert (seen > 0) == bool(fused_kinds)
 
 
 def test_weight_transposes_are_folded_into_the_fused_op():

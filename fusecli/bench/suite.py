@@ -553,9 +553,9 @@ def conv_parts(ctx, row, node, ins, um, values):
     T = dY.size
     want_dx = bool(node.output[0])
     row["shape"] = f"N={n} C={c} Cin={cin} {h}x{w} k={kh}x{kw}" + ("" if want_dx else " (no dX)")
-    # the fused op's BN+ReLU part alone: ask only for dBc/dGamma/dBeta (dBc needs the full dC)
-    bn_node = helper.make_node("ConvBnReluGrad", list(node.input), ["", "", "dBc", "dG", "dB"],
-                               domain=FUSED_DOMAIN,
+    # the fused op's BN+ReLU part alone: ask only for dBc/dGamma/dBeta and dC (no conv)
+    bn_node = helper.make_node("ConvBnReluGrad", list(node.input),
+                               ["", "", "dBc", "dG", "dB", "dC"], domain=FUSED_DOMAIN,
                                **{a.name: helper.get_attribute_value(a) for a in node.attribute})
     feeds = {t: v for t, v in zip(node.input, ins) if t}
     fin = [_vi(t, v) for t, v in feeds.items()]
@@ -563,7 +563,8 @@ def conv_parts(ctx, row, node, ins, um, values):
                             domain=FUSED_DOMAIN,
                             **{a.name: helper.get_attribute_value(a) for a in node.attribute})
     fouts = [_f(o, {0: X.shape, 1: W.shape}.get(i, (c,))) for i, o in enumerate(node.output) if o]
-    bn_m = _model([bn_node], fin, [_f("dBc", (c,)), _f("dG", (c,)), _f("dB", (c,))], fused=True)
+    bn_m = _model([bn_node], fin, [_f("dBc", (c,)), _f("dG", (c,)), _f("dB", (c,)),
+                                   _f("dC", dY.shape)], fused=True)
     full_m = _model([full], fin, fouts, fused=True)
     r = ctx.pair(full_m, bn_m, feeds, "conv_bn_part")
     bn_part = r["b"]["median_ms"]
@@ -783,9 +784,9 @@ def render(meta, ops, e2e, opt) -> str:
              "with activation=identity vs onnxruntime's Gemm/MatMul on the same shapes; "
              "AttentionGrad = its softmax backward as timed by the kernel itself (the phase "
              "between its GEMMs, in this process), its GEMM part = the rest of its time vs "
-             "onnxruntime's 4 MatMuls; ConvBnReluGrad = the op asked for dBc/dGamma/dBeta only (computes the "
-             "full dC, no conv). Unfused part = the chain's non-GEMM nodes alone (act grad + "
-             "ReduceSum ...; ReluGrad + BatchNormalizationGrad), timed in one interleaved pair "
+             "onnxruntime's 4 MatMuls; ConvBnReluGrad = the op asked for dBc/dGamma/dBeta "
+             "and dC only (no conv), byte floor = read dY, Y, Cv, write dC. Unfused part = the "
+             "chain's non-GEMM nodes alone (act grad + ReduceSum ...; ReluGrad + BatchNormalizationGrad), timed in one interleaved pair "
              "with the fused part (AttentionGrad: timed alone).\n")
     L.append("| family | op | shape | mem-bound part ms | byte floor ms | x floor | GEMM: fused "
              "ms | GEMM: onnxruntime ms | GEMM ratio | part | unfused part ms | part speed-up |")

@@ -170,7 +170,7 @@ constexpr uint32_t kAll = 0xffffffffu;
 constexpr Signature kActivationGradSig{2, 1, 0, 0, 0};
 constexpr Signature kLinearActivationGradSig{4, 4, 1u << 3 /* W */, kAll, 0};
 constexpr Signature kAttentionGradSig{7, 3, (1u << 5) | (1u << 6) /* q/k_scale */, kAll, 0};
-constexpr Signature kConvBnReluGradSig{8, 5, 0, kAll, 0};
+constexpr Signature kConvBnReluGradSig{8, 6, 0, kAll, 0};
 constexpr Signature kLayerNormGradSig{6, 3, (1u << 2) | (1u << 5) /* gamma, dR */, kAll,
                                       (1u << 3) | (1u << 4) /* mean, inv_std */};
 
@@ -186,6 +186,7 @@ constexpr Inplace kNoInplace{0, {}, {}};
 constexpr Inplace kActivationGradInplace{1, {0}, {0}};        // dX over dY
 constexpr Inplace kLinearActivationGradInplace{1, {0}, {3}};  // the dZ workspace over dY
 constexpr Inplace kLayerNormGradInplace{2, {0, 5}, {0, 0}};   // dX over dY, else over dR
+constexpr Inplace kConvBnReluGradInplace{1, {0}, {5}};        // the dC workspace over dY
 
 template <typename TOp, typename TKernel, const Signature& S, const Inplace& IP = kNoInplace>
 struct SigOp : OpBase<TOp, TKernel> {

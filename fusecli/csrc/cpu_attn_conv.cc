@@ -126,7 +126,7 @@ struct ConvKernel : ConvAttrs {
   void Compute(OrtKernelContext* c);
   OrtMatMul mm;
 };
-struct ConvOp : SigOp<ConvOp, ConvKernel, kConvBnReluGradSig> {
+struct ConvOp : SigOp<ConvOp, ConvKernel, kConvBnReluGradSig, kConvBnReluGradInplace> {
   ConvOp() : SigOp("ConvBnReluGrad", nullptr) {}
 };
 
@@ -135,9 +135,9 @@ struct ConvGeom {
 };
 
 // cols[(ci*kh + i)*kw + j][oh*wo + ow] = x[ci][oh*sh - pt + i*dh][ow*sw - pl + j*dw] (0 outside)
-static void im2col(const float* x, const ConvGeom& g, float* cols) {
+static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t c0, int64_t c1) {
   const int64_t hw = g.ho * g.wo;
-  for (int64_t ci = 0; ci < g.cin_g; ++ci)
+  for (int64_t ci = c0; ci < c1; ++ci)
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
         float* dst = cols + ((ci * g.kh + i) * g.kw + j) * hw;
@@ -159,9 +159,9 @@ static void im2col(const float* x, const ConvGeom& g, float* cols) {
 }
 
 // dx[ci][ih][iw] += cols[...] (dx pre-zeroed)
-static void col2im(const float* cols, const ConvGeom& g, float* dx) {
+static void col2im(const float* cols, const ConvGeom& g, float* dx, int64_t c0, int64_t c1) {
   const int64_t hw = g.ho * g.wo;
-  for (int64_t ci = 0; ci < g.cin_g; ++ci)
+  for (int64_t ci = c0; ci < c1; ++ci)
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
         const float* src = cols + ((ci * g.kh + i) * g.kw + j) * hw;
@@ -197,6 +197,12 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   float* dbc = output_or_null<float>(ctx, 2, {C}, &want_dbc);
   float* dgo = output_or_null<float>(ctx, 3, {C}, &want_dg);
   float* dbo = output_or_null<float>(ctx, 4, {C}, &want_db);
+  // dC goes to output 5 when the node names it (fusecli always does: the runtime may have put
+  // it in dY's buffer, the in-place pair dY -> dC; each dC element is written after the sums of
+  // step 1 read all of dY, from the dY element at the same position), else to a chunk scratch.
+  bool have_dc;
+  float* dc_out = output_or_null<float>(ctx, 5, dy.shape, &have_dc);
+  if (have_dc && dc_out == dy.data) count_inplace(kConvBnReluGrad);
 
   const int64_t HW = H * Wd;
   const double R = static_cast<double>(N * HW);
@@ -239,7 +245,7 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   if (want_dg) std::copy(dgam.begin(), dgam.end(), dgo);
   if (want_db) std::copy(dbet.begin(), dbet.end(), dbo);
   if (want_dbc) std::copy(dbias.begin(), dbias.end(), dbc);
-  if (!want_dx && !want_dw) return;
+  if (!want_dx && !want_dw && !have_dc) return;
 
   // ---- conv dgrad (col2im of W^T dC) and wgrad (dC im2col(X)^T), per (image, group) ----
   // GEMMs through onnxruntime's MatMul (MLAS on the intra-op pool); im2col / col2im split over
@@ -251,40 +257,42 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   const float* xp = x.ptr<float>();
   const float* wp = w.ptr<float>();
   const int64_t khw = kh * kw;
-  // Images go in chunks of nb: im2col / col2im run one image per thread, each GEMM is one batched
-  // MatMul over the chunk (W broadcast for dgrad; wgrad partials [nb, Cg, Kc] summed after).
+  // Images go in chunks of nb: im2col / col2im run over (image, input channel) pairs on the
+  // threads, each GEMM is one batched MatMul over the chunk (W broadcast for dgrad; wgrad
+  // partials [nb, Cg, Kc] summed after). At most ~512 KiB of columns per chunk (one image when
+  // an image's columns are larger): the scratch stays small next to the activations (the fused
+  // CNN step's peak then matches the unfused one; 2 MiB chunks were no faster).
   const int64_t col_sz = Kc * HW;
   const bool direct = pointwise && group == 1;  // X and dX serve as the column matrices
-  // (~2 MiB of columns per chunk, at least one image per thread, a multiple of the thread
-  // count: the scratch stays small next to the activations, at no measurable cost in speed)
-  const int64_t T = num_threads();
-  int64_t nb_max = std::max<int64_t>(T, (int64_t(1) << 19) / std::max<int64_t>(1, std::max(direct ? Cg * HW : col_sz, Cg * Kc)));
-  nb_max = std::min<int64_t>(N, nb_max / T * T);
+  const int64_t per_image = std::max<int64_t>(1, std::max(direct ? Cg * HW : col_sz, Cg * Kc));
+  const int64_t nb_max = std::min<int64_t>(N, std::max<int64_t>(1, (int64_t(1) << 17) / per_image));
   std::unique_ptr<float[]> cols(direct ? nullptr : new float[static_cast<size_t>(nb_max * col_sz)]);
-  std::unique_ptr<float[]> dcc(new float[static_cast<size_t>(nb_max * C * HW)]);  // dC of a chunk
+  std::unique_ptr<float[]> dcc(have_dc ? nullptr : new float[static_cast<size_t>(nb_max * C * HW)]);
   const float rf = static_cast<float>(R);
   std::unique_ptr<float[]> dwt(want_dw ? new float[static_cast<size_t>(nb_max * Cg * Kc)] : nullptr);
   std::unique_ptr<float[]> dcs(group > 1 ? new float[static_cast<size_t>(nb_max * Cg * HW)] : nullptr);
   if (want_dw) std::fill(dw, dw + C * Kc, 0.f);
   for (int64_t n0 = 0; n0 < N; n0 += nb_max) {
     const int64_t nb = std::min(nb_max, N - n0);
+    float* dcn = have_dc ? dc_out + n0 * C * HW : dcc.get();  // the chunk's dC
     // dC = gamma inv_std / R (R dZ - sum dZ - xhat sum(dZ xhat)) for the chunk's images
     parallel_for(nb * C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
                  [&](int, int64_t j0, int64_t j1) {
       for (int64_t j = j0; j < j1; ++j) {
         const int64_t ch = j % C, off = (n0 * C + j) * HW;
         CA d(dyp + off, HW), yy(yp + off, HW), cc(cvp + off, HW);
-        MA o(dcc.get() + j * HW, HW);
+        MA o(dcn + j * HW, HW);
         if (relu) o = cfv[ch] * (rf * (yy > 0.f).select(d, 0.f) - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
         else o = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
       }
     });
+    if (!want_dx && !want_dw) continue;
     for (int64_t gi = 0; gi < group; ++gi) {
       // dC_g for the chunk as [nb, Cg, HW] (a view when group == 1, else a copy)
-      const float* dcg = dcc.get();
+      const float* dcg = dcn;
       if (group > 1) {
         for (int64_t i = 0; i < nb; ++i)
-          std::copy(dcc.get() + (i * C + gi * Cg) * HW, dcc.get() + (i * C + gi * Cg + Cg) * HW,
+          std::copy(dcn + (i * C + gi * Cg) * HW, dcn + (i * C + gi * Cg + Cg) * HW,
                     dcs.get() + i * Cg * HW);
         dcg = dcs.get();
       }
@@ -293,8 +301,11 @@ void ConvKernel::Compute(OrtKernelContext* c) {
       if (want_dw) {
         const float* colp = nullptr;
         if (!pointwise) {
-          parallel_for(nb, 1, [&](int, int64_t i0, int64_t i1) {
-            for (int64_t i = i0; i < i1; ++i) im2col(x_img(i), g, cols.get() + i * col_sz);
+          parallel_for(nb * g.cin_g, 1, [&](int, int64_t u0, int64_t u1) {
+            for (int64_t u = u0; u < u1; ++u) {
+              const int64_t i = u / g.cin_g, ci = u % g.cin_g;
+              im2col(x_img(i), g, cols.get() + i * col_sz, ci, ci + 1);
+            }
           });
           colp = cols.get();
         } else if (group == 1) {
@@ -317,14 +328,15 @@ void ConvKernel::Compute(OrtKernelContext* c) {
         }
         float* gcols = cols.get();
         mm.run(kc, true, false, nb, Kc, HW, Cg, wg, dcg, gcols, false, true);  // W_g^T dC_g[i]
-        parallel_for(nb, 1, [&](int, int64_t i0, int64_t i1) {
-          for (int64_t i = i0; i < i1; ++i) {
-            float* dxg = dx + ((n0 + i) * Cin + gi * g.cin_g) * Hin * Win;
+        parallel_for(nb * g.cin_g, 1, [&](int, int64_t u0, int64_t u1) {
+          for (int64_t u = u0; u < u1; ++u) {
+            const int64_t i = u / g.cin_g, ci = u % g.cin_g;
+            float* dxc = dx + ((n0 + i) * Cin + gi * g.cin_g + ci) * Hin * Win;  // one channel
             if (pointwise) {
-              std::copy(gcols + i * Kc * HW, gcols + (i + 1) * Kc * HW, dxg);
+              std::copy(gcols + i * Kc * HW + ci * HW, gcols + i * Kc * HW + (ci + 1) * HW, dxc);
             } else {
-              std::fill(dxg, dxg + g.cin_g * Hin * Win, 0.f);
-              col2im(gcols + i * col_sz, g, dxg);
+              std::fill(dxc, dxc + Hin * Win, 0.f);
+              col2im(gcols + i * col_sz, g, dxc - ci * Hin * Win, ci, ci + 1);
             }
           }
         });

@@ -258,11 +258,11 @@ __global__ void bn_stats_kernel(const float* __restrict__ dy, const float* __res
 }
 
 // dC = gamma inv_std / R (R dz - dbeta - xhat dgamma); dBc[c] = sum dC (one block per (channel, image-chunk)).
-__global__ void bn_dc_kernel(const float* __restrict__ dy, const float* __restrict__ y,
+__global__ void bn_dc_kernel(const float* dy, const float* __restrict__ y,
                              const float* __restrict__ cv, const float* __restrict__ gamma,
                              const float* __restrict__ mean, const float* __restrict__ istd,
                              const float* __restrict__ dgamma, const float* __restrict__ dbeta,
-                             float* __restrict__ dc, float* __restrict__ dbc, int64_t n, int64_t c,
+                             float* dc, float* __restrict__ dbc, int64_t n, int64_t c,  // dc may be dy
                              int64_t hw, int relu) {
   const int64_t ch = blockIdx.x;
   const float R = static_cast<float>(n * hw);
@@ -493,7 +493,7 @@ FUSECLI_EXPORT int fusecli_launch_attention_grad(void* stream, const float* dO, 
 
 FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(void* stream, const float* dy, const float* y,
     const float* x, const float* w, const float* cv, const float* gamma, const float* mean,
-    const float* inv_std, float* dx, float* dw, float* dbc, float* dgamma, float* dbeta, int64_t n,
+    const float* inv_std, float* dx, float* dw, float* dbc, float* dgamma, float* dbeta, float* dc_out, int64_t n,
     int64_t c, int64_t h, int64_t wd, int64_t cin, int64_t hin, int64_t win, int64_t kh, int64_t kw,
     int64_t stride_h, int64_t stride_w, int64_t pad_t, int64_t pad_l, int64_t pad_b, int64_t pad_r,
     int64_t dil_h, int64_t dil_w, int64_t group, int relu) {
@@ -501,7 +501,7 @@ FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(void* stream, const float* d
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (group < 1 || c % group || cin % group) return cudaErrorInvalidValue;
   const int64_t hw = h * wd;
-  const bool need_dc = dx || dw;
+  const bool need_dc = dx || dw || dc_out;
   Scratch ws_stats(s), ws_dc(s), ws_cols(s);
   RETURN_IF_ERR(ws_stats.alloc(static_cast<size_t>(2 * c) * sizeof(float)));
   float* sg = ws_stats.f();
@@ -514,7 +514,9 @@ FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(void* stream, const float* d
   }
   if (!need_dc && !dbc) return cudaSuccess;
   float* dc = nullptr;
-  if (need_dc) {
+  if (dc_out) {  // asked for; may be dY's own buffer (each element is read, then written)
+    dc = dc_out;
+  } else if (need_dc) {
     RETURN_IF_ERR(ws_dc.alloc(static_cast<size_t>(n * c * hw) * sizeof(float)));
     dc = ws_dc.f();
   }
@@ -522,7 +524,7 @@ FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(void* stream, const float* d
     bn_dc_kernel<<<static_cast<unsigned>(c), 256, 0, s>>>(dy, y, cv, gamma, mean, inv_std, sg, sb, dc, dbc, n, c, hw, relu);
     RETURN_IF_ERR(cudaGetLastError());
   }
-  if (!need_dc) return cudaSuccess;
+  if (!dx && !dw) return cudaSuccess;
   const int64_t cg = c / group, cin_g = cin / group, kc = cin_g * kh * kw;
   Geo g{cin, hin, win, kh, kw, h, wd, stride_h, stride_w, pad_t, pad_l, dil_h, dil_w};
   RETURN_IF_ERR(ws_cols.alloc(static_cast<size_t>(cin * kh * kw * hw) * sizeof(float)));

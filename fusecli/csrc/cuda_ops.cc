@@ -152,16 +152,17 @@ struct ConvKernel : ConvAttrs {
       float* dbc = opt_out<float>(ctx, 2, {C});
       float* dg = opt_out<float>(ctx, 3, {C});
       float* db = opt_out<float>(ctx, 4, {C});
+      float* dc = opt_out<float>(ctx, 5, in.dy.shape);
       check_cuda(fusecli_launch_conv_bn_relu_grad(ctx.GetGPUComputeStream(), in.dy.ptr<float>(),
                      in.y.ptr<float>(), in.x.ptr<float>(), in.w.ptr<float>(), in.cv.ptr<float>(),
                      in.gamma.ptr<float>(), in.mean.ptr<float>(), in.istd.ptr<float>(), dx, dw, dbc,
-                     dg, db, in.N, C, in.H, in.W, in.Cin, in.Hin, in.Win, in.kh, in.kw, strides[0], strides[1], pads[0], pads[1], pads[2], pads[3],
+                     dg, db, dc, in.N, C, in.H, in.W, in.Cin, in.Hin, in.Win, in.kh, in.kw, strides[0], strides[1], pads[0], pads[1], pads[2], pads[3],
                      dilations[0], dilations[1], group, relu ? 1 : 0),
                  "ConvBnReluGrad");
     });
   }
 };
-struct ConvOp : SigOp<ConvOp, ConvKernel, kConvBnReluGradSig> {
+struct ConvOp : SigOp<ConvOp, ConvKernel, kConvBnReluGradSig, kConvBnReluGradInplace> {
   ConvOp() : SigOp("ConvBnReluGrad", kCuda) {}
 };
 

@@ -45,7 +45,7 @@ int fusecli_launch_conv_bn_relu_grad(void* stream, const float* dy, const float*
                                      const float* x, const float* w, const float* cv,
                                      const float* gamma, const float* mean, const float* inv_std,
                                      float* dx, float* dw, float* dbc, float* dgamma, float* dbeta,
-                                     int64_t n, int64_t c, int64_t h, int64_t wd, int64_t cin,
+                                     float* dc, int64_t n, int64_t c, int64_t h, int64_t wd, int64_t cin,
                                      int64_t hin, int64_t win, int64_t kh, int64_t kw,
                                      int64_t stride_h, int64_t stride_w, int64_t pad_t,
                                      int64_t pad_l, int64_t pad_b, int64_t pad_r, int64_t dil_h,

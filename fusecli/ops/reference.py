@@ -125,7 +125,8 @@ def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pad
     dw = _conv_vjp_w(dc, x64, w64.shape, strides, pads, dilations, group)
     dbc = dc.sum(axis=(0, 2, 3))
     f = dy.dtype
-    return dx.astype(f), dw.astype(f), dbc.astype(f), dgamma.astype(f), dbeta.astype(f)
+    return (dx.astype(f), dw.astype(f), dbc.astype(f), dgamma.astype(f), dbeta.astype(f),
+            dc.astype(f))
 
 
 def _conv_vjp_x(dc, x_shape, w, strides, pads, dilations, group):

@@ -18,7 +18,7 @@ SIGNATURES = {
     "fusecli_launch_activation_grad_f16": [_P, _P, _P, _P, _I64, _I],
     "fusecli_launch_linear_activation_grad": [_P] * 9 + [_I64] * 3 + [_I, _I, _I],
     "fusecli_launch_attention_grad": [_P] * 9 + [_I64] * 5 + [_F, _F, _I],
-    "fusecli_launch_conv_bn_relu_grad": [_P] * 14 + [_I64] * 18 + [_I],
+    "fusecli_launch_conv_bn_relu_grad": [_P] * 15 + [_I64] * 18 + [_I],
     "fusecli_launch_layer_norm_grad": [_P] * 10 + [_I64] * 2,
     "fusecli_launch_layer_norm_grad_f16": [_P] * 6 + [_I] + [_P] * 4 + [_I64] * 2,
 }
@@ -108,16 +108,21 @@ def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, wan
 
 
 def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pads=(0, 0, 0, 0),
-                      dilations=(1, 1), group=1, relu=1, want=(1, 1, 1, 1, 1)):
+                      dilations=(1, 1), group=1, relu=1, want=(1, 1, 1, 1, 1), dc=None):
+    """dc: None, "out" (a separate dC output) or "inplace" (dC written over a copy of dY, as
+    onnxruntime's in-place plan does); with dc the result has a 6th item."""
     import torch
     c = dy.shape[1]
     shapes = [x.shape, w.shape, (c,), (c,), (c,)]
     outs = [torch.empty(s, device=dy.device, dtype=dy.dtype) if w_ else None for s, w_ in zip(shapes, want)]
+    if dc == "inplace":
+        dy = dy.clone()
+    dc_t = dy if dc == "inplace" else torch.empty_like(dy) if dc == "out" else None
     call("fusecli_launch_conv_bn_relu_grad", stream(), *(ptr(t) for t in (dy, y, x, w, cv, gamma, mean, inv_std)),
-         *(ptr(o) for o in outs), dy.shape[0], c, dy.shape[2], dy.shape[3], x.shape[1], x.shape[2],
-         x.shape[3], w.shape[2], w.shape[3], strides[0], strides[1], *pads, dilations[0], dilations[1],
-         group, relu)
-    return outs
+         *(ptr(o) for o in outs), ptr(dc_t), dy.shape[0], c, dy.shape[2], dy.shape[3], x.shape[1],
+         x.shape[2], x.shape[3], w.shape[2], w.shape[3], strides[0], strides[1], *pads, dilations[0],
+         dilations[1], group, relu)
+    return outs if dc is None else outs + [dc_t]
 
 
 def layer_norm_grad(dy, x, gamma, mean, inv_std, dr=None, want=(1, 1, 1)):
@@ -191,7 +196,7 @@ def ref_conv(dy, y, x, w, cv, gamma, mean, inv_std, strides, pads, dilations, gr
     dxp = torch.nn.grad.conv2d_input(xp.shape, w, dc, stride=strides, dilation=dilations, groups=group)
     dx = dxp[:, :, pt:pt + x.shape[2], pl:pl + x.shape[3]]
     dw = torch.nn.grad.conv2d_weight(xp, w.shape, dc, stride=strides, dilation=dilations, groups=group)
-    return dx, dw, dc.sum((0, 2, 3)), dgamma, dbeta
+    return dx, dw, dc.sum((0, 2, 3)), dgamma, dbeta, dc
 
 
 def ref_layer_norm(dy, x, gamma, mean, inv_std, dr=None):

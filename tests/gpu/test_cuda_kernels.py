@@ -138,6 +138,19 @@ def test_conv_bn_relu_grad(case, relu):
         _close(g, r, 1e-3, nm)
 
 
+@pytest.mark.parametrize("dc", ["out", "inplace"])
+@pytest.mark.parametrize("want", [(1, 1, 1, 1, 1), (0, 0, 0, 0, 0)])
+def test_conv_bn_relu_grad_dc_output(dc, want):
+    """Output 5 (dC), separate or in dY's own buffer as onnxruntime's in-place plan may place it."""
+    *dims, strides, pads, dil, group = CONV[1]
+    ins = _conv_inputs(*dims, strides, pads, dil, group)
+    got = L.conv_bn_relu_grad(*ins, strides, pads, dil, group, 1, want, dc=dc)
+    ref = L.ref_conv(*(t.double() for t in ins), strides, pads, dil, group, 1)
+    for wnt, g, r in zip(list(want) + [1], got, ref):
+        if wnt:
+            _close(g, r, 1e-3)
+
+
 @pytest.mark.parametrize("want", [(0, 1, 1, 1, 1), (1, 1, 0, 1, 1), (0, 0, 0, 1, 1), (1, 0, 0, 0, 0)])
 def test_conv_bn_relu_grad_optional(want):
     *dims, strides, pads, dil, group = CONV[1]
