@@ -434,7 +434,7 @@ def one_op(ctx: Ctx, name, entry, orig, rec, names, values, python, lib) -> dict
     elif op == "LinearActivationGrad":
         linear_parts(ctx, row, node, ins, um, values)
     elif op == "AttentionGrad":
-        attention_parts(ctx, row, node, ins, um, values, t_fu)
+        attention_parts(ctx, row, node, ins, um, values)
     elif op == "ConvBnReluGrad":
         conv_parts(ctx, row, node, ins, um, values)
     floor = row.get("gemm_ms", 0.0) + row.get("mem_floor_ms", 0.0)
@@ -493,7 +493,7 @@ def linear_parts(ctx, row, node, ins, um, values):
                    r3["b"]["median_ms"])
 
 
-def attention_parts(ctx, row, node, ins, um, values, t_fu):
+def attention_parts(ctx, row, node, ins, um, values):
     dO, Q, K, V, P = ins[:5]
     ktr = int(_attr(node, "k_transposed", 0) or 0)
     sq, dv = dO.shape[-2], dO.shape[-1]
