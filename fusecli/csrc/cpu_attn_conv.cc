@@ -19,16 +19,10 @@ using MA = Eigen::Map<Arr>;
 
 // ================================= AttentionGrad ============================================
 struct AttnOp;
-struct AttnKernel {
-  AttnKernel(const OrtKernelInfo* info, const AttnOp*)
-      : scale_q(attr_float(info, "scale_q", 1.f)),
-        scale_k(attr_float(info, "scale_k", 1.f)),
-        k_transposed(attr_int(info, "k_transposed", 0) != 0),
-        mm(info) {}
+struct AttnKernel : AttnAttrs {
+  AttnKernel(const OrtKernelInfo* info, const AttnOp*) : AttnAttrs(info), mm(info) {}
   OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
   void Compute(OrtKernelContext* c);
-  float scale_q, scale_k;
-  bool k_transposed;
   OrtMatMul mm;
 };
 struct AttnOp : SigOp<AttnOp, AttnKernel, kAttentionGradSig> {
@@ -39,26 +33,11 @@ void AttnKernel::Compute(OrtKernelContext* c) {
   PoolScope pool(c);
   count_call(kAttentionGrad);
   Ort::KernelContext ctx(c);
-  In dO = get_input(ctx, 0), q = get_input(ctx, 1), k = get_input(ctx, 2), v = get_input(ctx, 3),
-     p = get_input(ctx, 4), qs = get_input(ctx, 5), ks = get_input(ctx, 6);
-  for (const In* t : {&dO, &q, &k, &v, &p})
-    FUSECLI_CHECK(t->shape.size() >= 2, "AttentionGrad: every input needs rank >= 2");
-  FUSECLI_CHECK((!qs.present || qs.numel() == 1) && (!ks.present || ks.numel() == 1),
-                "AttentionGrad: q_scale and k_scale must be scalars");
-  const float scale_q = this->scale_q * (qs.present ? qs.ptr<float>()[0] : 1.f);
-  const float scale_k = this->scale_k * (ks.present ? ks.ptr<float>()[0] : 1.f);
-  const size_t r = p.shape.size();
-  const int64_t Sq = p.shape[r - 2], Sk = p.shape[r - 1];
-  const int64_t D = q.shape.back(), Dv = v.shape.back();
-  const int64_t B = prod(p.shape, 0, r - 2);
-  FUSECLI_CHECK(q.numel() == B * Sq * D, "AttentionGrad: Q must be [..., Sq, D] matching P");
-  FUSECLI_CHECK(dO.numel() == B * Sq * Dv, "AttentionGrad: dO must be [..., Sq, Dv]");
-  FUSECLI_CHECK(v.numel() == B * Sk * Dv, "AttentionGrad: V must be [..., Sk, Dv]");
-  FUSECLI_CHECK(k.numel() == B * Sk * D, "AttentionGrad: K must be [..., Sk, D] or [..., D, Sk]");
-  if (k_transposed)
-    FUSECLI_CHECK(k.shape[k.shape.size() - 2] == D && k.shape.back() == Sk, "AttentionGrad: K must be [..., D, Sk] (k_transposed=1)");
-  else
-    FUSECLI_CHECK(k.shape[k.shape.size() - 2] == Sk && k.shape.back() == D, "AttentionGrad: K must be [..., Sk, D]");
+  const AttnInputs in(ctx, *this);
+  const In &dO = in.dO, &q = in.q, &k = in.k, &v = in.v, &p = in.p;
+  const int64_t B = in.B, Sq = in.Sq, Sk = in.Sk, D = in.D, Dv = in.Dv;
+  const float scale_q = this->scale_q * (in.qs.present ? in.qs.ptr<float>()[0] : 1.f);
+  const float scale_k = this->scale_k * (in.ks.present ? in.ks.ptr<float>()[0] : 1.f);
 
   bool want_dq, want_dk, want_dv;
   float* dq = output_or_null<float>(ctx, 0, q.shape, &want_dq);

@@ -100,38 +100,25 @@ struct LinOp : SigOp<LinOp, LinKernel, kLinearActivationGradSig, kLinearActivati
 
 // ----------------------------------------------------------------------------------------------
 struct AttnOp;
-struct AttnKernel {
-  AttnKernel(const OrtKernelInfo* info, const AttnOp*)
-      : scale_q(attr_float(info, "scale_q", 1.f)), scale_k(attr_float(info, "scale_k", 1.f)),
-        k_transposed(attr_int(info, "k_transposed", 0) != 0) {}
+struct AttnKernel : AttnAttrs {
+  AttnKernel(const OrtKernelInfo* info, const AttnOp*) : AttnAttrs(info) {}
   OrtStatusPtr ComputeV2(OrtKernelContext* c) {
     return guarded([&] {
       count_call(kAttentionGrad);
       Ort::KernelContext ctx(c);
-      In dO = get_input(ctx, 0), q = get_input(ctx, 1), k = get_input(ctx, 2), v = get_input(ctx, 3),
-         p = get_input(ctx, 4), qs = get_input(ctx, 5), ks = get_input(ctx, 6);
-      for (const In* t : {&dO, &q, &k, &v, &p})
-        FUSECLI_CHECK(t->shape.size() >= 2, "AttentionGrad: every input needs rank >= 2");
+      const AttnInputs in(ctx, *this);
       float sq_extra = 1.f, sk_extra = 1.f;  // run-time scales live on the device: read them
-      if (qs.present) check_cuda(fusecli_read_scalar(ctx.GetGPUComputeStream(), qs.ptr<float>(), &sq_extra), "AttentionGrad");
-      if (ks.present) check_cuda(fusecli_read_scalar(ctx.GetGPUComputeStream(), ks.ptr<float>(), &sk_extra), "AttentionGrad");
-      const size_t r = p.shape.size();
-      const int64_t Sq = p.shape[r - 2], Sk = p.shape[r - 1], D = q.shape.back(), Dv = v.shape.back();
-      const int64_t B = prod(p.shape, 0, r - 2);
-      FUSECLI_CHECK(q.numel() == B * Sq * D && dO.numel() == B * Sq * Dv && v.numel() == B * Sk * Dv &&
-                        k.numel() == B * Sk * D,
-                    "AttentionGrad: shape mismatch");
-      float* dq = opt_out<float>(ctx, 0, q.shape);
-      float* dk = opt_out<float>(ctx, 1, k.shape);
-      float* dv = opt_out<float>(ctx, 2, v.shape);
-      check_cuda(fusecli_launch_attention_grad(ctx.GetGPUComputeStream(), dO.ptr<float>(), q.ptr<float>(),
-                     k.ptr<float>(), v.ptr<float>(), p.ptr<float>(), dq, dk, dv, B, Sq, Sk, D, Dv,
-                     scale_q * sq_extra, scale_k * sk_extra, k_transposed),
+      if (in.qs.present) check_cuda(fusecli_read_scalar(ctx.GetGPUComputeStream(), in.qs.ptr<float>(), &sq_extra), "AttentionGrad");
+      if (in.ks.present) check_cuda(fusecli_read_scalar(ctx.GetGPUComputeStream(), in.ks.ptr<float>(), &sk_extra), "AttentionGrad");
+      float* dq = opt_out<float>(ctx, 0, in.q.shape);
+      float* dk = opt_out<float>(ctx, 1, in.k.shape);
+      float* dv = opt_out<float>(ctx, 2, in.v.shape);
+      check_cuda(fusecli_launch_attention_grad(ctx.GetGPUComputeStream(), in.dO.ptr<float>(), in.q.ptr<float>(),
+                     in.k.ptr<float>(), in.v.ptr<float>(), in.p.ptr<float>(), dq, dk, dv, in.B, in.Sq, in.Sk,
+                     in.D, in.Dv, scale_q * sq_extra, scale_k * sk_extra, k_transposed),
                  "AttentionGrad");
     });
   }
-  float scale_q, scale_k;
-  bool k_transposed;
 };
 struct AttnOp : SigOp<AttnOp, AttnKernel, kAttentionGradSig> {
   AttnOp() : SigOp("AttentionGrad", kCuda) {}
