@@ -133,20 +133,12 @@ def copy_bandwidth(threads: int, repeats: int = 5) -> dict:
 def profile_model(path, feeds: dict, python: str, threads: int, library: str | None,
                   repeat: int = 4) -> tuple[dict[str, float], dict[str, str]]:
     """Per-node mean kernel time (ms per run) from an onnxruntime profile (ORT_ENABLE_ALL)."""
-    from ..verify import WORKER
+    from ..verify import run_in_runtime
 
     with tempfile.TemporaryDirectory(prefix="fusecli-prof-") as tmp:
-        fpath = Path(tmp) / "feeds.npz"
-        np.savez(fpath, **feeds)
-        cmd = [python, str(WORKER), "--model", str(path), "--feeds", str(fpath), "--out",
-               str(Path(tmp) / "out.npz"), "--opt-level", "all", "--threads", str(threads),
-               "--profile", tmp, "--repeat", str(repeat)]
-        if library:
-            cmd += ["--library", library]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr.strip().splitlines()[-1])
-        info = json.loads(proc.stdout.strip().splitlines()[-1])
+        _, info = run_in_runtime(path, feeds, python, library=library, opt_level="all",
+                                 extra=["--threads", str(threads), "--profile", tmp,
+                                        "--repeat", str(repeat)])
         events = json.loads(Path(info["profile"]).read_text())
     per_node: dict[str, float] = {}
     op_of: dict[str, str] = {}
@@ -170,14 +162,15 @@ def by_op(per_node: dict[str, float], op_of: dict[str, str], top: int = 5) -> st
 
 
 # ---------------------------------------------------------------------------------------------
-def fuse(src: Path, dest: Path):
-    from ..fusion import FusionPass
-
-    m = onnx.load(str(src))
-    fp = FusionPass()
-    fp.run(m)
-    onnx.save(m, str(dest))
-    return fp.stats
+def load_and_fuse(name: str):
+    """(path, original model, fused copy, final fusion records, expanded names) of a
+    benchmark-size sample."""
+    src = BENCH_SAMPLES / f"{name}.onnx"
+    orig = onnx.load(str(src))
+    work = onnx.ModelProto()
+    work.CopyFrom(orig)
+    _, recs, expanded = fuse_with_records(work)
+    return src, orig, work, recs, expanded
 
 
 def fuse_with_records(model: onnx.ModelProto):
@@ -361,21 +354,16 @@ def steadiest(measure, limit: float = MAX_SPREAD, tries: int = 3) -> dict:
     return best
 
 
-def op_benchmarks(ctx: Ctx, entries: dict, fused_dir: Path) -> list[dict]:
+def op_benchmarks(ctx: Ctx, entries: dict) -> list[dict]:
     """Section (a): every distinct fused op (op, attributes, shapes) of the benchmark samples."""
     from ..feeds import make_feeds
-    from ..fusion import FusionPass
     from ..library import library_path
     from ..verify import pick_runtime
 
     lib = library_path()
     rows, seen = [], set()
     for name, entry in entries.items():
-        src = BENCH_SAMPLES / f"{name}.onnx"
-        orig = onnx.load(str(src))
-        work = onnx.ModelProto()
-        work.CopyFrom(orig)
-        _, recs, expanded = fuse_with_records(work)
+        src, orig, _, recs, expanded = load_and_fuse(name)
         python = pick_runtime(orig)
         feeds = make_feeds(orig, entry, dims=entry.get("dims"))
         inits = {t.name for t in orig.graph.initializer}
@@ -420,7 +408,7 @@ def one_op(ctx: Ctx, name, entry, orig, rec, names, values, python, lib) -> dict
     op = node.op_type
     ins = [values[t] if t else None for t in node.input]
     if op == "LayerNormGrad":
-        dY, X = ins[0], ins[1]
+        dY = ins[0]
         dR = ins[5] if len(ins) > 5 else None
         byts = (dY.size * 3 + (dR.size if dR is not None else 0)) * F32
         row.update(shape=f"{list(dY.shape)}", mem_bytes=byts, mem_floor_ms=byts / bw * 1e3,
@@ -445,7 +433,6 @@ def one_op(ctx: Ctx, name, entry, orig, rec, names, values, python, lib) -> dict
 
 def linear_parts(ctx, row, node, ins, um, values):
     dY, X, A = ins[0], ins[1], ins[2]
-    W = ins[3] if len(ins) > 3 else None
     N, K = dY.shape[-1], A.shape[-1]
     M = dY.size // N
     trans_w = int(_attr(node, "trans_w", 0) or 0)
@@ -618,7 +605,6 @@ def chain_floor_bytes(node: onnx.NodeProto, shapes: dict[str, tuple]) -> int:
 
 def e2e_benchmarks(ctx: Ctx, entries: dict, fused_dir: Path) -> list[dict]:
     from ..feeds import make_feeds
-    from ..fusion import FusionPass
     from ..library import library_path
     from ..verify import pick_runtime
 
@@ -626,11 +612,7 @@ def e2e_benchmarks(ctx: Ctx, entries: dict, fused_dir: Path) -> list[dict]:
     rows = []
     for name, entry in entries.items():
         log(f"(b) {name}")
-        src = BENCH_SAMPLES / f"{name}.onnx"
-        orig = onnx.load(str(src))
-        work = onnx.ModelProto()
-        work.CopyFrom(orig)
-        _, _, expanded = fuse_with_records(work)
+        src, orig, work, _, expanded = load_and_fuse(name)
         dest = fused_dir / f"{name}.fused.onnx"
         onnx.save(work, str(dest))
         final = [n for n in work.graph.node if n.domain == FUSED_DOMAIN]
@@ -741,6 +723,11 @@ def _mib(v):
     return "n/a" if v is None else f"{v / 2**20:.1f}"
 
 
+def _op_label(r: dict) -> str:
+    act = r["attrs"].get("activation")
+    return r["op"] + (f" {act}" if act else "")
+
+
 def render(meta, ops, e2e, opt) -> str:
     L = []
     L.append("# fusecli benchmarks (issue #4)\n")
@@ -781,9 +768,7 @@ def render(meta, ops, e2e, opt) -> str:
             L.append(f"| | {r['sample']} | {r['op']} ({r['rule']}) | ERROR: {r['error']} "
                      "| | | | | | |")
             continue
-        act = r["attrs"].get("activation")
-        opn = r["op"] + (f" {act}" if act else "")
-        L.append(f"| {r['family']} | {r['sample']} | {opn} | {r['shape']} | "
+        L.append(f"| {r['family']} | {r['sample']} | {_op_label(r)} | {r['shape']} | "
                  f"{_ms(r['unfused_ms'])} | {_ms(r['fused_ms'])} | {r['speedup']:.2f}x | "
                  f"{_ms(r['floor_ms'])} | {r['floor_fraction']:.2f} | {r['spread']:.1%} |")
     L.append("\n### Parts of each fused op\n")
@@ -803,25 +788,18 @@ def render(meta, ops, e2e, opt) -> str:
     for r in ops:
         if "error" in r:
             continue
-        act = r["attrs"].get("activation")
-        opn = r["op"] + (f" {act}" if act else "")
         part = r.get("part")
         mp, mf = r.get("mem_part_fused_ms"), r.get("mem_floor_ms")
-        direct = r["op"] in ("LayerNormGrad", "ActivationGrad", "ConvBnReluGrad") or (
-            part is not None and "est." not in part[0])
-        xf = f"{mp / mf:.2f}" if mp and mf and (direct or mp > 0.03 * r["fused_ms"]) else "n/m"
-        L.append(f"| {r['family']} | {opn} | {r['shape']} | {_ms(mp)} | {_ms(mf)} | {xf} | "
-                 f"{_ms(r.get('fused_gemm_ms'))} | {_ms(r.get('gemm_ms'))} | "
+        xf = f"{mp / mf:.2f}" if mp and mf else "–"
+        L.append(f"| {r['family']} | {_op_label(r)} | {r['shape']} | {_ms(mp)} | {_ms(mf)} | "
+                 f"{xf} | {_ms(r.get('fused_gemm_ms'))} | {_ms(r.get('gemm_ms'))} | "
                  + (f"{r['gemm_ratio']:.3f}" if 'gemm_ratio' in r else "–") + " | "
-                 + (f"{part[0]} | {_ms(part[1])} | " + (f"{part[1] / part[2]:.2f}x |"
-                    if part[2] > 0.03 * r["fused_ms"] or "est." not in part[0]
-                    else "n/m (part below noise) |") if part
+                 + (f"{part[0]} | {_ms(part[1])} | {part[1] / part[2]:.2f}x |" if part
                     else "– | – | – |"))
     L.append("\nWhere the unfused chains spend their time (onnxruntime profile, top op types):\n")
     for r in ops:
         if "error" not in r:
-            L.append(f"- {r['family']} {r['op']} {r['attrs'].get('activation') or ''} "
-                     f"({r['shape']}): {r['unfused_profile']}")
+            L.append(f"- {r['family']} {_op_label(r)} ({r['shape']}): {r['unfused_profile']}")
     L.append("\n## (b) Training step, per sample (benchmark sizes)\n")
     L.append("Ideal = unfused step time minus, for every fused chain, (chain time - chain floor), "
              "chain times from an onnxruntime profile of the unfused step (ORT_ENABLE_ALL, mean "
@@ -889,7 +867,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="chains-", dir=WORKDIR) as tmp:
         ctx = Ctx(args.threads, args.runs, args.warmup, bw["used"], Path(tmp))
         if "ops" not in args.skip:
-            ops = op_benchmarks(ctx, entries, fused_dir)
+            ops = op_benchmarks(ctx, entries)
         if "e2e" not in args.skip:
             e2e = e2e_benchmarks(ctx, entries, fused_dir)
     if "optimizer" not in args.skip:
