@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import tempfile
 from pathlib import Path
 

@@ -269,7 +269,6 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
 
 
 def _parse_replace(src, raw, captures, const_vars) -> Replacement:
-    line = _line(raw)
     if not isinstance(raw, dict):
         raise RuleError(src, "'replace' must be a mapping with op, inputs, outputs, attrs", None)
     contracts = load_contracts()

@@ -7,7 +7,6 @@ Every builder returns a ModelProto that passes onnx.checker (custom/training dom
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 MS = "com.microsoft"

@@ -405,7 +405,6 @@ def _feeds(m):
 
 def test_subgraph_holding_a_fusible_chain_is_left_intact(tmp_path):
     inner = builders.ortt_linear_act("relu")     # the whole chain inside the then-branch
-    top = builders.ortt_linear_act("relu")       # and a copy at top level
     for n in inner.graph.node:
         n.name = "in_" + n.name if n.name else ""
     ren = {t: "in_" + t for t in ("dZ", "db_raw", "db", "dW", "dA")}

@@ -13,9 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
-import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto
