@@ -44,6 +44,17 @@ def assert_close(got, ref, rtol=2e-4, atol_scale=2e-4, what=""):
                                atol=atol_scale * scale, err_msg=what)
 
 
+def assert_requested(present, got, ref, names=None, **tol):
+    """Optional outputs: each requested one (present[i] true) matches its reference, each
+    omitted one came back as None."""
+    names = names or [str(i) for i in range(len(present))]
+    for p, g, r, nm in zip(present, got, ref, names):
+        if p:
+            assert_close(g, r, what=nm, **tol)
+        else:
+            assert g is None, f"{nm} was not requested but came back"
+
+
 def tol(dtype):
     return dict(rtol=2e-4, atol_scale=2e-4) if np.dtype(dtype) == np.float32 else \
         dict(rtol=1e-2, atol_scale=1e-2)

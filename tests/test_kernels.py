@@ -15,8 +15,8 @@ from fusecli import library
 from fusecli.contracts import infer_output_types
 from fusecli.ops import reference as R
 
-from kernel_helpers import (OPSET, Builder, act_grad_subgraph, assert_close, fused_model, ort_session,
-                            rand, run_fused, run_in_ortt, tol)
+from kernel_helpers import (OPSET, Builder, act_grad_subgraph, assert_close, assert_requested,
+                            fused_model, ort_session, rand, run_fused, run_in_ortt, tol)
 
 ACTS = ["relu", "gelu", "gelu_tanh", "silu"]
 F32, F16 = np.float32, np.float16
@@ -130,11 +130,7 @@ def test_linear_activation_grad_optional_outputs(mask, trans_w):
     got = run_fused("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", w)], outs,
                     activation="gelu", trans_w=trans_w)
     ref = R.linear_activation_grad(dy, x, a, w, "gelu", trans_w)
-    for m, g, r in zip(mask, got, ref):
-        if m:
-            assert_close(g, r)
-        else:
-            assert g is None
+    assert_requested(mask, got, ref)
 
 
 def _inplace_model(op, inputs, outs, intermediates, keep=(), elem=F32, **attrs):
@@ -277,11 +273,7 @@ def test_linear_activation_grad_without_w(outs, act, trans_w):
                     activation=act, trans_w=trans_w)
     ref = R.linear_activation_grad(dy, x, a, None, act, trans_w)
     assert got[0] is None and ref[0] is None
-    for o, g, r, nm in zip(outs, got, ref, ["dA", "dW", "dB"]):
-        if o:
-            assert_close(g, r, what=nm)
-        else:
-            assert g is None
+    assert_requested(outs, got, ref, ["dA", "dW", "dB"])
 
 
 def test_linear_activation_grad_da_without_w_is_an_error():
@@ -356,11 +348,7 @@ def test_attention_grad_optional_outputs_and_defaults(mask):
     outs = [(nm, F32) if m else None for nm, m in zip(["dQ", "dK", "dV"], mask)]
     got = run_fused("AttentionGrad", [("dO", do), ("Q", q), ("K", k), ("V", v), ("P", p)], outs)
     ref = R.attention_grad(do, q, k, v, p)  # default scales 1.0, k_transposed 0
-    for m, g, r in zip(mask, got, ref):
-        if m:
-            assert_close(g, r)
-        else:
-            assert g is None
+    assert_requested(mask, got, ref)
 
 
 @pytest.mark.parametrize("k_transposed", [0, 1])
@@ -529,11 +517,7 @@ def test_conv_bn_relu_grad_optional_outputs(present):
                     **_conv_attrs(strides, pads, dilations, group))
     ref = R.conv_bn_relu_grad(*ins.values(), strides=strides, pads=pads, dilations=dilations,
                               group=group)
-    for p, g, r in zip(present, got, ref):
-        if p:
-            assert_close(g, r, rtol=1e-3, atol_scale=1e-3)
-        else:
-            assert g is None
+    assert_requested(present, got, ref, CONV_OUTS, rtol=1e-3, atol_scale=1e-3)
 
 
 def test_conv_bn_relu_grad_default_attributes():
@@ -644,11 +628,7 @@ def test_layer_norm_grad_optional_outputs(outs, with_dr):
     req = [(nm, F32) if o else None for nm, o in zip(["dX", "dGamma", "dBeta"], outs)]
     got = run_fused("LayerNormGrad", list(ins.items()), req)
     ref = R.layer_norm_grad(*ins.values())
-    for o, g, r in zip(outs, got, ref):
-        if o:
-            assert_close(g, r)
-        else:
-            assert g is None
+    assert_requested(outs, got, ref)
 
 
 @pytest.mark.parametrize("outs", [(0, 1, 1), (0, 1, 0), (0, 0, 1)])

@@ -74,6 +74,17 @@ def activation_grad(dy, x, act):
     return out
 
 
+def _workspace(dy, mode):
+    """(dY to pass, workspace output) for an op's dY-shaped workspace output (dZ, dC): mode None
+    (not requested), "out" (a separate tensor) or "inplace" (a copy of dY that the op
+    overwrites, as onnxruntime's in-place plan does)."""
+    import torch
+    if mode == "inplace":
+        dy = dy.clone()
+        return dy, dy
+    return dy, (torch.empty_like(dy) if mode == "out" else None)
+
+
 def linear_activation_grad(dy, x, a, w, act, trans_w=0, want=(1, 1, 1), trans_dw=None, dz=None):
     """dz: None (no dZ output), "out" (a separate dZ tensor) or "inplace" (dZ written over a
     copy of dY, as onnxruntime's in-place plan does); with dz the result has a 4th item."""
@@ -85,12 +96,7 @@ def linear_activation_grad(dy, x, a, w, act, trans_w=0, want=(1, 1, 1), trans_dw
     dw = (torch.empty_like(w) if trans_dw == trans_w else torch.empty_like(w.t())) \
         if want[1] else None
     db = torch.empty(n, device=dy.device, dtype=dy.dtype) if want[2] else None
-    dz_t = None
-    if dz == "inplace":
-        dy = dy.clone()
-        dz_t = dy
-    elif dz == "out":
-        dz_t = torch.empty_like(dy)
+    dy, dz_t = _workspace(dy, dz)
     call("fusecli_launch_linear_activation_grad", stream(), ptr(dy), ptr(x), ptr(a), ptr(w),
          ptr(da), ptr(dw), ptr(db), ptr(dz_t), m, n, k, ACT[act], trans_w, trans_dw)
     return (da, dw, db) if dz is None else (da, dw, db, dz_t)
@@ -115,9 +121,7 @@ def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pad
     c = dy.shape[1]
     shapes = [x.shape, w.shape, (c,), (c,), (c,)]
     outs = [torch.empty(s, device=dy.device, dtype=dy.dtype) if w_ else None for s, w_ in zip(shapes, want)]
-    if dc == "inplace":
-        dy = dy.clone()
-    dc_t = dy if dc == "inplace" else torch.empty_like(dy) if dc == "out" else None
+    dy, dc_t = _workspace(dy, dc)
     call("fusecli_launch_conv_bn_relu_grad", stream(), *(ptr(t) for t in (dy, y, x, w, cv, gamma, mean, inv_std)),
          *(ptr(o) for o in outs), ptr(dc_t), dy.shape[0], c, dy.shape[2], dy.shape[3], x.shape[1],
          x.shape[2], x.shape[3], w.shape[2], w.shape[3], strides[0], strides[1], *pads, dilations[0],

@@ -33,6 +33,14 @@ def _close(got, ref, tol=2e-4, what=""):
     torch.testing.assert_close(got, ref, rtol=tol, atol=tol * scale, msg=lambda m: f"{what}: {m}")
 
 
+def _check_requested(want, got, ref, tol=2e-4):
+    """Each requested output matches its reference; each omitted one came back as None."""
+    for wnt, g, r in zip(want, got, ref):
+        assert (g is None) == (not wnt)
+        if wnt:
+            _close(g, r, tol)
+
+
 def _rand(*shape, dtype=None, scale=1.0, gen=None):
     t = torch.randn(*shape, device="cuda", dtype=torch.float64, generator=gen) * scale
     t = torch.where(t.abs() < 1e-3, torch.full_like(t, 1e-3), t)
@@ -84,10 +92,7 @@ def test_linear_activation_grad_optional(want):
     dy, x, a, w = _rand(9, 19), _rand(9, 19), _rand(9, 11), _rand(19, 11)
     got = L.linear_activation_grad(dy, x, a, w, "gelu", 0, want)
     ref = L.ref_linear(dy.double(), x.double(), a.double(), w.double(), "gelu", 0)
-    for wnt, g, r in zip(want, got, ref):
-        assert (g is None) == (not wnt)
-        if wnt:
-            _close(g, r)
+    _check_requested(want, got, ref)
 
 
 @pytest.mark.parametrize("kt", [0, 1])
@@ -138,29 +143,17 @@ def test_conv_bn_relu_grad(case, relu):
         _close(g, r, 1e-3, nm)
 
 
-@pytest.mark.parametrize("dc", ["out", "inplace"])
-@pytest.mark.parametrize("want", [(1, 1, 1, 1, 1), (0, 0, 0, 0, 0)])
-def test_conv_bn_relu_grad_dc_output(dc, want):
-    """Output 5 (dC), separate or in dY's own buffer as onnxruntime's in-place plan may place it."""
+@pytest.mark.parametrize("dc", [None, "out", "inplace"])
+@pytest.mark.parametrize("want", [(1, 1, 1, 1, 1), (0, 1, 1, 1, 1), (1, 1, 0, 1, 1),
+                                  (0, 0, 0, 1, 1), (1, 0, 0, 0, 0), (0, 0, 0, 0, 0)])
+def test_conv_bn_relu_grad_optional(want, dc):
+    """Any subset of outputs, plus output 5 (dC) separate or in dY's own buffer as
+    onnxruntime's in-place plan may place it."""
     *dims, strides, pads, dil, group = CONV[1]
     ins = _conv_inputs(*dims, strides, pads, dil, group)
     got = L.conv_bn_relu_grad(*ins, strides, pads, dil, group, 1, want, dc=dc)
     ref = L.ref_conv(*(t.double() for t in ins), strides, pads, dil, group, 1)
-    for wnt, g, r in zip(list(want) + [1], got, ref):
-        if wnt:
-            _close(g, r, 1e-3)
-
-
-@pytest.mark.parametrize("want", [(0, 1, 1, 1, 1), (1, 1, 0, 1, 1), (0, 0, 0, 1, 1), (1, 0, 0, 0, 0)])
-def test_conv_bn_relu_grad_optional(want):
-    *dims, strides, pads, dil, group = CONV[1]
-    ins = _conv_inputs(*dims, strides, pads, dil, group)
-    got = L.conv_bn_relu_grad(*ins, strides, pads, dil, group, 1, want)
-    ref = L.ref_conv(*(t.double() for t in ins), strides, pads, dil, group, 1)
-    for wnt, g, r in zip(want, got, ref):
-        assert (g is None) == (not wnt)
-        if wnt:
-            _close(g, r, 1e-3)
+    _check_requested(list(want) + ([1] if dc else []), got, ref, 1e-3)
 
 
 @pytest.mark.parametrize("dtype,stats", [("float32", "float32"), ("float16", "float32"), ("float16", "float16")])
@@ -189,7 +182,4 @@ def test_layer_norm_grad_optional_outputs():
     for want in [(1, 0, 0), (0, 1, 1), (1, 1, 0)]:
         got = L.layer_norm_grad(dy, x, gamma, mean, inv_std, None, want)
         ref = L.ref_layer_norm(dy.double(), x.double(), gamma.double(), mean.double(), inv_std.double())
-        for wnt, g, r in zip(want, got, ref):
-            assert (g is None) == (not wnt)
-            if wnt:
-                _close(g, r)
+        _check_requested(want, got, ref)
