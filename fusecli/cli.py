@@ -25,6 +25,9 @@ def _log(ctx_quiet: bool, msg: str) -> None:
         click.echo(msg, err=True)
 
 
+_RULES = click.option("--rules", "rules", multiple=True, type=click.Path(path_type=Path),
+                      help="Rule file or folder (repeatable). Default: the shipped rules.")
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 _PROVIDER = click.option(
     "--provider", type=click.Choice(["any", "cpu", "cuda"]), default="any", show_default=True,
     help="Fuse only where fusecli's library has a kernel for this execution provider.")
@@ -59,13 +62,12 @@ def cli():
 @click.argument("model", type=click.Path(dir_okay=True, path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Where to write the fused "
               "model (required unless --dry-run).")
-@click.option("--rules", "rules", multiple=True, type=click.Path(path_type=Path),
-              help="Rule file or folder (repeatable). Default: the shipped rules.")
+@_RULES
 @click.option("--only", multiple=True, help="Apply only this pattern or rule (repeatable).")
 @click.option("--skip", multiple=True, help="Do not apply this pattern or rule (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Match and report, write nothing.")
 @click.option("--in-place", is_flag=True, help="Allow -o to be the input file.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@_JSON
 @click.option("-q", "--quiet", is_flag=True, help="No log lines on stderr.")
 @click.option("--verify", "do_verify", is_flag=True,
               help="Run `fusecli verify` on the written output (exit 1 on a mismatch).")
@@ -171,7 +173,7 @@ def _report_mismatches(report) -> None:
 @click.option("--dim", "dims", multiple=True, help="Symbolic dimension NAME=VALUE (repeatable).")
 @click.option("--runtime-python", type=click.Path(path_type=Path),
               help="Python whose onnxruntime runs the models (default: picked by the graph).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@_JSON
 def verify(original, fused, seed, rtol, atol, dims, runtime_python, as_json):
     """Check that FUSED computes what ORIGINAL computes.
 
@@ -203,9 +205,8 @@ def _has_gradient_nodes(model) -> bool:
 
 @cli.command()
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--rules", "rules", multiple=True, type=click.Path(path_type=Path),
-              help="Rule file or folder (repeatable). Default: the shipped rules.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@_RULES
+@_JSON
 @_PROVIDER
 def stats(model, rules, as_json, provider):
     """Report what would fuse in MODEL, what was skipped and why, and fused ops present.
@@ -236,12 +237,11 @@ def stats(model, rules, as_json, provider):
 
 @cli.command()
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--rules", "rules", multiple=True, type=click.Path(path_type=Path),
-              help="Rule file or folder (repeatable). Default: the shipped rules.")
+@_RULES
 @click.option("--rule", "rule_names", multiple=True, help="Explain only this rule (repeatable).")
 @click.option("--node", "node_names", multiple=True,
               help="Explain only candidates that involve this node (repeatable).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@_JSON
 @_PROVIDER
 def explain(model, rules, rule_names, node_names, as_json, provider):
     """Explain why rules did not fuse in MODEL.
@@ -289,8 +289,8 @@ _attach_commands()
 
 
 @rules_group.command("list")
-@click.option("--rules", "rules", multiple=True, type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True)
+@_RULES
+@_JSON
 def rules_list(rules, as_json):
     """List rules in application order."""
     from .rules import load_rules
@@ -307,7 +307,7 @@ def rules_list(rules, as_json):
 
 @rules_group.command("show")
 @click.argument("name")
-@click.option("--rules", "rules", multiple=True, type=click.Path(path_type=Path))
+@_RULES
 def rules_show(name, rules):
     """Print the rule NAME (its YAML file)."""
     from .rules import load_rules

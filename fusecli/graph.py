@@ -168,12 +168,7 @@ class GraphIndex:
 
     def unique_name(self, base: str) -> str:
         """A node name not used yet (and reserved from now on)."""
-        name, i = base, 1
-        while name in self.names:
-            i += 1
-            name = f"{base}_{i}"
-        self.names.add(name)
-        return name
+        return _fresh(base, self.names.__contains__, self.names)
 
     def unique_tensor_name(self, base: str) -> str:
         """A tensor name that no node, graph input/output or initializer uses (even one fused
@@ -182,12 +177,17 @@ class GraphIndex:
             return (n in self.producer or n in self.consumers or n in self.graph_inputs
                     or n in self.graph_outputs or n in self.initializers or n in self.tensor_names)
 
-        name, i = base, 1
-        while taken(name):
-            i += 1
-            name = f"{base}_{i}"
-        self.tensor_names.add(name)
-        return name
+        return _fresh(base, taken, self.tensor_names)
+
+
+def _fresh(base: str, taken, reserve: set[str]) -> str:
+    """base, else base_2, base_3, ...: the first name `taken` does not claim; added to `reserve`."""
+    name, i = base, 1
+    while taken(name):
+        i += 1
+        name = f"{base}_{i}"
+    reserve.add(name)
+    return name
 
 
 def _constant_node_value(node: GNode) -> np.ndarray | None:
