@@ -213,8 +213,7 @@ def main(argv=None) -> int:
             for key in order:
                 times[key].append(run(key))
             i += 1
-        args.runs = i
-        result = {"runtime": _runtime_name(ort), "threads": args.threads, "runs": args.runs,
+        result = {"runtime": _runtime_name(ort), "threads": args.threads, "runs": i,
                   "warmup": args.warmup, "opt_level": args.opt_level,
                   "spinning": bool(args.spinning), "pid": os.getpid()}
         for key in ("a", "b"):

@@ -75,6 +75,13 @@ def manifest_entry_for(path: str | os.PathLike) -> dict | None:
     return None
 
 
+def worker_error(proc: subprocess.CompletedProcess) -> str:
+    """The one-line reason a worker subprocess failed: its last stderr line (the workers print
+    exactly one), or its exit code."""
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else f"exit code {proc.returncode}"
+
+
 def run_in_runtime(model_path: str | os.PathLike, feeds: dict[str, np.ndarray], python: str,
                    library: str | None = None, opt_level: str = "disable",
                    extra: list[str] | None = None) -> tuple[dict[str, np.ndarray], dict]:
@@ -90,9 +97,7 @@ def run_in_runtime(model_path: str | os.PathLike, feeds: dict[str, np.ndarray], 
             cmd += ["--library", library]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-            last = lines[-1] if lines else f"exit code {proc.returncode}"
-            raise FuseError(f"running {Path(model_path).name} failed: {last}")
+            raise FuseError(f"running {Path(model_path).name} failed: {worker_error(proc)}")
         info = json.loads(proc.stdout.strip().splitlines()[-1])
         with np.load(opath, allow_pickle=False) as z:
             outs = {k: z[k] for k in z.files}

@@ -50,7 +50,7 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
     from ..feeds import make_feeds
     from ..library import LibraryNotBuilt, library_path
     from ..modelio import load_model
-    from ..verify import manifest_entry_for, needs_training_runtime, pick_runtime
+    from ..verify import manifest_entry_for, needs_training_runtime, pick_runtime, worker_error
 
     if runs < 1:
         raise FuseError("--runs must be at least 1")
@@ -95,9 +95,8 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
             raise FuseError(f"benchmark of {Path(original).name} timed out after {timeout} s; "
                             "use fewer --runs") from None
     if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        last = lines[-1] if lines else f"exit code {proc.returncode}"
-        raise FuseError(f"benchmark of {Path(original).name} vs {Path(fused).name} failed: {last}")
+        raise FuseError(f"benchmark of {Path(original).name} vs {Path(fused).name} failed: "
+                        f"{worker_error(proc)}")
     try:
         res = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
