@@ -34,3 +34,11 @@ def write_fragment(name: str, entry: dict) -> None:
     """Each generator writes one JSON fragment per sample; write_manifest.py merges them."""
     BUILD.mkdir(parents=True, exist_ok=True)
     (BUILD / f"{name}.json").write_text(json.dumps(entry, indent=1))
+
+
+def run_jobs(jobs: dict, which: list[str], reseed) -> None:
+    """Run the named sample jobs (all of them when `which` is empty), each after reseed(), so a
+    sample comes out the same whether it is built alone or with the others."""
+    for n in which or list(jobs):
+        reseed()
+        jobs[n]()

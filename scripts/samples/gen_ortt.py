@@ -20,7 +20,7 @@ from onnx import numpy_helper
 from onnxruntime.training import artifacts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SAMPLES, input_specs, write_fragment  # noqa: E402
+from common import SAMPLES, input_specs, run_jobs, write_fragment  # noqa: E402
 import models as M  # noqa: E402
 from models import CNN, MLP, SEQ, D_MODEL, Block  # noqa: E402
 
@@ -164,16 +164,13 @@ def main_bench(out_dir: Path, which: list[str]) -> None:
             "cross_entropy", f"ortt_cnn at bench size {M.BENCH_CNN}, {hw}x{hw}, batch "
             f"{M.BENCH_CNN_BATCH}", num_classes=CNN.NUM_CLASSES, out_dir=out_dir),
     }
-    for n in which or list(jobs):
-        torch.manual_seed(0)
-        jobs[n]()
+    run_jobs(jobs, which, lambda: torch.manual_seed(0))
 
 
 def main(which: list[str]) -> None:
     if which[:1] == ["--bench"]:
         return main_bench(Path(which[1]), which[2:])
     SAMPLES.mkdir(exist_ok=True)
-    torch.manual_seed(0)
     jobs = {
         "ortt_mlp": lambda: build(
             "ortt_mlp", MLP(), torch.randn(2, MLP.IN), "mse",
@@ -203,9 +200,7 @@ def main(which: list[str]) -> None:
             "the 3-D input (MatMul), reshape to [B*4,32], Linear(32->8)+GELU(tanh) (2-D: Gemm), "
             "Linear(8->8), reshape back; MSE."),
     }
-    for n in which or list(jobs):
-        torch.manual_seed(0)
-        jobs[n]()
+    run_jobs(jobs, which, lambda: torch.manual_seed(0))
 
 
 if __name__ == "__main__":

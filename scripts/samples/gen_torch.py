@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch._functorch.aot_autograd import aot_export_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SAMPLES, input_specs, write_fragment  # noqa: E402
+from common import SAMPLES, input_specs, run_jobs, write_fragment  # noqa: E402
 import models as M  # noqa: E402
 from models import MLP, SEQ, D_MODEL, Block  # noqa: E402
 
@@ -148,9 +148,7 @@ def main_bench(out_dir: Path, which: list[str]) -> None:
             torch.randn(B, S, D), f"torch_block at bench size {M.BENCH_BLOCK}, batch {B}",
             out_dir=out_dir),
     }
-    for n in which or list(jobs):
-        torch.manual_seed(0)
-        jobs[n]()
+    run_jobs(jobs, which, lambda: torch.manual_seed(0))
 
 
 def main(which: list[str]) -> None:
@@ -181,9 +179,7 @@ def main(which: list[str]) -> None:
             "masked_fill(causal, -inf), (3) q * 4**-0.5 before q@k^T, no mask; MSE; joint graph.",
             metadata=False),
     }
-    for n in which or list(jobs):
-        torch.manual_seed(0)
-        jobs[n]()
+    run_jobs(jobs, which, lambda: torch.manual_seed(0))
 
 
 if __name__ == "__main__":
