@@ -111,7 +111,7 @@ def infer_output_types(node, type_of) -> list:
                 dw.tensor_type.shape.dim.extend(nk[::-1] if trans_dw else nk)
         types = [like(2), dw, vector_like(like(0), -1), like(0)]
     elif op == "AttentionGrad":
-        types = [like(1), like(2), like(3)]
+        types = [like(1), like(2), like(3), like(4)]
     elif op == "ConvBnReluGrad":
         types = [like(2), like(3), like(5), like(5), like(5), like(0)]
     elif op == "LayerNormGrad":

@@ -22,7 +22,7 @@ DOMAIN = "com.fusecli"
 OPSET = 18
 
 _NP2ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
-            np.dtype(np.int64): TensorProto.INT64}
+            np.dtype(np.int64): TensorProto.INT64, np.dtype(np.bool_): TensorProto.BOOL}
 
 
 def rand(rng, shape, dtype=np.float32, scale=1.0, positive=False):

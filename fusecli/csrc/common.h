@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "attn_batch.h"
+
 namespace fusecli {
 
 // The onnxruntime API version this library requests and stamps on every OrtCustomOp, so the
@@ -165,11 +167,13 @@ struct OpBase : Ort::CustomOpBase<TOp, TKernel, true> {
 struct Signature {
   size_t n_in, n_out;
   uint32_t opt_in, opt_out, any_float_in;
+  uint32_t bool_in = 0;  // inputs of type bool
 };
 constexpr uint32_t kAll = 0xffffffffu;
 constexpr Signature kActivationGradSig{2, 1, 0, 0, 0};
 constexpr Signature kLinearActivationGradSig{4, 4, 1u << 3 /* W */, kAll, 0};
-constexpr Signature kAttentionGradSig{7, 3, (1u << 5) | (1u << 6) /* q/k_scale */, kAll, 0};
+constexpr Signature kAttentionGradSig{8, 4, (1u << 5) | (1u << 6) | (1u << 7) /* q/k_scale, dropout_mask */,
+                                      kAll, 0, 1u << 7 /* dropout_mask */};
 constexpr Signature kConvBnReluGradSig{8, 6, 0, kAll, 0};
 constexpr Signature kLayerNormGradSig{6, 3, (1u << 2) | (1u << 5) /* gamma, dR */, kAll,
                                       (1u << 3) | (1u << 4) /* mean, inv_std */};
@@ -211,6 +215,7 @@ struct SigOp : OpBase<TOp, TKernel> {
   size_t GetOutputTypeCount() const { return S.n_out; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (S.any_float_in >> i & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // checked later
+    if (S.bool_in >> i & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
     return half ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   ONNXTensorElementDataType GetOutputType(size_t) const {
@@ -232,14 +237,17 @@ struct AttnAttrs {
   explicit AttnAttrs(const OrtKernelInfo* info);
   float scale_q, scale_k;  // the attributes; the optional q_scale / k_scale inputs multiply them
   bool k_transposed;
+  float dropout_ratio;     // 0 <= r < 1 (checked); the kept probabilities were scaled 1/(1-r)
 };
-// The op's seven inputs, read from the kernel context and validated against the attributes
+// The op's eight inputs, read from the kernel context and validated against the attributes
 // (throws OpError), with the batched dimensions both kernels need. q_scale / k_scale are
 // checked to be scalars; reading their value is the kernel's (host or device memory).
+// kmap / vmap: the query batch dims (P's) against K's / V's (attn_batch.h; B = q_items()).
 struct AttnInputs {
   AttnInputs(Ort::KernelContext& ctx, const AttnAttrs& a);
-  In dO, q, k, v, p, qs, ks;
+  In dO, q, k, v, p, qs, ks, mask;
   int64_t B, Sq, Sk, D, Dv;
+  KvMap kmap, vmap;
 };
 
 // ---- ConvBnReluGrad: attributes and the shape checks shared by its CPU and CUDA kernels ----
