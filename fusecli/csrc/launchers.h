@@ -31,12 +31,20 @@ int fusecli_launch_linear_activation_grad(void* stream, const float* dy, const f
                                           float* db, float* dz, int64_t m, int64_t n, int64_t k,
                                           int act, int trans_w, int trans_dw);
 
-/* dO [b, sq, dv]; Q [b, sq, d]; K [b, sk, d] (k_transposed=0) or [b, d, sk] (1);
- * V [b, sk, dv]; P [b, sq, sk]. dQ, dK (shape of K), dV: nullable. */
+/* AttentionGrad (fusecli/ops/contracts.yaml). Query side: dO [b, sq, dv]; Q [b, sq, d];
+ * P, dS and mask [b, sq, sk], with b = prod(qdims[0..nd)) (nd <= 8; nd = 0: one item).
+ * K [bk, sk, d] (k_transposed=0) or [bk, d, sk], bk = prod(kdims); V [bv, sk, dv], bv = prod(vdims);
+ * kdims[j] and vdims[j] each equal qdims[j] or divide it: query index i of dim j uses kv index
+ * i / (qdims[j] / kdims[j]) (grouped / multi-query attention); dK and dV sum over the group.
+ * mask: nullable, bool bytes (1 = kept): the forward's Pd = P * mask * keep (keep = 1 / (1 -
+ * dropout_ratio)). dQ, dK (shape of K), dV (shape of V), dS (unscaled): nullable.
+ * Returns cudaErrorInvalidValue (1) for dims outside the grouping rule. */
 int fusecli_launch_attention_grad(void* stream, const float* dO, const float* q, const float* k,
-                                  const float* v, const float* p, float* dq, float* dk, float* dv,
-                                  int64_t b, int64_t sq, int64_t sk, int64_t d, int64_t dv_dim,
-                                  float scale_q, float scale_k, int k_transposed);
+                                  const float* v, const float* p, const uint8_t* mask, float* dq,
+                                  float* dk, float* dv, float* ds, int nd, const int64_t* qdims,
+                                  const int64_t* kdims, const int64_t* vdims, int64_t sq,
+                                  int64_t sk, int64_t d, int64_t dv_dim, float scale_q,
+                                  float scale_k, float keep, int k_transposed);
 
 /* dY, Y, Cv: [n, c, h, w]; X: [n, cin, hin, win]; W: [c, cin/group, kh, kw];
  * gamma, mean, inv_std: [c]. pads = (top, left, bottom, right).
