@@ -16,7 +16,8 @@ from fusecli.contracts import infer_output_types
 from fusecli.ops import reference as R
 
 from kernel_helpers import (OPSET, Builder, act_grad_subgraph, assert_close, assert_requested,
-                            fused_model, ort_session, rand, run_fused, run_in_ortt, tol)
+                            attention_grad_subgraph, fused_model, ort_session, rand, run_fused,
+                            run_in_ortt, tol)
 
 ACTS = ["relu", "gelu", "gelu_tanh", "silu"]
 F32, F16 = np.float32, np.float16
@@ -470,52 +471,6 @@ def test_attention_grad_optional_outputs_with_groups_and_dropout(want):
     assert_requested(want, got, ref, "dQ dK dV dS".split())
 
 
-def attention_unfused(b, do, q, k, v, p, qb, kb, vb, k_transposed, scale_q, scale_k,
-                      q_scale=None, k_scale=None, mask=None, ratio=0.0):
-    """AttentionGrad's contract from standard ops: K / V expanded to the query heads
-    (Reshape + Expand + Reshape, as repeat_kv), MatMuls, the softmax-gradient decomposition, the
-    dropout mask as a Cast + Mul, and the group sums as a Reshape + ReduceSum."""
-    nb = len(qb)
-    perm = list(range(nb)) + [nb + 1, nb]
-
-    def expand(t, tb, rows, cols):
-        t = b.op("Reshape", t, b.ints([x for kd in tb for x in (kd, 1)] + [rows, cols]))
-        t = b.op("Expand", t, b.ints([x for qd, kd in zip(qb, tb) for x in (kd, qd // kd)] + [rows, cols]))
-        return b.op("Reshape", t, b.ints([*qb, rows, cols]))
-
-    def group_sum(t, tb, shape):
-        sp = [x for qd, kd in zip(qb, tb) for x in (kd, qd // kd)]
-        t = b.op("Reshape", t, b.ints(sp + [-1]))
-        t = b.op("ReduceSum", t, b.ints(list(range(1, 2 * nb, 2))), keepdims=0)
-        return b.op("Reshape", t, b.ints(list(shape)))
-
-    sq, sk = p[1][-2:]
-    d, dv = q[1][-1], v[1][-1]
-    kb_full, vb_full = (1,) * (nb - len(kb)) + kb, (1,) * (nb - len(vb)) + vb
-    keep = None
-    if mask is not None:
-        keep = b.mul(b.op("Cast", mask, to=1), b.const(1.0 / (1.0 - ratio)))
-    pd = p[0] if keep is None else b.mul(p[0], keep)
-    dv_full = b.op("MatMul", b.op("Transpose", pd, perm=perm), do)
-    rdv = group_sum(dv_full, vb_full, v[1])
-    dp = b.op("MatMul", do, b.op("Transpose", expand(v[0], vb_full, sk, dv), perm=perm))
-    if keep is not None:
-        dp = b.mul(dp, keep)
-    rs = b.op("ReduceSum", b.mul(dp, p[0]), b.ints([-1]), keepdims=1)
-    ds = b.mul(p[0], b.sub(dp, rs))
-    k_sd = k[0] if not k_transposed else b.op("Transpose", k[0], perm=list(range(len(k[1]) - 2)) + [len(k[1]) - 1, len(k[1]) - 2])
-    k_sd = expand(k_sd, kb_full, sk, d)
-    sq_ = b.const(scale_q) if q_scale is None else b.mul(b.const(scale_q), q_scale)
-    sk_ = b.const(scale_k) if k_scale is None else b.mul(b.const(scale_k), k_scale)
-    rdq = b.mul(b.op("MatMul", ds, k_sd), sq_)
-    dk_full = b.mul(b.op("MatMul", b.op("Transpose", ds, perm=perm), q[0]), sk_)
-    kshape = k[1] if not k_transposed else (*k[1][:-2], k[1][-1], k[1][-2])
-    rdk = group_sum(dk_full, kb_full, kshape)
-    if k_transposed:
-        rdk = b.op("Transpose", rdk, perm=list(range(len(k[1]) - 2)) + [len(k[1]) - 1, len(k[1]) - 2])
-    return rdq, rdk, rdv, ds
-
-
 @pytest.mark.parametrize("case", sorted(GQA_CASES))
 @pytest.mark.parametrize("k_transposed", [0, 1])
 @pytest.mark.parametrize("dropout", [0, 1])
@@ -533,7 +488,7 @@ def test_attention_grad_vs_unfused(case, k_transposed, dropout):
     b = Builder()
     names = ["dO", "Q", "K", "V", "P"]
     t = {nm: (b.input(nm, a), a.shape) for nm, a in zip(names, (do, q, k, v, p))}
-    outs = attention_unfused(b, t["dO"][0], t["Q"], t["K"], t["V"], t["P"], qb, kb, vb,
+    outs = attention_grad_subgraph(b, t["dO"][0], t["Q"], t["K"], t["V"], t["P"], qb, kb, vb,
                              k_transposed, scale, scale, b.input("q_scale", qs),
                              b.input("k_scale", ks),
                              None if mask is None else b.input("mask", mask), ratio)
