@@ -1,4 +1,6 @@
-// Shared helpers for fusecli's custom-op library (CPU and CUDA op wrappers).
+// onnxruntime custom-op plumbing shared by every fused op's CPU and CUDA registration:
+// API versions, call counters, errors, attributes, tensor access, the op base with its
+// signature and in-place pairs, and the status guard of a kernel body.
 #pragma once
 
 #define ORT_API_MANUAL_INIT
@@ -76,67 +78,6 @@ T* output_or_null(Ort::KernelContext& ctx, size_t i, const std::vector<int64_t>&
 }
 
 int64_t prod(const std::vector<int64_t>& v, size_t from = 0, size_t to = SIZE_MAX);
-
-// ---- threading ----------------------------------------------------------------------------
-int num_threads();  // FUSECLI_NUM_THREADS or hardware_concurrency
-// Splits [0, n) into at most min(num_threads(), ceil(n / grain)) contiguous chunks;
-// fn(thread_index, begin, end). Chunk 0 runs on the calling thread.
-void parallel_for(int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn,
-                  int max_threads = 0);
-int planned_threads(int64_t n, int64_t grain, int max_threads = 0);
-// While a CPU kernel's Compute runs inside a PoolScope, parallel_for runs its chunks on
-// onnxruntime's intra-op thread pool (KernelContext_ParallelFor, API 17, used when the runtime
-// serves it) instead of starting threads: no thread start-up per call, and the session's
-// thread count and spinning policy apply. Nested parallel_for calls run serially.
-class PoolScope {
- public:
-  explicit PoolScope(const OrtKernelContext* ctx);
-  ~PoolScope();
-  PoolScope(const PoolScope&) = delete;
-  PoolScope& operator=(const PoolScope&) = delete;
-
- private:
-  const OrtKernelContext* prev_;
-};
-void set_pool_api(const OrtApi* api);  // the API struct that has KernelContext_ParallelFor
-
-// ---- GEMM (row-major, Eigen inside, parallel over output rows) ----------------------------
-// C[m,n] = alpha * op(A) op(B) + beta * C ; op(A) is [m,k], op(B) is [k,n].
-// lda/ldb/ldc are row strides of the stored (untransposed) row-major matrices.
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-          int64_t ldc, int threads = 0);
-
-// ---- GEMM through onnxruntime's own MatMul kernel (MLAS) ------------------------------------
-// Created once per kernel from its OrtKernelInfo (OrtApi::CreateOp, API >= 12: the com.microsoft
-// FusedMatMul CPU kernel, one per transposition pair, alpha 1), and invoked from Compute with the
-// kernel context (OrtApi::InvokeOp), so MLAS runs on the session's intra-op thread pool. When
-// onnxruntime cannot create the op (or FUSECLI_GEMM=eigen), run() falls back to gemm() above.
-//   c[b] = op(a[b]) op(b[b]) for b < batch; op(a) is [m,k] (stored [k,m] when ta),
-//   op(b) is [k,n] (stored [n,k] when tb); every operand contiguous; c is overwritten.
-class OrtMatMul {
- public:
-  explicit OrtMatMul(const OrtKernelInfo* info);
-  ~OrtMatMul();
-  OrtMatMul(const OrtMatMul&) = delete;
-  OrtMatMul& operator=(const OrtMatMul&) = delete;
-  // a_batched / b_batched = false: that operand is one matrix broadcast over the batch.
-  void run(const OrtKernelContext* ctx, bool ta, bool tb, int64_t batch, int64_t m, int64_t n,
-           int64_t k, const float* a, const float* b, float* c, bool a_batched = true,
-           bool b_batched = true) const;
-  bool uses_ort() const { return ops_[0] != nullptr; }
-
- private:
-  OrtOp* ops_[4] = {nullptr, nullptr, nullptr, nullptr};  // index ta * 2 + tb
-};
-
-// ---- activations --------------------------------------------------------------------------
-enum class Act { kRelu, kGelu, kGeluTanh, kSilu, kIdentity };
-Act parse_act(const std::string& s, bool allow_identity);
-// out[i] = dy[i] * act'(x[i]) for a contiguous block (vectorized through Eigen arrays).
-void act_grad_block(Act act, const float* dy, const float* x, float* out, int64_t n);
-void half_to_float(const Ort::Float16_t* src, float* dst, int64_t n);
-void float_to_half(const float* src, Ort::Float16_t* dst, int64_t n);
 
 // ---- op base ------------------------------------------------------------------------------
 template <typename TOp, typename TKernel>
@@ -225,36 +166,6 @@ struct SigOp : OpBase<TOp, TKernel> {
                                : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
   }
   bool half;  // the float16 registration of an op that has one
-};
-
-// ---- AttentionGrad: attributes and the shape checks shared by its CPU and CUDA kernels -----
-struct AttnAttrs {
-  explicit AttnAttrs(const OrtKernelInfo* info);
-  float scale_q, scale_k;  // the attributes; the optional q_scale / k_scale inputs multiply them
-  bool k_transposed;
-};
-// The op's seven inputs, read from the kernel context and validated against the attributes
-// (throws OpError), with the batched dimensions both kernels need. q_scale / k_scale are
-// checked to be scalars; reading their value is the kernel's (host or device memory).
-struct AttnInputs {
-  AttnInputs(Ort::KernelContext& ctx, const AttnAttrs& a);
-  In dO, q, k, v, p, qs, ks;
-  int64_t B, Sq, Sk, D, Dv;
-};
-
-// ---- ConvBnReluGrad: attributes and the shape checks shared by its CPU and CUDA kernels ----
-struct ConvAttrs {
-  explicit ConvAttrs(const OrtKernelInfo* info);
-  std::vector<int64_t> strides, pads, dilations;
-  int64_t group;
-  bool relu;
-};
-// The op's eight inputs, read from the kernel context and validated against the attributes
-// (throws OpError), with the dimensions both kernels need.
-struct ConvInputs {
-  ConvInputs(Ort::KernelContext& ctx, const ConvAttrs& a);
-  In dy, y, x, w, cv, gamma, mean, istd;
-  int64_t N, C, H, W, Cin, Hin, Win, kh, kw;
 };
 
 // Wraps a kernel body into an OrtStatusPtr-returning ComputeV2.
