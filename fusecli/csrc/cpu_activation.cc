@@ -13,11 +13,9 @@ namespace fusecli {
 
 // ---- activations --------------------------------------------------------------------------
 Act parse_act(const std::string& s, bool allow_identity) {
-  if (s == "relu") return Act::kRelu;
-  if (s == "gelu") return Act::kGelu;
-  if (s == "gelu_tanh") return Act::kGeluTanh;
-  if (s == "silu") return Act::kSilu;
-  if (s == "identity" && allow_identity) return Act::kIdentity;
+  for (int i = 0; i < FUSECLI_NUM_ACTS; ++i)
+    if (s == kActNames[i] && (allow_identity || static_cast<Act>(i) != Act::kIdentity))
+      return static_cast<Act>(i);
   throw OpError("fusecli: unsupported activation '" + s + "'");
 }
 

@@ -6,7 +6,7 @@
 namespace fusecli {
 
 // ---- activations --------------------------------------------------------------------------
-enum class Act { kRelu, kGelu, kGeluTanh, kSilu, kIdentity };
+// Act and kActNames come from op_tables.h (domain.yaml's activations).
 Act parse_act(const std::string& s, bool allow_identity);
 // out[i] = dy[i] * act'(x[i]) for a contiguous block (vectorized through Eigen arrays).
 void act_grad_block(Act act, const float* dy, const float* x, float* out, int64_t n);

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "launchers.h"
+#include "op_launchers.h"
 
 #define FUSECLI_EXPORT extern "C" __attribute__((visibility("default")))
 #define RETURN_IF_ERR(expr)             \
@@ -19,7 +19,8 @@
 
 namespace {
 
-constexpr int kRelu = 0, kGelu = 1, kGeluTanh = 2, kSilu = 3, kIdentity = 4;
+constexpr int kRelu = FUSECLI_ACT_RELU, kGelu = FUSECLI_ACT_GELU, kGeluTanh = FUSECLI_ACT_GELU_TANH,
+              kSilu = FUSECLI_ACT_SILU, kIdentity = FUSECLI_ACT_IDENTITY;
 
 __device__ __forceinline__ float act_grad(float dy, float x, int act) {
   switch (act) {

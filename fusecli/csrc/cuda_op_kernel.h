@@ -6,28 +6,16 @@
 #include <string>
 
 #include "op_kernel.h"
-#include "cpu_activation.h"
 
 namespace fusecli {
 namespace {
 
-constexpr auto kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-constexpr auto kF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 constexpr const char* kCuda = "CUDAExecutionProvider";
-constexpr auto kOpt = OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
-constexpr auto kReq = OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
 
-int act_code(Act a) {
-  switch (a) {
-    case Act::kRelu: return 0;
-    case Act::kGelu: return 1;
-    case Act::kGeluTanh: return 2;
-    case Act::kSilu: return 3;
-    default: return 4;
-  }
-}
+// The launcher code of an activation (op_launchers.h's FUSECLI_ACT_*).
+inline int act_code(Act a) { return static_cast<int>(a); }
 
-void check_cuda(int err, const char* op) {
+inline void check_cuda(int err, const char* op) {
   if (err != 0)
     throw OpError(std::string("fusecli: CUDA launch of ") + op + " failed with cudaError " +
                   std::to_string(err));

@@ -1,5 +1,6 @@
 // The library: per-op call counters, the exported C entry points and RegisterCustomOps.
-#include "common.h"
+#include "cpu_threads.h"
+#include "op_kernel.h"
 
 #include <cstring>
 #include <memory>
@@ -9,8 +10,6 @@
 
 namespace fusecli {
 
-const char* const kOpNames[kNumOps] = {"ActivationGrad", "LinearActivationGrad", "AttentionGrad",
-                                       "ConvBnReluGrad", "LayerNormGrad"};
 static std::atomic<int64_t> g_calls[kNumOps];
 static std::atomic<int64_t> g_inplace[kNumOps];
 
@@ -19,10 +18,6 @@ void count_inplace(OpId op) { g_inplace[op].fetch_add(1, std::memory_order_relax
 static const char* const kPhaseNames[kNumPhases] = {"AttentionGrad/softmax_ns"};
 static std::atomic<int64_t> g_phase_ns[kNumPhases];
 void add_phase_ns(PhaseId phase, int64_t ns) { g_phase_ns[phase].fetch_add(ns, std::memory_order_relaxed); }
-
-#ifndef FUSECLI_WITH_CUDA
-void add_cuda_ops(Ort::CustomOpDomain&) {}
-#endif
 
 }  // namespace fusecli
 
@@ -76,7 +71,7 @@ FUSECLI_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* opti
   std::lock_guard<std::mutex> lock(mu);
   try {
     if (!domain) {
-      domain = std::make_unique<Ort::CustomOpDomain>("com.fusecli");
+      domain = std::make_unique<Ort::CustomOpDomain>(fusecli::kDomain);
       fusecli::add_cpu_ops(*domain);
       fusecli::add_cuda_ops(*domain);
     }

@@ -16,7 +16,12 @@
 #include <thread>
 #include <vector>
 
+#include "op_tables.h"  // generated: OpId, kOpNames, k<Op>Sig, k<Op>Inplace, Act
+
 namespace fusecli {
+
+constexpr auto kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+constexpr auto kF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 
 // The onnxruntime API version this library requests and stamps on every OrtCustomOp, so the
 // same .so loads in onnxruntime 1.19 (serves 1..19) and 1.31 (serves 1..31). Everything used
@@ -26,9 +31,6 @@ constexpr int kOrtApiVersion = 16;
 // are stamped 18, the first version whose struct onnxruntime reads that field from (1.18+).
 constexpr int kOrtApiVersionInplace = 18;
 
-enum OpId { kActivationGrad = 0, kLinearActivationGrad, kAttentionGrad, kConvBnReluGrad,
-            kLayerNormGrad, kNumOps };
-extern const char* const kOpNames[kNumOps];
 void count_call(OpId op);
 void count_inplace(OpId op);  // the runtime placed an output in its input's buffer
 // Wall time spent in a kernel phase, for benchmarks that cannot separate it from outside
@@ -99,36 +101,8 @@ struct OpBase : Ort::CustomOpBase<TOp, TKernel, true> {
   const char* ep_;
 };
 
-// ---- op signatures (fusecli/ops/contracts.yaml) -------------------------------------------
-// One signature per fused op, shared by its CPU and its CUDA registration: port counts, which
-// ports are optional (bit i = port i), which inputs accept float32 or float16 at run time, and
-// whether the op has a float16 variant.
-struct Signature {
-  size_t n_in, n_out;
-  uint32_t opt_in, opt_out, any_float_in;
-};
-constexpr uint32_t kAll = 0xffffffffu;
-constexpr Signature kActivationGradSig{2, 1, 0, 0, 0};
-constexpr Signature kLinearActivationGradSig{4, 4, 1u << 3 /* W */, kAll, 0};
-constexpr Signature kAttentionGradSig{7, 3, (1u << 5) | (1u << 6) /* q/k_scale */, kAll, 0};
-constexpr Signature kConvBnReluGradSig{8, 6, 0, kAll, 0};
-constexpr Signature kLayerNormGradSig{6, 3, (1u << 2) | (1u << 5) /* gamma, dR */, kAll,
-                                      (1u << 3) | (1u << 4) /* mean, inv_std */};
-
-// In-place pairs for OrtCustomOp::GetMayInplace: output out[i] may reuse input in[i]'s buffer.
-// The runtime's memory planner decides (only when that input is not used after the node, has
-// the same size and is not a graph input; the first usable pair wins); the kernel must give the
-// same result either way.
-struct Inplace {
-  int n;
-  int in[2], out[2];
-};
-constexpr Inplace kNoInplace{0, {}, {}};
-constexpr Inplace kActivationGradInplace{1, {0}, {0}};        // dX over dY
-constexpr Inplace kLinearActivationGradInplace{1, {0}, {3}};  // the dZ workspace over dY
-constexpr Inplace kLayerNormGradInplace{2, {0, 5}, {0, 0}};   // dX over dY, else over dR
-constexpr Inplace kConvBnReluGradInplace{1, {0}, {5}};        // the dC workspace over dY
-
+// ---- op signatures and in-place pairs: op_tables.h, generated from the contracts ------------
+// (k<Op>Sig, k<Op>Inplace). SigOp declares them to onnxruntime.
 template <typename TOp, typename TKernel, const Signature& S, const Inplace& IP = kNoInplace>
 struct SigOp : OpBase<TOp, TKernel> {
   SigOp(const char* name, const char* ep, bool half = false)
@@ -181,7 +155,8 @@ OrtStatusPtr guarded(F&& f) {
   }
 }
 
-// Registration hooks (each translation unit adds its ops to the domain).
+// Registration: op_registry.cc (generated) calls each op folder's add_<op>_cpu_ops and
+// add_<op>_cuda_ops.
 void add_cpu_ops(Ort::CustomOpDomain& domain);
 void add_cuda_ops(Ort::CustomOpDomain& domain);  // no-op in a CPU-only build
 

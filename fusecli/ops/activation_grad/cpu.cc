@@ -1,18 +1,13 @@
 // ActivationGrad: CPU kernel.
-#include <Eigen/Core>
-
 #include <memory>
 
 #include "cpu_activation.h"
+#include "cpu_eigen.h"
 #include "cpu_threads.h"
 #include "op_kernel.h"
 
 namespace fusecli {
 namespace {
-
-using Arr = Eigen::Array<float, Eigen::Dynamic, 1>;
-using CA = Eigen::Map<const Arr>;
-using MA = Eigen::Map<Arr>;
 
 // ================================ ActivationGrad ============================================
 struct ActOp;

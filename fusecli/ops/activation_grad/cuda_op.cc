@@ -1,6 +1,7 @@
 // ActivationGrad: onnxruntime CUDAExecutionProvider kernel (calls the C launcher in cuda.cu).
+#include "cpu_activation.h"
 #include "cuda_op_kernel.h"
-#include "launchers.h"
+#include "op_launchers.h"
 
 namespace fusecli {
 namespace {

@@ -1,20 +1,15 @@
 // AttentionGrad: CPU kernel.
-#include <Eigen/Core>
-
 #include <chrono>
 #include <cmath>
 #include <memory>
 
 #include "attention_inputs.h"
+#include "cpu_eigen.h"
 #include "cpu_gemm.h"
 #include "cpu_threads.h"
 
 namespace fusecli {
 namespace {
-
-using Arr = Eigen::Array<float, Eigen::Dynamic, 1>;
-using CA = Eigen::Map<const Arr>;
-using MA = Eigen::Map<Arr>;
 
 // ================================= AttentionGrad ============================================
 struct AttnOp;

@@ -1,7 +1,7 @@
 // AttentionGrad: onnxruntime CUDAExecutionProvider kernel (calls the C launcher in cuda.cu).
 #include "attention_inputs.h"
 #include "cuda_op_kernel.h"
-#include "launchers.h"
+#include "op_launchers.h"
 
 namespace fusecli {
 namespace {

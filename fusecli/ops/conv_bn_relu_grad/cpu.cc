@@ -1,18 +1,13 @@
 // ConvBnReluGrad: CPU kernel.
-#include <Eigen/Core>
-
 #include <memory>
 
 #include "conv_inputs.h"
+#include "cpu_eigen.h"
 #include "cpu_gemm.h"
 #include "cpu_threads.h"
 
 namespace fusecli {
 namespace {
-
-using Arr = Eigen::Array<float, Eigen::Dynamic, 1>;
-using CA = Eigen::Map<const Arr>;
-using MA = Eigen::Map<Arr>;
 
 // ================================= ConvBnReluGrad ===========================================
 struct ConvOp;

@@ -1,7 +1,7 @@
 // ConvBnReluGrad: onnxruntime CUDAExecutionProvider kernel (calls the C launcher in cuda.cu).
 #include "conv_inputs.h"
 #include "cuda_op_kernel.h"
-#include "launchers.h"
+#include "op_launchers.h"
 
 namespace fusecli {
 namespace {

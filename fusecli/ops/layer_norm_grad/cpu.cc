@@ -1,6 +1,4 @@
 // LayerNormGrad: CPU kernel.
-#include <Eigen/Core>
-
 #include <memory>
 
 #if defined(__AVX512F__)
@@ -8,17 +6,12 @@
 #endif
 
 #include "cpu_activation.h"
+#include "cpu_eigen.h"
 #include "cpu_threads.h"
 #include "op_kernel.h"
 
 namespace fusecli {
 namespace {
-
-constexpr auto kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-constexpr auto kF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-using Arr = Eigen::Array<float, Eigen::Dynamic, 1>;
-using CA = Eigen::Map<const Arr>;
-using MA = Eigen::Map<Arr>;
 
 // ================================ LayerNormGrad =============================================
 struct LnOp;

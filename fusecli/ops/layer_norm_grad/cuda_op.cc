@@ -1,6 +1,6 @@
 // LayerNormGrad: onnxruntime CUDAExecutionProvider kernel (calls the C launcher in cuda.cu).
 #include "cuda_op_kernel.h"
-#include "launchers.h"
+#include "op_launchers.h"
 
 namespace fusecli {
 namespace {

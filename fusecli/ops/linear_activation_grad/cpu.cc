@@ -1,19 +1,14 @@
 // LinearActivationGrad: CPU kernel.
-#include <Eigen/Core>
-
 #include <memory>
 
 #include "cpu_activation.h"
+#include "cpu_eigen.h"
 #include "cpu_gemm.h"
 #include "cpu_threads.h"
 #include "op_kernel.h"
 
 namespace fusecli {
 namespace {
-
-using Arr = Eigen::Array<float, Eigen::Dynamic, 1>;
-using CA = Eigen::Map<const Arr>;
-using MA = Eigen::Map<Arr>;
 
 // ============================= LinearActivationGrad =========================================
 struct LinOp;
