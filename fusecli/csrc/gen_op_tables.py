@@ -7,7 +7,8 @@ reads fusecli/ops/domain.yaml and fusecli/ops/<op>/contract.yaml through fusecli
 their text changes:
 
   DIR/op_launchers.h  C prototypes of every op's CUDA launchers and the activation codes
-  DIR/op_tables.h     op ids and names, port signatures, in-place pairs, the Act enum
+  DIR/op_tables.h     op ids and names, port signatures, in-place pairs, float16 variants,
+                      the Act enum
   DIR/op_registry.cc  add_cpu_ops / add_cuda_ops: each op folder's registration functions
 """
 
@@ -112,19 +113,24 @@ def tables_h(contracts) -> str:
            "// the node, has the same size and is not a graph input; the first usable pair wins);",
            "// the kernel must give the same result either way.",
            "struct Inplace {", "  int n;", "  int in[4], out[4];", "};",
-           "constexpr Inplace kNoInplace{0, {}, {}};", ""]
+           ""]
+    sigs, inplace, half = [], [], []
     for c in ops:
         opt_in = _mask(c.inputs, lambda p: p.optional)
         opt_out = _mask(c.outputs, lambda p: p.optional)
         anyf = _mask(c.inputs, lambda p: p.any_float)
         pairs = c.inplace_pairs()
-        out.append(f"constexpr Signature k{c.name}Sig{{{len(c.inputs)}, {len(c.outputs)}, "
-                   f"{opt_in}, {opt_out}, {anyf}}};")
+        sigs.append(f"    {{{len(c.inputs)}, {len(c.outputs)}, {opt_in}, {opt_out}, {anyf}}},"
+                    f"  // {c.name}")
         desc = ", ".join(f"{c.outputs[o].name} over {c.inputs[i].name}" for i, o in pairs)
-        out.append(f"constexpr Inplace k{c.name}Inplace{{{len(pairs)}, "
-                   f"{{{', '.join(str(i) for i, _ in pairs)}}}, "
-                   f"{{{', '.join(str(o) for _, o in pairs)}}}}};"
-                   + (f"  // {desc}" if desc else ""))
+        inplace.append(f"    {{{len(pairs)}, {{{', '.join(str(i) for i, _ in pairs)}}}, "
+                       f"{{{', '.join(str(o) for _, o in pairs)}}}}},  // {c.name}"
+                       + (f": {desc}" if desc else ""))
+        half.append(f"{str('float16' in c.types).lower()} /* {c.name} */")
+    out += ["constexpr Signature kOpSigs[kNumOps] = {", *sigs, "};",
+            "constexpr Inplace kOpInplace[kNumOps] = {", *inplace, "};",
+            "// ops whose contract lists float16: they get a float16 registration too",
+            "constexpr bool kOpHasHalf[kNumOps] = {" + ", ".join(half) + "};"]
     out += ["", "}  // namespace fusecli", ""]
     return "\n".join(out)
 

@@ -103,11 +103,16 @@ struct OpBase : Ort::CustomOpBase<TOp, TKernel, true> {
 
 // ---- op signatures and in-place pairs: op_tables.h, generated from the contracts ------------
 // (k<Op>Sig, k<Op>Inplace). SigOp declares them to onnxruntime.
-template <typename TOp, typename TKernel, const Signature& S, const Inplace& IP = kNoInplace>
+// One registration of the op `Id` (its name, signature and in-place pairs come from its
+// contract through op_tables.h) for the execution provider `ep` (nullptr: CPU), in float32 or
+// float16. kWithInplace = false: this registration declares no in-place pairs.
+template <typename TOp, typename TKernel, OpId Id, bool kWithInplace = true>
 struct SigOp : OpBase<TOp, TKernel> {
-  SigOp(const char* name, const char* ep, bool half = false)
-      : OpBase<TOp, TKernel>(name, ep), half(half) {
-    if (IP.n == 0) return;
+  static constexpr OpId kId = Id;
+  static constexpr const Signature& S = kOpSigs[Id];
+  static constexpr const Inplace& IP = kOpInplace[Id];
+  SigOp(const char* ep, bool half) : OpBase<TOp, TKernel>(kOpNames[Id], ep), half(half) {
+    if (!kWithInplace || IP.n == 0) return;
     OrtCustomOp& op = *this;
     op.version = kOrtApiVersionInplace;
     op.GetMayInplace = [](int** ins, int** outs) -> size_t {
@@ -141,6 +146,17 @@ struct SigOp : OpBase<TOp, TKernel> {
   }
   bool half;  // the float16 registration of an op that has one
 };
+
+// Adds an op's registrations to the domain: float32, and float16 when its contract lists it.
+template <typename TOp>
+void add_op(Ort::CustomOpDomain& domain) {
+  static TOp f32(false);
+  domain.Add(&f32);
+  if (kOpHasHalf[TOp::kId]) {
+    static TOp f16(true);
+    domain.Add(&f16);
+  }
+}
 
 // Wraps a kernel body into an OrtStatusPtr-returning ComputeV2.
 template <typename F>

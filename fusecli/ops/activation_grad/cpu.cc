@@ -18,8 +18,8 @@ struct ActKernel {
   Act act;
   bool half;
 };
-struct ActOp : SigOp<ActOp, ActKernel, kActivationGradSig, kActivationGradInplace> {
-  explicit ActOp(bool half) : SigOp("ActivationGrad", nullptr, half) {}
+struct ActOp : SigOp<ActOp, ActKernel, kActivationGrad> {
+  explicit ActOp(bool half) : SigOp(nullptr, half) {}
 };
 ActKernel::ActKernel(const OrtKernelInfo* info, const ActOp* op)
     : act(parse_act(attr_string(info, "activation", ""), false)), half(op->half) {}
@@ -64,9 +64,7 @@ void ActKernel::Compute(OrtKernelContext* c) {
 }  // namespace
 
 void add_activation_grad_cpu_ops(Ort::CustomOpDomain& domain) {
-  static ActOp act_f32(false), act_f16(true);
-  domain.Add(&act_f32);
-  domain.Add(&act_f16);
+  add_op<ActOp>(domain);
 }
 
 }  // namespace fusecli

@@ -19,8 +19,8 @@ struct AttnKernel : AttnAttrs {
   void Compute(OrtKernelContext* c);
   OrtMatMul mm;
 };
-struct AttnOp : SigOp<AttnOp, AttnKernel, kAttentionGradSig> {
-  AttnOp() : SigOp("AttentionGrad", nullptr) {}
+struct AttnOp : SigOp<AttnOp, AttnKernel, kAttentionGrad> {
+  explicit AttnOp(bool half) : SigOp(nullptr, half) {}
 };
 
 void AttnKernel::Compute(OrtKernelContext* c) {
@@ -94,8 +94,7 @@ void AttnKernel::Compute(OrtKernelContext* c) {
 }  // namespace
 
 void add_attention_grad_cpu_ops(Ort::CustomOpDomain& domain) {
-  static AttnOp attn;
-  domain.Add(&attn);
+  add_op<AttnOp>(domain);
 }
 
 }  // namespace fusecli

@@ -27,15 +27,14 @@ struct AttnKernel : AttnAttrs {
     });
   }
 };
-struct AttnOp : SigOp<AttnOp, AttnKernel, kAttentionGradSig> {
-  AttnOp() : SigOp("AttentionGrad", kCuda) {}
+struct AttnOp : SigOp<AttnOp, AttnKernel, kAttentionGrad> {
+  explicit AttnOp(bool half) : SigOp(kCuda, half) {}
 };
 
 }  // namespace
 
 void add_attention_grad_cuda_ops(Ort::CustomOpDomain& domain) {
-  static AttnOp attn;
-  domain.Add(&attn);
+  add_op<AttnOp>(domain);
 }
 
 }  // namespace fusecli

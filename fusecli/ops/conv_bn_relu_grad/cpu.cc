@@ -17,8 +17,8 @@ struct ConvKernel : ConvAttrs {
   void Compute(OrtKernelContext* c);
   OrtMatMul mm;
 };
-struct ConvOp : SigOp<ConvOp, ConvKernel, kConvBnReluGradSig, kConvBnReluGradInplace> {
-  ConvOp() : SigOp("ConvBnReluGrad", nullptr) {}
+struct ConvOp : SigOp<ConvOp, ConvKernel, kConvBnReluGrad> {
+  explicit ConvOp(bool half) : SigOp(nullptr, half) {}
 };
 
 struct ConvGeom {
@@ -239,8 +239,7 @@ void ConvKernel::Compute(OrtKernelContext* c) {
 }  // namespace
 
 void add_conv_bn_relu_grad_cpu_ops(Ort::CustomOpDomain& domain) {
-  static ConvOp conv;
-  domain.Add(&conv);
+  add_op<ConvOp>(domain);
 }
 
 }  // namespace fusecli

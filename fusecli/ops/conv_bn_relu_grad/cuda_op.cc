@@ -30,15 +30,14 @@ struct ConvKernel : ConvAttrs {
     });
   }
 };
-struct ConvOp : SigOp<ConvOp, ConvKernel, kConvBnReluGradSig, kConvBnReluGradInplace> {
-  ConvOp() : SigOp("ConvBnReluGrad", kCuda) {}
+struct ConvOp : SigOp<ConvOp, ConvKernel, kConvBnReluGrad> {
+  explicit ConvOp(bool half) : SigOp(kCuda, half) {}
 };
 
 }  // namespace
 
 void add_conv_bn_relu_grad_cuda_ops(Ort::CustomOpDomain& domain) {
-  static ConvOp conv;
-  domain.Add(&conv);
+  add_op<ConvOp>(domain);
 }
 
 }  // namespace fusecli

@@ -23,8 +23,8 @@ struct LnKernel {
   int64_t axis;
   bool half;
 };
-struct LnOp : SigOp<LnOp, LnKernel, kLayerNormGradSig, kLayerNormGradInplace> {
-  explicit LnOp(bool half) : SigOp("LayerNormGrad", nullptr, half) {}
+struct LnOp : SigOp<LnOp, LnKernel, kLayerNormGrad> {
+  explicit LnOp(bool half) : SigOp(nullptr, half) {}
 };
 LnKernel::LnKernel(const OrtKernelInfo* info, const LnOp* op)
     : axis(attr_int(info, "axis", -1)), half(op->half) {}
@@ -211,9 +211,7 @@ void LnKernel::Run(Ort::KernelContext& ctx) {
 }  // namespace
 
 void add_layer_norm_grad_cpu_ops(Ort::CustomOpDomain& domain) {
-  static LnOp ln_f32(false), ln_f16(true);
-  domain.Add(&ln_f32);
-  domain.Add(&ln_f16);
+  add_op<LnOp>(domain);
 }
 
 }  // namespace fusecli

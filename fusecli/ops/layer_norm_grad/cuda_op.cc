@@ -47,17 +47,16 @@ struct LnKernel {
   int64_t axis;
   bool half;
 };
-struct LnOp : SigOp<LnOp, LnKernel, kLayerNormGradSig> {
-  explicit LnOp(bool half) : SigOp("LayerNormGrad", kCuda, half) {}
+// no in-place pairs on CUDA: ln_rows_kernel reads dY / dR through __restrict__ pointers
+struct LnOp : SigOp<LnOp, LnKernel, kLayerNormGrad, false> {
+  explicit LnOp(bool half) : SigOp(kCuda, half) {}
 };
 LnKernel::LnKernel(const OrtKernelInfo* info, const LnOp* op) : axis(attr_int(info, "axis", -1)), half(op->half) {}
 
 }  // namespace
 
 void add_layer_norm_grad_cuda_ops(Ort::CustomOpDomain& domain) {
-  static LnOp ln_f32(false), ln_f16(true);
-  domain.Add(&ln_f32);
-  domain.Add(&ln_f16);
+  add_op<LnOp>(domain);
 }
 
 }  // namespace fusecli

@@ -24,8 +24,8 @@ struct LinKernel {
   bool trans_w, trans_dw;  // layout of the W input / of the dW output ([K, N] when set)
   OrtMatMul mm;
 };
-struct LinOp : SigOp<LinOp, LinKernel, kLinearActivationGradSig, kLinearActivationGradInplace> {
-  LinOp() : SigOp("LinearActivationGrad", nullptr) {}
+struct LinOp : SigOp<LinOp, LinKernel, kLinearActivationGrad> {
+  explicit LinOp(bool half) : SigOp(nullptr, half) {}
 };
 
 void LinKernel::Compute(OrtKernelContext* c) {
@@ -120,8 +120,7 @@ void LinKernel::Compute(OrtKernelContext* c) {
 }  // namespace
 
 void add_linear_activation_grad_cpu_ops(Ort::CustomOpDomain& domain) {
-  static LinOp lin;
-  domain.Add(&lin);
+  add_op<LinOp>(domain);
 }
 
 }  // namespace fusecli

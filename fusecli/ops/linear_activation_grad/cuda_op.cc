@@ -38,15 +38,14 @@ struct LinKernel {
   Act act;
   bool trans_w, trans_dw;
 };
-struct LinOp : SigOp<LinOp, LinKernel, kLinearActivationGradSig, kLinearActivationGradInplace> {
-  LinOp() : SigOp("LinearActivationGrad", kCuda) {}
+struct LinOp : SigOp<LinOp, LinKernel, kLinearActivationGrad> {
+  explicit LinOp(bool half) : SigOp(kCuda, half) {}
 };
 
 }  // namespace
 
 void add_linear_activation_grad_cuda_ops(Ort::CustomOpDomain& domain) {
-  static LinOp lin;
-  domain.Add(&lin);
+  add_op<LinOp>(domain);
 }
 
 }  // namespace fusecli
