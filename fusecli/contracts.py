@@ -70,7 +70,8 @@ class OpContract:
     def inplace_pairs(self) -> list[tuple[int, int]]:
         """(input index, output index) pairs, in the order the runtime should try them."""
         index = {p.name: i for i, p in enumerate(self.inputs)}
-        return [(index[src], o) for o, port in enumerate(self.outputs) for src in port.inplace_over]
+        return [(index[src], o) for o, port in enumerate(self.outputs)
+                for src in port.inplace_over]
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,9 @@ def _attr_value(contract: OpContract, attrs: dict, name: str):
     if name not in contract.attributes:
         return int(name) if name.lstrip("-").isdigit() else name
     d = contract.attributes[name].get("default")
-    return _attr_value(contract, attrs, d) if isinstance(d, str) and d in contract.attributes else d
+    if isinstance(d, str) and d in contract.attributes:  # defaults to another attribute
+        return _attr_value(contract, attrs, d)
+    return d
 
 
 def _eval_like(contract: OpContract, rule: str, attrs: dict, type_of_port):

@@ -4,12 +4,8 @@ optimizations off; plus loading the same .so in onnxruntime-training 1.19.2."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import onnxruntime as ort
-import pytest
-from onnx import helper
 
 from fusecli import library
 from fusecli.ops.activation_grad.reference import activation_grad
@@ -23,6 +19,7 @@ from fusecli.ops.layer_norm_grad.test_layer_norm_grad import _ln_inputs
 from fusecli.ops.linear_activation_grad.reference import linear_activation_grad
 from fusecli.ops.linear_activation_grad.test_linear_activation_grad import _lin_inputs
 
+# (_built: the autouse fixture that fails clearly when the library is not built)
 from kernel_helpers import (F16, F32, _built, _inplace_model, _rng, assert_close, fused_model,
                             ort_session, rand, run_in_ortt, tol)
 

@@ -406,18 +406,16 @@ def one_op(ctx: Ctx, name, entry, orig, rec, names, values, python, lib) -> dict
     bw = ctx.bw
     op = node.op_type
     ins = [values[t] if t else None for t in node.input]
-    if op in ("LayerNormGrad", "ActivationGrad"):  # memory-bound as a whole
+    parts = {"LinearActivationGrad": linear_parts, "AttentionGrad": attention_parts,
+             "ConvBnReluGrad": conv_parts}.get(op)  # ops with GEMM work beside the memory part
+    if parts:
+        parts(ctx, row, node, ins, um, values)
+    else:  # memory-bound as a whole: its contract's byte floor
         byts = value_floor_bytes(node, values)
         row.update(shape=f"{list(ins[0].shape)}", mem_bytes=byts, mem_floor_ms=byts / bw * 1e3,
                    gemm_ms=0.0, mem_part_fused_ms=t_fu)
-        if op == "LayerNormGrad":
-            row["part"] = ("LayerNorm bwd", t_un, t_fu)  # the whole chain is the part
-    elif op == "LinearActivationGrad":
-        linear_parts(ctx, row, node, ins, um, values)
-    elif op == "AttentionGrad":
-        attention_parts(ctx, row, node, ins, um, values)
-    elif op == "ConvBnReluGrad":
-        conv_parts(ctx, row, node, ins, um, values)
+        if op != "ActivationGrad":  # the whole chain is the part
+            row["part"] = ("LayerNorm bwd" if op == "LayerNormGrad" else op, t_un, t_fu)
     floor = row.get("gemm_ms", 0.0) + row.get("mem_floor_ms", 0.0)
     row["floor_ms"] = floor
     row["floor_fraction"] = floor / t_fu if t_fu else None

@@ -1,4 +1,5 @@
-"""ctypes bindings of fusecli's CUDA launchers (declared in each op's contract.yaml) for torch tensors.
+"""ctypes bindings of fusecli's CUDA launchers (declared in each op's contract.yaml) for torch
+tensors.
 
 The library is FUSECLI_CUDA_LIB if set, else build/gpu/libfusecli_cuda.so (launchers only, built
 by run_gpu_checks.sh with nvcc alone), else fusecli/lib/libfusecli_ops.so."""

@@ -9,6 +9,7 @@ from onnx.reference.op_run import OpRun
 
 from ..reference import _fit, _s
 
+
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 

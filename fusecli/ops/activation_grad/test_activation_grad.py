@@ -1,20 +1,17 @@
-"""ActivationGrad: its kernels (fusecli/lib/libfusecli_ops.so) against the NumPy reference and against
-the unfused standard-ONNX subgraph it replaces, in onnxruntime with graph optimizations off."""
+"""ActivationGrad: its kernels (fusecli/lib/libfusecli_ops.so) against the NumPy reference
+and against the unfused standard-ONNX subgraph it replaces, in onnxruntime with graph
+optimizations off."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
-import onnxruntime as ort
 import pytest
-from onnx import helper
 
-from fusecli import library
 from fusecli.ops.activation_grad.reference import activation_grad
-from kernel_helpers import (ACTS, F16, F32, OPSET, Builder, _built, _inplace_run, _rng,
-                            act_grad_subgraph, assert_close, assert_requested, fused_model,
-                            ort_session, rand, run_fused, run_in_ortt, tol)
+
+# (_built: the autouse fixture that fails clearly when the library is not built)
+from kernel_helpers import (ACTS, F16, F32, Builder, _built, _rng, act_grad_subgraph, assert_close,
+                            rand, run_fused, tol)
 
 
 @pytest.mark.parametrize("act", ACTS)

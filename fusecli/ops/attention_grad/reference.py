@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from ..reference import _fit, _s
+from ..reference import _fit
+
 
 def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, q_scale=None,
                    k_scale=None):

@@ -2,35 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from ..reference import _fit, _s
-
-def _conv2d(x, w, strides, pads, dilations, group):
-    """Forward 2-D convolution in float64 by explicit im2col (reference only)."""
-    n, cin, h, wd = x.shape
-    cout, cin_g, kh, kw = w.shape
-    sh, sw = strides
-    dh, dw = dilations
-    pt, pl, pb, pr = pads
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    ho = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-    wo = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
-    out = np.zeros((n, cout, ho, wo))
-    cout_g = cout // group
-    for g in range(group):
-        xs = xp[:, g * cin_g:(g + 1) * cin_g]
-        cols = np.empty((n, cin_g, kh, kw, ho, wo))
-        for i in range(kh):
-            for j in range(kw):
-                cols[:, :, i, j] = xs[:, :, i * dh:i * dh + sh * ho:sh, j * dw:j * dw + sw * wo:sw]
-        wg = w[g * cout_g:(g + 1) * cout_g].reshape(cout_g, -1)
-        out[:, g * cout_g:(g + 1) * cout_g] = np.einsum(
-            "ok,nkhw->nohw", wg, cols.reshape(n, -1, ho, wo))
-    return out
+from ..reference import _fit
 
 
 def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pads=(0, 0, 0, 0),

@@ -1,20 +1,18 @@
-"""ConvBnReluGrad: its kernels (fusecli/lib/libfusecli_ops.so) against the NumPy reference and against
-the unfused standard-ONNX subgraph it replaces, in onnxruntime with graph optimizations off."""
+"""ConvBnReluGrad: its kernels (fusecli/lib/libfusecli_ops.so) against the NumPy reference
+and against the unfused standard-ONNX subgraph it replaces, in onnxruntime with graph
+optimizations off."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import helper
 
-from fusecli import library
 from fusecli.ops.conv_bn_relu_grad.reference import conv_bn_relu_grad
-from kernel_helpers import (ACTS, F16, F32, OPSET, Builder, _built, _inplace_run, _rng,
-                            act_grad_subgraph, assert_close, assert_requested, fused_model,
-                            ort_session, rand, run_fused, run_in_ortt, tol)
+
+# (_built: the autouse fixture that fails clearly when the library is not built)
+from kernel_helpers import (F32, OPSET, _built, _inplace_run, _rng, assert_close, assert_requested,
+                            fused_model, ort_session, rand, run_fused, run_in_ortt)
 
 
 def _conv_inputs(rng, n, cin, hin, win, c, kh, kw, strides, pads, dilations, group):

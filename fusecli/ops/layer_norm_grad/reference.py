@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from ..reference import _fit, _s
+from ..reference import _fit
+
 
 def layer_norm_grad(dy, x, gamma, mean, inv_std, dr=None, axis=-1):
     ax = axis % x.ndim

@@ -1,14 +1,14 @@
-"""NumPy reference of LinearActivationGrad (the oracle for its kernels), following its contract.yaml."""
+"""NumPy reference of LinearActivationGrad (the oracle for its kernels), following its
+contract.yaml."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from ..reference import _fit, _s
 from ..activation_grad.reference import activation_grad
+from ..reference import _fit, _s
+
 
 def linear_activation_grad(dy, x, a, w=None, activation: str = "relu", trans_w: int = 0,
                            trans_dw: int | None = None):
