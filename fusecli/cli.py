@@ -1,7 +1,7 @@
 """The fusecli command line: a thin layer over the Python API.
 
 Exit codes (shared by every command): 0 success; 1 a check failed; 2 bad input or usage;
-3 a CI expectation was not met; 4 internal error.
+3 a CI expectation was not met; 4 internal error; 5 verify could not judge (inconclusive).
 """
 
 from __future__ import annotations

@@ -364,7 +364,7 @@ def _generate(kind: str, params: dict, shape: tuple[int, ...], dtype: np.dtype,
     if kind == "fan-in uniform":
         b = 1.0 / np.sqrt(params["fan_in"])
         return (rng.uniform(-b, b, size=shape).astype(dtype),
-                f"fan-in uniform U(+-1/sqrt(fan_in))")
+                "fan-in uniform U(+-1/sqrt(fan_in))")
     if kind.startswith("zeros"):
         return np.zeros(shape, dtype=dtype), kind
     if kind.startswith("ones") or kind == "True (flag)":
