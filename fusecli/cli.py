@@ -160,9 +160,11 @@ def _print_verify(report, original, fused) -> None:
     w = max((len(d.name) for d in report.outputs), default=10)
     for d in report.outputs:
         # an output whose reference is (numerically) zero is judged by atol alone
-        rel = f"{d.rel:.3e}" if d.max_ref > report.atol else "  (zero)  "
+        zero = d.max_ref <= report.atol
+        rel = "  (zero)  " if zero else f"{d.rel:.3e}"
+        noise = "   -   " if zero else f"{d.noise_rel:.1e}"
         click.echo(f"  {d.name:<{w}}  max_abs {d.max_abs:.3e}  max_rel {rel}  "
-                   f"noise {d.noise_rel:.1e}  {d.status}")
+                   f"noise {noise}  {d.status}")
     bad = [d for d in report.boundaries if not d.ok]
     click.echo(f"  fused-node boundary tensors: {len(report.boundaries)} compared, "
                f"{len(bad)} mismatched" + "".join(f"; {d.name} (max_rel {d.rel:.3e}, at "

@@ -20,8 +20,8 @@ recognised from the graph's dataflow (which op consumes them, at which input), n
   integer indices Gathered from an embedding table [V, ...]    -> 'token ids in [0, V)'
   integer labels of a loss (SoftmaxCrossEntropyLoss, NLL, GatherElements of log-probs)
                                                                -> 'labels in [0, C)'
-  bool masks (Where/And/Not/Cast ...): a causal mask for square [.., S, S] masks, else a padding
-  mask; the polarity (True = keep or True = masked out) is read from the Where it selects in,
+  bool masks, and integer masks that flow (through Cast ...) into mask arithmetic (Sub, Mul,
+  Where ...): a causal mask for square [.., S, S] masks, else a padding mask; the polarity (True = keep or True = masked out) is read from the Where it selects in,
   so that no row is fully masked and the mask is never all True or all False -> 'causal mask' /
   'padding mask'
   other integers                                               -> 'integers in [0, 2)'
@@ -67,6 +67,8 @@ _NORMS = {
                           4: "ones (running var)"},
 }
 _ACCUMULATORS = {"InPlaceAccumulator", "InPlaceAccumulatorV2"}
+# what an integer 0/1 mask flows into (after Cast/Unsqueeze/...): arithmetic and selection
+_MASK_ARITH = {"Where", "Sub", "Mul", "Not", "And", "Or", "Equal", "Less", "Greater", "Add"}
 _LOSSES = {"SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossInternal",
            "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropy", "SparseSoftmaxCrossEntropy"}
 
@@ -322,6 +324,8 @@ def _policy_for(flow: _Flow, name: str, shape: tuple[int, ...], dtype: np.dtype,
                     return "labels", {"hi": c}
         if entry.get("num_classes"):
             return "labels", {"hi": int(entry["num_classes"])}
+        if uses and uses[0][1].op_type in _MASK_ARITH:  # an 0/1 attention mask (HF style)
+            return "mask", {"masked": _mask_polarity(flow, name)}
         return "integers in range", {"lo": 0, "hi": 2}
     if not np.issubdtype(dtype, np.floating):
         raise NotImplementedError(f"input {name!r}: unsupported element type {dtype}")
@@ -370,7 +374,8 @@ def _generate(kind: str, params: dict, shape: tuple[int, ...], dtype: np.dtype,
     if kind.startswith("ones") or kind == "True (flag)":
         return np.ones(shape, dtype=dtype), kind
     if kind == "mask":
-        return _mask(shape, params["masked"])
+        m, label = _mask(shape, params["masked"])
+        return m.astype(dtype), label
     if kind in ("token ids", "labels", "integers in range"):
         lo, hi = params.get("lo", 0), params["hi"]
         label = {"token ids": "token ids", "labels": "labels"}.get(kind, "integers")

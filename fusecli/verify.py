@@ -227,7 +227,7 @@ def judge(name: str, ref: np.ndarray, got: np.ndarray | None, perturbed: np.ndar
         d.status = "not judged (noise)" if d.ok else "MISMATCH"
         return d
     d.ok = max_abs <= d.limit
-    d.status = "MISMATCH" if not d.ok else ("zero" if max_ref == 0 else "ok")
+    d.status = "MISMATCH" if not d.ok else ("zero" if max_ref <= atol else "ok")
     return d
 
 

@@ -133,6 +133,21 @@ def test_other_bool_masks_are_padding_masks(true_means_masked):
     assert keep[..., 0].all()                     # position 0 is never padding
 
 
+def test_integer_attention_mask_is_a_padding_mask():
+    """HF style: attention_mask int64 [B, S] -> Cast -> (1 - m) * -1e9 -> added to scores."""
+    one = numpy_helper.from_array(np.array(1.0, np.float32), "one")
+    big = numpy_helper.from_array(np.array(-1e9, np.float32), "big")
+    nodes = [helper.make_node("Cast", ["am"], ["amf"], to=F),
+             helper.make_node("Sub", ["one", "amf"], ["inv"]),
+             helper.make_node("Mul", ["inv", "big"], ["add"]),
+             helper.make_node("Add", ["s", "add"], ["y"])]
+    p = _plan(nodes, [vi("am", [4, 8], I64), vi("s", [4, 8])], [vi("y", [4, 8])],
+              [one, big])
+    m = p.feeds["am"]
+    assert p.policy["am"] == "padding mask (True = keep)" and m.dtype == np.int64
+    assert set(np.unique(m)) == {0, 1} and m[:, 0].all() and not m.all()
+
+
 def test_ort_training_buffers_and_reset_flag_by_dataflow():
     nodes = [helper.make_node("Mul", ["x", "x"], ["g"]),
              helper.make_node("InPlaceAccumulatorV2", ["acc", "g", "flag"], ["done", "out"],
