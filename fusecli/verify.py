@@ -505,6 +505,8 @@ def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: i
     finits = {t.name: t for t in fmodel.graph.initializer}
     fonly = [t for n in fnodes for t in n.input
              if t and t not in known and t not in finits]
+    fconst = {i: onnx.numpy_helper.to_array(finits[i]) for n in fnodes for i in n.input
+              if i in finits and finits[i].data_location != onnx.TensorProto.EXTERNAL}
     _expose(fcopy, wanted + fonly, orig)
     pinned = pin_seeds(probe)
     pin_seeds(fcopy)
@@ -523,10 +525,7 @@ def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: i
             got = _unprobe(got)
         except RunFailed as exc:
             node = _fused_node_error(exc.detail, fnodes) or _failing_fused_node(
-                fnodes, {**ref, **plan.feeds, **{t.name: onnx.numpy_helper.to_array(t)
-                                                 for t in finits.values()
-                                                 if t.data_location != onnx.TensorProto.EXTERNAL}},
-                python, lib)
+                fnodes, {**ref, **plan.feeds, **fconst}, python, lib)
             where = (f"at fused node {node} (rule {rule_of(next(n for n in fnodes if n.name == node))})"
                      if node else f"(fused nodes: {', '.join(n.name for n in fnodes) or 'none'})")
             raise CheckFailed(f"the fused model {Path(fused).name} does not run where the "
@@ -560,12 +559,9 @@ def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: i
                 d.ok, d.status = True, "not judged (original non-finite)"
     if report.noisy and not report.mismatched and not any(d.status == "non-finite"
                                                           for d in diffs):
-        fvals = {t: got[t] for t in fonly if t in got}
-        fvals.update({t.name: onnx.numpy_helper.to_array(t) for n in fnodes for t in
-                      (finits.get(i) for i in n.input) if t is not None
-                      and t.data_location != onnx.TensorProto.EXTERNAL})
-        report.fusion_checks = _boundary_checks(fnodes, {**ref, **fvals}, plan.feeds, python,
-                                                lib, rtol, atol, seed)
+        fvals = {**ref, **{t: got[t] for t in fonly if t in got}, **fconst}
+        report.fusion_checks = _boundary_checks(fnodes, fvals, plan.feeds, python, lib, rtol,
+                                                atol, seed)
         for c in report.fusion_checks:
             if c.ok and c.kernel and all(d.status.startswith("not judged") for d in c.kernel):
                 report.inconclusive.append(f"fused node {c.fused_node}: every output is too "
