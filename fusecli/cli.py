@@ -29,8 +29,8 @@ _RULES = click.option("--rules", "rules", multiple=True, type=click.Path(path_ty
                       help="Rule file or folder (repeatable). Default: the shipped rules.")
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 _FEEDS = click.option("--feeds", "feeds_file", type=click.Path(path_type=Path),
-                      help="NumPy .npz of arrays keyed by graph input name; inputs it lacks are "
-                           "generated (see `fusecli verify --help`).")
+                      help="NumPy .npz of arrays keyed by graph input name; the inputs it "
+                           "lacks are generated from the graph (README: Verify).")
 _PROVIDER = click.option(
     "--provider", type=click.Choice(["any", "cpu", "cuda"]), default="any", show_default=True,
     help="Fuse only where fusecli's library has a kernel for this execution provider.")
