@@ -15,7 +15,7 @@ from onnx import helper
 
 from .contracts import FUSED_DOMAIN, infer_output_types, load_contracts
 from .graph import GNode, GraphIndex
-from .matcher import Failure, Match, Matcher
+from .matcher import VALUE_KEY, Failure, Match, Matcher
 from .rules import CANONICAL_PATTERNS, CONST_FUNCS, Rule, load_rules
 
 MAX_ROUNDS = 16
@@ -126,6 +126,18 @@ def _tensor_bytes(graph: onnx.GraphProto) -> dict[str, int | None]:
             continue
         out[vi.name] = int(np.prod(dims, dtype=np.int64)) * size
     return out
+
+
+def const_attr(index: GraphIndex, m: Match, var: str, fn: str, default):
+    """A replacement attribute computed from the scalar constant bound to ``var``: its value as
+    the matched op spelling enters (e.g. the reciprocal of a Div's divisor), then ``fn``;
+    ``default`` when ``var``'s optional node is absent."""
+    tensor = m.tensors.get(var)
+    if not tensor:
+        return float(default)
+    value = float(np.asarray(index.const_value(tensor)).flat[0])
+    value = CONST_FUNCS[m.captures.get(VALUE_KEY + var, "identity")](value)
+    return float(CONST_FUNCS[fn](value))
 
 
 class FusionPass:
@@ -254,8 +266,7 @@ class FusionPass:
             elif spec[0] == "if_matched":
                 attrs[name] = spec[2] if spec[1] in m.bound else spec[3]
             else:
-                value = float(np.asarray(index.const_value(m.tensors[spec[1]])).reshape(-1)[0])
-                attrs[name] = float(CONST_FUNCS[spec[2]](value))
+                attrs[name] = const_attr(index, m, spec[1], spec[2], spec[3])
         ordered = sorted(m.nodes.values(), key=lambda n: n.key)
         first = ordered[0]
         name = index.unique_name(f"{first.proto.name or first.op}/fused_{rule.pattern}")
