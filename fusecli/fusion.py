@@ -15,7 +15,7 @@ from onnx import helper
 
 from .contracts import FUSED_DOMAIN, infer_output_types, load_contracts
 from .graph import GNode, GraphIndex
-from .matcher import VALUE_KEY, Failure, Match, Matcher
+from .matcher import VALUE_KEY, Failure, Match, Matcher, MatchResult
 from .rules import CANONICAL_PATTERNS, CONST_FUNCS, Rule, load_rules
 
 MAX_ROUNDS = 16
@@ -149,7 +149,7 @@ class FusionPass:
     """
 
     def __init__(self, rules=None, only: Iterable[str] = (), skip: Iterable[str] = (),
-                 progress: Callable[[str], None] | None = None, explain: bool = False,
+                 progress: Callable[[str], None] | None = None,
                  kernels: Iterable[str] | None = None):
         if rules is None or all(not isinstance(r, Rule) for r in rules):
             rules = load_rules(rules)
@@ -159,10 +159,6 @@ class FusionPass:
                       if (not only or r.pattern in only or r.name in only)
                       and r.pattern not in skip and r.name not in skip]
         self.progress = progress
-        # explain: also try anchors of the right op type in other domains, and keep the
-        # deepest failure of every attempt that did not fuse (self.misses)
-        self.explain = explain
-        self.misses: dict[tuple[str, int], Skip] = {}
         # fused ops that have a kernel for the chosen execution provider (None: all of them);
         # a match whose fused op has none is skipped with reason missing_kernel
         self.kernels = None if kernels is None else set(kernels)
@@ -171,7 +167,6 @@ class FusionPass:
     # -- public ----------------------------------------------------------------------------
     def run(self, model: onnx.ModelProto) -> int:
         self.stats = stats = Stats(self.all_rules)
-        self.misses = {}
         graph = model.graph
         stats.nodes_before = len(graph.node)
         index = GraphIndex(graph)
@@ -185,8 +180,7 @@ class FusionPass:
             touched: set[int] = set()
             for rule in self.rules:
                 spec = rule.anchor
-                domains = spec.domains if not self.explain else index.domains()
-                anchors = [n for op in spec.ops for d in domains
+                anchors = [n for op in spec.ops for d in spec.alt(op).domains
                            for n in index.candidates(op, d)]
                 anchors.sort(key=lambda n: n.key)
                 matcher = Matcher(index, rule)
@@ -199,24 +193,12 @@ class FusionPass:
                         detected.add(k)
                         stats.rules[rule.name].detected += 1
                         stats.patterns[rule.pattern].detected += 1
-                    if res.match is not None and self.kernels is not None \
-                            and rule.replace.op not in self.kernels:
-                        res.guard_failure = Failure(
-                            len(res.match.nodes), {k: n.name for k, n in res.match.nodes.items()},
-                            None, "missing_kernel",
-                            f"{rule.replace.op} has no kernel for the chosen execution provider")
-                        res.match = None
+                    self.check_kernel(res)
                     if res.match is None:
                         if res.structural and res.guard_failure is not None:
                             skipped[k] = (rule, res.guard_failure)
-                        if self.explain:
-                            failure = res.guard_failure or res.deepest
-                            if failure is not None:
-                                self.misses[k] = Skip(rule.name, rule.pattern, anchor.name,
-                                                      failure, res.node_failures)
                         continue
                     skipped.pop(k, None)
-                    self.misses.pop(k, None)
                     fused = self._apply(index, res.match, credit, stats, sizes, removed_inputs)
                     touched.update(self._neighbourhood(index, fused))
             if not touched:
@@ -233,6 +215,15 @@ class FusionPass:
             self._write_back(model, index, removed_inputs)
         stats.nodes_after = len(graph.node)
         return stats.total_fused
+
+    def check_kernel(self, res: MatchResult) -> None:
+        """Turn a match whose fused op has no kernel for the chosen provider into a skip."""
+        m = res.match
+        if m is not None and self.kernels is not None and m.rule.replace.op not in self.kernels:
+            res.guard_failure = Failure(
+                len(m.nodes), {k: n.name for k, n in m.nodes.items()}, None, "missing_kernel",
+                f"{m.rule.replace.op} has no kernel for the chosen execution provider")
+            res.match = None
 
     # -- rewriting -------------------------------------------------------------------------
     @staticmethod

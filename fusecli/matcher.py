@@ -303,7 +303,7 @@ class Matcher:
                        f"node {node.name} is {node.op}, rule wants {'|'.join(spec.ops)}", node)
             return
         alt = spec.alt(node.op)
-        domains = alt.domains if alt.domains is not None else spec.domains
+        domains = alt.domains
         if node.domain not in domains:
             self._fail(depth, nodes, spec.id, "domain",
                        f"node {node.name} is in domain '{node.domain or 'ai.onnx'}', rule wants "

@@ -99,7 +99,7 @@ class AttrConstraint:
 class OpAlt:
     """One op alternative of a rule node, with what differs when the node is that op."""
 
-    domains: tuple[str, ...] | None = None   # None: the node's domains
+    domains: tuple[str, ...] = ("",)
     attrs: dict = field(default_factory=dict)  # extra attribute constraints
     value: dict = field(default_factory=dict)  # variable -> CONST_FUNCS name: how it enters
 
@@ -116,13 +116,10 @@ class NodeSpec:
     optional: str | None            # None | "branch" | "passthrough"
     keep: bool = False              # context node: must match, is not removed
     line: int | None = None
-    alts: dict = field(default_factory=dict)  # op -> OpAlt (ops written as mappings)
+    alts: dict = field(default_factory=dict)  # op -> OpAlt (its domains, attrs, value)
 
     def alt(self, op: str) -> OpAlt:
-        return self.alts.get(op) or _PLAIN_ALT
-
-
-_PLAIN_ALT = OpAlt()
+        return self.alts[op]
 
 
 @dataclass(frozen=True)
@@ -220,8 +217,7 @@ def _parse_node(src, raw, index) -> NodeSpec:
         raise RuleError(src, f"nodes[{index}]: 'id' is required and must be an identifier", line)
     domains = tuple(_norm_domain(d) for d in _as_list(raw.get("domain", "")))
     ops, alts = _parse_ops(src, nid, raw.get("op"), domains, line)
-    domains = tuple(dict.fromkeys(domains + tuple(
-        d for a in alts.values() if a.domains for d in a.domains)))
+    domains = tuple(dict.fromkeys(d for a in alts.values() for d in a.domains))
     inputs = _parse_ports(src, nid, "inputs", raw.get("inputs"), _line(raw, "inputs"))
     outputs = _parse_ports(src, nid, "outputs", raw.get("outputs"), _line(raw, "outputs"))
     if not outputs:
@@ -275,6 +271,7 @@ def _parse_ops(src, nid, raw, domains, line) -> tuple[tuple[str, ...], dict]:
     for item in _as_list(raw):
         if isinstance(item, str) and item:
             ops.append(item)
+            alts[item] = OpAlt(domains)
             continue
         if not isinstance(item, dict) or not isinstance(item.get("op"), str) or not item["op"]:
             raise RuleError(src, f"node '{nid}': {want}", line)
@@ -293,7 +290,7 @@ def _parse_ops(src, nid, raw, domains, line) -> tuple[tuple[str, ...], dict]:
                 raise RuleError(src, f"node '{nid}': alternative {item['op']}: value of '{var}' "
                                 f"must be one of {sorted(CONST_FUNCS)}", aline)
         alt_domains = (tuple(_norm_domain(d) for d in _as_list(item["domain"]))
-                       if "domain" in item else None)
+                       if "domain" in item else domains)
         attrs = {k: _parse_attr_constraint(src, nid, k, v, _line(attrs_raw, k))
                  for k, v in attrs_raw.items()}
         ops.append(item["op"])
@@ -519,6 +516,19 @@ def _substitute(obj, values: dict, src: str, line, used: set):
     return obj
 
 
+def _cross(source: str, lists, line) -> list:
+    """``variants: {cross: [LIST, LIST, ...]}``: every combination, one entry of each list
+    merged (later lists win on a shared parameter)."""
+    if not isinstance(lists, list) or not lists or not all(
+            isinstance(li, list) and li and all(isinstance(v, dict) for v in li) for li in lists):
+        raise RuleError(source, "variants: {cross: [...]} takes a list of non-empty lists of "
+                        "mappings", line)
+    out = [{}]
+    for li in lists:
+        out = [{**a, **b} for a in out for b in li]
+    return out
+
+
 def _expand(raw, source: str) -> list:
     """One rule body per variant: ``params`` (defaults) updated by each ``variants`` entry,
     substituted into everything else."""
@@ -526,6 +536,8 @@ def _expand(raw, source: str) -> list:
         return [raw]
     params = raw.get("params") or {}
     variants = raw.get("variants", [{}])
+    if isinstance(variants, dict) and set(variants) == {"cross"}:
+        variants = _cross(source, variants["cross"], _line(raw, "variants"))
     if not isinstance(params, dict):
         raise RuleError(source, "params must be a mapping of parameter -> default value",
                         _line(raw, "params"))
