@@ -14,11 +14,19 @@ import onnx
 from onnx import helper
 
 from .contracts import FUSED_DOMAIN, infer_output_types, load_contracts
+from .errors import EXIT_INTERNAL, FuseError
 from .graph import GNode, GraphIndex
-from .matcher import VALUE_KEY, Failure, Match, Matcher, MatchResult
-from .rules import CANONICAL_PATTERNS, CONST_FUNCS, Rule, load_rules
+from .matcher import Failure, Match, Matcher, MatchResult, replacement_attrs, replacement_ports
+from .rules import CANONICAL_PATTERNS, Rule, load_rules
+from .shapes import fusion_problem
 
 MAX_ROUNDS = 16
+
+
+class FusionError(FuseError):
+    """The pass produced a graph that would not run (a bug): nothing is written, exit 4."""
+
+    exit_code = EXIT_INTERNAL
 # A fused node's doc_string names its rule and the nodes it replaced: "fusecli rule R: a, b"
 DOC_PREFIX = "fusecli rule "
 
@@ -128,18 +136,6 @@ def _tensor_bytes(graph: onnx.GraphProto) -> dict[str, int | None]:
     return out
 
 
-def const_attr(index: GraphIndex, m: Match, var: str, fn: str, default):
-    """A replacement attribute computed from the scalar constant bound to ``var``: its value as
-    the matched op spelling enters (e.g. the reciprocal of a Div's divisor), then ``fn``;
-    ``default`` when ``var``'s optional node is absent."""
-    tensor = m.tensors.get(var)
-    if not tensor:
-        return float(default)
-    value = float(np.asarray(index.const_value(tensor)).flat[0])
-    value = CONST_FUNCS[m.captures.get(VALUE_KEY + var, "identity")](value)
-    return float(CONST_FUNCS[fn](value))
-
-
 class FusionPass:
     """Rewrites matched backward chains into fused ops.
 
@@ -208,6 +204,7 @@ class FusionPass:
             ps = stats.patterns[rule.pattern]
             ps.skipped[failure.reason] = ps.skipped.get(failure.reason, 0) + 1
             stats.skips.append(Skip(rule.name, rule.pattern, index.nodes[uid].name, failure))
+        self._check_fused(index, credit)
         stats.fusions = list(credit.values())  # fusions that survive in the output graph
         for rec in stats.fusions:
             stats.patterns[rec.pattern].fused += 1
@@ -224,6 +221,18 @@ class FusionPass:
                 len(m.nodes), {k: n.name for k, n in m.nodes.items()}, None, "missing_kernel",
                 f"{m.rule.replace.op} has no kernel for the chosen execution provider")
             res.match = None
+
+    @staticmethod
+    def _check_fused(index: GraphIndex, credit: dict[int, FusionRecord]) -> None:
+        """Last line of defence before anything is written: every fused node's inputs must fit
+        its op and its outputs must have the shapes of the tensors they replace (where shapes
+        are known or inferable). The match guard checks this too; a failure here is a bug."""
+        for rec in credit.values():
+            why = fusion_problem(index.shapes, rec.node, set(rec.node.output))
+            if why:
+                raise FusionError(f"internal: fused node {rec.fused_node} (rule {rec.rule}) "
+                                  f"would not run: {why}; nothing was written. Please report "
+                                  f"this; --skip {rec.rule} avoids it")
 
     # -- rewriting -------------------------------------------------------------------------
     @staticmethod
@@ -242,22 +251,8 @@ class FusionPass:
                removed_inputs: set[str]) -> GNode:
         rule = m.rule
         rep = rule.replace
-        ins = [m.tensors.get(v, "") if v else "" for v in rep.inputs]
-        outs = [m.tensors.get(v, "") if v else "" for v in rep.outputs]
-        while ins and ins[-1] == "":
-            ins.pop()
-        while outs and outs[-1] == "":
-            outs.pop()
-        attrs = {}
-        for name, spec in rep.attrs.items():
-            if spec[0] == "literal":
-                attrs[name] = spec[1]
-            elif spec[0] == "attr":
-                attrs[name] = m.captures[spec[1]]
-            elif spec[0] == "if_matched":
-                attrs[name] = spec[2] if spec[1] in m.bound else spec[3]
-            else:
-                attrs[name] = const_attr(index, m, spec[1], spec[2], spec[3])
+        ins, outs = replacement_ports(m)
+        attrs = replacement_attrs(index, m)
         ordered = sorted(m.nodes.values(), key=lambda n: n.key)
         first = ordered[0]
         name = index.unique_name(f"{first.proto.name or first.op}/fused_{rule.pattern}")

@@ -84,6 +84,7 @@ class GraphIndex:
         self.tensor_names: set[str] = set()  # given out by unique_tensor_name
         self._const_cache: dict[str, np.ndarray | None] = {}
         self._types: dict[str, onnx.TypeProto] | None = None
+        self._shapes = None
         for i, proto in enumerate(graph.node):
             self._add(proto, float(i))
 
@@ -174,6 +175,15 @@ class GraphIndex:
                         cache[out] = values[i] if values is not None and i < len(values) else None
                 cache.setdefault(t, None)
         return cache[name]
+
+    @property
+    def shapes(self):
+        """The graph's ShapeOracle (recorded or inferred shapes), created on first use."""
+        if self._shapes is None:
+            from .shapes import ShapeOracle
+
+            self._shapes = ShapeOracle(self)
+        return self._shapes
 
     def type_of(self, name: str) -> onnx.TypeProto | None:
         """The recorded tensor type (element type and shape, symbolic dims kept) of a tensor,

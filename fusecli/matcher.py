@@ -18,6 +18,7 @@ from onnx import defs
 from .contracts import load_contracts
 from .constfold import compact
 from .graph import GNode, GraphIndex
+from .shapes import fusion_problem
 from .rules import COMMUTATIVE_OPS, CONST_FUNCS, AttrConstraint, NodeSpec, Rule, var_name
 
 VALUE_KEY = "$value:"  # captures[VALUE_KEY + var]: how var's constant enters (a CONST_FUNCS name)
@@ -174,6 +175,45 @@ def const_matches(value: np.ndarray | None, want, tol: float, kind: str | None =
             np.all(np.abs(arr.reshape(-1) - target.reshape(-1)) <= tol + tol * np.abs(target)))
     shown = arr.reshape(-1)[:4].tolist()
     return ok, f"has value {shown}{'...' if arr.size > 4 else ''}, rule wants {want}"
+
+
+def _const_attr(index: GraphIndex, m: Match, var: str, fn: str, default):
+    tensor = m.tensors.get(var)
+    if not tensor:
+        return float(default)
+    value = float(np.asarray(index.const_value(tensor)).flat[0])
+    value = CONST_FUNCS[m.captures.get(VALUE_KEY + var, "identity")](value)
+    return float(CONST_FUNCS[fn](value))
+
+
+def replacement_attrs(index: GraphIndex, m: Match) -> dict:
+    """The fused node's attributes: literals, captured attributes, ``if_matched`` choices and
+    values of scalar constants (as the matched op spelling enters them, e.g. the reciprocal of
+    a Div's divisor, then the rule's ``fn``; the rule's ``default`` when the constant's optional
+    node is absent)."""
+    attrs = {}
+    for name, spec in m.rule.replace.attrs.items():
+        if spec[0] == "literal":
+            attrs[name] = spec[1]
+        elif spec[0] == "attr":
+            attrs[name] = m.captures[spec[1]]
+        elif spec[0] == "if_matched":
+            attrs[name] = spec[2] if spec[1] in m.bound else spec[3]
+        else:
+            attrs[name] = _const_attr(index, m, spec[1], spec[2], spec[3])
+    return attrs
+
+
+def replacement_ports(m: Match) -> tuple[list[str], list[str]]:
+    """The fused node's input and output tensor names ("" = absent, trailing ones dropped)."""
+    rep = m.rule.replace
+    ins = [m.tensors.get(v, "") if v else "" for v in rep.inputs]
+    outs = [m.tensors.get(v, "") if v else "" for v in rep.outputs]
+    while ins and ins[-1] == "":
+        ins.pop()
+    while outs and outs[-1] == "":
+        outs.pop()
+    return ins, outs
 
 
 class Matcher:
@@ -434,7 +474,14 @@ class Matcher:
                                "an input of the fused op is produced after one of its outputs is "
                                "consumed; fusing would create a cycle")
         inter = sorted({t for n in removed.values() for t in n.outputs if t and t not in rep_out})
-        return Match(rule, removed, dict(tensors), dict(captures), key, inter, frozenset(nodes))
+        match = Match(rule, removed, dict(tensors), dict(captures), key, inter, frozenset(nodes))
+        ins, outs = replacement_ports(match)
+        proto = onnx.helper.make_node(rule.replace.op, ins, outs, domain=rule.replace.domain,
+                                      **replacement_attrs(self.g, match))
+        why = fusion_problem(self.g.shapes, proto, set(rep_out))
+        if why:
+            return self._guard(nodes, "shape_mismatch", why)
+        return match
 
     def _guard(self, nodes, reason, detail):
         f = Failure(len(nodes), {k: n.name for k, n in nodes.items()}, None, reason, detail)

@@ -202,3 +202,48 @@ def ortt_linear_act_matmul(act="silu", *, three_d=True, bias=True, first=False, 
         outputs.append(vi("dA", lead + [K]))
     inputs = [vi("dY", lead + [N]), vi("X", lead + [N]), vi("A", lead + [K]), vi("Wt", [K, N])]
     return model(nodes, inputs, outputs, inits)
+
+
+def ortt_attention(*, kv_heads=2, heads=2, scale_op="Div", B=2, S=4, D=3, record_backward=False):
+    """ort-training attention backward, softmax(Q K^T / c) V with K^T [B, Hkv, D, S] and
+    V [B, Hkv, S, D] fed to the score/value MatMuls. With kv_heads=1 < heads (multi-query
+    attention, K/V broadcast inside the MatMuls) onnxruntime computes dK^T and dV at the full
+    head count and sums them over the head axis afterwards (ReduceSum keepdims=1). Only the
+    forward tensors' shapes are recorded (as in real artifacts) unless record_backward.
+    scale_op: "Div" (by sqrt(D)) or "Mul" (by 1/sqrt(D), the Llama spelling)."""
+    c = float(np.sqrt(D)) if scale_op == "Div" else float(1 / np.sqrt(D))
+    q, kt, v = [B, heads, S, D], [B, kv_heads, D, S], [B, kv_heads, S, D]
+    p = [B, heads, S, S]
+    mm = dict(domain=MS, alpha=1.0)
+    nodes = [
+        helper.make_node("MatMul", ["Q", "Kt"], ["scores"], name="qk"),
+        helper.make_node(scale_op, ["scores", "c"], ["scaled"], name="fwd_scale"),
+        helper.make_node("Softmax", ["scaled"], ["P"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["P", "V"], ["O"], name="pv"),
+        helper.make_node("FusedMatMul", ["P", "dO"], ["dV_full"], transA=1, transB=0,
+                         name="dv", **mm),
+        helper.make_node("FusedMatMul", ["dO", "V"], ["dP"], transA=0, transB=1, name="dp",
+                         **mm),
+        helper.make_node("SoftmaxGrad_13", ["dP", "P"], ["dS0"], axis=-1, domain=MS, name="sg"),
+        helper.make_node(scale_op, ["dS0", "c"], ["dS"], name="bwd_scale"),
+        helper.make_node("FusedMatMul", ["dS", "Kt"], ["dQ"], transA=0, transB=1, name="dq",
+                         **mm),
+        helper.make_node("FusedMatMul", ["Q", "dS"], ["dKt_full"], transA=1, transB=0,
+                         name="dk", **mm),
+    ]
+    outputs = [vi("O", q), vi("dQ", q)]
+    if kv_heads == heads:
+        nodes[4].output[0], nodes[9].output[0] = "dV", "dKt"
+    else:
+        nodes += [helper.make_node("ReduceSum", ["dV_full", "head_axis"], ["dV"], keepdims=1,
+                                   name="sum_dv"),
+                  helper.make_node("ReduceSum", ["dKt_full", "head_axis"], ["dKt"], keepdims=1,
+                                   name="sum_dk")]
+    outputs += [vi("dKt", kt), vi("dV", v)]
+    value_info = [vi("scores", p), vi("scaled", p), vi("P", p)]
+    if record_backward:
+        value_info += [vi("dP", p), vi("dS0", p), vi("dS", p)]
+    m = model(nodes, [vi("Q", q), vi("Kt", kt), vi("V", v), vi("dO", q)], outputs,
+              [const("c", c), const("head_axis", [1], np.int64)])
+    m.graph.value_info.extend(value_info)
+    return m

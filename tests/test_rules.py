@@ -344,3 +344,59 @@ def test_missing_kernel_for_the_chosen_provider_is_a_skip_reason():
     misses = explain_model(SAMPLE_MODELS["ortt_block"], FusionPass(kernels=set()))
     kernel_misses = [m for m in misses if m["reason"] == "missing_kernel"]
     assert {m["pattern"] for m in kernel_misses} == {"sdpa", "linear_gelu", "layernorm"}
+
+
+# --- shapes: a fused op must compute exactly the tensors it replaces -------------------------
+
+def test_attention_scale_as_mul_or_div():
+    """One rule node, two spellings: Div by c and Mul by 1/c give the same fused scale."""
+    scales = []
+    for op in ("Div", "Mul"):
+        m = builders.ortt_attention(scale_op=op)
+        assert FusionPass(only=["sdpa_ortt_div"]).run(m) == 1
+        fused = next(n for n in m.graph.node if n.op_type == "AttentionGrad")
+        scales.append({a.name: helper.get_attribute_value(a) for a in fused.attribute})
+    assert scales[0] == scales[1]
+    assert scales[0]["scale_q"] == pytest.approx(1 / np.sqrt(3), rel=1e-6)
+
+
+@pytest.mark.parametrize("record_backward", [False, True])
+def test_multi_query_attention_is_not_fused_into_unsummed_gradients(record_backward):
+    """One K/V head broadcast inside the MatMuls: dK/dV are computed at the full head count and
+    summed afterwards; AttentionGrad would write them at one head. Refused, with the reason."""
+    m = builders.ortt_attention(kv_heads=1, heads=2, record_backward=record_backward)
+    fp = FusionPass()
+    assert fp.run(copy.deepcopy(m)) == 0
+    assert fp.stats.patterns["sdpa"].skipped == {"shape_mismatch": 1}
+    misses = explain_model(m, FusionPass(only=["sdpa_ortt_div"]))
+    assert [x["reason"] for x in misses] == ["shape_mismatch"]
+    assert "batch dims" in misses[0]["detail"]
+
+
+def test_output_shape_guard_alone_refuses_unsummed_gradients(monkeypatch):
+    """Even where the op accepts broadcast inputs, an output whose shape differs from the
+    tensor it replaces (dK^T [B,1,D,S] for a [B,H,D,S] tensor) is refused."""
+    import fusecli.shapes
+
+    monkeypatch.setattr(fusecli.shapes, "input_problem", lambda *a: None)
+    m = builders.ortt_attention(kv_heads=1, heads=2)
+    fp = FusionPass()
+    assert fp.run(m) == 0
+    [skip] = fp.stats.skips
+    assert skip.failure.reason == "shape_mismatch"
+    assert "would write 'dKt" in skip.failure.detail or "would write 'dV" in skip.failure.detail
+
+
+def test_a_graph_that_would_not_run_is_never_written(monkeypatch, tmp_path, capsys):
+    """With the match guard switched off (as a rule bug would), the pass's final check stops
+    the run: exit 4, one line, nothing written."""
+    import fusecli.matcher
+    from fusecli.cli import main
+
+    monkeypatch.setattr(fusecli.matcher, "fusion_problem", lambda *a: None)
+    src, out = tmp_path / "mqa.onnx", tmp_path / "mqa.fused.onnx"
+    onnx.save(builders.ortt_attention(kv_heads=1, heads=2), src)
+    assert main(["optimize", str(src), "-o", str(out), "-q"]) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "would not run" in err[0] and "sdpa_ortt_div" in err[0], err
+    assert not out.exists()
