@@ -289,12 +289,19 @@ class FusionPass:
     @staticmethod
     def _write_back(model: onnx.ModelProto, index: GraphIndex, removed_inputs: set[str]) -> None:
         graph = model.graph
-        # Constant nodes whose only consumers were fused away are dead now.
-        for t in removed_inputs:
-            p = index.producer.get(t)
-            if (p is not None and p.op == "Constant" and not index.consumers.get(t)
-                    and t not in index.graph_outputs):
-                index.remove_node(p)
+        # Nodes that computed a constant (a Constant node or a constant subgraph) whose only
+        # consumers were fused away are dead now, and so, in turn, are their constant inputs.
+        work = list(removed_inputs)
+        while work:
+            p = index.producer.get(work.pop())
+            if (p is None or not p.alive or p.domain != "" or p.implicit
+                    or any(index.consumers.get(o) or o in index.graph_outputs
+                           for o in p.outputs if o)
+                    or any(index.const_value(o) is None for o in p.outputs if o)):
+                continue
+            index.remove_node(p)
+            work.extend(t for t in p.inputs if t)
+            removed_inputs.update(t for t in p.inputs if t)
         alive = index.alive_nodes()
         used = {t for n in alive for t in n.inputs + n.implicit if t} | index.graph_outputs
         produced = {t for n in alive for t in n.outputs if t}
