@@ -489,8 +489,8 @@ def _load_yaml(text: str, source: str):
 
 def _substitute(obj, values: dict, src: str, line, used: set):
     """``obj`` with every ``$name`` string replaced by the parameter's value (any YAML value;
-    a list item that becomes null is dropped) and every ``${name}`` inside a string by the
-    value's text."""
+    as a list item, a list value is spliced in and null is dropped) and every ``${name}``
+    inside a string by the value's text."""
     def lookup(name):
         if name not in values:
             raise RuleError(src, f"unknown parameter '{name}'; this file's parameters are "
@@ -510,9 +510,15 @@ def _substitute(obj, values: dict, src: str, line, used: set):
             out[k] = _substitute(v, values, src, _line(obj, k), used)
         return out
     if isinstance(obj, list):
-        items = [_substitute(v, values, src, _line(v) or line, used) for v in obj]
-        return [v for v, raw in zip(items, obj)
-                if not (v is None and isinstance(raw, str) and _WHOLE_PARAM_RE.match(raw))]
+        out = []
+        for raw in obj:
+            v = _substitute(raw, values, src, _line(raw) or line, used)
+            if isinstance(raw, str) and _WHOLE_PARAM_RE.match(raw) and (
+                    v is None or isinstance(v, list)):
+                out.extend(v or [])  # a list item `$p`: p's items spliced in, null dropped
+            else:
+                out.append(v)
+        return out
     return obj
 
 

@@ -29,8 +29,13 @@ from fusecli.rules import var_name
 
 RULES = load_rules()
 SAMPLE_MODELS = {p.stem: onnx.load(p) for p in sorted(SAMPLES.glob("*.onnx"))}
-# variants the samples lack (a 3-D SiLU MLP in the ort-training spelling)
+# variants the samples lack (a 3-D SiLU MLP in the ort-training spelling; torch-joint Linears
+# whose weight grad is A^T dZ: Hugging Face Conv1D [in, out] weights through addmm)
 SAMPLE_MODELS["synthetic_ortt_silu_3d"] = builders.ortt_linear_act_matmul("silu")
+_BY_NAME = {r.name: r for r in RULES}
+for _act in ("relu", "gelu", "gelu_tanh", "silu"):
+    SAMPLE_MODELS[f"synthetic_torch_{_act}_conv1d"] = builders.torch_linear_act(
+        _BY_NAME[f"act_{_act}_grad_torch"], layout="conv1d", three_d=True)
 
 
 def _upto(rule_name):
@@ -400,3 +405,73 @@ def test_a_graph_that_would_not_run_is_never_written(monkeypatch, tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "would not run" in err[0] and "sdpa_ortt_div" in err[0], err
     assert not out.exists()
+
+
+# --- Linear layouts and activation spellings, run numerically --------------------------------
+
+def _run_ort(model, feeds):
+    import onnxruntime as ort
+
+    from fusecli.library import session_options
+
+    so = session_options(opt_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return {o.name: v for o, v in zip(sess.get_outputs(), sess.run(None, feeds))}
+
+
+def _feeds(model, seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in model.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        out[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("layout,trans", [("linear", (0, 0)), ("conv1d", (1, 1)),
+                                          ("at_t", (0, 0))])
+@pytest.mark.parametrize("variant", [{}, {"three_d": True}, {"first": True}, {"bias": False}])
+def test_torch_linear_layouts_fuse_and_compute_the_same(act, layout, trans, variant):
+    """W [out, in] (nn.Linear) or [in, out] (Conv1D through addmm), weight grad dZ^T A or
+    A^T dZ (transposed back or not), 2-D or 3-D, with or without bias, first layer or not:
+    one LinearActivationGrad that computes what the unfused graph computes (onnxruntime,
+    graph optimizations off)."""
+    m = builders.torch_linear_act(_BY_NAME[f"act_{act}_grad_torch"], layout=layout, **variant)
+    fused = copy.deepcopy(m)
+    fp = FusionPass()
+    assert fp.run(fused) == 1
+    assert fp.stats.patterns[f"linear_{act.split('_')[0]}"].fused == 1
+    [node] = [n for n in fused.graph.node if n.domain == "com.fusecli"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if not variant.get("first"):
+        assert attrs["trans_w"] == trans[0]
+    assert attrs.get("trans_dw", attrs["trans_w"]) == trans[1]
+    assert attrs["activation"].decode() == act
+    feeds = _feeds(m)
+    want, got = _run_ort(m, feeds), _run_ort(fused, feeds)
+    assert set(want) == set(got)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.parametrize("act,activation", [("relu", "relu"), ("gelu", "gelu"),
+                                            ("gelu_fast", "gelu_tanh"), ("silu", "silu")])
+@pytest.mark.parametrize("build", ["ortt_linear_act", "ortt_linear_act_matmul"])
+def test_ortt_activation_spellings_fuse_and_compute_the_same(act, activation, build, tmp_path):
+    """onnxruntime-training's activation gradients (FastGeluGrad: gelu_new after ORT's
+    pre-gradient FastGelu fusion, the same tanh formula; QuickGeluGrad{alpha=1}: SiLU), Gemm
+    and MatMul layouts; the fused graph runs in onnxruntime-training with the same results."""
+    from fusecli.verify import verify_models
+
+    m = getattr(builders, build)(act)
+    fused = copy.deepcopy(m)
+    assert FusionPass().run(fused) == 1
+    [node] = [n for n in fused.graph.node if n.domain == "com.fusecli"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["activation"].decode() == activation
+    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
+    onnx.save(m, src)
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
