@@ -354,7 +354,7 @@ class Matcher:
         caps = dict(captures)
         for var, fn in alt.value.items():
             caps[VALUE_KEY + var] = fn
-        for name, c in {**spec.attrs, **alt.attrs}.items():
+        for name, c in ({**spec.attrs, **alt.attrs} if alt.attrs else spec.attrs).items():
             ok, value, detail = check_attr(node, name, c)
             if not ok:
                 self._fail(depth, nodes, spec.id, "attribute", f"node {node.name}: {detail}", node)
