@@ -7,7 +7,7 @@ reports the file, the line where known, and what is wrong.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,8 @@ CONST_FUNCS = {
 }
 _ATTR_CONSTRAINT_KEYS = {"equals", "one_of", "absent_or", "absent", "capture"}
 _NODE_KEYS = {"id", "op", "domain", "inputs", "outputs", "attrs", "commutative", "optional",
-              "keep"}
+              "keep", "repeat"}
+MAX_REPEAT = 8
 _ALT_KEYS = {"op", "domain", "attrs", "value"}
 # ops whose first two inputs may be swapped (`commutative: true` only ever swaps these)
 COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Sum", "Max", "Min", "Mean", "And", "Or", "Xor",
@@ -204,7 +205,7 @@ def _parse_ports(src, node_id, key, raw, line) -> tuple[str, ...]:
     return tuple(raw)
 
 
-def _parse_node(src, raw, index) -> NodeSpec:
+def _parse_node(src, raw, index) -> list[NodeSpec]:
     if not isinstance(raw, dict):
         raise RuleError(src, f"nodes[{index}] must be a mapping", None)
     line = _line(raw)
@@ -250,14 +251,36 @@ def _parse_node(src, raw, index) -> NodeSpec:
     if not isinstance(keep, bool) or (keep and optional == "branch"):
         raise RuleError(src, f"node '{nid}': keep must be true or false, and a kept (context) "
                         "node can only be optional as a passthrough", line)
+    repeat = raw.get("repeat", 1)
+    if (isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT
+            or (repeat > 1 and optional != "passthrough")):
+        raise RuleError(src, f"node '{nid}': repeat must be an integer 1..{MAX_REPEAT}, on an "
+                        "optional: passthrough node (a chain of up to that many pass-throughs)",
+                        _line(raw, "repeat"))
     variables = {var_name(t) for t in inputs + outputs}
     for op, alt in alts.items():
         for v in alt.value:
             if v not in variables:
                 raise RuleError(src, f"node '{nid}': alternative {op}: value names '{v}', which "
                                 "is not one of the node's tensors", line)
-    return NodeSpec(nid, ops, domains, inputs, outputs, attrs, commutative, optional, keep, line,
+    spec = NodeSpec(nid, ops, domains, inputs, outputs, attrs, commutative, optional, keep, line,
                     alts)
+    return _repeated(spec, repeat)
+
+
+def _repeated(spec: NodeSpec, n: int) -> list[NodeSpec]:
+    """``repeat: n``: n chained copies of a pass-through node, each of which may be absent, so
+    `a -> [0..n pass-throughs] -> b` (ids id, id_2, ...; links b__1, b__2, ...)."""
+    if n == 1:
+        return [spec]
+    src, dst = spec.inputs[0], spec.outputs[0]
+    out = []
+    for k in range(n):
+        i = src if k == 0 else f"{var_name(dst)}__{k}"
+        o = dst if k == n - 1 else f"{var_name(dst)}__{k + 1}"
+        out.append(replace(spec, id=spec.id if k == 0 else f"{spec.id}_{k + 1}",
+                           inputs=(i,) + spec.inputs[1:], outputs=(o,)))
+    return out
 
 
 def _parse_ops(src, nid, raw, domains, line) -> tuple[tuple[str, ...], dict]:
@@ -582,7 +605,7 @@ def _build_rule(raw, source: str, text: str) -> Rule:
                         _line(raw, "order"))
     if not isinstance(raw["nodes"], list) or not raw["nodes"]:
         raise RuleError(source, "nodes must be a non-empty list", _line(raw, "nodes"))
-    nodes = tuple(_parse_node(source, n, i) for i, n in enumerate(raw["nodes"]))
+    nodes = tuple(spec for i, n in enumerate(raw["nodes"]) for spec in _parse_node(source, n, i))
     tensors = _parse_tensors(source, raw.get("tensors"))
     captures = {c.capture for n in nodes for c in n.attrs.values() if c.capture}
     replace = _parse_replace(source, raw["replace"], captures, set(tensors))

@@ -14,6 +14,7 @@ Each mutated instance must not be fused by the rule (the other instances still a
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import onnx
@@ -475,3 +476,95 @@ def test_ortt_activation_spellings_fuse_and_compute_the_same(act, activation, bu
     onnx.save(fused, out)
     report = verify_models(src, out)
     assert report.ok and report.max_rel <= 1e-5, report
+
+
+# --- the rule language: variants, alternatives, repeats ---------------------------------------
+
+_LANG_RULE = """
+name: t_${act}_chain
+pattern: activation_grad
+order: 1
+params: {extra: null}
+variants: $variants
+nodes:
+  - id: grad
+    op: $op
+    inputs: [dY, X]
+    outputs: [g]
+  - id: ids
+    op: Identity
+    inputs: [g]
+    outputs: [g2]
+    optional: passthrough
+    repeat: 2
+  - id: scale
+    op: [Div, {op: Mul, value: {c: reciprocal}}]
+    commutative: true
+    inputs: [g2, c]
+    outputs: [dZ]
+  - $extra
+tensors:
+  c: {const: 2.0, tol: 1.0e-6}
+replace:
+  op: ActivationGrad
+  inputs: [dY, X]
+  outputs: [dZ]
+  attrs: {activation: $act}
+"""
+
+
+def _lang(variants):
+    from fusecli.rules import parse_rules
+
+    return parse_rules(_LANG_RULE.replace("$variants", variants), "<lang>")
+
+
+def _lang_graph(op="ReluGrad", n_identity=1, scale=("Div", 2.0), swap=False):
+    nodes = [helper.make_node(op, ["dY", "X"], ["g0"], domain="com.microsoft")]
+    for i in range(n_identity):
+        nodes.append(helper.make_node("Identity", [f"g{i}"], [f"g{i + 1}"]))
+    ins = [f"g{n_identity}", "c"]
+    nodes.append(helper.make_node(scale[0], ins[::-1] if swap else ins, ["dZ"]))
+    return builders.model(nodes, [builders.vi(t, [3, 4]) for t in ("dY", "X")],
+                          [builders.vi("dZ", [3, 4])], [builders.const("c", scale[1])])
+
+
+def test_variants_expand_with_substitution_and_splicing():
+    rules = _lang("[{act: relu, op: [{op: ReluGrad, domain: com.microsoft}]},"
+                  " {act: gelu, op: [{op: GeluGrad, domain: com.microsoft}],"
+                  "  extra: [{id: tail, op: Neg, inputs: [dZ], outputs: [n]}]}]")
+    assert [r.name for r in rules] == ["t_relu_chain", "t_gelu_chain"]
+    assert [s.id for s in rules[0].nodes] == ["grad", "ids", "ids_2", "scale"]
+    assert [s.id for s in rules[1].nodes][-1] == "tail"
+    crossed = _lang("{cross: [[{act: relu}, {act: gelu}], [{op: [ReluGrad]}]]}")
+    assert [r.name for r in crossed] == ["t_relu_chain", "t_gelu_chain"]
+
+
+@pytest.mark.parametrize("variants,message", [
+    ("[{act: relu}]", "unknown parameter 'op'"),
+    ("[{act: relu, op: Neg, typo: 1}]", "sets ['typo'], which the rule never uses"),
+    ("[]", "non-empty list"),
+])
+def test_variant_errors_name_the_problem(variants, message):
+    from fusecli.errors import RuleError
+
+    with pytest.raises(RuleError, match=re.escape(message)):
+        _lang(variants)
+
+
+@pytest.mark.parametrize("n_identity,fused", [(0, True), (1, True), (2, True), (3, False)])
+@pytest.mark.parametrize("scale,swap", [(("Div", 2.0), False), (("Mul", 0.5), False),
+                                        (("Mul", 0.5), True)])
+def test_repeated_passthrough_and_scale_alternatives(n_identity, fused, scale, swap):
+    [rule] = _lang("[{act: relu, op: [{op: ReluGrad, domain: com.microsoft}]}]")
+    m = _lang_graph(n_identity=n_identity, scale=scale, swap=swap)
+    assert FusionPass(rules=[rule]).run(m) == int(fused)
+
+
+def test_alternative_value_transform_is_explained():
+    [rule] = _lang("[{act: relu, op: [{op: ReluGrad, domain: com.microsoft}]}]")
+    m = _lang_graph(scale=("Mul", 2.0))  # Mul by 2 is Div by 0.5, not by 2
+    assert FusionPass(rules=[rule]).run(copy.deepcopy(m)) == 0
+    [miss] = explain_model(m, FusionPass(rules=[rule]))
+    assert miss["reason"] == "constant" and "as reciprocal of its value, Mul" in miss["detail"]
+    assert FusionPass(rules=[rule]).run(_lang_graph(scale=("Div", 2.0), swap=True)) == 0
