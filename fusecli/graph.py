@@ -144,37 +144,25 @@ class GraphIndex:
         not computed (None).
         """
         cache = self._const_cache
-        if name in cache:
-            return cache[name]
-        stack = [name]
-        while stack:
-            t = stack[-1]
-            if t in cache:
-                stack.pop()
-                continue
+
+        def step(t):
             if t in self.initializers and t not in self.graph_inputs:
                 init = self.initializers[t]
                 # weights left on disk (external data, not loaded) are never constants to check
                 cache[t] = (numpy_helper.to_array(init)
                             if init.data_location != onnx.TensorProto.EXTERNAL else None)
-                stack.pop()
-                continue
+                return None
             prod = self.producer.get(t)
             pending = None if prod is None else constfold.pending_input(prod, cache)
             if pending:
-                stack.append(pending)
-                continue
-            stack.pop()
-            values = (constfold.evaluate(prod, cache, self.shape)
-                      if prod is not None and pending is not None else None)
-            if prod is None:
-                cache[t] = None
-            else:
-                for i, out in enumerate(prod.outputs):
-                    if out:
-                        cache[out] = values[i] if values is not None and i < len(values) else None
-                cache.setdefault(t, None)
-        return cache[name]
+                return pending
+            values = constfold.evaluate(prod, cache, self.shape) if pending == "" else None
+            for i, out in enumerate(prod.outputs if prod is not None else ()):
+                if out:
+                    cache[out] = values[i] if values is not None and i < len(values) else None
+            return None
+
+        return memoised(name, cache, step)
 
     @property
     def shapes(self):
@@ -216,6 +204,25 @@ class GraphIndex:
                     or n in self.graph_outputs or n in self.initializers or n in self.tensor_names)
 
         return _fresh(base, taken, self.tensor_names)
+
+
+def memoised(name: str, cache: dict, step):
+    """The value of ``name`` in ``cache``, computed over producers without recursion (graphs
+    are deep): ``step(t)`` either names a tensor whose value must be computed first, or stores
+    what it can into ``cache`` and returns None (t itself then defaults to None)."""
+    stack = [name]
+    while stack:
+        t = stack[-1]
+        if t in cache:
+            stack.pop()
+            continue
+        need = step(t)
+        if need:
+            stack.append(need)
+        else:
+            stack.pop()
+            cache.setdefault(t, None)
+    return cache[name]
 
 
 def _fresh(base: str, taken, reserve: set[str]) -> str:

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 
 from .contracts import infer_output_types
+from .graph import memoised
 
 _SAME_AS_INPUT0 = {
     "Identity", "Cast", "Neg", "Sqrt", "Reciprocal", "Relu", "Erf", "Tanh", "Sigmoid", "Exp",
@@ -92,33 +93,22 @@ class ShapeOracle:
         if not name:
             return None
         cache = self._cache
-        stack = [name]
-        while stack:
-            t = stack[-1]
-            if t in cache:
-                stack.pop()
-                continue
+
+        def step(t):
             rec = self.recorded(t)
-            if rec is not None:
-                cache[t] = rec
-                stack.pop()
-                continue
             prod = self.g.producer.get(t)
-            if prod is None or not prod.alive or prod.op not in _INFERRED:
-                cache[t] = None
-                stack.pop()
-                continue
-            missing = [i for i in prod.inputs[:3] if i and i not in cache]
-            if missing:
-                stack.append(missing[0])
-                continue
-            stack.pop()
-            try:
-                out = self._infer(prod, t)
-            except Exception:  # noqa: BLE001 - a shape that cannot be inferred is unknown
-                out = None
-            cache[t] = out
-        return cache[name]
+            if rec is None and prod is not None and prod.alive and prod.op in _INFERRED:
+                missing = [i for i in prod.inputs[:3] if i and i not in cache]
+                if missing:
+                    return missing[0]
+                try:
+                    rec = self._infer(prod, t)
+                except Exception:  # noqa: BLE001 - a shape that cannot be inferred is unknown
+                    rec = None
+            cache[t] = rec
+            return None
+
+        return memoised(name, cache, step)
 
     def _infer(self, node, out_name):
         if node.outputs[0] != out_name:
