@@ -38,9 +38,13 @@ _BY_NAME = {r.name: r for r in RULES}
 for _act in ("relu", "gelu", "gelu_tanh", "silu"):
     SAMPLE_MODELS[f"synthetic_torch_{_act}_conv1d"] = builders.torch_linear_act(
         _BY_NAME[f"act_{_act}_grad_torch"], layout="conv1d", three_d=True)
-# a real torch 2.13 export of gelu_new written with torch.pow (tests/data/make_torch_gelu_new.py)
-SAMPLE_MODELS["export_torch_gelu_new"] = onnx.load(
-    Path(__file__).parent / "data" / "torch_gelu_new.onnx")
+# real torch 2.13 exports (tests/data/make_torch_gelu_new.py): gelu_new written with torch.pow
+# after nn.Linear, and the GPT-2 MLP (Hugging Face Conv1D through addmm, gelu_new)
+DATA = Path(__file__).parent / "data"
+EXPORTS = {"torch_gelu_new": {"linear_gelu_tanh_torch": 1},
+           "torch_conv1d_gelu_new": {"linear_gelu_tanh_torch_at": 1}}
+for _name in EXPORTS:
+    SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 
 
 def _upto(rule_name):
@@ -572,3 +576,18 @@ def test_alternative_value_transform_is_explained():
     [miss] = explain_model(m, FusionPass(rules=[rule]))
     assert miss["reason"] == "constant" and "as reciprocal of its value, Mul" in miss["detail"]
     assert FusionPass(rules=[rule]).run(_lang_graph(scale=("Div", 2.0), swap=True)) == 0
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_real_exports_fuse_and_verify(name, tmp_path):
+    from fusecli.verify import verify_models
+
+    m = onnx.load(DATA / f"{name}.onnx")
+    fp = FusionPass()
+    fp.run(m)
+    assert {f.rule: 1 for f in fp.stats.fusions} == EXPORTS[name]
+    assert fp.stats.total_fused == 1
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(DATA / f"{name}.onnx", out)
+    assert report.ok and report.max_rel <= 1e-5, report
