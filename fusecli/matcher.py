@@ -219,9 +219,11 @@ def replacement_ports(m: Match) -> tuple[list[str], list[str]]:
 class Matcher:
     """Matches one rule against a GraphIndex."""
 
-    def __init__(self, index: GraphIndex, rule: Rule):
+    def __init__(self, index: GraphIndex, rule: Rule, check_shapes: bool = True):
         self.g = index
         self.rule = rule
+        # False only for rule drafts, whose replacement ports are placeholders
+        self.check_shapes = check_shapes
 
     # -- public -----------------------------------------------------------------------------
     def match_at(self, anchor: GNode) -> MatchResult:
@@ -475,6 +477,8 @@ class Matcher:
                                "consumed; fusing would create a cycle")
         inter = sorted({t for n in removed.values() for t in n.outputs if t and t not in rep_out})
         match = Match(rule, removed, dict(tensors), dict(captures), key, inter, frozenset(nodes))
+        if not self.check_shapes:
+            return match
         ins, outs = replacement_ports(match)
         proto = onnx.helper.make_node(rule.replace.op, ins, outs, domain=rule.replace.domain,
                                       **replacement_attrs(self.g, match))
