@@ -16,7 +16,7 @@ from onnx import helper
 from .contracts import FUSED_DOMAIN, infer_output_types, load_contracts
 from .errors import EXIT_INTERNAL, FuseError
 from .graph import GNode, GraphIndex
-from .matcher import Failure, Match, Matcher, MatchResult, replacement_attrs, replacement_ports
+from .matcher import Failure, Match, Matcher, MatchResult
 from .rules import CANONICAL_PATTERNS, Rule, load_rules
 from .shapes import fusion_problem
 
@@ -250,20 +250,18 @@ class FusionPass:
     def _apply(self, index: GraphIndex, m: Match, credit, stats: Stats, sizes,
                removed_inputs: set[str]) -> GNode:
         rule = m.rule
-        rep = rule.replace
-        ins, outs = replacement_ports(m)
-        attrs = replacement_attrs(index, m)
+        proto = m.proto  # ports and attributes, made by the matcher
         ordered = sorted(m.nodes.values(), key=lambda n: n.key)
         first = ordered[0]
         name = index.unique_name(f"{first.proto.name or first.op}/fused_{rule.pattern}")
-        for i, port in enumerate(load_contracts().ops[rep.op].outputs):
+        outs = proto.output
+        for i, port in enumerate(load_contracts().ops[rule.replace.op].outputs):
             if port.workspace and (i >= len(outs) or not outs[i]):
-                outs += [""] * (i + 1 - len(outs))
+                outs.extend([""] * (i + 1 - len(outs)))
                 outs[i] = index.unique_tensor_name(f"{name}/{port.name}")
         replaced = [n.name for n in ordered]
-        proto = helper.make_node(rep.op, ins, outs, name=name, domain=rep.domain,
-                                 doc_string=f"{DOC_PREFIX}{rule.name}: " + ", ".join(replaced),
-                                 **attrs)
+        proto.name = name
+        proto.doc_string = f"{DOC_PREFIX}{rule.name}: " + ", ".join(replaced)
         for n in ordered:
             index.remove_node(n)
             removed_inputs.update(t for t in n.inputs if t)

@@ -46,6 +46,7 @@ class Match:
     key: float = 0.0
     intermediates: list[str] = field(default_factory=list)
     bound: frozenset = frozenset()       # every rule node id bound, kept context included
+    proto: onnx.NodeProto | None = None  # the fused node (ports and attributes; unnamed)
 
 
 @dataclass
@@ -477,11 +478,12 @@ class Matcher:
                                "consumed; fusing would create a cycle")
         inter = sorted({t for n in removed.values() for t in n.outputs if t and t not in rep_out})
         match = Match(rule, removed, dict(tensors), dict(captures), key, inter, frozenset(nodes))
+        ins, outs = replacement_ports(match)
+        match.proto = proto = onnx.helper.make_node(
+            rule.replace.op, ins, outs, domain=rule.replace.domain,
+            **replacement_attrs(self.g, match))
         if not self.check_shapes:
             return match
-        ins, outs = replacement_ports(match)
-        proto = onnx.helper.make_node(rule.replace.op, ins, outs, domain=rule.replace.domain,
-                                      **replacement_attrs(self.g, match))
         why = fusion_problem(self.g.shapes, proto, set(rep_out))
         if why:
             return self._guard(nodes, "shape_mismatch", why)
