@@ -13,7 +13,6 @@ from pathlib import Path
 
 import onnx
 import pytest
-import yaml
 from onnx import TensorProto, helper
 
 from fusecli import library
