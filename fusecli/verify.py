@@ -288,10 +288,14 @@ def check_fusions(original_path: str | os.PathLike, records, seed: int = 0, rtol
         for t in list(r.node.input) + list(r.node.output):
             if t and t in known and t not in existing and t not in wanted:
                 wanted.append(t)
+    # each probed tensor leaves through an Identity copy: onnxruntime-training 1.19.2 crashes
+    # (SIGSEGV) when a MaxPoolGrad output is itself made a graph output (ResNet stem)
+    copies = {t: f"{t}/fusecli_probe" for t in wanted}
     for t in wanted:
         elem = (typed[t].type.tensor_type.elem_type if t in typed
                 else onnx.TensorProto.FLOAT)
-        probe.graph.output.append(helper.make_tensor_value_info(t, elem, None))
+        probe.graph.node.append(helper.make_node("Identity", [t], [copies[t]]))
+        probe.graph.output.append(helper.make_tensor_value_info(copies[t], elem, None))
     with tempfile.TemporaryDirectory(prefix="fusecli-probe-") as tmp:
         ppath = Path(tmp) / "probe.onnx"
         base = Path(original_path).resolve().parent
@@ -304,6 +308,7 @@ def check_fusions(original_path: str | os.PathLike, records, seed: int = 0, rtol
         finally:
             if ppath.parent == base:
                 ppath.unlink(missing_ok=True)
+    values.update({t: values.pop(c) for t, c in copies.items()})
     values.update(feeds)
     checks = []
     for r in records:
