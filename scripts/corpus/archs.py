@@ -271,6 +271,10 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
              num_attention_heads=HEADS, intermediate_size=FF, max_position_embeddings=16,
              type_vocab_size=1),
          _ids_mask, attention=("BertSelfAttention",), dropout=True,
+         count_notes="layernorm 5 = embeddings.LayerNorm + per layer "
+         "attention.output.LayerNorm and "
+         "output.LayerNorm; sdpa 2 = one BertSelfAttention per layer; linear_gelu 2 = "
+         "intermediate.dense -> GELUActivation per layer; pooler dense -> Tanh is none",
          input_ranges={"input_ids": [0, VOCAB], "attention_mask": [0, 2]}),
     Arch("distilbert", "transformers",
          "DistilBertModel, 2 layers, dim 32, 4 heads, no dropout, q / sqrt(dh) before q@k^T, "
@@ -279,6 +283,9 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
              n_heads=HEADS, hidden_dim=FF, max_position_embeddings=16, dropout=0.0,
              attention_dropout=0.0),
          _ids_mask, attention=("MultiHeadSelfAttention", "DistilBertSelfAttention"),
+         count_notes="layernorm 5 = embeddings.LayerNorm + per layer sa_layer_norm and "
+         "output_layer_norm; sdpa 2 = one attention module per layer; linear_gelu 2 = "
+         "ffn.lin1 -> GELUActivation per layer",
          input_ranges={"input_ids": [0, VOCAB], "attention_mask": [0, 2]}),
     Arch("gpt2", "transformers",
          "GPT2Model (causal decoder), 2 layers, n_embd 32, 4 heads, dropout 0.1 (embd, attn, "
@@ -287,6 +294,9 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          _hf("GPT2Config", "GPT2Model", vocab_size=VOCAB, n_positions=16, n_embd=HID,
              n_layer=LAYERS, n_head=HEADS, n_inner=FF),
          _ids_mask, attention=("GPT2Attention",), dropout=True,
+         count_notes="layernorm 5 = per layer ln_1 and ln_2 + ln_f; sdpa 2 = one GPT2Attention"
+         " per "
+         "layer; linear_gelu 2 = mlp.c_fc (Conv1D) -> NewGELUActivation per layer",
          input_ranges={"input_ids": [0, VOCAB], "attention_mask": [0, 2]}),
     Arch("llama", "transformers",
          "LlamaModel (causal decoder), 2 layers, hidden 32, 4 heads, 2 KV heads (GQA via "
@@ -294,46 +304,73 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          _hf("LlamaConfig", "LlamaModel", vocab_size=VOCAB, hidden_size=HID,
              intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
              num_key_value_heads=2, max_position_embeddings=16),
-         _ids, attention=("LlamaAttention",), input_ranges={"input_ids": [0, VOCAB]}),
+         _ids, attention=("LlamaAttention",), input_ranges={"input_ids": [0, VOCAB]},
+         count_notes="rmsnorm 5 = per layer input_layernorm and post_attention_layernorm + "
+         "norm; sdpa "
+         "2 = one LlamaAttention per layer; linear_silu 2 = mlp.gate_proj -> SiLU per "
+         "layer (up_proj is multiplied in afterwards)"),
     Arch("mistral", "transformers",
          "MistralModel (causal decoder), 2 layers, hidden 32, 4 heads, ONE KV head (multi-query "
          "attention), RMSNorm, SwiGLU MLP, scores (q@k^T) * scaling",
          _hf("MistralConfig", "MistralModel", vocab_size=VOCAB, hidden_size=HID,
              intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
              num_key_value_heads=1, max_position_embeddings=16, sliding_window=None),
-         _ids, attention=("MistralAttention",), input_ranges={"input_ids": [0, VOCAB]}),
+         _ids, attention=("MistralAttention",), input_ranges={"input_ids": [0, VOCAB]},
+         count_notes="as llama: rmsnorm 5, sdpa 2 (MistralAttention), linear_silu 2 (gate_proj"
+         " -> SiLU)"),
     Arch("qwen2", "transformers",
          "Qwen2Model (causal decoder), 2 layers, hidden 32, 4 heads, 2 KV heads (GQA), q/k/v "
          "Linears with bias, RMSNorm, SwiGLU MLP",
          _hf("Qwen2Config", "Qwen2Model", vocab_size=VOCAB, hidden_size=HID,
              intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
              num_key_value_heads=2, max_position_embeddings=16),
-         _ids, attention=("Qwen2Attention",), input_ranges={"input_ids": [0, VOCAB]}),
+         _ids, attention=("Qwen2Attention",), input_ranges={"input_ids": [0, VOCAB]},
+         count_notes="as llama: rmsnorm 5, sdpa 2 (Qwen2Attention), linear_silu 2 (gate_proj "
+         "-> SiLU)"),
     Arch("t5", "transformers",
          "T5EncoderModel, 2 layers, d_model 32, 4 heads of 8, no dropout, no score scaling, "
          "learned relative-position bias (layer 0's table, reused by layer 1), T5LayerNorm "
          "(RMSNorm), ReLU FFN",
-         _t5, _ids, attention=("T5Attention",), input_ranges={"input_ids": [0, VOCAB]}),
+         _t5, _ids, attention=("T5Attention",), input_ranges={"input_ids": [0, VOCAB]},
+         count_notes="rmsnorm 5 = per layer two T5LayerNorm + final_layer_norm; sdpa 2 = one "
+         "T5Attention per layer; linear_relu 2 = DenseReluDense.wi -> ReLU per layer"),
     Arch("vit", "transformers",
          "ViTModel, 8x8 image, 4x4 patches (Conv), hidden 32, 2 layers, 4 heads, no mask, "
          "(q@k^T) / sqrt(dh), erf-GELU MLP, pre-LN; torch-joint: patch conv frozen",
-         _vit_hf, _image(8), attention=("ViTSelfAttention",)),
+         _vit_hf, _image(8), attention=("ViTSelfAttention",),
+         count_notes="layernorm 5 = per layer layernorm_before and layernorm_after + final "
+         "layernorm; "
+         "sdpa 2 = one ViTSelfAttention per layer; linear_gelu 2 = intermediate.dense -> "
+         "GELUActivation per layer"),
     Arch("swin", "transformers",
          "SwinModel, 16x16 image, patch 2, embed 16, depths [2, 1], heads [2, 4], window 4: "
          "window attention with a learned relative-position bias table, shifted-window "
          "additive mask, patch merging (LayerNorm + Linear); torch-joint: patch conv frozen",
-         _swin, _image(16), attention=("SwinSelfAttention",)),
+         _swin, _image(16), attention=("SwinSelfAttention",),
+         count_notes="layernorm 9 = embeddings.norm + 2 per block x 3 blocks + the patch-"
+         "merging norm "
+         "+ final layernorm; sdpa 3 = one SwinSelfAttention per block; linear_gelu 3 = "
+         "intermediate.dense -> GELUActivation per block"),
     Arch("timm_vit", "timm",
          "timm VisionTransformer, 8x8 image, patch 4, dim 32, depth 2, 4 heads, fused_attn off "
          "(q * scale, q@k^T, softmax, @v), no mask, nn.GELU Mlp, class-token head Linear(32->4)",
-         _timm_vit, _image(8), attention=("Attention",)),
+         _timm_vit, _image(8), attention=("Attention",),
+         count_notes="layernorm 5 = per block norm1 and norm2 + final norm; sdpa 2 = one "
+         "Attention per"
+         " block; linear_gelu 2 = mlp.fc1 -> nn.GELU per block; head Linear has no "
+         "activation"),
     Arch("timm_resnet", "timm",
          "timm ResNet with the ResNet-18 topology (BasicBlock x [2,2,2,2], 7x7 stem Conv+BN+"
          "ReLU, max-pool, 1x1 Conv+BN downsample shortcuts without ReLU) at widths 8/16/16/32, "
          "64x64 image (so that the last stage's BatchNorm still normalises 2x2 x batch values)",
-         _timm_resnet, _image(64), families=("ort-training",)),
+         _timm_resnet, _image(64), families=("ort-training",),
+         count_notes="conv_bn_relu 9 = stem conv1 -> bn1 -> act1 (first layer, no dX: still a "
+         "chain) + per BasicBlock conv1 -> bn1 -> act1 (8 blocks); conv2 -> bn2 is followed by "
+         "the residual add before act2 and the downsample Conv+BN has no ReLU: not counted"),
     Arch("tv_mobilenet_v2", "torchvision",
          "torchvision MobileNetV2 (negative): Conv+BN+ReLU6 blocks, depthwise convs, linear "
          "bottlenecks (Conv+BN without activation), width 0.25, 3 stages, 16x16 image",
-         _tv_mobilenet, _image(16), families=("ort-training",)),
+         _tv_mobilenet, _image(16), families=("ort-training",),
+         count_notes="0 of everything: Conv2dNormActivation uses ReLU6 (not ReLU), the "
+         "projection convs are Conv+BN without activation, the classifier Linear has none"),
 ]}

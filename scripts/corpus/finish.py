@@ -30,12 +30,14 @@ PATTERNS = ("linear_relu", "linear_gelu", "linear_silu", "sdpa", "conv_bn_relu",
 SHORT = {"linear_relu": "relu", "linear_gelu": "gelu", "linear_silu": "silu", "sdpa": "sdpa",
          "conv_bn_relu": "cbr", "layernorm": "ln", "rmsnorm": "rms"}
 KEY_ORDER = ["file", "family", "architecture", "library", "description", "runtime", "loss",
-             "loss_output", "gradient_outputs", "params", "expected", "known_gaps", "nodes",
-             "ir_version", "random_nodes", "max_abs_grad_err_vs_torch", "versions", "inputs"]
+             "loss_output", "gradient_outputs", "params", "expected", "expected_from",
+             "known_gaps", "nodes", "ir_version", "random_nodes", "max_abs_grad_err_vs_torch",
+             "versions", "inputs"]
 HEADER = """\
 # fusecli corpus: training graphs of real third-party architectures (transformers, timm,
 # torchvision) at tiny random-init configs, both families. Regenerate with `make corpus`
-# (scripts/corpus/make_corpus.sh); never edit by hand except gaps reasons (scripts/corpus/gaps.yaml).
+# (scripts/corpus/make_corpus.sh); do not edit by hand: gap reasons live in
+# scripts/corpus/gaps.yaml, count derivations in scripts/corpus/archs.py (expected_from).
 #
 # Feeding is as for samples/manifest.yaml (fusecli.feeds.make_feeds): roles data (int inputs
 # carry a `range`), target, parameter, frozen_parameter, grad_buffer, flag; parameter values in

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "samples"))
-from archs import ARCHS, Arch, derive_counts, make  # noqa: E402
+from archs import ARCHS, VOCAB, Arch, Wrap, derive_counts, make  # noqa: E402
 from common import input_specs  # noqa: E402
 
 ROOT = HERE.parents[1]
@@ -187,7 +187,7 @@ class MSELoss(torch.nn.Module):
 
 
 def build_torch(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest: Path,
-                check: bool) -> dict:
+                check: bool, optimize: bool = True) -> dict:
     from torch._functorch.aot_autograd import aot_export_module
     from gen_torch import _rename
 
@@ -199,7 +199,8 @@ def build_torch(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, des
     order = list(sig.parameters) + list(sig.buffers)
     flat = [named[n].detach().clone() for n in order] + args
     with tempfile.TemporaryDirectory() as td:
-        prog = torch.onnx.export(gm, tuple(flat), dynamo=True, optimize=True, verbose=False)
+        prog = torch.onnx.export(gm, tuple(flat), dynamo=True, optimize=optimize,
+                                 verbose=False)
         prog.save(str(Path(td) / "m.onnx"))
         m = onnx.load(str(Path(td) / "m.onnx"))
     g = m.graph
@@ -260,7 +261,8 @@ def build(family: str, arch: Arch) -> None:
     entry = {
         "file": f"{name}.onnx", "family": family, "architecture": arch.name,
         "library": arch.library, "description": arch.description, "loss": "mse",
-        "params": f"{name}.params.npz", "expected": expected, "nodes": len(m.graph.node),
+        "params": f"{name}.params.npz", "expected": expected,
+        "expected_from": arch.count_notes, "nodes": len(m.graph.node),
         "ir_version": m.ir_version, "versions": _versions(),
         **res, "max_abs_grad_err_vs_torch": None if err is None else float(f"{err:.3g}"),
     }
@@ -272,7 +274,33 @@ def build(family: str, arch: Arch) -> None:
           f"max |grad - torch| = {err if err is None else f'{err:.3g}'}", flush=True)
 
 
+def build_raw(layers: int, dest: Path) -> None:
+    """The optimiser scale check's input (not committed): a Llama-style model of `layers`
+    layers exported raw, torch.onnx.export(dynamo=True, optimize=False), as people export big
+    models (the exporter's optimizer is superlinear): constants stay small constant subgraphs."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=layers, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=16)
+    config._attn_implementation = "eager"
+    arch = ARCHS["llama"]
+    model = Wrap(transformers.LlamaModel(config), lambda o: o[0]).train()
+    inputs = arch.inputs()
+    model.arg_names = tuple(inputs)
+    dest.mkdir(parents=True, exist_ok=True)
+    name = f"torch_llama_raw_L{layers}"
+    res = build_torch(arch, model, inputs, name, dest, False, optimize=False)
+    print(f"{dest / name}.onnx: {len(res['model'].graph.node)} nodes", flush=True)
+
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--raw"]:  # gen.py --raw LAYERS [LAYERS ...] (into build/corpus-scale)
+        for n in argv[1:]:
+            build_raw(int(n), ROOT / "build" / "corpus-scale")
+        return 0
     family, names = argv[0], argv[1:]
     CORPUS.mkdir(exist_ok=True)
     failed = []
