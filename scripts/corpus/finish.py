@@ -19,7 +19,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent / "samples"))
-from write_manifest import flow, scalar  # noqa: E402
+from write_manifest import entry_lines  # noqa: E402
 
 from fusecli import FusionPass  # noqa: E402
 
@@ -80,23 +80,7 @@ def write_manifest(entries: dict[str, dict]) -> None:
     lines = [HEADER, "samples:"]
     for name, e in entries.items():
         lines.append(f"  {name}:")
-        for k in KEY_ORDER + sorted(k for k in e if k not in KEY_ORDER):
-            if k not in e:
-                continue
-            v = e[k]
-            if k in ("expected", "versions"):
-                lines.append(f"    {k}:")
-                lines += [f"      {pk}: {scalar(pv)}" for pk, pv in v.items()]
-            elif k == "known_gaps":
-                lines.append(f"    {k}:" + (" {}" if not v else ""))
-                lines += [f"      {pk}: {flow(pv)}" for pk, pv in v.items()]
-            elif k == "inputs":
-                lines.append("    inputs:")
-                lines += [f"      - {flow(row)}" for row in v]
-            elif isinstance(v, (list, dict)):
-                lines.append(f"    {k}: {flow(v)}")
-            else:
-                lines.append(f"    {k}: {scalar(v)}")
+        lines += entry_lines(e, KEY_ORDER)
     (CORPUS / "manifest.yaml").write_text("\n".join(lines) + "\n")
 
 

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "samples"))
 from archs import ARCHS, VOCAB, Arch, Wrap, derive_counts, make  # noqa: E402
-from common import input_specs  # noqa: E402
+from common import assign_roles, input_specs  # noqa: E402
 
 ROOT = HERE.parents[1]
 CORPUS = ROOT / "corpus"
@@ -69,23 +69,8 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _roles(specs: list[dict], arch: Arch, params: set[str], frozen: set[str]) -> None:
-    for s in specs:
-        n = s["name"]
-        if n in arch.input_ranges:
-            s["role"], s["range"] = "data", arch.input_ranges[n]
-        elif n in params:
-            s["role"] = "parameter"
-        elif n in frozen:
-            s["role"] = "frozen_parameter"
-        elif n.endswith(".accumulation.buffer"):
-            s["role"] = "grad_buffer"
-        elif n == "lazy_reset_grad":
-            s["role"] = "flag"
-        elif n == "target":
-            s["role"] = "target"
-        else:
-            s["role"] = "data"
+def _data_inputs(arch: Arch, inputs: dict) -> dict[str, list[int] | None]:
+    return {n: arch.input_ranges.get(n) for n in inputs}
 
 
 # --- ort-training -------------------------------------------------------------------------------
@@ -131,7 +116,7 @@ def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest
     names = {s["name"] for s in specs}
     kept = {n: v for n, v in values.items() if n in names}
     np.savez(dest / f"{name}.params.npz", **kept)
-    _roles(specs, arch, set(trainable), set(frozen))
+    assign_roles(specs, set(trainable), set(frozen), _data_inputs(arch, inputs))
     err = _check_ortt(m, model, inputs, kept, specs) if check else None
     return {"runtime": "onnxruntime-training", "loss_output": m.graph.output[0].name,
             "inputs": specs, "random_nodes": n_random, "model": m,
@@ -188,42 +173,17 @@ class MSELoss(torch.nn.Module):
 
 def build_torch(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest: Path,
                 check: bool, optimize: bool = True) -> dict:
-    from torch._functorch.aot_autograd import aot_export_module
-    from gen_torch import _rename
+    from gen_torch import export_joint
 
     target = torch.randn(model(*inputs.values()).shape)
     mod = MSELoss(model)
-    args = [*inputs.values(), target]
-    gm, sig = aot_export_module(mod, args, trace_joint=True, output_loss_index=0)
-    named = {**dict(mod.named_parameters()), **dict(mod.named_buffers())}
-    order = list(sig.parameters) + list(sig.buffers)
-    flat = [named[n].detach().clone() for n in order] + args
-    with tempfile.TemporaryDirectory() as td:
-        prog = torch.onnx.export(gm, tuple(flat), dynamo=True, optimize=optimize,
-                                 verbose=False)
-        prog.save(str(Path(td) / "m.onnx"))
-        m = onnx.load(str(Path(td) / "m.onnx"))
-    g = m.graph
-    in_names = [i.name for i in g.input if i.name not in {t.name for t in g.initializer}]
-    assert len(in_names) == len(flat), (in_names, len(flat))
-    short = [n.removeprefix("net.") for n in order]
-    mapping = dict(zip(in_names, short + list(inputs) + ["target"]))
-    grads = sig.backward_signature.gradients_to_parameters
-    mapping[g.output[0].name] = "loss"
-    for o, fx in zip(list(g.output)[1:], list(grads)):
-        mapping[o.name] = grads[fx].removeprefix("net.") + "_grad"
-    _rename(m, mapping)
-    for node in m.graph.node:
-        del node.metadata_props[:]
-    m.ir_version = 10
+    m, values, trainable = export_joint(mod, [*inputs.values(), target], [*inputs, "target"],
+                                        metadata=False, optimize=optimize)
     n_random = seed_random_nodes(m)
-    onnx.checker.check_model(m)
     onnx.save(m, dest / f"{name}.onnx")
-    values = {s: named[n].detach().numpy() for s, n in zip(short, order)}
     np.savez(dest / f"{name}.params.npz", **values)
-    trainable = {n.removeprefix("net.") for n in sig.parameters if named[n].requires_grad}
     specs = input_specs(m)
-    _roles(specs, arch, trainable, set(short) - trainable)
+    assign_roles(specs, trainable, set(values) - trainable, _data_inputs(arch, inputs))
     err = None
     if check:
         out = _run_ort(m, {**values, **{k: v.numpy() for k, v in inputs.items()},
