@@ -93,7 +93,7 @@ def test_every_fusion_matches_its_reference(name, fused):
     if not stats.fusions:
         assert stats.total_fused == 0
         return
-    checks = check_fusions(CORPUS / MANIFEST[name]["file"], stats.fusions, atol=1e-5)
+    checks = check_fusions(CORPUS / MANIFEST[name]["file"], stats.fusions, atol=1e-6)
     assert len(checks) == stats.total_fused
     bad = [(c.rule, d.name, d.max_abs, d.rel) for c in checks for d in c.outputs if not d.ok]
     assert not bad
@@ -133,7 +133,6 @@ def test_conv_bn_without_relu_is_not_conv_bn_relu(name, fused):
     Conv+BN linear bottleneck) are no Conv->BN->ReLU triplet."""
     nodes = [n for n in _fused_nodes(fused[name][0]) if n.op_type == "ConvBnReluGrad"]
     assert len(nodes) == fused[name][1].patterns["conv_bn_relu"].fused
-    assert not [n.name for n in nodes if _reads(n, "layer") and ".downsample." in
-                " ".join(n.input)]
+    assert not [n.name for n in nodes if _reads(n, ".downsample.")]
     if MANIFEST[name]["architecture"] == "tv_mobilenet_v2":
         assert MANIFEST[name]["expected"]["conv_bn_relu"] == 0 and not nodes

@@ -202,6 +202,24 @@ def _hf(config_cls: str, model_cls: str, pick=lambda o: o[0], **cfg) -> Callable
     return build
 
 
+def decoder_model(kind: str, kv_heads: int, layers: int = LAYERS, **extra) -> Callable:
+    """A Llama-family causal decoder (LlamaModel, MistralModel, Qwen2Model...) at the corpus
+    size: hidden 32, 4 query heads, `kv_heads` key/value heads, SwiGLU FF 64."""
+    return _hf(f"{kind}Config", f"{kind}Model", vocab_size=VOCAB, hidden_size=HID,
+               intermediate_size=FF, num_hidden_layers=layers, num_attention_heads=HEADS,
+               num_key_value_heads=kv_heads, max_position_embeddings=16, **extra)
+
+
+def _decoder(name: str, kind: str, kv_heads: int, desc: str, **extra) -> "Arch":
+    return Arch(
+        name, "transformers", f"{kind}Model (causal decoder), 2 layers, hidden 32, 4 heads, "
+        + desc, decoder_model(kind, kv_heads, **extra), _ids, attention=(f"{kind}Attention",),
+        input_ranges={"input_ids": [0, VOCAB]},
+        count_notes=f"rmsnorm 5 = per layer input_layernorm and post_attention_layernorm + "
+        f"norm; sdpa 2 = one {kind}Attention per layer; linear_silu 2 = mlp.gate_proj -> SiLU "
+        "per layer (up_proj is multiplied in afterwards)")
+
+
 def _vit_hf(family: str) -> nn.Module:
     net = _hf("ViTConfig", "ViTModel", image_size=8, patch_size=4, hidden_size=HID,
               num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
@@ -247,10 +265,12 @@ def _timm_vit(family: str) -> nn.Module:
 def _timm_resnet(family: str) -> nn.Module:
     from timm.models.resnet import BasicBlock, ResNet
 
-    # the ResNet-18 topology (BasicBlock x [2, 2, 2, 2], 7x7 stem, max-pool, 1x1 Conv+BN
-    # downsample shortcuts) at widths 8/16/16/32 instead of 64..512 (44 MB of weights)
+    # the ResNet-18 topology (BasicBlock x [2, 2, 2, 2], 7x7 64-channel stem, max-pool, 1x1
+    # Conv+BN downsample shortcuts) at stage widths 8/16/16/32 instead of 64..512 (44 MB of
+    # weights). zero_init_last=False: timm zero-initialises each block's last BN weight, which
+    # would make every gradient inside the residual branches exactly zero at step 0.
     return ResNet(BasicBlock, [2, 2, 2, 2], num_classes=4, channels=(8, 16, 16, 32),
-                  stem_width=8).train()
+                  zero_init_last=False).train()
 
 
 def _tv_mobilenet(family: str) -> nn.Module:
@@ -298,35 +318,12 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          " per "
          "layer; linear_gelu 2 = mlp.c_fc (Conv1D) -> NewGELUActivation per layer",
          input_ranges={"input_ids": [0, VOCAB], "attention_mask": [0, 2]}),
-    Arch("llama", "transformers",
-         "LlamaModel (causal decoder), 2 layers, hidden 32, 4 heads, 2 KV heads (GQA via "
-         "repeat_kv), RMSNorm, rotary, SwiGLU MLP (silu(gate) * up), scores (q@k^T) * scaling",
-         _hf("LlamaConfig", "LlamaModel", vocab_size=VOCAB, hidden_size=HID,
-             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-             num_key_value_heads=2, max_position_embeddings=16),
-         _ids, attention=("LlamaAttention",), input_ranges={"input_ids": [0, VOCAB]},
-         count_notes="rmsnorm 5 = per layer input_layernorm and post_attention_layernorm + "
-         "norm; sdpa "
-         "2 = one LlamaAttention per layer; linear_silu 2 = mlp.gate_proj -> SiLU per "
-         "layer (up_proj is multiplied in afterwards)"),
-    Arch("mistral", "transformers",
-         "MistralModel (causal decoder), 2 layers, hidden 32, 4 heads, ONE KV head (multi-query "
-         "attention), RMSNorm, SwiGLU MLP, scores (q@k^T) * scaling",
-         _hf("MistralConfig", "MistralModel", vocab_size=VOCAB, hidden_size=HID,
-             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-             num_key_value_heads=1, max_position_embeddings=16, sliding_window=None),
-         _ids, attention=("MistralAttention",), input_ranges={"input_ids": [0, VOCAB]},
-         count_notes="as llama: rmsnorm 5, sdpa 2 (MistralAttention), linear_silu 2 (gate_proj"
-         " -> SiLU)"),
-    Arch("qwen2", "transformers",
-         "Qwen2Model (causal decoder), 2 layers, hidden 32, 4 heads, 2 KV heads (GQA), q/k/v "
-         "Linears with bias, RMSNorm, SwiGLU MLP",
-         _hf("Qwen2Config", "Qwen2Model", vocab_size=VOCAB, hidden_size=HID,
-             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-             num_key_value_heads=2, max_position_embeddings=16),
-         _ids, attention=("Qwen2Attention",), input_ranges={"input_ids": [0, VOCAB]},
-         count_notes="as llama: rmsnorm 5, sdpa 2 (Qwen2Attention), linear_silu 2 (gate_proj "
-         "-> SiLU)"),
+    _decoder("llama", "Llama", 2, "2 KV heads (GQA via repeat_kv), RMSNorm, rotary, SwiGLU MLP "
+             "(silu(gate) * up), scores (q@k^T) * scaling"),
+    _decoder("mistral", "Mistral", 1, "ONE KV head (multi-query attention), RMSNorm, SwiGLU "
+             "MLP, scores (q@k^T) * scaling", sliding_window=None),
+    _decoder("qwen2", "Qwen2", 2, "2 KV heads (GQA), q/k/v Linears with bias, RMSNorm, SwiGLU "
+             "MLP, scores (q@k^T) * scaling"),
     Arch("t5", "transformers",
          "T5EncoderModel, 2 layers, d_model 32, 4 heads of 8, no dropout, no score scaling, "
          "learned relative-position bias (layer 0's table, reused by layer 1), T5LayerNorm "
@@ -336,7 +333,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          "T5Attention per layer; linear_relu 2 = DenseReluDense.wi -> ReLU per layer"),
     Arch("vit", "transformers",
          "ViTModel, 8x8 image, 4x4 patches (Conv), hidden 32, 2 layers, 4 heads, no mask, "
-         "(q@k^T) / sqrt(dh), erf-GELU MLP, pre-LN; torch-joint: patch conv frozen",
+         "(q@k^T) * scaling, erf-GELU MLP, pre-LN; torch-joint: patch conv frozen",
          _vit_hf, _image(8), attention=("ViTSelfAttention",),
          count_notes="layernorm 5 = per layer layernorm_before and layernorm_after + final "
          "layernorm; "
@@ -361,7 +358,8 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          "activation"),
     Arch("timm_resnet", "timm",
          "timm ResNet with the ResNet-18 topology (BasicBlock x [2,2,2,2], 7x7 stem Conv+BN+"
-         "ReLU, max-pool, 1x1 Conv+BN downsample shortcuts without ReLU) at widths 8/16/16/32, "
+         "ReLU (64 channels), max-pool, 1x1 Conv+BN downsample shortcuts without ReLU) at stage "
+         "widths 8/16/16/32, "
          "64x64 image (so that the last stage's BatchNorm still normalises 2x2 x batch values)",
          _timm_resnet, _image(64), families=("ort-training",),
          count_notes="conv_bn_relu 9 = stem conv1 -> bn1 -> act1 (first layer, no dX: still a "

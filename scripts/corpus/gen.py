@@ -31,7 +31,7 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "samples"))
-from archs import ARCHS, VOCAB, Arch, Wrap, derive_counts, make  # noqa: E402
+from archs import ARCHS, Arch, decoder_model, derive_counts, make  # noqa: E402
 from common import assign_roles, input_specs  # noqa: E402
 
 ROOT = HERE.parents[1]
@@ -89,6 +89,7 @@ def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest
                check: bool) -> dict:
     from onnx import numpy_helper
     from onnxruntime.training import artifacts
+    from onnxruntime.training.onnxblock import _graph_utils as onnxblock_graph_utils
 
     if arch.library == "transformers":
         _mask_without_vmap()
@@ -105,6 +106,9 @@ def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest
     assert not missing, f"{name}: parameters not exported under their names: {missing}"
     frozen = [n for n in inits if n not in trainable]
     values = {n: numpy_helper.to_array(inits[n]) for n in inits}
+    # onnxblock names the loss block's tensors from a process-wide counter: reset it so that
+    # a graph comes out the same whether it is built alone or after others
+    onnxblock_graph_utils._GRAPH_TOKEN = 0
     with tempfile.TemporaryDirectory() as td:
         artifacts.generate_artifacts(fwd, requires_grad=trainable, frozen_params=frozen,
                                      loss=artifacts.LossType.MSELoss,
@@ -238,22 +242,15 @@ def build_raw(layers: int, dest: Path) -> None:
     """The optimiser scale check's input (not committed): a Llama-style model of `layers`
     layers exported raw, torch.onnx.export(dynamo=True, optimize=False), as people export big
     models (the exporter's optimizer is superlinear): constants stay small constant subgraphs."""
-    import transformers
-
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=layers, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=16)
-    config._attn_implementation = "eager"
     arch = ARCHS["llama"]
-    model = Wrap(transformers.LlamaModel(config), lambda o: o[0]).train()
+    model = decoder_model("Llama", 2, layers=layers)("torch-joint")
     inputs = arch.inputs()
     model.arg_names = tuple(inputs)
     dest.mkdir(parents=True, exist_ok=True)
     name = f"torch_llama_raw_L{layers}"
     res = build_torch(arch, model, inputs, name, dest, False, optimize=False)
     print(f"{dest / name}.onnx: {len(res['model'].graph.node)} nodes", flush=True)
-
 
 
 def main(argv: list[str]) -> int:
