@@ -98,6 +98,14 @@ def table(entries: dict[str, dict], sizes: dict[str, tuple[int, int]]) -> str:
         before, after = sizes[name]
         rows.append(f"| {e['architecture']} ({e['library']}) | {e['family']} | "
                     f"{before} -> {after} | " + " | ".join(cells) + " |")
+    total = {p: [0, 0] for p in PATTERNS}
+    for e in entries.values():
+        for p in PATTERNS:
+            total[p][0] += e["expected"][p] - e["known_gaps"].get(p, {}).get("count", 0)
+            total[p][1] += e["expected"][p]
+    fused, expected = (sum(v[i] for v in total.values()) for i in (0, 1))
+    rows.append(f"| **all {len(entries)} graphs** | | fused {fused} of {expected} | "
+                + " | ".join(f"{f}/{x}" for f, x in total.values()) + " |")
     return "\n".join(rows)
 
 
