@@ -55,6 +55,7 @@ REPO = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "runtime_worker.py"
 ORTT_PYTHON = REPO / ".venv-ortt" / "bin" / "python"
 SAMPLES = REPO / "samples"
+CORPUS = REPO / "corpus"  # real third-party architectures (make corpus), same manifest format
 
 # Ops only onnxruntime-training registers (stock onnxruntime refuses models holding them).
 _TRAINING_OPS = {"InPlaceAccumulator", "InPlaceAccumulatorV2", "ConcatTraining",
@@ -86,11 +87,11 @@ def pick_runtime(model: onnx.ModelProto, override: str | None = None) -> str:
 
 
 def manifest_entry_for(path: str | os.PathLike) -> dict | None:
-    """The samples/manifest.yaml entry of a shipped sample (for its parameters and labels)."""
+    """The manifest entry of a shipped sample or corpus graph (for its parameters and labels)."""
     p = Path(path).resolve()
-    if p.parent != SAMPLES.resolve():
+    if p.parent not in (SAMPLES.resolve(), CORPUS.resolve()):
         return None
-    for entry in load_manifest().values():
+    for entry in load_manifest(p.parent / "manifest.yaml").values():
         if entry.get("file") == p.name:
             return entry
     return None
