@@ -45,6 +45,12 @@ EXPORTS = {"torch_gelu_new": {"linear_gelu_tanh_torch": 1},
            "torch_conv1d_gelu_new": {"linear_gelu_tanh_torch_at": 1}}
 for _name in EXPORTS:
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
+# attention spellings the samples lack, from the committed corpus of real architectures:
+# timm ViT (scale on Q only, no mask), GPT-2 (causal where + padding mask + dropout), BERT
+# (additive mask + dropout); listed last so that rules the samples cover keep those fixtures
+CORPUS = Path(__file__).parents[1] / "corpus"
+for _name in ("ortt_timm_vit", "ortt_gpt2", "torch_bert", "torch_gpt2"):
+    SAMPLE_MODELS[f"corpus_{_name}"] = onnx.load(CORPUS / f"{_name}.onnx")
 
 
 def _upto(rule_name):
@@ -367,7 +373,7 @@ def test_attention_scale_as_mul_or_div():
     scales = []
     for op in ("Div", "Mul"):
         m = builders.ortt_attention(scale_op=op)
-        assert FusionPass(only=["sdpa_ortt_div"]).run(m) == 1
+        assert FusionPass(only=["sdpa_ortt_scores_plain"]).run(m) == 1
         fused = next(n for n in m.graph.node if n.op_type == "AttentionGrad")
         scales.append({a.name: helper.get_attribute_value(a) for a in fused.attribute})
     assert scales[0] == scales[1]
@@ -382,7 +388,7 @@ def test_multi_query_attention_is_not_fused_into_unsummed_gradients(record_backw
     fp = FusionPass()
     assert fp.run(copy.deepcopy(m)) == 0
     assert fp.stats.patterns["sdpa"].skipped == {"shape_mismatch": 1}
-    misses = explain_model(m, FusionPass(only=["sdpa_ortt_div"]))
+    misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_plain"]))
     assert [x["reason"] for x in misses] == ["shape_mismatch"]
     assert "batch dims" in misses[0]["detail"]
 
@@ -412,7 +418,7 @@ def test_a_graph_that_would_not_run_is_never_written(monkeypatch, tmp_path, caps
     onnx.save(builders.ortt_attention(kv_heads=1, heads=2), src)
     assert main(["optimize", str(src), "-o", str(out), "-q"]) == 4
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "would not run" in err[0] and "sdpa_ortt_div" in err[0], err
+    assert len(err) == 1 and "would not run" in err[0] and "sdpa_ortt_scores_plain" in err[0], err
     assert not out.exists()
 
 
