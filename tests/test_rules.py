@@ -156,6 +156,8 @@ def _intermediate_cases():
             while v is not None and v not in reach:
                 reach.add(v)
                 v = through.get(v)
+            # (every variable bound to t counts: absent pass-throughs alias several)
+            reach |= {w for w, tt in rec.tensors.items() if tt == t}
             if not reach & set(r.replace.outputs):
                 out.append(pytest.param(r, t, id=f"{r.name}-{t[-30:]}"))
                 break

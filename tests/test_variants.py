@@ -281,3 +281,34 @@ def test_explain_applies_the_earlier_stages():
     hit = [m for m in misses if m["node"] == "tz" and m["reason"] == "attribute"]
     assert hit and all(m["rule"] == "linear_gelu_tanh_torch" for m in misses), misses
     assert "perm" in hit[0]["detail"]
+
+
+CORPUS = SAMPLES.parent / "corpus"
+
+
+@pytest.mark.parametrize("graph,rule,ratio,bias", [
+    ("ortt_bert", "sdpa_ortt_scores_plain", 0.1, False),
+    ("torch_gpt2", "sdpa_torch_keep_dropout", 0.1, False),
+    ("ortt_t5", "sdpa_ortt_scores_plain", 0.0, True),
+    ("torch_swin", "sdpa_torch_plain", 0.0, True),
+    ("ortt_llama", "sdpa_ortt_scores_plain", 0.0, False),
+])
+def test_attention_dropout_and_bias_ports(graph, rule, ratio, bias):
+    """Real graphs: the forward Dropout's bool mask and ratio become dropout_mask and
+    dropout_ratio; the softmax gradient is the dS output exactly where a learned bias's
+    gradient reads it (T5, Swin), and is left empty elsewhere."""
+    m = onnx.load(CORPUS / f"{graph}.onnx")
+    drop_masks = {n.output[1] for n in m.graph.node if n.op_type == "Dropout"}
+    fp = FusionPass()
+    fp.run(m)
+    assert {f.rule for f in fp.stats.fusions if f.pattern == "sdpa"} == {rule}
+    fused = [n for n in m.graph.node if n.op_type == "AttentionGrad"]
+    assert fused
+    readers = {t for n in m.graph.node for t in n.input}
+    for n in fused:
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        assert attrs.get("dropout_ratio", 0.0) == pytest.approx(ratio, rel=1e-6)
+        mask = n.input[7] if len(n.input) > 7 else ""
+        assert (mask in drop_masks) == (ratio > 0) and (mask != "") == (ratio > 0)
+        ds = n.output[3] if len(n.output) > 3 else ""
+        assert (ds != "") == bias and (not ds or ds in readers)
