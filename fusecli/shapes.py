@@ -215,10 +215,22 @@ def input_problem(op: str, attrs: dict, ins: list, names: list) -> str | None:
                     f"{want} rows/columns there")
     batch = _numel(p[:-2])
     for label, s in (("Q", q), ("K", k), ("V", v), ("dO", dO)):
-        if s is not None and batch is not None and _numel(s[:-2]) not in (None, batch):
-            return (f"AttentionGrad's {label} {_show(s)} has other batch dims than P "
-                    f"{_show(p)} (a broadcast the kernel does not do)")
+        if s is None or batch is None or _numel(s[:-2]) in (None, batch):
+            continue
+        if label in ("K", "V") and _grouped(s[:-2], p[:-2]):
+            continue  # grouped / multi-query K or V: dK / dV sum over each group
+        return (f"AttentionGrad's {label} {_show(s)} has other batch dims than P "
+                f"{_show(p)} (a broadcast the kernel does not do)")
     return None
+
+
+def _grouped(kdims: list, pdims: list) -> bool:
+    """AttentionGrad's grouping rule: K's (or V's) batch dims, right-aligned with P's (missing
+    leading ones count as 1), each equal P's or divide it (query index i uses i // (P/K))."""
+    if len(kdims) > len(pdims) or not all(isinstance(d, int) and d > 0 for d in kdims + pdims):
+        return False
+    kdims = [1] * (len(pdims) - len(kdims)) + list(kdims)
+    return all(pd % kd == 0 for kd, pd in zip(kdims, pdims))
 
 
 def fusion_problem(oracle: ShapeOracle, node: onnx.NodeProto, replaced: dict) -> str | None:

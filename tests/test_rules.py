@@ -382,17 +382,52 @@ def test_attention_scale_as_mul_or_div():
     assert scales[0]["scale_q"] == pytest.approx(1 / np.sqrt(3), rel=1e-6)
 
 
+def _read_unsummed_gradients(m):
+    """The head sums spelled ReduceSum(keepdims=0) -> Unsqueeze, which the rule does not absorb:
+    the only binding left is dK/dV to the un-summed tensors."""
+    for n in [n for n in m.graph.node if n.op_type == "ReduceSum"]:
+        n.attribute.remove(next(a for a in n.attribute if a.name == "keepdims"))
+        n.attribute.append(helper.make_attribute("keepdims", 0))
+        out = n.output[0]
+        n.output[0] = out + "_sq"
+        m.graph.node.append(helper.make_node("Unsqueeze", [out + "_sq", "head_axis"], [out],
+                                             name=out + "_unsqueeze"))
+    return m
+
+
+@pytest.mark.parametrize("record_backward", [False, True])
+def test_multi_query_attention_fuses_with_the_head_sum_absorbed(record_backward, tmp_path):
+    """One K/V head broadcast inside the MatMuls: onnxruntime computes dK^T/dV at the full head
+    count and sums them (ReduceSum keepdims=1). The rule binds K/V before the broadcast and
+    dK/dV after the sum; the fused graph computes the same."""
+    from fusecli.verify import verify_models
+
+    m = builders.ortt_attention(kv_heads=1, heads=2, record_backward=record_backward)
+    fused = copy.deepcopy(m)
+    assert FusionPass().run(fused) == 1
+    [node] = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
+    assert list(node.output[1:3]) == ["dKt", "dV"]
+    assert not {n.op_type for n in fused.graph.node} & {"ReduceSum", "FusedMatMul"}
+    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
+    onnx.save(m, src)
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
 @pytest.mark.parametrize("record_backward", [False, True])
 def test_multi_query_attention_is_not_fused_into_unsummed_gradients(record_backward):
-    """One K/V head broadcast inside the MatMuls: dK/dV are computed at the full head count and
-    summed afterwards; AttentionGrad would write them at one head. Refused, with the reason."""
-    m = builders.ortt_attention(kv_heads=1, heads=2, record_backward=record_backward)
+    """Where the sum cannot be absorbed, binding dK/dV to the un-summed tensors would write
+    them at one head: refused by the shape guard, with the reason."""
+    m = _read_unsummed_gradients(
+        builders.ortt_attention(kv_heads=1, heads=2, record_backward=record_backward))
     fp = FusionPass()
     assert fp.run(copy.deepcopy(m)) == 0
     assert fp.stats.patterns["sdpa"].skipped == {"shape_mismatch": 1}
     misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_plain"]))
     assert [x["reason"] for x in misses] == ["shape_mismatch"]
-    assert "batch dims" in misses[0]["detail"]
+    assert "would write 'dKt_full'" in misses[0]["detail"] or \
+        "would write 'dV_full'" in misses[0]["detail"]
 
 
 def test_output_shape_guard_alone_refuses_unsummed_gradients(monkeypatch):
@@ -401,7 +436,7 @@ def test_output_shape_guard_alone_refuses_unsummed_gradients(monkeypatch):
     import fusecli.shapes
 
     monkeypatch.setattr(fusecli.shapes, "input_problem", lambda *a: None)
-    m = builders.ortt_attention(kv_heads=1, heads=2)
+    m = _read_unsummed_gradients(builders.ortt_attention(kv_heads=1, heads=2))
     fp = FusionPass()
     assert fp.run(m) == 0
     [skip] = fp.stats.skips
@@ -417,7 +452,14 @@ def test_a_graph_that_would_not_run_is_never_written(monkeypatch, tmp_path, caps
 
     monkeypatch.setattr(fusecli.matcher, "fusion_problem", lambda *a: None)
     src, out = tmp_path / "mqa.onnx", tmp_path / "mqa.fused.onnx"
-    onnx.save(builders.ortt_attention(kv_heads=1, heads=2), src)
+    m = _read_unsummed_gradients(builders.ortt_attention(kv_heads=1, heads=2))
+    # the un-summed gradients' shapes recorded (B=2, H=2, S=4, D=3): the final check sees
+    # the one-head tensors the fused op would write in their place
+    m.graph.value_info.extend([helper.make_tensor_value_info("dKt_full", onnx.TensorProto.FLOAT,
+                                                             [2, 2, 3, 4]),
+                               helper.make_tensor_value_info("dV_full", onnx.TensorProto.FLOAT,
+                                                             [2, 2, 4, 3])])
+    onnx.save(m, src)
     assert main(["optimize", str(src), "-o", str(out), "-q"]) == 4
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "would not run" in err[0] and "sdpa_ortt_scores_plain" in err[0], err
