@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 
 import yaml
@@ -18,7 +19,8 @@ from .errors import RuleError
 
 CANONICAL_PATTERNS = ("linear_relu", "linear_gelu", "linear_silu", "sdpa", "conv_bn_relu",
                       "layernorm")
-DEFAULT_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+# the shipped rules: package data (in a checkout, fusecli/shipped_rules links to rules/)
+DEFAULT_RULES_DIR = Path(str(files(__package__) / "shipped_rules"))
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _VAR_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\*?$")

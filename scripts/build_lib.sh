@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build fusecli's onnxruntime custom-op library (CPU kernels, plus CUDA kernels when nvcc is
-# found) into build/lib and copy it to fusecli/lib/libfusecli_ops.so. Quick when nothing changed.
+# found) into build/cmake and copy it to fusecli/lib/libfusecli_ops.so. Quick when nothing changed.
 #   FUSECLI_CUDA=0     force a CPU-only build
 #   FUSECLI_NATIVE=0   do not tune for this machine's CPU (portable x86-64 build)
 set -euo pipefail
@@ -8,7 +8,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/fetch_deps.sh
 
-BUILD="$ROOT/build/lib"
+BUILD="$ROOT/build/cmake"
 CUDA_OPT="${FUSECLI_CUDA:-ON}"; [[ "$CUDA_OPT" == 0 ]] && CUDA_OPT=OFF; [[ "$CUDA_OPT" == 1 ]] && CUDA_OPT=ON
 NATIVE_OPT="${FUSECLI_NATIVE:-ON}"; [[ "$NATIVE_OPT" == 0 ]] && NATIVE_OPT=OFF; [[ "$NATIVE_OPT" == 1 ]] && NATIVE_OPT=ON
 
