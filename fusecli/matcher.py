@@ -19,10 +19,6 @@ from .contracts import load_contracts
 from .graph import GNode, GraphIndex
 from .rules import AttrConstraint, NodeSpec, Rule, var_name
 
-# Guard failures: the pattern matched structurally but fusing would be unsafe.
-GUARD_REASONS = ("intermediate_consumed_outside", "intermediate_is_graph_output",
-                 "missing_required_input", "would_create_cycle")
-
 
 @dataclass
 class Failure:
@@ -379,7 +375,7 @@ class Matcher:
         matched = {n.uid for n in removed.values()}
         rep_out = {tensors.get(v, "") for v in rule.replace.outputs if v}
         rep_out.discard("")
-        for spec_id, node in removed.items():
+        for node in removed.values():
             for t in node.outputs:
                 if not t or t in rep_out:
                     continue
