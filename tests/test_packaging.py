@@ -1,7 +1,8 @@
 """The installed tool: a wheel built from a clean clone of this repository (HEAD), installed into
 a fresh venv, fuses and verifies samples with the clone deleted - rules, contracts and the
 custom-op library come from the installed package, the onnxruntime-training runtime from
-FUSECLI_ORTT_PYTHON, nothing from a checkout.
+FUSECLI_ORTT_PYTHON, nothing from a checkout. And the sdist holds everything a wheel build
+needs (the build scripts and every tracked file of the package), and no binary.
 
 The wheel is built CPU-only (FUSECLI_CUDA=0) to keep this test short: the CUDA kernels are
 compiled by `make lib` (the same scripts/build_lib.sh, run before the tests) and run by
@@ -16,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from collections import Counter
 
 import onnx
@@ -39,12 +41,38 @@ def _kernels_executed(verify_stdout: str) -> Counter:
     return Counter({op: int(k) for op, k in re.findall(r"(\w+) x(\d+)", m.group(1))})
 
 
-def test_wheel_from_clean_clone_works_with_the_clone_deleted(tmp_path):
+def _clean_clone(tmp_path):
     head = _run(["git", "-C", REPO, "rev-parse", "HEAD"]).stdout.strip()
     clone = tmp_path / "clone"
     _run(["git", "clone", "-q", "--no-checkout", REPO, clone])
     _run(["git", "-C", clone, "checkout", "-q", head])
     assert not (clone / "build").exists() and not list(clone.glob("fusecli/lib/*.so"))
+    return clone
+
+
+def test_sdist_holds_what_a_wheel_build_needs(tmp_path):
+    clone = _clean_clone(tmp_path)
+    build_venv = tmp_path / "build-venv"     # the build backend the sdist declares
+    _run([sys.executable, "-m", "venv", build_venv])
+    _run([build_venv / "bin" / "python", "-m", "pip", "install", "-q", "setuptools>=70.1"])
+    _run([build_venv / "bin" / "python", "-c",
+          "import sys; from setuptools import build_meta; build_meta.build_sdist(sys.argv[1])",
+          tmp_path / "dist"], cwd=clone)
+    (sdist,) = (tmp_path / "dist").glob("fusecli-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    tracked = _run(["git", "-C", clone, "ls-files"]).stdout.split()
+    needed = {"setup.py", "pyproject.toml", "scripts/build_lib.sh", "scripts/fetch_deps.sh"}
+    needed |= {f for f in tracked if f.startswith(("fusecli/", "rules/"))}
+    needed -= {"fusecli/shipped_rules"}          # the link: its files are in the sdist, below
+    needed |= {f"fusecli/shipped_rules/{f.removeprefix('rules/')}" for f in tracked
+               if f.startswith("rules/")}
+    assert not needed - names, sorted(needed - names)
+    assert not [n for n in names if n.endswith(".so") or n.startswith("build/")]
+
+
+def test_wheel_from_clean_clone_works_with_the_clone_deleted(tmp_path):
+    clone = _clean_clone(tmp_path)
 
     build_env = dict(os.environ, FUSECLI_CUDA="0", FUSECLI_NATIVE="0")
     wheels = tmp_path / "wheels"
