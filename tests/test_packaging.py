@@ -21,8 +21,11 @@ import tarfile
 from collections import Counter
 
 import onnx
+import pytest
 
 from conftest import ORTT_PYTHON, REPO, SAMPLES
+from fusecli.errors import FuseError
+from fusecli.library import training_python
 
 
 def _run(cmd, rc: int = 0, **kw) -> subprocess.CompletedProcess:
@@ -114,3 +117,30 @@ def test_wheel_from_clean_clone_works_with_the_clone_deleted(tmp_path):
     proc = _run([fusecli, "verify", "ortt_mlp.onnx", "ortt_mlp.fused.onnx"], rc=2, cwd=work,
                 env=env)
     assert "FUSECLI_ORTT_PYTHON" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_training_runtime_lookup_order(tmp_path, monkeypatch):
+    def fake_venv(folder):
+        py = folder / ".venv-ortt" / "bin" / "python"
+        py.parent.mkdir(parents=True)
+        py.write_text("")
+        return str(py)
+
+    outer = fake_venv(tmp_path)                      # a .venv-ortt in a parent folder
+    inner_dir = tmp_path / "project" / "sub"
+    inner_dir.mkdir(parents=True)
+    monkeypatch.chdir(inner_dir)
+    monkeypatch.delenv("FUSECLI_ORTT_PYTHON", raising=False)
+    assert training_python() == outer
+    inner = fake_venv(inner_dir)                     # the current folder wins over parents
+    assert training_python() == inner
+    env = fake_venv(tmp_path / "elsewhere")
+    monkeypatch.setenv("FUSECLI_ORTT_PYTHON", env)   # the variable wins over folders
+    assert training_python() == env
+    assert training_python(outer) == outer           # --runtime-python wins over everything
+    missing = str(tmp_path / "nope")                 # a wrong setting is an error, not a skip
+    with pytest.raises(FuseError, match="--runtime-python .* does not exist"):
+        training_python(missing)
+    monkeypatch.setenv("FUSECLI_ORTT_PYTHON", missing)
+    with pytest.raises(FuseError, match="FUSECLI_ORTT_PYTHON .* does not exist"):
+        training_python()
