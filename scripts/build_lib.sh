@@ -6,6 +6,11 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+for tool in cmake c++; do
+  command -v "$tool" >/dev/null 2>&1 || {
+    echo "build_lib: '$tool' not found; building the custom-op library needs cmake and g++" >&2
+    exit 1; }
+done
 bash scripts/fetch_deps.sh
 
 BUILD="$ROOT/build/cmake"
