@@ -38,7 +38,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 test: venv lib ortt-env lint
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q tests fusecli/ops
 
 samples:
 	bash scripts/make_samples.sh

@@ -8,7 +8,9 @@ pyproject.toml.
 that will run on other machines) are passed through to the build script.
 """
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 from setuptools import Distribution, setup
@@ -20,7 +22,11 @@ ROOT = Path(__file__).resolve().parent
 
 class build_py_with_library(build_py):  # noqa: N801 - setuptools command naming
     def run(self):
-        subprocess.run(["bash", str(ROOT / "scripts" / "build_lib.sh")], check=True)
+        # the op-table generator runs with this (build) Python: pyproject's build requires
+        # give it PyYAML
+        env = dict(os.environ)
+        env.setdefault("FUSECLI_GEN_PYTHON", sys.executable)
+        subprocess.run(["bash", str(ROOT / "scripts" / "build_lib.sh")], check=True, env=env)
         super().run()
 
 

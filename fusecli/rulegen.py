@@ -26,9 +26,6 @@ MAX_CONST_ELEMENTS = 16          # constants up to this size are written out as 
 FLOAT_TOL = 1.0e-6               # relative + absolute tolerance written for float constants
 DRAFT_ORDER = 1000               # drafts apply after the shipped rules
 COMMUTATIVE_OPS = {"Mul", "Add", "Sum", "Max", "Min"}
-# default `pattern:` per fused op (LinearActivationGrad has one pattern per activation)
-_PATTERN_FOR_OP = {"ActivationGrad": "activation_grad", "LayerNormGrad": "layernorm",
-                   "AttentionGrad": "sdpa", "ConvBnReluGrad": "conv_bn_relu"}
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _SKIPPED_ATTR_TYPES = {
     onnx.AttributeProto.GRAPH: "graph", onnx.AttributeProto.GRAPHS: "graphs",
@@ -189,7 +186,7 @@ def _choose_op(fused_op: str | None, n_in: int, n_out: int, ins_desc: str):
     if not fit:
         raise FuseError(f"no fused op of fusecli takes {n_in} input(s) and {n_out} output(s) "
                         f"like the selection ({ins_desc}); pass --op NAME with a selection "
-                        "that fits it (see fusecli/ops/contracts.yaml)")
+                        "that fits it (see fusecli/ops/<op>/contract.yaml)")
     fit.sort(key=lambda c: len(c.inputs) - n_in + len(c.outputs) - n_out)  # stable: file order
     return fit[0], fit[1:]
 
@@ -410,7 +407,7 @@ def _header(graph_name: str, node_desc: str, contract, others, given: bool,
          f"# - replace.op {contract.name} is a placeholder chosen because its port counts fit"
          + (f" (also fit: {', '.join(c.name for c in others)})" if others else "")
          + "; pick the op that computes this subgraph."),
-        f"# - Contract: {_signature(contract)} (fusecli/ops/contracts.yaml).",
+        f"# - Contract: {_signature(contract)} (fusecli/ops/<op>/contract.yaml).",
         "# - replace.inputs/outputs list the outside inputs and the outputs in the order they",
         "#   appear in the pattern, NOT the contract's order: reorder them to the contract.",
         "#   Inputs: " + _comment(tensors.described(tensors.inputs)) + ".",
@@ -449,6 +446,14 @@ def _self_check(text: str, name: str, index, order, inside: set) -> None:
 
 # --- drafting ---------------------------------------------------------------------------------
 
+def _default_pattern(contract, name: str) -> str:
+    """The op's one pattern (its contract), its folder name when it has none, else
+    (LinearActivationGrad: one pattern per activation) the draft's name."""
+    if len(contract.patterns) == 1:
+        return contract.patterns[0]
+    return contract.folder if not contract.patterns else name
+
+
 def _check_name(value: str, what: str) -> None:
     if not isinstance(value, str) or not _NAME_RE.match(value):
         raise FuseError(f"{what} {value!r} must be lower-case letters, digits and '_', "
@@ -485,7 +490,7 @@ def draft_rule(model: onnx.ModelProto, node_names: list[str], name: str,
 
     node_desc = ", ".join(n.name for n in sorted(picked, key=lambda n: n.key))
     rule: dict = {"name": name,
-                  "pattern": pattern or _PATTERN_FOR_OP.get(contract.name, name),
+                  "pattern": pattern or _default_pattern(contract, name),
                   "order": DRAFT_ORDER,
                   "description": f"DRAFT from nodes {_comment(node_desc)}",
                   "nodes": entries}

@@ -24,16 +24,36 @@ if [[ "$CUDA_OPT" == ON ]]; then
   [[ -n "$NVCC" ]] && NVCC_ARGS=(-DCMAKE_CUDA_COMPILER="$NVCC")
 fi
 
+# the op-table generator (fusecli/csrc/gen_op_tables.py) needs a Python with PyYAML:
+# FUSECLI_GEN_PYTHON (pip's build hook passes its own), else the project venv's, else python3
+has_yaml() { [[ -x "$1" ]] && "$1" -c "import yaml" >/dev/null 2>&1; }
+PYTHON_FOR_GEN="${FUSECLI_GEN_PYTHON:-}"
+if [[ -z "$PYTHON_FOR_GEN" ]]; then
+  for cand in "$ROOT/.venv/bin/python" "$(command -v python3 || true)"; do
+    if has_yaml "$cand"; then PYTHON_FOR_GEN="$cand"; break; fi
+  done
+fi
+has_yaml "$PYTHON_FOR_GEN" || {
+  echo "build_lib: no Python with PyYAML for the op-table generator; set FUSECLI_GEN_PYTHON" >&2
+  exit 1; }
+
 GEN=()
 command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
 STAMP="$BUILD/.fusecli-config"
+PY_STAMP="$BUILD/.fusecli-python"
 WANT="cuda=$CUDA_OPT native=$NATIVE_OPT nvcc=${NVCC_ARGS[*]:-none} gen=${GEN[*]:-make}"
 if [[ ! -f "$BUILD/CMakeCache.txt" || "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]]; then
   rm -rf "$BUILD"
+fi
+# another generator Python (pip's temporary build env, then the venv's) only reconfigures: the
+# generator rewrites a table only when its text changes, so nothing is recompiled
+if [[ ! -f "$BUILD/CMakeCache.txt" || "$(cat "$PY_STAMP" 2>/dev/null)" != "$PYTHON_FOR_GEN" ]]; then
   cmake -S fusecli/csrc -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DFUSECLI_DEPS="$ROOT/build/deps" -DFUSECLI_CUDA="$CUDA_OPT" -DFUSECLI_NATIVE="$NATIVE_OPT" \
+    -DPython3_EXECUTABLE="$PYTHON_FOR_GEN" \
     "${NVCC_ARGS[@]}" >/dev/null
   echo "$WANT" > "$STAMP"
+  echo "$PYTHON_FOR_GEN" > "$PY_STAMP"
 fi
 JOBS="$(nproc 2>/dev/null || echo 2)"
 cmake --build "$BUILD" -j "$JOBS" -- $([[ ${#GEN[@]} -eq 0 ]] && echo --no-print-directory) >/dev/null
