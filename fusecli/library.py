@@ -1,8 +1,9 @@
 """Locate what fusecli runs fused models with: its onnxruntime custom-op library
 (``fusecli/lib/libfusecli_ops.so``, package data) and the onnxruntime-training runtime.
 
-The library implements every op of the ``com.fusecli`` domain (see ``fusecli/ops/<op>/contract.yaml``)
-on the CPU execution provider, and on the CUDA execution provider when it was built with nvcc.
+The library implements every op of the ``com.fusecli`` domain (see
+``fusecli/ops/<op>/contract.yaml``) on the CPU execution provider, and on the CUDA execution
+provider when it was built with nvcc.
 Every wheel build (and ``make lib``) builds it with ``scripts/build_lib.sh``; it is never committed.
 """
 
