@@ -253,7 +253,7 @@ def _is_big_negative(flow: _Flow, t: str) -> bool | None:
 def _mask_polarity(flow: _Flow, name: str) -> bool:
     """True when a True entry means 'masked out' (Where(mask, -inf, x), masked_fill), False when
     it means 'keep' (Where(mask, x, -inf); the HF / SDPA convention and the default)."""
-    for _, n, k, _ in flow.uses(name):
+    for _, n, _k, _ in flow.uses(name):
         flip = False
         cur = n
         if cur.op_type == "Not":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,8 @@ from .contracts import load_contracts
 from .errors import RuleError
 
 CANONICAL_PATTERNS = load_contracts().patterns  # each op's contract lists its patterns
-DEFAULT_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+# the shipped rules: package data (in a checkout, fusecli/shipped_rules links to rules/)
+DEFAULT_RULES_DIR = Path(str(files(__package__) / "shipped_rules"))
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _VAR_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\*?$")

@@ -75,7 +75,7 @@ def graphs(draw):
     declared = {v.name for f in frags for v in f.outputs + f.inputs} | {
         t.name for f in frags for t in f.inits}
     touched: set[str] = set()
-    for k, ((fi, t), how) in enumerate(picks):
+    for k, ((_fi, t), how) in enumerate(picks):
         touched.add(t)
         if how == "consumer":
             extra_nodes.append(helper.make_node("Neg", [t], [f"d{k}/out"], name=f"d{k}/neg"))
