@@ -23,6 +23,7 @@ from .errors import FuseError
 DEFAULT_DIMS = {"batch": 2, "batch_size": 2, "b": 2, "n": 2, "seq": 8, "sequence": 8,
                 "seq_len": 8, "s": 8}
 _REPO_SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+MAX_FEED_BYTES = 4 << 30       # all feeds together; checked before anything is allocated
 
 
 def load_manifest(path: str | Path | None = None) -> dict[str, dict]:
@@ -90,6 +91,7 @@ def make_feeds(model: onnx.ModelProto, manifest_entry: dict | None = None, seed:
             params = {k: z[k] for k in z.files}
     inits = {i.name for i in model.graph.initializer}
     feeds: dict[str, np.ndarray] = {}
+    total = 0
     for vi in model.graph.input:
         name = vi.name
         if name in inits:
@@ -97,6 +99,10 @@ def make_feeds(model: onnx.ModelProto, manifest_entry: dict | None = None, seed:
         tt = vi.type.tensor_type
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
         shape = tuple(_dim(d, dims) for d in tt.shape.dim)
+        total += int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if total > MAX_FEED_BYTES:
+            raise FuseError(f"the random feeds would take over {MAX_FEED_BYTES >> 30} GiB (input "
+                            f"{name!r} has shape {list(shape)}); pass smaller --dim values")
         info = meta.get(name, {})
         role = info.get("role", "")
         if name in params:

@@ -7,6 +7,7 @@ reports the file, the line where known, and what is wrong.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ import yaml
 
 from .contracts import load_contracts
 from .errors import RuleError
+from .userfiles import YAML_ERRORS, BoundedComposer, os_reason, read_text, yaml_problem
 
 CANONICAL_PATTERNS = ("linear_relu", "linear_gelu", "linear_silu", "sdpa", "conv_bn_relu",
                       "layernorm")
@@ -44,8 +46,9 @@ class _LineDict(dict):
     key_lines: dict
 
 
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that remembers the line of every mapping and mapping key."""
+class _LineLoader(BoundedComposer, yaml.SafeLoader):
+    """SafeLoader that remembers the line of every mapping and mapping key (no aliases, nesting
+    capped: see userfiles.BoundedComposer)."""
 
 
 def _construct_mapping(loader, node, deep=False):
@@ -382,11 +385,9 @@ def parse_rule(text: str, source: str) -> Rule:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
         raise RuleError(source, f"not allowed in a rule file: {exc.problem} (rules are plain "
                         "YAML; tags that construct objects are refused)", line) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise RuleError(source, f"not valid YAML: {problem}",
-                        mark.line + 1 if mark else None) from None
+    except YAML_ERRORS as exc:
+        problem, line = yaml_problem(exc)
+        raise RuleError(source, f"not valid YAML: {problem}", line) from None
     if raw is None:
         raise RuleError(source, "empty rule file; a rule needs name, pattern, order, nodes, "
                         "replace")
@@ -429,8 +430,11 @@ def parse_rule(text: str, source: str) -> Rule:
 
 
 def _rule_files(path: Path) -> list[Path]:
-    if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+    try:
+        if path.is_dir():
+            return sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+    except OSError as exc:
+        raise RuleError(str(path), f"cannot list the folder: {os_reason(exc)}") from None
     return [path]
 
 
@@ -446,13 +450,10 @@ def load_rules(paths=None) -> list[Rule]:
     rules: list[Rule] = []
     seen: dict[str, str] = {}
     for p in map(Path, paths):
-        if not p.exists():
+        if not os.path.lexists(p):
             raise RuleError(str(p), "no such rule file or folder")
         for f in _rule_files(p):
-            try:
-                text = f.read_text()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise RuleError(str(f), f"cannot read: {exc}") from None
+            text = read_text(f, lambda msg, f=f: RuleError(str(f), msg))
             rule = parse_rule(text, str(f))
             if rule.name in seen:
                 raise RuleError(str(f), f"rule name '{rule.name}' is also used by {seen[rule.name]}")
