@@ -128,6 +128,33 @@ def _tensor_bytes(graph: onnx.GraphProto) -> dict[str, int | None]:
     return out
 
 
+_TYPE_NAMES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}
+
+
+def type_name(elem: int) -> str:
+    """An ONNX element type as the contracts spell it (float32, float16, bfloat16, ...)."""
+    return _TYPE_NAMES.get(elem) or onnx.TensorProto.DataType.Name(elem).lower()
+
+
+def elem_type(index: GraphIndex, tensor: str, depth: int = 8) -> int | None:
+    """A tensor's element type: recorded (value_info, inputs, initializers), else that of its
+    producer's first typed input (a Cast: its target), up to ``depth`` producers back."""
+    for _ in range(depth):
+        tp = index.type_of(tensor)
+        if tp is not None and tp.tensor_type.elem_type:
+            return tp.tensor_type.elem_type
+        prod = index.producer.get(tensor)
+        if prod is None:
+            return None
+        if prod.op == "Cast" and "to" in prod.attrs:
+            return int(prod.attrs["to"])
+        typed = [t for t in prod.inputs if t and index.type_of(t) is not None]
+        if not prod.inputs or not prod.inputs[0]:
+            return None
+        tensor = typed[0] if typed else prod.inputs[0]
+    return None
+
+
 class FusionPass:
     """Rewrites matched backward chains into fused ops.
 
@@ -187,12 +214,11 @@ class FusionPass:
                         detected.add(k)
                         stats.rules[rule.name].detected += 1
                         stats.patterns[rule.pattern].detected += 1
-                    if res.match is not None and self.kernels is not None \
-                            and rule.replace.op not in self.kernels:
+                    refusal = None if res.match is None else self._refusal(index, res.match)
+                    if refusal is not None:
                         res.guard_failure = Failure(
                             len(res.match.nodes), {k: n.name for k, n in res.match.nodes.items()},
-                            None, "missing_kernel",
-                            f"{rule.replace.op} has no kernel for the chosen execution provider")
+                            None, *refusal)
                         res.match = None
                     if res.match is None:
                         if res.structural and res.guard_failure is not None:
@@ -221,6 +247,22 @@ class FusionPass:
             self._write_back(model, index, removed_inputs)
         stats.nodes_after = len(graph.node)
         return stats.total_fused
+
+    def _refusal(self, index: GraphIndex, m: Match) -> tuple[str, str] | None:
+        """(reason, detail) when a match must stay unfused: its fused op has no kernel for the
+        chosen execution provider, or its kernels do not implement an input's element type
+        (the contract's ``types``)."""
+        op = m.rule.replace.op
+        if self.kernels is not None and op not in self.kernels:
+            return "missing_kernel", f"{op} has no kernel for the chosen execution provider"
+        types = load_contracts().ops[op].types
+        for var in m.rule.replace.inputs:
+            tensor = m.tensors.get(var) if var else None
+            elem = elem_type(index, tensor) if tensor else None
+            if elem is not None and type_name(elem) not in types:
+                return "unsupported_type", (f"{var} ('{tensor}') is {type_name(elem)}; {op} "
+                                            f"implements {', '.join(types)}")
+        return None
 
     # -- rewriting -------------------------------------------------------------------------
     @staticmethod

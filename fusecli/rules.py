@@ -6,6 +6,7 @@ reports the file, the line where known, and what is wrong.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -154,6 +155,71 @@ def _as_list(v):
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# attribute type (ONNX AttrType name, or a contract's lower-case name) -> (check, description)
+_ATTR_VALUE_TYPES = {
+    "INT": (_is_int, "an integer"),
+    "FLOAT": (_is_number, "a number"),
+    "STRING": (lambda v: isinstance(v, str), "a string"),
+    "INTS": (lambda v: isinstance(v, list) and all(map(_is_int, v)), "a list of integers"),
+    "FLOATS": (lambda v: isinstance(v, list) and all(map(_is_number, v)), "a list of numbers"),
+    "STRINGS": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+                "a list of strings"),
+}
+
+
+@functools.cache
+def _onnx_attr_types(domain: str) -> dict[str, dict[str, set[str]]]:
+    """op -> attribute -> its types over every version of the op in onnx.defs (ONNX's own
+    domains only; onnxruntime's com.microsoft ops are not described there)."""
+    import onnx.defs
+
+    out: dict[str, dict[str, set[str]]] = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain == domain:
+            for name, attr in schema.attributes.items():
+                out.setdefault(schema.name, {}).setdefault(name, set()).add(attr.type.name)
+    return out
+
+
+def _short(value) -> str:
+    r = repr(value)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _check_attr_value(src, where, value, types, line) -> None:
+    """RuleError unless ``value`` fits one of the attribute ``types`` (names of
+    _ATTR_VALUE_TYPES; unknown kinds such as TENSOR or GRAPH are not checked)."""
+    known = [t for t in types if t in _ATTR_VALUE_TYPES]
+    if not known or any(_ATTR_VALUE_TYPES[t][0](value) for t in known):
+        return
+    want = " or ".join(sorted({_ATTR_VALUE_TYPES[t][1] for t in known}))
+    raise RuleError(src, f"{where}: {_short(value)} is not {want}", line)
+
+
+def _check_node_attr_types(src, nid, ops, domains, attrs, line_of) -> None:
+    """Values a rule node's attribute constraints compare with must have the type the ONNX
+    schema gives that attribute (for ops of ONNX's own domains)."""
+    for name, c in attrs.items():
+        types = set()
+        for d in domains:
+            schemas = _onnx_attr_types(d)
+            for op in ops:
+                types |= schemas.get(op, {}).get(name, set())
+        values = ([c.equals] if c.has_equals else []) + list(c.one_of or ()) + (
+            [c.absent_or] if c.has_absent_or else [])
+        for v in values:
+            _check_attr_value(src, f"node '{nid}' attribute '{name}' (of {'/'.join(ops)})", v,
+                              types, line_of(name))
+
+
 def _parse_attr_constraint(src, node_id, name, value, line) -> AttrConstraint:
     if not isinstance(value, dict):
         return AttrConstraint(equals=value, has_equals=True)
@@ -202,6 +268,9 @@ def _parse_node(src, raw, index) -> NodeSpec:
     if ops is None or not all(isinstance(o, str) and o for o in _as_list(ops)):
         raise RuleError(src, f"node '{nid}': 'op' is required (an op type or a list of them)",
                         line)
+    if not all(isinstance(d, str) for d in _as_list(raw.get("domain", ""))):
+        raise RuleError(src, f"node '{nid}': domain must be a domain name or a list of them",
+                        _line(raw, "domain"))
     domains = tuple(_norm_domain(d) for d in _as_list(raw.get("domain", "")))
     inputs = _parse_ports(src, nid, "inputs", raw.get("inputs"), _line(raw, "inputs"))
     outputs = _parse_ports(src, nid, "outputs", raw.get("outputs"), _line(raw, "outputs"))
@@ -212,6 +281,8 @@ def _parse_node(src, raw, index) -> NodeSpec:
         raise RuleError(src, f"node '{nid}': attrs must be a mapping", _line(raw, "attrs"))
     attrs = {k: _parse_attr_constraint(src, nid, k, v, _line(attrs_raw, k))
              for k, v in attrs_raw.items()}
+    _check_node_attr_types(src, nid, tuple(_as_list(ops)), domains, attrs,
+                           lambda k: _line(attrs_raw, k))
     optional = raw.get("optional", False)
     if optional is True:
         optional = "branch"
@@ -254,7 +325,7 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
         if unknown:
             raise RuleError(src, f"tensor '{name}': unknown key(s) {sorted(unknown)}", line)
         if "kind" in spec:
-            if spec["kind"] not in TENSOR_KINDS:
+            if not isinstance(spec["kind"], str) or spec["kind"] not in TENSOR_KINDS:
                 raise RuleError(src, f"tensor '{name}': kind must be one of {list(TENSOR_KINDS)}",
                                 line)
             out[name] = TensorSpec(kind=spec["kind"])
@@ -300,29 +371,36 @@ def _parse_replace(src, raw, captures, const_vars) -> Replacement:
                 raise RuleError(src, f"replace.{key}: {op}'s required {port.name} is missing",
                                 _line(raw, key))
     attrs = {}
+    if not isinstance(raw.get("attrs") or {}, dict):
+        raise RuleError(src, "replace.attrs must be a mapping of attribute name to value",
+                        _line(raw, "attrs"))
     for name, value in (raw.get("attrs") or {}).items():
         aline = _line(raw.get("attrs"), name)
         if name not in contract.attributes:
             raise RuleError(src, f"replace.attrs: {op} has no attribute {name!r}; it has "
                             f"{sorted(contract.attributes)}", aline)
+        kind = str(contract.attributes[name].get("type", "")).upper()
         if isinstance(value, dict):
             if "if_matched" in value:
                 if set(value) != {"if_matched", "then", "else"} or not isinstance(
                         value["if_matched"], str):
                     raise RuleError(src, f"replace.attrs.{name}: write {{if_matched: NODE_ID, "
                                     "then: VALUE, else: VALUE}", aline)
+                for branch in ("then", "else"):
+                    _check_attr_value(src, f"replace.attrs.{name}.{branch}", value[branch],
+                                      [kind], aline)
                 attrs[name] = ("if_matched", value["if_matched"], value["then"], value["else"])
             elif "attr" in value:
-                if value["attr"] not in captures:
+                if not isinstance(value["attr"], str) or value["attr"] not in captures:
                     raise RuleError(src, f"replace.attrs.{name}: no attribute captured as "
                                     f"{value['attr']!r}", aline)
                 attrs[name] = ("attr", value["attr"])
             elif "const" in value:
                 fn = value.get("fn", "identity")
-                if value["const"] not in const_vars:
+                if not isinstance(value["const"], str) or value["const"] not in const_vars:
                     raise RuleError(src, f"replace.attrs.{name}: {value['const']!r} is not a "
                                     "tensor with a 'const' constraint", aline)
-                if fn not in CONST_FUNCS:
+                if not isinstance(fn, str) or fn not in CONST_FUNCS:
                     raise RuleError(src, f"replace.attrs.{name}: fn must be one of "
                                     f"{sorted(CONST_FUNCS)}", aline)
                 attrs[name] = ("const", value["const"], fn)
@@ -331,6 +409,7 @@ def _parse_replace(src, raw, captures, const_vars) -> Replacement:
                                 "{const: VAR, fn: FN} or {if_matched: NODE_ID, then: V, else: V}",
                                 aline)
         else:
+            _check_attr_value(src, f"replace.attrs.{name}", value, [kind], aline)
             allowed = contract.attributes[name].get("values")
             if allowed is not None and value not in allowed:
                 raise RuleError(src, f"replace.attrs.{name}: {value!r} is not one of {allowed}",
