@@ -126,7 +126,8 @@ def make_feeds(model: onnx.ModelProto, manifest_entry: dict | None = None, seed:
                 v = np.abs(v) + 1.0  # a running variance must be positive
             feeds[name] = v.astype(dtype)
         else:
-            raise NotImplementedError(f"input {name!r}: unsupported element type {dtype}")
+            raise FuseError(f"input {name!r} has element type {dtype}, which fusecli cannot "
+                            "make random feeds for (float, integer and bool inputs only)")
     return feeds
 
 
