@@ -6,12 +6,19 @@ exactly when nothing outside reads (or exports) one of its critical intermediate
 
 from __future__ import annotations
 
+import contextlib
+import io
+import signal
+import tempfile
+from pathlib import Path
+
 import onnx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
 import builders
+from conftest import REPO, SAMPLES
 from fusecli import FusionPass
 from fusecli.sanity import check_graph
 
@@ -112,3 +119,73 @@ def test_fusion_pass_properties(case):
     fused = {a for a in expected if a not in alive}
     assert fused == {a for a, ok in expected.items() if ok}
     assert fp.stats.total_fused == len(fused)
+
+
+# --- fuzzing: hostile model bytes and rule YAML (issue 11) -------------------------------------
+# Every input, however mangled, ends in exit 0 or in exit 2 with ONE 'fusecli: error:' line:
+# never a traceback, never exit 4. The CLI runs in-process (the console script's main()) so
+# that a few dozen examples take seconds.
+
+_FUZZ_MODELS = [SAMPLES / "ortt_mlp.onnx", SAMPLES / "torch_v_gelutanh.onnx"]
+_GOOD_RULE = (REPO / "rules" / "linear_relu_ortt_gemm.yaml").read_text()
+_YAML_TOKENS = ["&a ", "*a", "[", "]", "{", "}", "- ", ": ", ", ", "\n", "  ", "!!python/name:os.system",
+                "!!binary AAAA", "1e999", "9" * 5000, ".nan", "null", "~", "<<: *a", "? ", "|",
+                "\t", "'", '"', "#", "2001-13-45", "0x1F", "yes", "op", "attrs", "inputs",
+                "outputs", "replace", "nodes", "tensors", "const", "kind", "one_of", "if_matched",
+                "\x00", "\x1b[31m", "é"]
+
+
+def _cli(*argv) -> tuple[int, str]:
+    """fusecli's main() in-process: (exit code, stderr). Signal handlers are restored after."""
+    from fusecli.cli import main
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main([str(a) for a in argv])
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    return rc, err.getvalue()
+
+
+def _exit_0_or_one_line(rc: int, err: str) -> None:
+    assert rc in (0, 2), (rc, err)
+    if rc == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("fusecli: error: "), err
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(which=st.sampled_from(_FUZZ_MODELS),
+       flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)),
+                      max_size=12),
+       cut=st.one_of(st.none(), st.floats(0, 1)))
+def test_fuzzed_model_bytes(which, flips, cut):
+    data = bytearray(which.read_bytes())
+    for where, value in flips:
+        data[int(where * len(data))] = value
+    if cut is not None:
+        data = data[: int(cut * len(data))]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fuzz.onnx"
+        path.write_bytes(bytes(data))
+        rc, err = _cli("stats", path, "--json")
+        _exit_0_or_one_line(rc, err)
+        assert sorted(p.name for p in Path(tmp).iterdir()) == ["fuzz.onnx"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(edits=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 40),
+                                st.sampled_from(_YAML_TOKENS)), min_size=1, max_size=6))
+def test_fuzzed_rule_yaml(edits):
+    text = _GOOD_RULE
+    for where, drop, token in edits:
+        i = int(where * len(text))
+        text = text[:i] + token + text[i + drop:]
+    with tempfile.TemporaryDirectory() as tmp:
+        rule = Path(tmp) / "rule.yaml"
+        rule.write_text(text, encoding="utf-8", errors="surrogateescape")
+        rc, err = _cli("rules", "validate", rule)
+        _exit_0_or_one_line(rc, err)
