@@ -341,8 +341,8 @@ def rules_validate(paths):
 def ops_cmd(name):
     """List the fused ops, or print the contract of the op NAME.
 
-    The contracts live in fusecli/ops/contracts.yaml, shared by the rules, the NumPy references
-    and the C++/CUDA kernels.
+    The contracts live in fusecli/ops/<op>/contract.yaml, shared by the rules, the NumPy
+    references and the C++/CUDA kernels.
     """
     from .contracts import load_contracts
 
