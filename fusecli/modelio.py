@@ -48,7 +48,7 @@ _CHUNK = 8 << 20
 INLINE_LIMIT = 4096            # external tensors up to this size are read in (constants)
 INLINE_TOTAL = 16 << 20        # ... up to this much in all
 _TMP_PREFIX = ".fusecli-"      # temporary files in the output's folder: .fusecli-XXXXXXXX.tmp
-_DATA_SUFFIX_MAX = len(".999.data")
+_DATA_SUFFIX_MAX = len(".99999.data")  # the longest owned data name: OUT.99999.data
 
 
 # --- paths -------------------------------------------------------------------------------------
@@ -445,10 +445,16 @@ def check_output_path(src: str | os.PathLike, dest: str | os.PathLike, in_place:
 
 
 def _same_file(a: Path, b: Path) -> bool:
+    ida = _file_id(a)
+    return ida is not None and ida == _file_id(b)
+
+
+def _file_id(p: Path) -> tuple[int, int] | None:
     try:
-        return os.path.samefile(a, b)
+        st = os.stat(p)
     except (OSError, ValueError):
-        return False
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _owned_data_name(out: Path, k: int) -> str:
@@ -467,6 +473,7 @@ def _plan_data(model: onnx.ModelProto, out: Path, src: Path) -> list[tuple[Path,
                              "choose another -o")
     if folder == src_base or not by_loc:
         return []
+    inputs = {_file_id(f) for f in [src, *by_loc.values()]} - {None}
     targets: dict[Path, str] = {}
     plan = []
     for loc, s_file in by_loc.items():
@@ -474,7 +481,7 @@ def _plan_data(model: onnx.ModelProto, out: Path, src: Path) -> list[tuple[Path,
             continue
         new = _owned_data_name(out, len(targets))
         d_file = folder / new
-        if any(_same_file(d_file, f) for f in [src, *by_loc.values()]):
+        if _file_id(d_file) in inputs:
             raise ModelError(f"the data file {new} that {out.name} would own is a file of the "
                              "input model; choose another -o")
         targets[s_file] = new

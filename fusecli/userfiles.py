@@ -3,8 +3,8 @@
 Only regular files are opened (a FIFO, a device such as /dev/zero or a folder is refused
 without blocking or reading it), at most ``MAX_TEXT_BYTES`` are read, a YAML document may stand
 for at most ``MAX_NODES`` values with its aliases expanded (an alias bomb of a few hundred bytes
-would otherwise expand to gigabytes) and YAML/JSON nesting is capped at ``MAX_DEPTH`` levels. Every problem is one line raised through the caller's
-``error`` factory (exit 2).
+would otherwise expand to gigabytes) and YAML/JSON nesting is capped at ``MAX_DEPTH`` levels.
+Every problem is one line raised through the caller's ``error`` factory (exit 2).
 """
 
 from __future__ import annotations

@@ -190,6 +190,18 @@ def test_float16_fuses_only_where_a_kernel_exists(tmp_path):
     assert sorted(n.op_type for n in fused.graph.node if n.domain == "com.fusecli") == [
         "LayerNormGrad"]
     _run_half_ortt(out, _feeds_for(m))
+    # a torch-joint ReLU gradient in float16 becomes a float16 ActivationGrad
+    zero = [numpy_helper.from_array(np.array(0, np.float16), n) for n in ("zero", "zero2")]
+    m = builders.model([helper.make_node("LessOrEqual", ["X", "zero"], ["mask"], name="le"),
+                        helper.make_node("Where", ["mask", "zero2", "dY"], ["dZ"], name="wh")],
+                       [builders.vi("X", [4, 6], TensorProto.FLOAT16),
+                        builders.vi("dY", [4, 6], TensorProto.FLOAT16)],
+                       [builders.vi("dZ", [4, 6], TensorProto.FLOAT16)], zero, ms=False)
+    src.write_bytes(m.SerializeToString())
+    d = json.loads(run_cli("optimize", src, "-o", out, "--json").stdout)
+    assert d["patterns"]["activation_grad"]["fused"] == 1
+    assert [n.op_type for n in onnx.load(out).graph.node] == ["ActivationGrad"]
+    _run_half_ortt(out, _feeds_for(m))
 
 
 def _run_half_ortt(model_path: Path, feeds) -> None:
