@@ -126,7 +126,7 @@ def test_fusion_pass_properties(case):
 # never a traceback, never exit 4, nothing written beside the input. The CLI runs in-process
 # (the console script's main()) so that a few dozen examples take seconds.
 
-_GOOD_RULE = (REPO / "rules" / "linear_relu_ortt_gemm.yaml").read_text()
+_GOOD_RULE = (REPO / "rules" / "linear_act_ortt_gemm.yaml").read_text()
 _HOSTILE_VALUES = ["9" * 5000, "2001-13-45", "[" * 3000 + "]" * 3000, "*undefined", "&x [*x]",
                    "[1, {a: 2}]", "null", "{attr: [1]}", "{const: [x]}", ".nan", "-.inf",
                    "!!binary AAAA", "yes", "1e999", "''", "{}", "[]", "!!python/name:os.system",
