@@ -303,6 +303,16 @@ def test_deeply_nested_file(tmp_path, option, suffix):
     _bounded_case(tmp_path, _opt(tmp_path, option, f), "nested deeper than")
 
 
+def test_crossed_variants_bomb(tmp_path):
+    """variants: {cross: [...]} of ten lists of ten would make 10^10 rules."""
+    lists = ", ".join("[" + ", ".join(f"{{p{k}: {v}}}" for v in range(10)) + "]"
+                      for k in range(10))
+    head, tail = LINEAR_RULE.split("variants:", 1)
+    f = tmp_path / "cross.yaml"
+    f.write_text(head + f"variants: {{cross: [{lists}]}}\n" + tail[tail.index("nodes:"):])
+    _bounded_case(tmp_path, ["rules", "validate", f], "more than 1000 rules")
+
+
 def test_oversized_rule_file(tmp_path):
     f = tmp_path / "big.yaml"
     f.write_text(GOOD_RULE + "#" * (2 << 20) + "\n")
