@@ -123,6 +123,10 @@ def _external_entries(model: onnx.ModelProto):
     """(tensor, {key: value}) for every tensor stored as external data."""
     for t in _all_tensors(model):
         if t.data_location == onnx.TensorProto.EXTERNAL:
+            if not all(isinstance(x, str) for e in t.external_data for x in (e.key, e.value)):
+                # protobuf hands back bytes for a string field that is not valid UTF-8
+                raise ModelError(f"tensor {t.name!r} has external-data entries that are not "
+                                 "valid UTF-8 text; the file is damaged (re-export the model)")
             yield t, {e.key: e.value for e in t.external_data}
 
 
