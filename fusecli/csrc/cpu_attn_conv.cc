@@ -157,7 +157,10 @@ static void col2im(const float* cols, const ConvGeom& g, int64_t ld, float* dx, 
           if (ih < 0 || ih >= g.hin) continue;
           const float* srow = src + oh * g.wo;
           float* drow = dst + ih * g.win + off;
-          for (int64_t ow = lo; ow < hi; ++ow) drow[ow * g.sw] += srow[ow];
+          if (g.sw == 1)
+            for (int64_t ow = lo; ow < hi; ++ow) drow[ow] += srow[ow];
+          else
+            for (int64_t ow = lo; ow < hi; ++ow) drow[ow * g.sw] += srow[ow];
         }
       }
 }
