@@ -74,7 +74,13 @@ def _case(label, speedup):
 
 
 def test_render_reports_every_section_and_judges_the_targets():
-    doc = R.render(_meta(), [], [], [], scaled=[_step("ortt_mlp", 1.10, 16), _step("x", 0.95, 16)],
+    op = {"sample": "ortt_mlp", "family": "ort-training", "rule": "r", "op": "LayerNormGrad",
+          "attrs": {}, "shape": "[4, 8]", "unfused_ms": 2.0, "fused_ms": 0.5, "speedup": 4.0,
+          "floor_ms": 0.25, "floor_fraction": 0.5, "spread": 0.1, "mem_part_fused_ms": 0.5,
+          "mem_floor_ms": 0.25, "gemm_ms": 0.0, "part": ("LayerNorm bwd", 2.0, 0.5),
+          "unfused_profile": "LayerNormalizationGrad 2.00 ms (100%)"}
+    bad = {"sample": "ortt_cnn", "rule": "c", "op": "ConvBnReluGrad", "error": "x"}
+    doc = R.render(_meta(), [op, bad], [], [], scaled=[_step("ortt_mlp", 1.10, 16), _step("x", 0.95, 16)],
                    outliers=[_case("LayerNormGrad", 9.0)],
                    shapes=[_case("ConvBnReluGrad", 1.2),
                            {"model": "ResNet-50", "op": "C", "label": "C", "shape": "s",
@@ -91,3 +97,7 @@ def test_render_reports_every_section_and_judges_the_targets():
     assert "(g): lowest fused speed-up **1.01x** (weights x16); target >= 1.00x: met" in summary
     assert "| ort-training | ortt_mlp | 2 | 4 (x16) | 11.00 | 10.00 | 1.100x | 1.0% / 2.0% |" in doc
     assert "| ResNet-50 | C | s | ERROR: boom |" in doc
+    assert ("| ort-training | ortt_mlp | LayerNormGrad | [4, 8] | 2.000 | 0.500 | 4.00x | 0.250 | "
+            "0.50 | 10.0% |") in doc
+    assert "|  | ortt_cnn | ConvBnReluGrad (c) | ERROR: x |" in doc
+    assert "| ort-training | LayerNormGrad | [4, 8] | 0.500 | 0.250 | 2.00 |" in doc

@@ -53,32 +53,36 @@ def _summary(meta, e2e, scaled, outliers, shapes, real) -> list[str]:
     return L
 
 
-def _step_table(rows) -> list[str]:
-    L = ["| family | sample | chains | weights scaled | unfused ms | fused ms | speed-up | "
-         "IQR/median (unf/fused) |", "|---|---|---:|---:|---:|---:|---:|---|"]
+def _table(head: list[str], align: str, rows, lead, cells) -> list[str]:
+    """A Markdown table: `head` titles, `align` one of l/r per column, cells(row) per row; a row
+    with an "error" gets lead(row) cells, then the error."""
+    L = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if a == "r" else "---"
+                                                      for a in align) + "|"]
     for r in rows:
         if "error" in r:
-            L.append(f"| | {r['sample']} | ERROR: {r['error']} | | | | | |")
-            continue
-        L.append(f"| {r['family']} | {r['sample']} | {r['chains']} | "
-                 f"{r['weights_scaled']} (x{r['scale']:g}) | {_ms(r['unfused_ms'])} | "
-                 f"{_ms(r['fused_ms'])} | {r['speedup']:.3f}x | "
-                 f"{r['spread_unfused']:.1%} / {r['spread_fused']:.1%} |")
+            first = lead(r) + [f"ERROR: {r['error']}"]
+            L.append("| " + " | ".join(first + [""] * (len(head) - len(first))) + " |")
+        else:
+            L.append("| " + " | ".join(cells(r)) + " |")
     return L
+
+
+def _step_table(rows) -> list[str]:
+    return _table(
+        ["family", "sample", "chains", "weights scaled", "unfused ms", "fused ms", "speed-up",
+         "IQR/median (unf/fused)"], "llrrrrrl", rows, lambda r: ["", r["sample"]],
+        lambda r: [r["family"], r["sample"], str(r["chains"]),
+                   f"{r['weights_scaled']} (x{r['scale']:g})", _ms(r["unfused_ms"]),
+                   _ms(r["fused_ms"]), f"{r['speedup']:.3f}x",
+                   f"{r['spread_unfused']:.1%} / {r['spread_fused']:.1%}"])
 
 
 def _case_table(rows) -> list[str]:
-    L = ["| model | op | shape | unfused ms | fused ms | speed-up | max rel. diff | "
-         "IQR/median |", "|---|---|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        if "error" in r:
-            L.append(f"| {r['model']} | {r['label']} | {r['shape']} | ERROR: {r['error']} "
-                     "| | | | |")
-            continue
-        L.append(f"| {r['model']} | {r['label']} | {r['shape']} | {_ms(r['unfused_ms'])} | "
-                 f"{_ms(r['fused_ms'])} | {r['speedup']:.2f}x | {r['max_rel_diff']:.1e} | "
-                 f"{r['spread']:.1%} |")
-    return L
+    return _table(
+        ["model", "op", "shape", "unfused ms", "fused ms", "speed-up", "max rel. diff",
+         "IQR/median"], "lllrrrrr", rows, lambda r: [r["model"], r["label"], r["shape"]],
+        lambda r: [r["model"], r["label"], r["shape"], _ms(r["unfused_ms"]), _ms(r["fused_ms"]),
+                   f"{r['speedup']:.2f}x", f"{r['max_rel_diff']:.1e}", f"{r['spread']:.1%}"])
 
 
 def render(meta, ops, e2e, optimizer, scaled=(), outliers=(), shapes=(), real=()) -> str:
@@ -115,17 +119,13 @@ def render(meta, ops, e2e, optimizer, scaled=(), outliers=(), shapes=(), real=()
              "alone in onnxruntime's MatMul/Gemm; conv as plain GEMMs, im2col not counted) + "
              "memory-bound bytes / copy bandwidth. Fraction = floor / fused time (1.0 = at the "
              "floor).\n")
-    L.append("| family | sample | op | shape | unfused ms | fused ms | speed-up | floor ms | "
-             "fraction of floor | fused IQR/median |")
-    L.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
-    for r in ops:
-        if "error" in r:
-            L.append(f"| | {r['sample']} | {r['op']} ({r['rule']}) | ERROR: {r['error']} "
-                     "| | | | | | |")
-            continue
-        L.append(f"| {r['family']} | {r['sample']} | {_op_label(r)} | {r['shape']} | "
-                 f"{_ms(r['unfused_ms'])} | {_ms(r['fused_ms'])} | {r['speedup']:.2f}x | "
-                 f"{_ms(r['floor_ms'])} | {r['floor_fraction']:.2f} | {r['spread']:.1%} |")
+    L.extend(_table(
+        ["family", "sample", "op", "shape", "unfused ms", "fused ms", "speed-up", "floor ms",
+         "fraction of floor", "fused IQR/median"], "llllrrrrrr", ops,
+        lambda r: ["", r["sample"], f"{r['op']} ({r['rule']})"],
+        lambda r: [r["family"], r["sample"], _op_label(r), r["shape"], _ms(r["unfused_ms"]),
+                   _ms(r["fused_ms"]), f"{r['speedup']:.2f}x", _ms(r["floor_ms"]),
+                   f"{r['floor_fraction']:.2f}", f"{r['spread']:.1%}"]))
     L.append("\n### Parts of each fused op\n")
     L.append("Memory-bound part of the fused op: LayerNormGrad = the whole op; "
              "LinearActivationGrad = the same op asked for dZ (+ dB) only: act grad (+ bias "
