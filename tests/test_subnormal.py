@@ -141,6 +141,26 @@ def test_conv_bn_relu_grad_with_tiny_variances():
         assert_close(g, r, rtol=1e-3, atol_scale=1e-3, what=nm)
 
 
+def test_attention_grad_with_saturated_softmax():
+    """Probabilities from logits up to |45| (some below the smallest normal float) and small
+    output gradients: the softmax backward's products fall into the subnormal range."""
+    rng = _rng("attn-subnormal")
+    bh, s, d = 4, 64, 16
+    logits = rng.uniform(-45.0, 45.0, (bh, s, s))
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p = (p / p.sum(-1, keepdims=True)).astype(F32)
+    assert ((p > 0) & (p < TINY)).any()  # subnormal probabilities among the inputs
+    do = (rng.standard_normal((bh, s, d)) * np.where(rng.random((bh, s, 1)) < 0.5, 1e-30, 1.0))
+    q, k, v = (rand(rng, (bh, s, d)) for _ in range(3))
+    got = run_fused("AttentionGrad", [("dO", do.astype(F32)), ("Q", q), ("K", k), ("V", v),
+                                      ("P", p)], [("dQ", F32), ("dK", F32), ("dV", F32)],
+                    scale_q=0.25, scale_k=0.25)
+    ref = R.attention_grad(do.astype(F32), q, k, v, p, 0.25, 0.25)
+    for g, r, nm in zip(got, ref, ["dQ", "dK", "dV"]):
+        assert np.isfinite(g).all(), nm
+        assert_close(g, r, what=nm)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_floating_point_mode_is_restored_after_the_kernels(threads):
     """After a fused kernel ran, onnxruntime's own Mul in the same session (on the calling
