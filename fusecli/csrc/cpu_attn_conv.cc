@@ -5,6 +5,10 @@
 #include <cmath>
 #include <memory>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "common.h"
 
 namespace fusecli {
@@ -113,6 +117,35 @@ struct ConvGeom {
   int64_t cin_g, hin, win, kh, kw, ho, wo, sh, sw, pt, pl, dh, dw;
 };
 
+// Short rows (feature maps of 2..16 columns) are the common case in deep layers: one masked
+// vector operation per 16 floats instead of a scalar remainder loop or a memmove call.
+static inline void copy_row(float* __restrict__ d, const float* __restrict__ s, int64_t n) {
+#if defined(__AVX512F__)
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(d + i, _mm512_loadu_ps(s + i));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(d + i, m, _mm512_maskz_loadu_ps(m, s + i));
+  }
+#else
+  std::copy(s, s + n, d);
+#endif
+}
+static inline void add_row(float* __restrict__ d, const float* __restrict__ s, int64_t n) {
+#if defined(__AVX512F__)
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(d + i, _mm512_add_ps(_mm512_loadu_ps(d + i), _mm512_loadu_ps(s + i)));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(d + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i),
+                                                  _mm512_maskz_loadu_ps(m, s + i)));
+  }
+#else
+  for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+#endif
+}
+
 // cols[(ci*kh + i)*kw + j][oh*wo + ow] = x[ci][oh*sh - pt + i*dh][ow*sw - pl + j*dw] (0 outside);
 // rows of the column matrix are `ld` floats apart (ld = ho*wo for one image's own matrix).
 static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t ld, int64_t c0, int64_t c1) {
@@ -134,7 +167,7 @@ static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t ld, i
           }
           const float* srow = src + ih * g.win + off;
           std::fill(drow, drow + lo, 0.f);
-          if (g.sw == 1) std::copy(srow + lo, srow + hi, drow + lo);
+          if (g.sw == 1) copy_row(drow + lo, srow + lo, hi - lo);
           else
             for (int64_t ow = lo; ow < hi; ++ow) drow[ow] = srow[ow * g.sw];
           std::fill(drow + hi, drow + g.wo, 0.f);
@@ -142,9 +175,41 @@ static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t ld, i
       }
 }
 
-// dx[ci][ih][iw] += cols[...] (dx pre-zeroed; column rows `ld` floats apart, as in im2col)
+// dx[ci] = the sum of the columns' contributions (column rows `ld` floats apart, as in im2col);
+// dx points at channel 0 of the group, channels [c0, c1) are written.
 static void col2im(const float* cols, const ConvGeom& g, int64_t ld, float* dx, int64_t c0, int64_t c1) {
-  for (int64_t ci = c0; ci < c1; ++ci)
+#if defined(__AVX512F__)
+  if (g.sh == 1 && g.sw == 1) {
+    // Unit stride: each dX row gathers its kh*kw contributions in a register (masked loads of
+    // the column rows at the right shifts) and is stored once, with no read-modify-write
+    // chains through memory (those stall on store forwarding when rows are short).
+    for (int64_t ci = c0; ci < c1; ++ci) {
+      float* dst = dx + ci * g.hin * g.win;
+      for (int64_t ih = 0; ih < g.hin; ++ih)
+        for (int64_t iw0 = 0; iw0 < g.win; iw0 += 16) {
+          const int64_t n = std::min<int64_t>(16, g.win - iw0);
+          __m512 acc = _mm512_setzero_ps();
+          for (int64_t i = 0; i < g.kh; ++i) {
+            const int64_t oh = ih + g.pt - i * g.dh;
+            if (oh < 0 || oh >= g.ho) continue;
+            for (int64_t j = 0; j < g.kw; ++j) {
+              const int64_t off = j * g.dw - g.pl;  // iw = ow + off
+              const int64_t lo = std::max<int64_t>(0, off - iw0);
+              const int64_t hi = std::min<int64_t>(n, g.wo + off - iw0);
+              if (lo >= hi) continue;
+              const __mmask16 m = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+              const float* src = cols + ((ci * g.kh + i) * g.kw + j) * ld + oh * g.wo + iw0 - off;
+              acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, src));
+            }
+          }
+          _mm512_mask_storeu_ps(dst + ih * g.win + iw0, static_cast<__mmask16>((1u << n) - 1u), acc);
+        }
+    }
+    return;
+  }
+#endif
+  for (int64_t ci = c0; ci < c1; ++ci) {
+    std::fill(dx + ci * g.hin * g.win, dx + (ci + 1) * g.hin * g.win, 0.f);
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
         const float* src = cols + ((ci * g.kh + i) * g.kw + j) * ld;
@@ -158,11 +223,12 @@ static void col2im(const float* cols, const ConvGeom& g, int64_t ld, float* dx, 
           const float* srow = src + oh * g.wo;
           float* drow = dst + ih * g.win + off;
           if (g.sw == 1)
-            for (int64_t ow = lo; ow < hi; ++ow) drow[ow] += srow[ow];
+            add_row(drow + lo, srow + lo, hi - lo);
           else
             for (int64_t ow = lo; ow < hi; ++ow) drow[ow * g.sw] += srow[ow];
         }
       }
+  }
 }
 
 void ConvKernel::Compute(OrtKernelContext* c) {
@@ -326,9 +392,8 @@ void ConvKernel::Compute(OrtKernelContext* c) {
         parallel_for(nb * g.cin_g, 1, [&](int, int64_t u0, int64_t u1) {
           for (int64_t u = u0; u < u1; ++u) {
             const int64_t i = u / g.cin_g, ci = u % g.cin_g;
-            float* dxc = dx + ((n0 + i) * Cin + gi * g.cin_g + ci) * Hin * Win;  // one channel
-            std::fill(dxc, dxc + Hin * Win, 0.f);
-            col2im(gcols + i * HW, g, L, dxc - ci * Hin * Win, ci, ci + 1);
+            float* dxg = dx + ((n0 + i) * Cin + gi * g.cin_g) * Hin * Win;  // the image's group
+            col2im(gcols + i * HW, g, L, dxg, ci, ci + 1);
           }
         });
       }
