@@ -33,7 +33,7 @@ demo: venv lib
 	$(VENV)/bin/fusecli optimize samples/torch_block.onnx -o out/torch_block.fused.onnx --verify
 
 test: venv lib ortt-env
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q tests fusecli/ops
 
 samples:
 	bash scripts/make_samples.sh

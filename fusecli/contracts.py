@@ -1,14 +1,25 @@
-"""The fused-op contracts (``ops/contracts.yaml``) as Python objects."""
+"""The fused-op contracts (``ops/domain.yaml`` + ``ops/<op>/contract.yaml``) as Python objects.
+
+Every fact about a fused op is written once, in its folder's contract; this module derives
+from it what Python needs (ports, patterns, output types, launcher signatures, byte models),
+and ``csrc/gen_op_tables.py`` loads this same module (by file path, without the package, so
+the build needs only PyYAML) to generate the C++ tables. Keep this module free of imports
+beyond the standard library and PyYAML at module level.
+"""
 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-CONTRACTS_FILE = Path(__file__).parent / "ops" / "contracts.yaml"
+OPS_DIR = Path(__file__).parent / "ops"
+DOMAIN_FILE = OPS_DIR / "domain.yaml"
+CONTRACT_NAME = "contract.yaml"
+CONTRACTS_DOC = "fusecli/ops/<op>/contract.yaml"  # where a reader finds them (messages, docs)
 
 
 @dataclass(frozen=True)
@@ -19,47 +30,176 @@ class Port:
     # an output the rewriter always names (a fresh tensor nobody reads): the op's working buffer,
     # which the runtime may place in an input's memory (the kernel's in-place pair)
     workspace: bool = False
+    any_float: bool = False  # an input that is float32 or float16 whatever the op's type
+    like: tuple[str, ...] = ()  # an output's type rules (see domain.yaml)
+    inplace_over: tuple[str, ...] = ()  # inputs whose buffer this output may reuse
+
+
+@dataclass(frozen=True)
+class Launcher:
+    name: str
+    args: str  # the C parameter list
+    doc: str
+
+    def params(self) -> list[tuple[str, str]]:
+        """(C type, name) per parameter."""
+        out = []
+        for p in self.args.split(","):
+            m = re.fullmatch(r"\s*(.*?[\s*])(\w+)\s*", p)
+            if not m:
+                raise ValueError(f"{self.name}: cannot read parameter {p!r}")
+            out.append((" ".join(m.group(1).replace("*", " * ").split()).replace(" *", "*"),
+                        m.group(2)))
+        return out
 
 
 @dataclass(frozen=True)
 class OpContract:
     name: str
+    folder: str  # fusecli/ops/<folder>/
     summary: str
     types: tuple[str, ...]
+    patterns: tuple[str, ...]
     inputs: tuple[Port, ...]
     outputs: tuple[Port, ...]
     attributes: dict
+    launchers: tuple[Launcher, ...]
+    floor_bytes: dict
     math: str
+
+    def inplace_pairs(self) -> list[tuple[int, int]]:
+        """(input index, output index) pairs, in the order the runtime should try them."""
+        index = {p.name: i for i, p in enumerate(self.inputs)}
+        return [(index[src], o) for o, port in enumerate(self.outputs)
+                for src in port.inplace_over]
 
 
 @dataclass(frozen=True)
 class Contracts:
     domain: str
     version: int
+    activations: tuple[str, ...]
     ops: dict[str, OpContract]
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        """Every pattern a shipped rule may produce, op by op (the canonical pattern names)."""
+        return tuple(p for c in self.ops.values() for p in c.patterns)
+
+
+def _as_tuple(v) -> tuple:
+    return tuple(v) if isinstance(v, (list, tuple)) else (() if v is None else (v,))
 
 
 def _ports(items) -> tuple[Port, ...]:
     return tuple(Port(p["name"], bool(p.get("optional", False)), p.get("doc", ""),
-                      bool(p.get("workspace", False))) for p in items)
+                      bool(p.get("workspace", False)), bool(p.get("any_float", False)),
+                      _as_tuple(p.get("like")), _as_tuple(p.get("inplace_over")))
+                 for p in items)
+
+
+def _op(folder: str, spec: dict) -> OpContract:
+    launchers = tuple(Launcher(x["name"], " ".join(x["args"].split()), x.get("doc", "").strip())
+                      for x in spec.get("launchers") or ())
+    return OpContract(spec["name"], folder, spec["summary"], tuple(spec["types"]),
+                      tuple(spec.get("patterns") or ()), _ports(spec["inputs"]),
+                      _ports(spec["outputs"]), dict(spec.get("attributes") or {}), launchers,
+                      dict(spec.get("floor_bytes") or {}), spec["math"])
 
 
 @functools.cache
-def load_contracts() -> Contracts:
-    data = yaml.safe_load(CONTRACTS_FILE.read_text())
-    ops = {
-        name: OpContract(name, spec["summary"], tuple(spec["types"]), _ports(spec["inputs"]),
-                         _ports(spec["outputs"]), dict(spec.get("attributes") or {}), spec["math"])
-        for name, spec in data["ops"].items()
-    }
-    return Contracts(data["domain"], int(data["version"]), ops)
+def load_contracts(ops_dir: Path = OPS_DIR) -> Contracts:
+    """The domain file and every op folder's contract, ops in folder-name order."""
+    data = yaml.safe_load((ops_dir / DOMAIN_FILE.name).read_text())
+    ops = {}
+    for path in sorted(ops_dir.glob(f"*/{CONTRACT_NAME}")):
+        c = _op(path.parent.name, yaml.safe_load(path.read_text()))
+        ops[c.name] = c
+    return Contracts(data["domain"], int(data["version"]), tuple(data["activations"]), ops)
 
 
-FUSED_DOMAIN = "com.fusecli"
+FUSED_DOMAIN = load_contracts().domain
+
+
+def activation_codes() -> dict[str, int]:
+    """The activation codes of the C launchers: name -> position in domain.yaml's list."""
+    return {a: i for i, a in enumerate(load_contracts().activations)}
+
+
+def launcher_argtypes() -> dict[str, list]:
+    """ctypes argument types of every op's C launchers (pointers as c_void_p)."""
+    import ctypes
+
+    scalar = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float}
+    return {ln.name: [ctypes.c_void_p if t.endswith("*") else scalar[t] for t, _ in ln.params()]
+            for c in load_contracts().ops.values() for ln in c.launchers}
+
+
+def floor_bytes(node, size_of) -> int:
+    """Byte floor of a fused node's memory-bound part (its contract's ``floor_bytes``, float32):
+    ``size_of(name)`` gives a tensor's element count (0 when unknown)."""
+    c = load_contracts().ops.get(node.op_type)
+    if c is None:
+        return 0
+    ins = list(node.input)
+    index = {p.name: i for i, p in enumerate(c.inputs)}
+    return 4 * sum(k * (size_of(ins[index[p]]) if index[p] < len(ins) and ins[index[p]] else 0)
+                   for p, k in c.floor_bytes.items())
+
+
+# --- output types -----------------------------------------------------------------------------
+
+_TERM = re.compile(r"(\w+)(\^T)?(?:\[(-?\w+):\])?")
+_COND = re.compile(r"(\w+)\s*(==|!=)\s*(\w+)")
+
+
+def _attr_value(contract: OpContract, attrs: dict, name: str):
+    if name in attrs:
+        return attrs[name]
+    if name not in contract.attributes:
+        return int(name) if name.lstrip("-").isdigit() else name
+    d = contract.attributes[name].get("default")
+    if isinstance(d, str) and d in contract.attributes:  # defaults to another attribute
+        return _attr_value(contract, attrs, d)
+    return d
+
+
+def _eval_like(contract: OpContract, rule: str, attrs: dict, type_of_port):
+    import onnx
+
+    expr, _, cond = rule.partition(" if ")
+    if cond:
+        a, op, b = _COND.fullmatch(cond.strip()).groups()
+        va, vb = _attr_value(contract, attrs, a), _attr_value(contract, attrs, b)
+        if (va == vb) != (op == "=="):
+            return None
+    dims, elem = [], None
+    for term in expr.split("+"):
+        port, transpose, start = _TERM.fullmatch(term.strip()).groups()
+        t = type_of_port(port)
+        if t is None or (start is None and not transpose and len(expr.split("+")) == 1):
+            return t
+        d = list(t.tensor_type.shape.dim)
+        if transpose:
+            if len(d) != 2:
+                return None
+            d = d[::-1]
+        if start is not None:
+            if not d:
+                return None
+            d = d[int(_attr_value(contract, attrs, start)):]
+        dims += d
+        elem = elem or t.tensor_type.elem_type
+    out = onnx.TypeProto()
+    out.tensor_type.elem_type = elem
+    for dim in dims:
+        out.tensor_type.shape.dim.add().CopyFrom(dim)
+    return out
 
 
 def infer_output_types(node, type_of) -> list:
-    """Tensor types of a fused node's outputs, derived from its inputs' recorded types.
+    """Tensor types of a fused node's outputs, derived from its inputs' recorded types by the
+    outputs' ``like`` rules in its contract.
 
     ``type_of(name)`` returns an ``onnx.TypeProto`` or None. Returns one TypeProto or None per
     output. Used to record value_info for fused outputs, so that runtimes that plan memory
@@ -67,56 +207,23 @@ def infer_output_types(node, type_of) -> list:
     """
     import onnx
 
+    contract = load_contracts().ops.get(node.op_type)
+    if contract is None:
+        return [None] * len(node.output)
     ins = list(node.input)
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    index = {p.name: i for i, p in enumerate(contract.inputs)}
 
-    def like(i):
+    def type_of_port(port):
+        i = index[port]
         return type_of(ins[i]) if i < len(ins) and ins[i] else None
 
-    def transposed(t):
-        if t is None or len(t.tensor_type.shape.dim) != 2:
-            return None
-        out = onnx.TypeProto()
-        out.CopyFrom(t)
-        d0, d1 = (onnx.TensorShapeProto.Dimension(), onnx.TensorShapeProto.Dimension())
-        d0.CopyFrom(t.tensor_type.shape.dim[1])
-        d1.CopyFrom(t.tensor_type.shape.dim[0])
-        del out.tensor_type.shape.dim[:]
-        out.tensor_type.shape.dim.extend([d0, d1])
-        return out
-
-    def vector_like(t, axis):
-        if t is None or not t.tensor_type.shape.dim:
-            return None
-        out = onnx.TypeProto()
-        out.tensor_type.elem_type = t.tensor_type.elem_type
-        dims = list(t.tensor_type.shape.dim)[axis:] if axis is not None else []
-        out.tensor_type.shape.dim.extend(dims)
-        return out
-
-    op = node.op_type
-    if op == "ActivationGrad":
-        types = [like(0)]
-    elif op == "LinearActivationGrad":
-        trans_w = attrs.get("trans_w", 0)
-        trans_dw = attrs.get("trans_dw", trans_w)
-        w = like(3)
-        dw = w if trans_dw == trans_w else transposed(w)
-        if dw is None and like(0) is not None and like(2) is not None:  # [N, K] from dY, A
-            dims = [like(0).tensor_type.shape.dim, like(2).tensor_type.shape.dim]
-            if all(len(d) for d in dims):
-                dw = onnx.TypeProto()
-                dw.tensor_type.elem_type = like(0).tensor_type.elem_type
-                nk = [dims[0][-1], dims[1][-1]]
-                dw.tensor_type.shape.dim.extend(nk[::-1] if trans_dw else nk)
-        types = [like(2), dw, vector_like(like(0), -1), like(0)]
-    elif op == "AttentionGrad":
-        types = [like(1), like(2), like(3)]
-    elif op == "ConvBnReluGrad":
-        types = [like(2), like(3), like(5), like(5), like(5), like(0)]
-    elif op == "LayerNormGrad":
-        gamma = like(2) or vector_like(like(1), attrs.get("axis", -1))
-        types = [like(1), gamma, gamma]
-    else:
-        types = []
-    return [types[i] if i < len(types) else None for i in range(len(node.output))]
+    out = []
+    for i in range(len(node.output)):
+        t = None
+        for rule in contract.outputs[i].like if i < len(contract.outputs) else ():
+            t = _eval_like(contract, rule, attrs, type_of_port)
+            if t is not None:
+                break
+        out.append(t)
+    return out

@@ -1,6 +1,6 @@
 """Locate and register fusecli's onnxruntime custom-op library (``fusecli/lib/libfusecli_ops.so``).
 
-The library implements every op of the ``com.fusecli`` domain (see ``fusecli/ops/contracts.yaml``)
+The library implements every op of the ``com.fusecli`` domain (see ``fusecli/ops/<op>/contract.yaml``)
 on the CPU execution provider, and on the CUDA execution provider when it was built with nvcc.
 It is built by ``make lib`` (``scripts/build_lib.sh``) and is never committed.
 """

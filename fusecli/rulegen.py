@@ -27,9 +27,6 @@ MAX_CONST_ELEMENTS = 16          # constants up to this size are written out as 
 FLOAT_TOL = 1.0e-6               # relative + absolute tolerance written for float constants
 DRAFT_ORDER = 1000               # drafts apply after the shipped rules
 COMMUTATIVE_OPS = {"Mul", "Add", "Sum", "Max", "Min"}
-# default `pattern:` per fused op (LinearActivationGrad has one pattern per activation)
-_PATTERN_FOR_OP = {"ActivationGrad": "activation_grad", "LayerNormGrad": "layernorm",
-                   "AttentionGrad": "sdpa", "ConvBnReluGrad": "conv_bn_relu"}
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _PLAIN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 _YAML_WORDS = {"y", "yes", "n", "no", "true", "false", "on", "off", "null", "none", "~"}
@@ -228,7 +225,7 @@ def _choose_op(fused_op: str | None, n_in: int, n_out: int, ins_desc: str):
     if not fit:
         raise FuseError(f"no fused op of fusecli takes {n_in} input(s) and {n_out} output(s) "
                         f"like the selection ({ins_desc}); pass --op NAME with a selection "
-                        "that fits it (see fusecli/ops/contracts.yaml)")
+                        "that fits it (see fusecli/ops/<op>/contract.yaml)")
     fit.sort(key=lambda c: len(c.inputs) - n_in + len(c.outputs) - n_out)  # stable: file order
     return fit[0], fit[1:]
 
@@ -398,7 +395,10 @@ def draft_rule(model: onnx.ModelProto, node_names: list[str], name: str,
         if alines:
             node_lines[i] += "\n    attrs:\n" + "\n".join(alines)
 
-    pattern = pattern or _PATTERN_FOR_OP.get(contract.name, name)
+    # default `pattern:`: the op's one pattern (its contract), its folder name when it has none,
+    # else (LinearActivationGrad: one pattern per activation) the draft's name
+    pattern = pattern or (contract.patterns[0] if len(contract.patterns) == 1 else
+                          contract.folder if not contract.patterns else name)
     to_set = [a for a in contract.attributes if a not in captures]
 
     def attr_hint(a):
@@ -419,7 +419,7 @@ def draft_rule(model: onnx.ModelProto, node_names: list[str], name: str,
          f"# - replace.op {contract.name} is a placeholder chosen because its port counts fit"
          + (f" (also fit: {', '.join(c.name for c in others)})" if others else "")
          + "; pick the op that computes this subgraph."),
-        f"# - Contract: {_signature(contract)} (fusecli/ops/contracts.yaml).",
+        f"# - Contract: {_signature(contract)} (fusecli/ops/<op>/contract.yaml).",
         "# - replace.inputs/outputs list the outside inputs and the outputs in the order they",
         "#   appear in the pattern, NOT the contract's order: reorder them to the contract.",
         "#   Inputs: " + _comment(", ".join(f"{v} = {t}" for t, v in var.items()

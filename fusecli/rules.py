@@ -16,8 +16,7 @@ import yaml
 from .contracts import load_contracts
 from .errors import RuleError
 
-CANONICAL_PATTERNS = ("linear_relu", "linear_gelu", "linear_silu", "sdpa", "conv_bn_relu",
-                      "layernorm")
+CANONICAL_PATTERNS = load_contracts().patterns  # each op's contract lists its patterns
 DEFAULT_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -275,7 +274,7 @@ def _parse_replace(src, raw, captures, const_vars) -> Replacement:
     op = raw.get("op")
     if op not in contracts.ops:
         raise RuleError(src, f"replace.op {op!r} is not a fused op of fusecli; known: "
-                        f"{sorted(contracts.ops)} (see fusecli/ops/contracts.yaml)",
+                        f"{sorted(contracts.ops)} (see fusecli/ops/<op>/contract.yaml)",
                         _line(raw, "op"))
     contract = contracts.ops[op]
     ins = raw.get("inputs") or []

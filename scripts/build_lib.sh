@@ -19,14 +19,19 @@ if [[ "$CUDA_OPT" == ON ]]; then
   [[ -n "$NVCC" ]] && NVCC_ARGS=(-DCMAKE_CUDA_COMPILER="$NVCC")
 fi
 
+# the op-table generator (fusecli/csrc/gen_op_tables.py) needs PyYAML: the project venv has it
+PYTHON_FOR_GEN="${FUSECLI_GEN_PYTHON:-$ROOT/.venv/bin/python}"
+[[ -x "$PYTHON_FOR_GEN" ]] || PYTHON_FOR_GEN="$(command -v python3)"
+
 GEN=()
 command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
 STAMP="$BUILD/.fusecli-config"
-WANT="cuda=$CUDA_OPT native=$NATIVE_OPT nvcc=${NVCC_ARGS[*]:-none} gen=${GEN[*]:-make}"
+WANT="cuda=$CUDA_OPT native=$NATIVE_OPT nvcc=${NVCC_ARGS[*]:-none} gen=${GEN[*]:-make} py=$PYTHON_FOR_GEN"
 if [[ ! -f "$BUILD/CMakeCache.txt" || "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]]; then
   rm -rf "$BUILD"
   cmake -S fusecli/csrc -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DFUSECLI_DEPS="$ROOT/build/deps" -DFUSECLI_CUDA="$CUDA_OPT" -DFUSECLI_NATIVE="$NATIVE_OPT" \
+    -DPython3_EXECUTABLE="$PYTHON_FOR_GEN" \
     "${NVCC_ARGS[@]}" >/dev/null
   echo "$WANT" > "$STAMP"
 fi

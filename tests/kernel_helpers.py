@@ -15,11 +15,25 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+import pytest
+
+from fusecli import library
+from fusecli.contracts import infer_output_types
 from fusecli.library import library_path, session_options
 
 REPO = Path(__file__).resolve().parents[1]
 DOMAIN = "com.fusecli"
 OPSET = 18
+ACTS = ["relu", "gelu", "gelu_tanh", "silu"]
+F32, F16 = np.float32, np.float16
+
+@pytest.fixture(autouse=True, scope="module")
+def _built():
+    library.library_path()  # fails clearly when the library is not built
+
+def _rng(*key):
+    return np.random.default_rng(abs(hash(key)) % (2**32))
+
 
 _NP2ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
             np.dtype(np.int64): TensorProto.INT64}
@@ -238,3 +252,51 @@ def run_in_ortt(jobs):
             with np.load(td / f"r{i}.npz") as z:
                 results.append([z[f"arr_{j}"] for j in range(len(z.files))])
         return report["version"], results, report.get("calls", [])
+
+
+# --- in-place pairs ----------------------------------------------------------------------
+
+def _inplace_model(op, inputs, outs, intermediates, keep=(), elem=F32, **attrs):
+    """(model, feeds): `op` in a graph where each input named in `intermediates` is
+    Add(<name>_p, <name>_q) of two graph inputs (an intermediate the runtime may reuse; those in
+    `keep` are also graph outputs, so they must survive the node) and every fused output goes
+    through Neg (a graph output is never placed in an input's buffer). inputs: list of
+    (name, array) in port order."""
+    onnx_t = helper.np_dtype_to_tensor_dtype(np.dtype(elem))
+    vi = lambda n, shape=None: helper.make_tensor_value_info(n, onnx_t, shape)  # noqa: E731
+    nodes, g_in, feeds, inner = [], [], {}, []
+    for name, arr in inputs:
+        if name in intermediates:
+            half = (arr / 2).astype(arr.dtype)
+            feeds[f"{name}_p"], feeds[f"{name}_q"] = half, (arr - half).astype(arr.dtype)
+            g_in += [vi(f"{name}_p", arr.shape), vi(f"{name}_q", arr.shape)]
+            nodes.append(helper.make_node("Add", [f"{name}_p", f"{name}_q"], [name]))
+            inner.append(vi(name, arr.shape))
+        else:
+            feeds[name] = arr
+            g_in.append(helper.make_tensor_value_info(
+                name, helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape))
+    fused = [f"f_{o}" if o else "" for o in outs]  # None: an output the node does not ask for
+    fnode = helper.make_node(op, [n for n, _ in inputs], fused, domain="com.fusecli", **attrs)
+    nodes.append(fnode)
+    outs = [o for o in outs if o]
+    nodes += [helper.make_node("Neg", [f"f_{o}"], [o]) for o in outs]
+    # the fused outputs' types, recorded as fusecli's rewriter records them: onnxruntime places an
+    # output in an input's buffer only when it knows both sizes
+    types = {v.name: v.type for v in g_in + inner}
+    for f, t in zip(fused, infer_output_types(fnode, types.get)):
+        if f and t is not None:
+            inner.append(helper.make_value_info(f, t))
+    g_out = [vi(o) for o in outs] + [vi(k, dict(inputs)[k].shape) for k in keep]
+    g = helper.make_graph(nodes, "inplace", g_in, g_out, value_info=inner)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET),
+                                                helper.make_opsetid("com.fusecli", 1)], ir_version=9)
+    return model, feeds
+
+
+def _inplace_run(op, inputs, outs, intermediates, keep=(), elem=F32, **attrs):
+    """Runs _inplace_model here; returns (negated-back outputs, kernel calls, in-place calls)."""
+    model, feeds = _inplace_model(op, inputs, outs, intermediates, keep, elem, **attrs)
+    library.reset_kernel_calls()
+    got = ort_session(model).run([o for o in outs if o], feeds)
+    return [-g for g in got], library.kernel_calls(op), library.kernel_calls(f"{op}/inplace")

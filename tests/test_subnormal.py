@@ -11,23 +11,18 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from fusecli import library
-from fusecli.ops import reference as R
+from fusecli.ops.activation_grad.reference import activation_grad
+from fusecli.ops.attention_grad.reference import attention_grad
+from fusecli.ops.conv_bn_relu_grad.reference import conv_bn_relu_grad
+from fusecli.ops.layer_norm_grad.reference import layer_norm_grad
+from fusecli.ops.linear_activation_grad.reference import linear_activation_grad
 
-from kernel_helpers import DOMAIN, OPSET, assert_close, ort_session, rand, run_fused
+# (_built: the autouse fixture that fails clearly when the library is not built)
+from kernel_helpers import (ACTS, DOMAIN, OPSET, _built, _rng, assert_close, ort_session,  # noqa: F401
+                            rand, run_fused)
 
 F32 = np.float32
 TINY = np.finfo(F32).tiny  # smallest normal float32, 1.18e-38
-ACTS = ["relu", "gelu", "gelu_tanh", "silu"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _built():
-    library.library_path()
-
-
-def _rng(*key):
-    return np.random.default_rng(abs(hash(key)) % (2**32))
 
 
 def _outliers(rng, shape):
@@ -57,7 +52,7 @@ def test_activation_grad_on_subnormal_producing_inputs(act, n):
     x, dy = _outliers(rng, (n,)), _gradients(rng, (n,))
     (dx,) = run_fused("ActivationGrad", [("dY", dy), ("X", x)], [("dX", F32)], activation=act)
     with np.errstate(over="ignore", under="ignore"):
-        ref = R.activation_grad(dy.astype(np.float64), x.astype(np.float64), act)
+        ref = activation_grad(dy.astype(np.float64), x.astype(np.float64), act)
     assert np.isfinite(dx).all()
     err = np.abs(dx.astype(np.float64) - ref)
     # relative to the gradient's own size (act' <= 1.13), plus what flushing may drop
@@ -79,7 +74,7 @@ def test_linear_activation_grad_with_outlier_pre_activations(act):
     got = run_fused("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", w)],
                     [("dA", F32), ("dW", F32), ("dB", F32)], activation=act)
     with np.errstate(over="ignore", under="ignore"):
-        ref = R.linear_activation_grad(dy, x, a, w, act, 0)
+        ref = linear_activation_grad(dy, x, a, w, act, 0)
     for g, r, nm in zip(got, ref, ["dA", "dW", "dB"]):
         assert np.isfinite(g).all(), nm
         assert_close(g, r, what=nm)
@@ -104,7 +99,7 @@ def test_layer_norm_grad_with_tiny_variances():
     got = run_fused("LayerNormGrad", [("dY", dy), ("X", x), ("gamma", gamma), ("mean", mean),
                                       ("inv_std", inv_std), ("dR", dr)],
                     [("dX", F32), ("dGamma", F32), ("dBeta", F32)], axis=-1)
-    ref = R.layer_norm_grad(dy, x, gamma, mean, inv_std, dr, -1)
+    ref = layer_norm_grad(dy, x, gamma, mean, inv_std, dr, -1)
     for g, r, nm in zip(got, ref, ["dX", "dGamma", "dBeta"]):
         assert np.isfinite(g).all(), nm
         assert_close(g, r, what=nm)
@@ -134,7 +129,7 @@ def test_conv_bn_relu_grad_with_tiny_variances():
     outs = ["dX", "dW", "dBc", "dGamma", "dBeta"]
     got = run_fused("ConvBnReluGrad", list(ins.items()), [(o, F32) for o in outs],
                     strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1, relu=1)
-    ref = R.conv_bn_relu_grad(*ins.values(), strides=(1, 1), pads=(1, 1, 1, 1),
+    ref = conv_bn_relu_grad(*ins.values(), strides=(1, 1), pads=(1, 1, 1, 1),
                               dilations=(1, 1), group=1, relu=1)
     for g, r, nm in zip(got, ref, outs):
         assert np.isfinite(g).all(), nm
@@ -155,7 +150,7 @@ def test_attention_grad_with_saturated_softmax():
     got = run_fused("AttentionGrad", [("dO", do.astype(F32)), ("Q", q), ("K", k), ("V", v),
                                       ("P", p)], [("dQ", F32), ("dK", F32), ("dV", F32)],
                     scale_q=0.25, scale_k=0.25)
-    ref = R.attention_grad(do.astype(F32), q, k, v, p, 0.25, 0.25)
+    ref = attention_grad(do.astype(F32), q, k, v, p, 0.25, 0.25)
     for g, r, nm in zip(got, ref, ["dQ", "dK", "dV"]):
         assert np.isfinite(g).all(), nm
         assert_close(g, r, what=nm)
@@ -189,6 +184,6 @@ def test_floating_point_mode_is_restored_after_the_kernels(threads):
         assert (sub != 0).all() and (np.abs(sub) < TINY).all(), \
             "onnxruntime's Mul flushed subnormal results after a fused kernel ran"
         assert np.float32(1e-38) * np.float32(1e-2) != 0, "this thread's MXCSR was left with FTZ"
-    ref = (R.activation_grad(dy.astype(np.float64), x.astype(np.float64), "gelu") * 1e-36)
+    ref = (activation_grad(dy.astype(np.float64), x.astype(np.float64), "gelu") * 1e-36)
     np.testing.assert_allclose(out.astype(np.float64), ref, rtol=1e-5, atol=2 * 1.4e-45)
 

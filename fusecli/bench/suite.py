@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..contracts import FUSED_DOMAIN
+from ..contracts import FUSED_DOMAIN, floor_bytes
 from .command import run_bench
 from .render import render
 
@@ -53,7 +53,6 @@ OP_MIN_TIME_S = 2.0
 STEP_MIN_TIME_S = 5.0  # the same for whole training steps
 MAX_SPREAD = 0.2  # a comparison with a wider interquartile range / median is measured again
 GEMM_OPS = {"Gemm", "MatMul", "FusedMatMul", "FusedGemm", "ConvGrad", "Conv", "ConvTranspose"}
-F32 = 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,24 +414,16 @@ def one_op(ctx: Ctx, name, entry, orig, rec, names, values, python, lib) -> dict
     bw = ctx.bw
     op = node.op_type
     ins = [values[t] if t else None for t in node.input]
-    if op == "LayerNormGrad":
-        dY = ins[0]
-        dR = ins[5] if len(ins) > 5 else None
-        byts = (dY.size * 3 + (dR.size if dR is not None else 0)) * F32
-        row.update(shape=f"{list(dY.shape)}", mem_bytes=byts, mem_floor_ms=byts / bw * 1e3,
+    parts = {"LinearActivationGrad": linear_parts, "AttentionGrad": attention_parts,
+             "ConvBnReluGrad": conv_parts}.get(op)  # ops with GEMM work beside the memory part
+    if parts:
+        parts(ctx, row, node, ins, um, values)
+    else:  # memory-bound as a whole: its contract's byte floor
+        byts = value_floor_bytes(node, values)
+        row.update(shape=f"{list(ins[0].shape)}", mem_bytes=byts, mem_floor_ms=byts / bw * 1e3,
                    gemm_ms=0.0, mem_part_fused_ms=t_fu)
-        row["part"] = ("LayerNorm bwd", t_un, t_fu)  # the whole chain is the part
-    elif op == "ActivationGrad":
-        dY = ins[0]
-        byts = dY.size * 3 * F32
-        row.update(shape=f"{list(dY.shape)}", mem_bytes=byts, mem_floor_ms=byts / bw * 1e3,
-                   gemm_ms=0.0, mem_part_fused_ms=t_fu)
-    elif op == "LinearActivationGrad":
-        linear_parts(ctx, row, node, ins, um, values)
-    elif op == "AttentionGrad":
-        attention_parts(ctx, row, node, ins, um, values)
-    elif op == "ConvBnReluGrad":
-        conv_parts(ctx, row, node, ins, um, values)
+        if op != "ActivationGrad":  # the whole chain is the part
+            row["part"] = ("LayerNorm bwd" if op == "LayerNormGrad" else op, t_un, t_fu)
     floor = row.get("gemm_ms", 0.0) + row.get("mem_floor_ms", 0.0)
     row["floor_ms"] = floor
     row["floor_fraction"] = floor / t_fu if t_fu else None
@@ -481,7 +472,7 @@ def linear_parts(ctx, row, node, ins, um, values):
     um_part = unfused_part_model(um, values)
     feeds.update({i.name: values[i.name] for i in um_part.graph.input})
     r3 = ctx.pair(um_part, pm, feeds, "act_bias_part")
-    byts = 3 * M * N * F32
+    byts = value_floor_bytes(node, values)  # the op contract's floor_bytes
     row.update(mem_bytes=byts, mem_floor_ms=byts / ctx.bw * 1e3,
                mem_part_fused_ms=r3["b"]["median_ms"])
     row["part"] = ("act grad + bias grad" if want_db else "act grad", r3["a"]["median_ms"],
@@ -513,7 +504,7 @@ def attention_parts(ctx, row, node, ins, um, values):
     # outside: the kernel times it itself ("AttentionGrad/softmax_ns"); the op runs here, in
     # this process, and the rest of its time is its GEMMs
     softmax_ms, whole_ms = attention_softmax_phase(node, ins, ctx.threads)
-    byts = 3 * bh * sq * sk * F32  # softmax backward: read dP and P, write dS
+    byts = value_floor_bytes(node, values)  # the op contract's floor_bytes
     row.update(gemm_ms=gemm, fused_gemm_ms=whole_ms - softmax_ms,
                gemm_ratio=(whole_ms - softmax_ms) / gemm, mem_bytes=byts,
                mem_floor_ms=byts / ctx.bw * 1e3, mem_part_fused_ms=softmax_ms)
@@ -551,7 +542,6 @@ def conv_parts(ctx, row, node, ins, um, values):
     dY, Y, X, W, Cv = ins[:5]
     n, c, h, w = dY.shape
     cin, kh, kw = X.shape[1], W.shape[2], W.shape[3]
-    T = dY.size
     want_dx = bool(node.output[0])
     row["shape"] = f"N={n} C={c} Cin={cin} {h}x{w} k={kh}x{kw}" + ("" if want_dx else " (no dX)")
     # the fused op's BN+ReLU part alone: ask only for dBc/dGamma/dBeta and dC (no conv)
@@ -586,29 +576,22 @@ def conv_parts(ctx, row, node, ins, um, values):
     gm = _model(gnodes, [_f("dC", (n, c, hw)), _f("colsT", (n, hw, kc)), _f("Wt", (kc, c))],
                 gouts)
     r2 = ctx.pair(gm, gm, gfeeds, "gemm_conv")
-    byts = 4 * T * F32  # read dY, Y (sign), Cv; write dC
+    byts = value_floor_bytes(node, values)  # the op contract's floor_bytes
     row.update(gemm_ms=r2["a"]["median_ms"], mem_bytes=byts, mem_floor_ms=byts / ctx.bw * 1e3,
                mem_part_fused_ms=bn_part)
     row["part"] = ("ReLU+BN bwd", r_un["a"]["median_ms"], r_un["b"]["median_ms"])
 
 
 # ---------------------------------------------------------------------------------------------
-def chain_floor_bytes(node: onnx.NodeProto, shapes: dict[str, tuple]) -> int:
-    """Byte floor of the memory-bound part of one fused chain (see BENCHMARKS.md method)."""
-    def size(t):
-        return int(np.prod(shapes[t])) if t and t in shapes else 0
+def value_floor_bytes(node: onnx.NodeProto, values: dict) -> int:
+    """The op contract's byte floor of a fused node, with its inputs' arrays in `values`."""
+    return floor_bytes(node, lambda t: values[t].size if t in values else 0)
 
-    op = node.op_type
-    i = list(node.input)
-    if op == "LayerNormGrad":
-        return (3 * size(i[0]) + (size(i[5]) if len(i) > 5 else 0)) * F32
-    if op in ("ActivationGrad", "LinearActivationGrad"):
-        return 3 * size(i[0]) * F32
-    if op == "AttentionGrad":
-        return 3 * size(i[4]) * F32
-    if op == "ConvBnReluGrad":
-        return 4 * size(i[0]) * F32
-    return 0
+
+def chain_floor_bytes(node: onnx.NodeProto, shapes: dict[str, tuple]) -> int:
+    """Byte floor of the memory-bound part of one fused chain (its op's contract `floor_bytes`,
+    see BENCHMARKS.md method)."""
+    return floor_bytes(node, lambda t: int(np.prod(shapes[t])) if t in shapes else 0)
 
 
 def e2e_benchmarks(ctx: Ctx, entries: dict, fused_dir: Path) -> list[dict]:

@@ -1,4 +1,5 @@
-"""ctypes bindings of fusecli's CUDA launchers (fusecli/csrc/launchers.h) for torch tensors.
+"""ctypes bindings of fusecli's CUDA launchers (declared in each op's contract.yaml) for torch
+tensors.
 
 The library is FUSECLI_CUDA_LIB if set, else build/gpu/libfusecli_cuda.so (launchers only, built
 by run_gpu_checks.sh with nvcc alone), else fusecli/lib/libfusecli_ops.so."""
@@ -10,18 +11,24 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-ACT = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "identity": 4}
 
-_P, _I64, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-SIGNATURES = {
-    "fusecli_launch_activation_grad": [_P, _P, _P, _P, _I64, _I],
-    "fusecli_launch_activation_grad_f16": [_P, _P, _P, _P, _I64, _I],
-    "fusecli_launch_linear_activation_grad": [_P] * 9 + [_I64] * 3 + [_I, _I, _I],
-    "fusecli_launch_attention_grad": [_P] * 9 + [_I64] * 5 + [_F, _F, _I],
-    "fusecli_launch_conv_bn_relu_grad": [_P] * 15 + [_I64] * 18 + [_I],
-    "fusecli_launch_layer_norm_grad": [_P] * 10 + [_I64] * 2,
-    "fusecli_launch_layer_norm_grad_f16": [_P] * 6 + [_I] + [_P] * 4 + [_I64] * 2,
-}
+
+def _contracts():
+    """fusecli/contracts.py loaded by file path (a GPU machine needs PyYAML, not onnx)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("fusecli_contracts_standalone",
+                                                  REPO / "fusecli" / "contracts.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_C = _contracts()
+ACT = _C.activation_codes()           # activation name -> launcher code (ops/domain.yaml)
+SIGNATURES = _C.launcher_argtypes()   # launcher name -> ctypes argtypes (ops/<op>/contract.yaml)
 
 
 def library_file() -> str:

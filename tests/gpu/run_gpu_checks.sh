@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One script for a GPU machine (needs only CUDA's compiler, torch and this repo; no network):
+# One script for a GPU machine (needs only CUDA's compiler, torch, PyYAML and this repo; no network):
 #   1. builds the CUDA launchers with nvcc alone into build/gpu/libfusecli_cuda.so (the same
-#      cuda_kernels.cu that goes into libfusecli_ops.so; no onnxruntime/Eigen headers needed),
+#      fusecli/ops/*/cuda.cu that go into libfusecli_ops.so; no onnxruntime/Eigen headers
+#      needed; PyYAML for the generated launcher prototypes),
 #      and, when build/deps/ already holds the headers, the full library with cmake+nvcc too;
 #   2. runs tests/gpu/test_cuda_kernels.py against it;
 #   3. times every CUDA kernel vs the unfused torch ops -> $OUT (or build/gpu)/cuda_bench.{json,md}.
@@ -22,9 +23,11 @@ if [[ -n "$CC" && "$CC" != 80 && "$CC" != 90 ]]; then
 fi
 echo "== nvcc build (sm: 80 90 ${CC:+local $CC})"
 t0=$(date +%s.%N)
+# the launcher prototypes are generated from the ops' contracts (needs PyYAML in $PY)
+"$PY" fusecli/csrc/gen_op_tables.py --out build/gpu/generated || { echo "op tables FAILED"; exit 1; }
 "$NVCC" -O3 -std=c++17 -shared -Xcompiler -fPIC,-fvisibility=hidden -cudart static "${ARCH_FLAGS[@]}" \
-  fusecli/csrc/cuda_kernels.cu -o build/gpu/libfusecli_cuda.so -ldl -lpthread -lrt || {
-  echo "nvcc build FAILED"; exit 1; }
+  -Ifusecli/csrc -Ibuild/gpu/generated fusecli/ops/*/cuda.cu -o build/gpu/libfusecli_cuda.so \
+  -ldl -lpthread -lrt || { echo "nvcc build FAILED"; exit 1; }
 echo "built build/gpu/libfusecli_cuda.so in $(echo "$(date +%s.%N) - $t0" | bc 2>/dev/null || echo '?') s"
 if [[ -f build/deps/onnxruntime/usr/include/onnxruntime/onnxruntime_cxx_api.h ]]; then
   echo "== full library (cmake + nvcc)"

@@ -1,0 +1,1 @@
+"""The fused op ActivationGrad: contract, NumPy reference, kernels and tests."""

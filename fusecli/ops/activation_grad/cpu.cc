@@ -1,0 +1,70 @@
+// ActivationGrad: CPU kernel.
+#include <memory>
+
+#include "cpu_activation.h"
+#include "cpu_eigen.h"
+#include "cpu_threads.h"
+#include "op_kernel.h"
+
+namespace fusecli {
+namespace {
+
+// ================================ ActivationGrad ============================================
+struct ActOp;
+struct ActKernel {
+  ActKernel(const OrtKernelInfo* info, const ActOp* op);
+  OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
+  void Compute(OrtKernelContext* c);
+  Act act;
+  bool half;
+};
+struct ActOp : SigOp<ActOp, ActKernel, kActivationGrad> {
+  explicit ActOp(bool half) : SigOp(nullptr, half) {}
+};
+ActKernel::ActKernel(const OrtKernelInfo* info, const ActOp* op)
+    : act(parse_act(attr_string(info, "activation", ""), false)), half(op->half) {}
+
+void ActKernel::Compute(OrtKernelContext* c) {
+  PoolScope pool(c);
+  count_call(kActivationGrad);
+  Ort::KernelContext ctx(c);
+  In dy = get_input(ctx, 0), x = get_input(ctx, 1);
+  FUSECLI_CHECK(dy.numel() == x.numel(), "ActivationGrad: dY and X must have the same size");
+  bool present;
+  const int64_t n = dy.numel();
+  if (!half) {
+    float* out = output_or_null<float>(ctx, 0, dy.shape, &present);
+    if (!present) return;
+    if (out == dy.data) count_inplace(kActivationGrad);  // elementwise: dX over dY is safe
+    const float* d = dy.ptr<float>();
+    const float* v = x.ptr<float>();
+    parallel_for(n, 1 << 15, [&](int, int64_t b, int64_t e) {
+      act_grad_block(act, d + b, v + b, out + b, e - b);
+    });
+  } else {
+    auto* out = output_or_null<Ort::Float16_t>(ctx, 0, dy.shape, &present);
+    if (!present) return;
+    if (out == dy.data) count_inplace(kActivationGrad);  // each chunk is read before written
+    const auto* d = dy.ptr<Ort::Float16_t>();
+    const auto* v = x.ptr<Ort::Float16_t>();
+    parallel_for(n, 1 << 15, [&](int, int64_t b, int64_t e) {
+      constexpr int64_t kB = 2048;
+      alignas(64) float fd[kB], fv[kB];
+      for (int64_t i = b; i < e; i += kB) {
+        const int64_t len = std::min(kB, e - i);
+        half_to_float(d + i, fd, len);
+        half_to_float(v + i, fv, len);
+        act_grad_block(act, fd, fv, fd, len);
+        float_to_half(fd, out + i, len);
+      }
+    });
+  }
+}
+
+}  // namespace
+
+void add_activation_grad_cpu_ops(Ort::CustomOpDomain& domain) {
+  add_op<ActOp>(domain);
+}
+
+}  // namespace fusecli

@@ -1,0 +1,1 @@
+"""The fused op AttentionGrad: contract, NumPy reference, kernels and tests."""

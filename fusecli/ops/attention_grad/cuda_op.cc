@@ -1,0 +1,40 @@
+// AttentionGrad: onnxruntime CUDAExecutionProvider kernel (calls the C launcher in cuda.cu).
+#include "attention_inputs.h"
+#include "cuda_op_kernel.h"
+#include "op_launchers.h"
+
+namespace fusecli {
+namespace {
+
+struct AttnOp;
+struct AttnKernel : AttnAttrs {
+  AttnKernel(const OrtKernelInfo* info, const AttnOp*) : AttnAttrs(info) {}
+  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
+    return guarded([&] {
+      count_call(kAttentionGrad);
+      Ort::KernelContext ctx(c);
+      const AttnInputs in(ctx, *this);
+      float sq_extra = 1.f, sk_extra = 1.f;  // run-time scales live on the device: read them
+      if (in.qs.present) check_cuda(fusecli_read_scalar(ctx.GetGPUComputeStream(), in.qs.ptr<float>(), &sq_extra), "AttentionGrad");
+      if (in.ks.present) check_cuda(fusecli_read_scalar(ctx.GetGPUComputeStream(), in.ks.ptr<float>(), &sk_extra), "AttentionGrad");
+      float* dq = opt_out<float>(ctx, 0, in.q.shape);
+      float* dk = opt_out<float>(ctx, 1, in.k.shape);
+      float* dv = opt_out<float>(ctx, 2, in.v.shape);
+      check_cuda(fusecli_launch_attention_grad(ctx.GetGPUComputeStream(), in.dO.ptr<float>(), in.q.ptr<float>(),
+                     in.k.ptr<float>(), in.v.ptr<float>(), in.p.ptr<float>(), dq, dk, dv, in.B, in.Sq, in.Sk,
+                     in.D, in.Dv, scale_q * sq_extra, scale_k * sk_extra, k_transposed),
+                 "AttentionGrad");
+    });
+  }
+};
+struct AttnOp : SigOp<AttnOp, AttnKernel, kAttentionGrad> {
+  explicit AttnOp(bool half) : SigOp(kCuda, half) {}
+};
+
+}  // namespace
+
+void add_attention_grad_cuda_ops(Ort::CustomOpDomain& domain) {
+  add_op<AttnOp>(domain);
+}
+
+}  // namespace fusecli

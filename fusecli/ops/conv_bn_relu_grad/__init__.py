@@ -1,0 +1,1 @@
+"""The fused op ConvBnReluGrad: contract, NumPy reference, kernels and tests."""

@@ -1,0 +1,1 @@
+"""The fused op LayerNormGrad: contract, NumPy reference, kernels and tests."""

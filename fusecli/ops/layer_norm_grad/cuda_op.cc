@@ -1,0 +1,62 @@
+// LayerNormGrad: onnxruntime CUDAExecutionProvider kernel (calls the C launcher in cuda.cu).
+#include "cuda_op_kernel.h"
+#include "op_launchers.h"
+
+namespace fusecli {
+namespace {
+
+struct LnOp;
+struct LnKernel {
+  LnKernel(const OrtKernelInfo* info, const LnOp* op);
+  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
+    return guarded([&] {
+      count_call(kLayerNormGrad);
+      Ort::KernelContext ctx(c);
+      In dy = get_input(ctx, 0), x = get_input(ctx, 1), gamma = get_input(ctx, 2);
+      In mean = get_input(ctx, 3), rstd = get_input(ctx, 4), dr = get_input(ctx, 5);
+      const int64_t rank = static_cast<int64_t>(x.shape.size());
+      const int64_t ax = axis < 0 ? axis + rank : axis;
+      FUSECLI_CHECK(ax >= 0 && ax <= rank, "LayerNormGrad: axis out of range");
+      const int64_t N = prod(x.shape, static_cast<size_t>(ax)), M = prod(x.shape, 0, static_cast<size_t>(ax));
+      FUSECLI_CHECK(dy.numel() == x.numel() && (!gamma.present || gamma.numel() == N) && mean.numel() == M &&
+                        rstd.numel() == M && (!dr.present || dr.numel() == M * N),
+                    "LayerNormGrad: shape mismatch");
+      FUSECLI_CHECK(mean.type == rstd.type && (mean.type == kF32 || (half && mean.type == kF16)),
+                    "LayerNormGrad: mean/inv_std must be float32 (or float16 with float16 data)");
+      const std::vector<int64_t> pshape(x.shape.begin() + ax, x.shape.end());
+      void* dx = opt_out<void>(ctx, 0, x.shape);
+      FUSECLI_CHECK(!dx || gamma.present, "LayerNormGrad: dX is requested but gamma is absent");
+      void* dg = opt_out<void>(ctx, 1, pshape);
+      void* db = opt_out<void>(ctx, 2, pshape);
+      void* s = ctx.GetGPUComputeStream();
+      int err;
+      if (half)
+        err = fusecli_launch_layer_norm_grad_f16(s, dy.data, x.data, gamma.present ? gamma.data : nullptr, mean.data, rstd.data,
+                                                 mean.type == kF16, dr.present ? dr.data : nullptr,
+                                                 dx, dg, db, M, N);
+      else
+        err = fusecli_launch_layer_norm_grad(s, dy.ptr<float>(), x.ptr<float>(),
+                                             gamma.present ? gamma.ptr<float>() : nullptr,
+                                             mean.ptr<float>(), rstd.ptr<float>(),
+                                             dr.present ? dr.ptr<float>() : nullptr,
+                                             static_cast<float*>(dx), static_cast<float*>(dg),
+                                             static_cast<float*>(db), M, N);
+      check_cuda(err, "LayerNormGrad");
+    });
+  }
+  int64_t axis;
+  bool half;
+};
+// no in-place pairs on CUDA: ln_rows_kernel reads dY / dR through __restrict__ pointers
+struct LnOp : SigOp<LnOp, LnKernel, kLayerNormGrad, false> {
+  explicit LnOp(bool half) : SigOp(kCuda, half) {}
+};
+LnKernel::LnKernel(const OrtKernelInfo* info, const LnOp* op) : axis(attr_int(info, "axis", -1)), half(op->half) {}
+
+}  // namespace
+
+void add_layer_norm_grad_cuda_ops(Ort::CustomOpDomain& domain) {
+  add_op<LnOp>(domain);
+}
+
+}  // namespace fusecli

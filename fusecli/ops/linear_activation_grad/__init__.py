@@ -1,0 +1,1 @@
+"""The fused op LinearActivationGrad: contract, NumPy reference, kernels and tests."""

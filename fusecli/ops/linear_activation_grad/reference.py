@@ -1,0 +1,36 @@
+"""NumPy reference of LinearActivationGrad (the oracle for its kernels), following its
+contract.yaml."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx.reference.op_run import OpRun
+
+from ..activation_grad.reference import activation_grad
+from ..reference import _fit, _s
+
+
+def linear_activation_grad(dy, x, a, w=None, activation: str = "relu", trans_w: int = 0,
+                           trans_dw: int | None = None):
+    n = dy.shape[-1]
+    k = a.shape[-1]
+    dz = activation_grad(dy, x, activation).astype(np.float64).reshape(-1, n)
+    a2 = a.astype(np.float64).reshape(-1, k)
+    if w is None:
+        da = None
+    else:
+        w64 = w.astype(np.float64)
+        wnk = w64.T if trans_w else w64  # [N, K]
+        da = (dz @ wnk).reshape(*a.shape[:-1], wnk.shape[1]).astype(a.dtype)
+    dw_nk = dz.T @ a2
+    trans_dw = trans_w if trans_dw is None else trans_dw
+    dw = (dw_nk.T if trans_dw else dw_nk).astype(a.dtype)
+    db = dz.sum(axis=0).astype(dy.dtype)
+    return da, dw, db, dz.reshape(dy.shape).astype(dy.dtype)
+
+
+class Reference(OpRun):
+
+    def _run(self, dy, x, a, w=None, activation=None, trans_w=0, trans_dw=None):
+        return _fit(self, linear_activation_grad(dy, x, a, w, _s(activation), trans_w or 0,
+                                                 trans_dw))
