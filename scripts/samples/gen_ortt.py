@@ -164,7 +164,15 @@ def main_bench(out_dir: Path, which: list[str]) -> None:
             "cross_entropy", f"ortt_cnn at bench size {M.BENCH_CNN}, {hw}x{hw}, batch "
             f"{M.BENCH_CNN_BATCH}", num_classes=CNN.NUM_CLASSES, out_dir=out_dir),
     }
-    run_jobs(jobs, which, lambda: torch.manual_seed(0))
+    # real-size models: only when named
+    rb, rhw = M.REAL_RESNET50_BATCH, M.REAL_RESNET50_HW
+    real = {
+        "ortt_resnet50": lambda: build(
+            "ortt_resnet50", M.ResNet50(), torch.randn(rb, 3, rhw, rhw), "cross_entropy",
+            f"ResNet-50 (plain torch, torchvision layout) on {rhw}x{rhw}, batch {rb}",
+            num_classes=M.ResNet50.NUM_CLASSES, out_dir=out_dir),
+    }
+    run_jobs({**jobs, **real}, which or list(jobs), lambda: torch.manual_seed(0))
 
 
 def main(which: list[str]) -> None:
