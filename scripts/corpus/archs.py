@@ -27,7 +27,6 @@ layer of a network (no dX) still has its backward chain and counts.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 

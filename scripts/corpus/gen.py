@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import io
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
