@@ -10,7 +10,7 @@ VPY := $(VENV)/bin/python
 ORTT_VENV := .venv-ortt
 LIB := fusecli/lib/libfusecli_ops.so
 
-.PHONY: demo test lint venv lib ortt-env samples bench clean
+.PHONY: demo test lint venv lib ortt-env samples corpus bench clean
 
 $(VENV)/.installed: pyproject.toml setup.py scripts/constraints.txt
 	$(PY) -m venv $(VENV)
@@ -42,6 +42,10 @@ test: venv lib ortt-env lint
 
 samples:
 	bash scripts/make_samples.sh
+
+# corpus of real third-party architectures (not part of `make test`; see README "Corpus")
+corpus: venv
+	bash scripts/corpus/make_corpus.sh
 
 bench: venv lib ortt-env
 	$(VPY) -m fusecli.bench.suite --out BENCHMARKS.md

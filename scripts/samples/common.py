@@ -30,6 +30,32 @@ def input_specs(model: onnx.ModelProto) -> list[dict]:
     return out
 
 
+def assign_roles(specs: list[dict], trainable: set[str], frozen: set[str],
+                 data: dict[str, list[int] | None], labels_range: list[int] | None = None) -> None:
+    """Give each input spec its manifest role (see samples/manifest.yaml): the named data
+    inputs (with their integer `range` where given), parameters, frozen parameters, gradient
+    buffers, the lazy_reset_grad flag, integer labels, and the target."""
+    for s in specs:
+        n = s["name"]
+        if n in data:
+            s["role"] = "data"
+            if data[n]:
+                s["range"] = data[n]
+        elif n in trainable:
+            s["role"] = "parameter"
+        elif n in frozen:
+            s["role"] = "frozen_parameter"
+        elif n.endswith(".accumulation.buffer"):
+            s["role"] = "grad_buffer"
+        elif n == "lazy_reset_grad":
+            s["role"] = "flag"
+        elif s["dtype"].startswith("int"):
+            s["role"] = "labels"
+            s["range"] = labels_range
+        else:
+            s["role"] = "target"
+
+
 def write_fragment(name: str, entry: dict) -> None:
     """Each generator writes one JSON fragment per sample; write_manifest.py merges them."""
     BUILD.mkdir(parents=True, exist_ok=True)

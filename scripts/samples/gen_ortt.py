@@ -20,7 +20,7 @@ from onnx import numpy_helper
 from onnxruntime.training import artifacts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SAMPLES, input_specs, run_jobs, write_fragment  # noqa: E402
+from common import SAMPLES, assign_roles, input_specs, run_jobs, write_fragment  # noqa: E402
 import models as M  # noqa: E402
 from models import CNN, MLP, SEQ, D_MODEL, Block  # noqa: E402
 
@@ -60,23 +60,7 @@ def build(name: str, model: torch.nn.Module, x: torch.Tensor, loss: str, desc: s
     specs = input_specs(m)
     names = {s["name"] for s in specs}
     np.savez(dest / f"{name}.params.npz", **{n: v for n, v in values.items() if n in names})
-    for s in specs:
-        n = s["name"]
-        if n == "input":
-            s["role"] = "data"
-        elif n in requires_grad:
-            s["role"] = "parameter"
-        elif n in frozen:
-            s["role"] = "frozen_parameter"
-        elif n.endswith(".accumulation.buffer"):
-            s["role"] = "grad_buffer"
-        elif n == "lazy_reset_grad":
-            s["role"] = "flag"
-        elif s["dtype"].startswith("int"):
-            s["role"] = "labels"
-            s["range"] = [0, num_classes]
-        else:
-            s["role"] = "target"
+    assign_roles(specs, set(requires_grad), set(frozen), {"input": None}, [0, num_classes])
     err = verify(m, model, x, values, specs, loss, num_classes)
     g = m.graph
     entry = {

@@ -49,26 +49,27 @@ def _rename(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
                 n.output[i] = mapping[t]
 
 
-def build(name: str, net: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, desc: str,
-          out_dir: Path | None = None, metadata: bool = True) -> None:
-    """out_dir None: the shipped samples; else a benchmark copy (entry in out_dir/<name>.json).
-    metadata False: drop every node's metadata_props (FX provenance, ~2/3 of the file) to keep
-    the variant samples small; the graph itself is unchanged."""
-    dest = out_dir or SAMPLES
-    mod = MSELossModule(net)
-    gm, sig = aot_export_module(mod, [x, target], trace_joint=True, output_loss_index=0)
+def export_joint(mod: torch.nn.Module, args: list[torch.Tensor], arg_names: list[str],
+                 metadata: bool = True, optimize: bool = True) -> tuple[onnx.ModelProto, dict, set]:
+    """aot_export_module(trace_joint=True) of `mod` (its forward returns (loss,)) on `args`, then
+    torch.onnx.export(dynamo=True, optimize=optimize). Graph inputs are renamed to the parameter
+    and buffer names (without the 'net.' prefix) and `arg_names`, outputs to 'loss' and
+    '<param>_grad'; node metadata loses its stack traces (absolute build paths), or everything
+    with metadata=False (FX provenance, ~2/3 of the file); ir_version 10; checked.
+    Returns (model, {input name: parameter/buffer value}, names of the trainable parameters)."""
+    gm, sig = aot_export_module(mod, list(args), trace_joint=True, output_loss_index=0)
     named = {**dict(mod.named_parameters()), **dict(mod.named_buffers())}
     order = list(sig.parameters) + list(sig.buffers)
-    flat = [named[n].detach().clone() for n in order] + [x, target]
+    flat = [named[n].detach().clone() for n in order] + list(args)
     with tempfile.TemporaryDirectory() as td:
-        prog = torch.onnx.export(gm, tuple(flat), dynamo=True, optimize=True, verbose=False)
+        prog = torch.onnx.export(gm, tuple(flat), dynamo=True, optimize=optimize, verbose=False)
         prog.save(str(Path(td) / "m.onnx"))
         m = onnx.load(str(Path(td) / "m.onnx"))
     g = m.graph
     in_names = [i.name for i in g.input if i.name not in {t.name for t in g.initializer}]
     assert len(in_names) == len(flat), (in_names, len(flat))
     short = [n.removeprefix("net.") for n in order]
-    mapping = dict(zip(in_names, short + ["input", "target"]))
+    mapping = dict(zip(in_names, short + list(arg_names)))
     grads = sig.backward_signature.gradients_to_parameters  # grad output name -> param name
     fx_out = [n for n in sig.user_outputs] + list(grads)
     assert len(g.output) == len(fx_out), ([o.name for o in g.output], fx_out)
@@ -76,7 +77,7 @@ def build(name: str, net: torch.nn.Module, x: torch.Tensor, target: torch.Tensor
     for o, fx in zip(list(g.output)[1:], list(grads)):
         mapping[o.name] = grads[fx].removeprefix("net.") + "_grad"
     _rename(m, mapping)
-    for node in m.graph.node:  # stack traces hold absolute build paths: drop them, keep the rest
+    for node in m.graph.node:
         keep = [(p.key, p.value) for p in node.metadata_props
                 if metadata and p.key != "pkg.torch.onnx.stack_trace"]
         del node.metadata_props[:]
@@ -84,12 +85,22 @@ def build(name: str, net: torch.nn.Module, x: torch.Tensor, target: torch.Tensor
             node.metadata_props.add(key=k, value=v)
     m.ir_version = IR_VERSION
     onnx.checker.check_model(m)
-    onnx.save(m, dest / f"{name}.onnx")
     values = {s: named[n].detach().numpy() for s, n in zip(short, order)}
+    trainable = {n.removeprefix("net.") for n in sig.parameters if named[n].requires_grad}
+    return m, values, trainable
+
+
+def build(name: str, net: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, desc: str,
+          out_dir: Path | None = None, metadata: bool = True) -> None:
+    """out_dir None: the shipped samples; else a benchmark copy (entry in out_dir/<name>.json).
+    metadata False: drop every node's metadata_props to keep the variant samples small."""
+    dest = out_dir or SAMPLES
+    mod = MSELossModule(net)
+    m, values, pnames = export_joint(mod, [x, target], ["input", "target"], metadata)
+    onnx.save(m, dest / f"{name}.onnx")
     np.savez(dest / f"{name}.params.npz", **values)
     err = verify(m, mod, x, target, values)
     specs = input_specs(m)
-    pnames = {n.removeprefix("net.") for n in sig.parameters}
     for s in specs:
         n = s["name"]
         s["role"] = ("data" if n == "input" else "target" if n == "target" else

@@ -73,27 +73,34 @@ def flow(v) -> str:
     return scalar(v)
 
 
+def entry_lines(e: dict, key_order: list[str]) -> list[str]:
+    """One manifest entry as YAML lines under its name: a non-empty dict as a block of
+    `key: flow value` lines, `inputs` as one flow row per line, anything else on one line."""
+    lines = []
+    for k in key_order + sorted(k for k in e if k not in key_order):
+        if k not in e:
+            continue
+        v = e[k]
+        if isinstance(v, dict) and v:
+            lines.append(f"    {k}:")
+            lines += [f"      {scalar(pk)}: {flow(pv)}" for pk, pv in v.items()]
+        elif k == "inputs":
+            lines.append("    inputs:")
+            lines += [f"      - {flow(row)}" for row in v]
+        elif isinstance(v, (list, dict)):
+            lines.append(f"    {k}: {flow(v)}")
+        else:
+            lines.append(f"    {k}: {scalar(v)}")
+    return lines
+
+
 def main() -> int:
     frags = {p.stem: json.loads(p.read_text()) for p in (ROOT / "build/samples").glob("*.json")}
     names = [n for n in ORDER if n in frags] + sorted(n for n in frags if n not in ORDER)
     lines = [HEADER, "samples:"]
     for name in names:
-        e = frags[name]
         lines.append(f"  {name}:")
-        for k in KEY_ORDER + sorted(k for k in e if k not in KEY_ORDER):
-            if k not in e:
-                continue
-            v = e[k]
-            if k == "patterns":
-                lines.append("    patterns:")
-                lines += [f"      {pk}: {pv}" for pk, pv in v.items()]
-            elif k == "inputs":
-                lines.append("    inputs:")
-                lines += [f"      - {flow(row)}" for row in v]
-            elif isinstance(v, (list, dict)):
-                lines.append(f"    {k}: {flow(v)}")
-            else:
-                lines.append(f"    {k}: {scalar(v)}")
+        lines += entry_lines(frags[name], KEY_ORDER)
     (ROOT / "samples/manifest.yaml").write_text("\n".join(lines) + "\n")
     print(f"samples/manifest.yaml: {len(names)} samples")
     return 0

@@ -1,0 +1,373 @@
+"""The corpus architectures: real third-party model classes (transformers, timm, torchvision) at
+tiny random-init configs, and the pattern counts read off each model's own code.
+
+Runs in both corpus generator venvs (build/venv-corpus-ortt, build/venv-corpus-torch).
+Nothing is downloaded: every model is built from a config and initialised from torch's seed.
+
+How the expected counts are derived (derive_counts; never from fusecli's output): the model is
+run once on its example inputs with a forward hook on every module; each hook records the
+module, the tensors it received and the tensor it returned (by identity, tensors kept alive).
+From that dataflow:
+  linear_relu / linear_gelu / linear_silu: an activation MODULE (nn.ReLU; nn.GELU or
+    transformers' GELUActivation / NewGELUActivation / GELUTanh...; nn.SiLU / SiLUActivation)
+    whose input tensor is exactly the output of a Linear-like module (nn.Linear or
+    transformers' Conv1D, the [in, out] addmm Linear of GPT-2). nn.ReLU6, nn.Tanh, Hardswish...
+    are not counted (a Linear followed by Tanh is no linear_gelu).
+  conv_bn_relu: an nn.ReLU whose input is the output of a BatchNorm2d whose input is the output
+    of a Conv2d (a Conv->BN shortcut without ReLU, or Conv->BN->ReLU6, does not count).
+  layernorm: every nn.LayerNorm call.
+  rmsnorm: every call of an RMSNorm module (LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm,
+    T5LayerNorm: x * rsqrt(mean(x^2) + eps) * weight, no mean subtraction, no bias).
+  sdpa: every call of the architecture's attention module (the module that computes
+    softmax(Q K^T [* scale] [+ mask/bias]) V), named per architecture in ATTENTION below.
+A pattern only counts when its backward exists in the training graph: a module whose parameters
+are all frozen AND whose input needs no gradient has no backward (none of the corpus models has
+such a pattern: the ViT patch-embedding conv frozen for torch-joint is no pattern). The first
+layer of a network (no dX) still has its backward chain and counts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+PATTERN_KEYS = ("linear_relu", "linear_gelu", "linear_silu", "sdpa", "conv_bn_relu",
+                "layernorm", "rmsnorm")
+FAMILIES = ("ort-training", "torch-joint")
+BATCH = 2
+
+
+def _tv_nms_workaround() -> None:
+    """torchvision 0.28.0 (the only wheel there is) is a CUDA build: with CPU torch its import
+    dies on "operator torchvision::nms does not exist". Declaring the two schemas first lets
+    the import finish (no corpus model uses them). transformers and timm import torchvision."""
+    lib = torch.library.Library("torchvision", "DEF")  # noqa: F841 (kept alive below)
+    for schema in ("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+                   "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"):
+        try:
+            lib.define(schema)
+        except RuntimeError:
+            pass
+    _KEEP.append(lib)
+
+
+_KEEP: list = []
+_tv_nms_workaround()
+
+
+# --- count derivation ---------------------------------------------------------------------------
+
+def _act_kind(m: nn.Module) -> str | None:
+    name = type(m).__name__
+    if type(m) is nn.ReLU or name == "ReLUActivation":
+        return "relu"
+    if isinstance(m, nn.GELU) or name in ("GELUActivation", "NewGELUActivation", "GELUTanh",
+                                          "FastGELUActivation", "GELUPytorchTanh",
+                                          "PytorchGELUTanh", "QuickGELUActivation"):
+        return "gelu"
+    if isinstance(m, nn.SiLU) or name == "SiLUActivation":
+        return "silu"
+    return None
+
+
+def _is_linear(m: nn.Module) -> bool:
+    return isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"
+
+
+def _is_rmsnorm(m: nn.Module) -> bool:
+    name = type(m).__name__
+    return name.endswith("RMSNorm") or name == "T5LayerNorm"
+
+
+def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...]) -> dict[str, int]:
+    """Pattern counts from the model's own dataflow (see the module docstring). A tensor is
+    identified by (id, _version): one modified in place after a module returned it (timm's
+    `x += shortcut` on the BN output) is no longer that module's output."""
+    calls: list[tuple[nn.Module, list[tuple[int, int]], object]] = []
+    seen_in: dict[int, list[tuple[int, int]]] = {}
+    keep: list[torch.Tensor] = []  # keeps every tensor alive so that ids are not reused
+
+    def pre(mod, args):
+        ts = [a for a in args if isinstance(a, torch.Tensor)]
+        keep.extend(ts)
+        seen_in.setdefault(id(mod), [])
+        seen_in[id(mod)] = [(id(a), a._version) for a in ts]
+
+    def hook(mod, args, out):
+        if isinstance(out, torch.Tensor):
+            keep.append(out)
+            out = (id(out), out._version)
+        calls.append((mod, seen_in.get(id(mod), []), out))
+
+    handles = [h for m in model.modules()
+               for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(hook))]
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    made_by: dict[tuple[int, int], nn.Module] = {}
+    input_of: dict[int, list[tuple[int, int]]] = {}
+    for mod, ins, out in calls:
+        input_of.setdefault(id(mod), ins)
+        if isinstance(out, tuple):
+            made_by.setdefault(out, mod)  # the first (innermost) module that returned it
+    counts = dict.fromkeys(PATTERN_KEYS, 0)
+    for mod, ins, _ in calls:
+        kind = _act_kind(mod)
+        src = made_by.get(ins[0]) if ins else None
+        if kind and src is not None and _is_linear(src):
+            counts[f"linear_{kind}"] += 1
+        if kind == "relu" and isinstance(src, nn.BatchNorm2d):
+            bn_in = input_of.get(id(src), [])
+            if bn_in and isinstance(made_by.get(bn_in[0]), nn.Conv2d):
+                counts["conv_bn_relu"] += 1
+        if isinstance(mod, nn.LayerNorm):
+            counts["layernorm"] += 1
+        if _is_rmsnorm(mod):
+            counts["rmsnorm"] += 1
+        if type(mod).__name__ in attention:
+            counts["sdpa"] += 1
+    return counts
+
+
+# --- the architectures ----------------------------------------------------------------------------
+
+@dataclass
+class Arch:
+    name: str
+    library: str                 # transformers | timm | torchvision
+    description: str
+    build: Callable[[str], nn.Module]          # family -> model (in train mode)
+    inputs: Callable[[], dict[str, torch.Tensor]]  # graph input name -> example tensor
+    attention: tuple[str, ...] = ()
+    families: tuple[str, ...] = FAMILIES
+    input_ranges: dict[str, list[int]] = field(default_factory=dict)  # int inputs: [lo, hi)
+    dropout: bool = False        # the model trains with dropout (random masks, seeded in ONNX)
+    count_notes: str = ""
+
+
+class Wrap(nn.Module):
+    """One tensor out of a library model (its output object, tuple, or a sum of two heads);
+    the positional graph inputs are passed by name (`arg_names`, set from Arch.inputs)."""
+
+    def __init__(self, net: nn.Module, pick: Callable) -> None:
+        super().__init__()
+        self.net = net
+        self._pick = pick
+        self.arg_names: tuple[str, ...] = ()
+
+    def forward(self, *args):
+        return self._pick(self.net(**dict(zip(self.arg_names, args))))
+
+
+def make(arch: "Arch", family: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """The model (train mode) and its example inputs, from torch's current seed."""
+    model = arch.build(family)
+    inputs = arch.inputs()
+    if isinstance(model, Wrap):
+        model.arg_names = tuple(inputs)
+    return model, inputs
+
+
+VOCAB, SEQ, HID, HEADS, FF, LAYERS = 64, 8, 32, 4, 64, 2
+
+
+def _ids() -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.randint(0, VOCAB, (BATCH, SEQ))}
+
+
+def _ids_mask() -> dict[str, torch.Tensor]:
+    mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
+    mask[1, SEQ - 3:] = 0  # the second sequence is padded
+    return {**_ids(), "attention_mask": mask}
+
+
+def _image(hw: int) -> Callable[[], dict[str, torch.Tensor]]:
+    return lambda: {"pixel_values": torch.randn(BATCH, 3, hw, hw)}
+
+
+def _hf(config_cls: str, model_cls: str, pick=lambda o: o[0], **cfg) -> Callable[[str], nn.Module]:
+    def build(family: str) -> nn.Module:
+        import transformers
+
+        config = getattr(transformers, config_cls)(**cfg)
+        config._attn_implementation = "eager"
+        net = getattr(transformers, model_cls)(config)
+        return Wrap(net, pick).train()
+    return build
+
+
+def decoder_model(kind: str, kv_heads: int, layers: int = LAYERS, **extra) -> Callable:
+    """A Llama-family causal decoder (LlamaModel, MistralModel, Qwen2Model...) at the corpus
+    size: hidden 32, 4 query heads, `kv_heads` key/value heads, SwiGLU FF 64."""
+    return _hf(f"{kind}Config", f"{kind}Model", vocab_size=VOCAB, hidden_size=HID,
+               intermediate_size=FF, num_hidden_layers=layers, num_attention_heads=HEADS,
+               num_key_value_heads=kv_heads, max_position_embeddings=16, **extra)
+
+
+def _decoder(name: str, kind: str, kv_heads: int, desc: str, **extra) -> "Arch":
+    return Arch(
+        name, "transformers", f"{kind}Model (causal decoder), 2 layers, hidden 32, 4 heads, "
+        + desc, decoder_model(kind, kv_heads, **extra), _ids, attention=(f"{kind}Attention",),
+        input_ranges={"input_ids": [0, VOCAB]},
+        count_notes=f"rmsnorm 5 = per layer input_layernorm and post_attention_layernorm + "
+        f"norm; sdpa 2 = one {kind}Attention per layer; linear_silu 2 = mlp.gate_proj -> SiLU "
+        "per layer (up_proj is multiplied in afterwards)")
+
+
+def _vit_hf(family: str) -> nn.Module:
+    net = _hf("ViTConfig", "ViTModel", image_size=8, patch_size=4, hidden_size=HID,
+              num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
+              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)(family)
+    net.net.pooler = None
+    if family == "torch-joint":  # conv backward does not export in torch-joint
+        net.net.embeddings.patch_embeddings.projection.requires_grad_(False)
+    return net
+
+
+def _swin(family: str) -> nn.Module:
+    net = _hf("SwinConfig", "SwinModel", image_size=16, patch_size=2, embed_dim=16,
+              depths=[2, 1], num_heads=[2, 4], window_size=4, mlp_ratio=2.0,
+              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+              drop_path_rate=0.0, add_pooling_layer=False)(family)
+    if family == "torch-joint":
+        net.net.embeddings.patch_embeddings.projection.requires_grad_(False)
+    return net
+
+
+def _t5(family: str) -> nn.Module:
+    net = _hf("T5Config", "T5EncoderModel", vocab_size=VOCAB, d_model=HID, d_kv=8, d_ff=FF,
+              num_layers=LAYERS, num_heads=HEADS, dropout_rate=0.0,
+              relative_attention_num_buckets=8, feed_forward_proj="relu")(family)
+    # T5EncoderModel registers its embedding twice (shared, encoder.embed_tokens): aot_export
+    # reports the alias as "a parameter that did not receive a gradient". Keep one name.
+    del net.net.shared
+    return net
+
+
+def _timm_vit(family: str) -> nn.Module:
+    from timm.models.vision_transformer import VisionTransformer
+
+    net = VisionTransformer(img_size=8, patch_size=4, embed_dim=HID, depth=LAYERS,
+                            num_heads=HEADS, mlp_ratio=2.0, num_classes=4)
+    for blk in net.blocks:
+        blk.attn.fused_attn = False  # explicit q*scale @ k^T, softmax, @ v
+    if family == "torch-joint":
+        net.patch_embed.proj.requires_grad_(False)
+    return net.train()
+
+
+def _timm_resnet(family: str) -> nn.Module:
+    from timm.models.resnet import BasicBlock, ResNet
+
+    # the ResNet-18 topology (BasicBlock x [2, 2, 2, 2], 7x7 64-channel stem, max-pool, 1x1
+    # Conv+BN downsample shortcuts) at stage widths 8/16/16/32 instead of 64..512 (44 MB of
+    # weights). zero_init_last=False: timm zero-initialises each block's last BN weight, which
+    # would make every gradient inside the residual branches exactly zero at step 0.
+    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes=4, channels=(8, 16, 16, 32),
+                  zero_init_last=False).train()
+
+
+def _tv_mobilenet(family: str) -> nn.Module:
+    from torchvision.models import MobileNetV2
+
+    setting = [[1, 8, 1, 1], [6, 8, 2, 2], [6, 16, 1, 2]]  # t, c, n, s
+    return MobileNetV2(num_classes=4, width_mult=0.25, inverted_residual_setting=setting,
+                       dropout=0.0).train()
+
+
+ARCHS: dict[str, Arch] = {a.name: a for a in [
+    Arch("bert", "transformers",
+         "BertModel (encoder, post-LN), 2 layers, hidden 32, 4 heads, dropout 0.1 (hidden and "
+         "attention probabilities), padding mask [B,S] -> additive [B,1,1,S], erf-GELU FFN, "
+         "pooler Linear+Tanh (output = last hidden state + pooled vector)",
+         _hf("BertConfig", "BertModel", pick=lambda o: o[0] + o[1][:, None, :],
+             vocab_size=VOCAB, hidden_size=HID, num_hidden_layers=LAYERS,
+             num_attention_heads=HEADS, intermediate_size=FF, max_position_embeddings=16,
+             type_vocab_size=1),
+         _ids_mask, attention=("BertSelfAttention",), dropout=True,
+         count_notes="layernorm 5 = embeddings.LayerNorm + per layer "
+         "attention.output.LayerNorm and "
+         "output.LayerNorm; sdpa 2 = one BertSelfAttention per layer; linear_gelu 2 = "
+         "intermediate.dense -> GELUActivation per layer; pooler dense -> Tanh is none",
+         input_ranges={"input_ids": [0, VOCAB], "attention_mask": [0, 2]}),
+    Arch("distilbert", "transformers",
+         "DistilBertModel, 2 layers, dim 32, 4 heads, no dropout, q / sqrt(dh) before q@k^T, "
+         "padding mask through masked_fill(finfo.min), erf-GELU FFN",
+         _hf("DistilBertConfig", "DistilBertModel", vocab_size=VOCAB, dim=HID, n_layers=LAYERS,
+             n_heads=HEADS, hidden_dim=FF, max_position_embeddings=16, dropout=0.0,
+             attention_dropout=0.0),
+         _ids_mask, attention=("MultiHeadSelfAttention", "DistilBertSelfAttention"),
+         count_notes="layernorm 5 = embeddings.LayerNorm + per layer sa_layer_norm and "
+         "output_layer_norm; sdpa 2 = one attention module per layer; linear_gelu 2 = "
+         "ffn.lin1 -> GELUActivation per layer",
+         input_ranges={"input_ids": [0, VOCAB], "attention_mask": [0, 2]}),
+    Arch("gpt2", "transformers",
+         "GPT2Model (causal decoder), 2 layers, n_embd 32, 4 heads, dropout 0.1 (embd, attn, "
+         "resid), Conv1D [in,out] Linears (addmm), gelu_new (tanh-GELU with pow 3), causal "
+         "where-mask + additive padding mask",
+         _hf("GPT2Config", "GPT2Model", vocab_size=VOCAB, n_positions=16, n_embd=HID,
+             n_layer=LAYERS, n_head=HEADS, n_inner=FF),
+         _ids_mask, attention=("GPT2Attention",), dropout=True,
+         count_notes="layernorm 5 = per layer ln_1 and ln_2 + ln_f; sdpa 2 = one GPT2Attention"
+         " per "
+         "layer; linear_gelu 2 = mlp.c_fc (Conv1D) -> NewGELUActivation per layer",
+         input_ranges={"input_ids": [0, VOCAB], "attention_mask": [0, 2]}),
+    _decoder("llama", "Llama", 2, "2 KV heads (GQA via repeat_kv), RMSNorm, rotary, SwiGLU MLP "
+             "(silu(gate) * up), scores (q@k^T) * scaling"),
+    _decoder("mistral", "Mistral", 1, "ONE KV head (multi-query attention), RMSNorm, SwiGLU "
+             "MLP, scores (q@k^T) * scaling", sliding_window=None),
+    _decoder("qwen2", "Qwen2", 2, "2 KV heads (GQA), q/k/v Linears with bias, RMSNorm, SwiGLU "
+             "MLP, scores (q@k^T) * scaling"),
+    Arch("t5", "transformers",
+         "T5EncoderModel, 2 layers, d_model 32, 4 heads of 8, no dropout, no score scaling, "
+         "learned relative-position bias (layer 0's table, reused by layer 1), T5LayerNorm "
+         "(RMSNorm), ReLU FFN",
+         _t5, _ids, attention=("T5Attention",), input_ranges={"input_ids": [0, VOCAB]},
+         count_notes="rmsnorm 5 = per layer two T5LayerNorm + final_layer_norm; sdpa 2 = one "
+         "T5Attention per layer; linear_relu 2 = DenseReluDense.wi -> ReLU per layer"),
+    Arch("vit", "transformers",
+         "ViTModel, 8x8 image, 4x4 patches (Conv), hidden 32, 2 layers, 4 heads, no mask, "
+         "(q@k^T) * scaling, erf-GELU MLP, pre-LN; torch-joint: patch conv frozen",
+         _vit_hf, _image(8), attention=("ViTSelfAttention",),
+         count_notes="layernorm 5 = per layer layernorm_before and layernorm_after + final "
+         "layernorm; "
+         "sdpa 2 = one ViTSelfAttention per layer; linear_gelu 2 = intermediate.dense -> "
+         "GELUActivation per layer"),
+    Arch("swin", "transformers",
+         "SwinModel, 16x16 image, patch 2, embed 16, depths [2, 1], heads [2, 4], window 4: "
+         "window attention with a learned relative-position bias table, shifted-window "
+         "additive mask, patch merging (LayerNorm + Linear); torch-joint: patch conv frozen",
+         _swin, _image(16), attention=("SwinSelfAttention",),
+         count_notes="layernorm 9 = embeddings.norm + 2 per block x 3 blocks + the patch-"
+         "merging norm "
+         "+ final layernorm; sdpa 3 = one SwinSelfAttention per block; linear_gelu 3 = "
+         "intermediate.dense -> GELUActivation per block"),
+    Arch("timm_vit", "timm",
+         "timm VisionTransformer, 8x8 image, patch 4, dim 32, depth 2, 4 heads, fused_attn off "
+         "(q * scale, q@k^T, softmax, @v), no mask, nn.GELU Mlp, class-token head Linear(32->4)",
+         _timm_vit, _image(8), attention=("Attention",),
+         count_notes="layernorm 5 = per block norm1 and norm2 + final norm; sdpa 2 = one "
+         "Attention per"
+         " block; linear_gelu 2 = mlp.fc1 -> nn.GELU per block; head Linear has no "
+         "activation"),
+    Arch("timm_resnet", "timm",
+         "timm ResNet with the ResNet-18 topology (BasicBlock x [2,2,2,2], 7x7 stem Conv+BN+"
+         "ReLU (64 channels), max-pool, 1x1 Conv+BN downsample shortcuts without ReLU) at stage "
+         "widths 8/16/16/32, "
+         "64x64 image (so that the last stage's BatchNorm still normalises 2x2 x batch values)",
+         _timm_resnet, _image(64), families=("ort-training",),
+         count_notes="conv_bn_relu 9 = stem conv1 -> bn1 -> act1 (first layer, no dX: still a "
+         "chain) + per BasicBlock conv1 -> bn1 -> act1 (8 blocks); conv2 -> bn2 is followed by "
+         "the residual add before act2 and the downsample Conv+BN has no ReLU: not counted"),
+    Arch("tv_mobilenet_v2", "torchvision",
+         "torchvision MobileNetV2 (negative): Conv+BN+ReLU6 blocks, depthwise convs, linear "
+         "bottlenecks (Conv+BN without activation), width 0.25, 3 stages, 16x16 image",
+         _tv_mobilenet, _image(16), families=("ort-training",),
+         count_notes="0 of everything: Conv2dNormActivation uses ReLU6 (not ReLU), the "
+         "projection convs are Conv+BN without activation, the classifier Linear has none"),
+]}

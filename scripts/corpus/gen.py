@@ -1,0 +1,280 @@
+"""Generate corpus training graphs of one family: `gen.py ort-training|torch-joint [ARCH ...]`.
+
+ort-training (build/venv-corpus-ortt): torch.onnx.export (TorchScript, training mode, opset 16,
+no constant folding, fixed shapes) then onnxruntime.training generate_artifacts(MSE, AdamW);
+training_model.onnx is kept as corpus/ortt_<arch>.onnx.
+torch-joint (build/venv-corpus-torch): aot_export_module(trace_joint=True) of (model, MSE loss),
+then torch.onnx.export(dynamo=True); inputs/outputs renamed like samples/ (parameter names,
+'loss', '<param>_grad'); node metadata dropped; corpus/torch_<arch>.onnx.
+Parameter values go to corpus/<graph>.params.npz keyed by graph input name; one JSON fragment per
+graph goes to build/corpus/ (finish.py merges them into corpus/manifest.yaml).
+
+Dropout: random masks differ between two runs unless seeded, so every random node of the
+exported graph (Dropout, RandomUniform(Like), Bernoulli) gets a fixed `seed` attribute; a graph
+with dropout then computes the same thing in every fresh session (what `verify` compares).
+"""
+from __future__ import annotations
+
+import copy
+import io
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "samples"))
+from archs import ARCHS, Arch, decoder_model, derive_counts, make  # noqa: E402
+from common import assign_roles, input_specs  # noqa: E402
+
+ROOT = HERE.parents[1]
+CORPUS = ROOT / "corpus"
+FRAGS = ROOT / "build" / "corpus"
+PREFIX = {"ort-training": "ortt", "torch-joint": "torch"}
+RANDOM_OPS = {"Dropout", "RandomUniform", "RandomUniformLike", "RandomNormal",
+              "RandomNormalLike", "Bernoulli", "BitmaskDropout"}
+
+
+def seed_random_nodes(m: onnx.ModelProto) -> int:
+    n = 0
+    for node in m.graph.node:
+        if node.op_type in RANDOM_OPS:
+            n += 1
+            for a in list(node.attribute):
+                if a.name == "seed":
+                    node.attribute.remove(a)
+            int_seed = node.op_type in ("Dropout", "BitmaskDropout")  # Random*: float seed
+            node.attribute.append(onnx.helper.make_attribute(
+                "seed", 1000 + n if int_seed else float(1000 + n)))
+    return n
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {}
+    for p in ("torch", "transformers", "timm", "torchvision", "onnx", "onnxscript",
+              "onnxruntime", "onnxruntime-training-cpu", "numpy"):
+        try:
+            out[p] = md.version(p)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def _data_inputs(arch: Arch, inputs: dict) -> dict[str, list[int] | None]:
+    return {n: arch.input_ranges.get(n) for n in inputs}
+
+
+# --- ort-training -------------------------------------------------------------------------------
+
+def _mask_without_vmap() -> None:
+    """transformers builds attention masks with torch.vmap, which the TorchScript exporter
+    cannot trace ("unordered_map::at"); its own sdpa_mask_without_vmap builds the same boolean
+    mask with plain indexing (eager_mask turns it into the additive finfo.min mask as before)."""
+    import transformers.masking_utils as mu
+    from transformers.integrations.executorch import sdpa_mask_without_vmap
+
+    mu.sdpa_mask = sdpa_mask_without_vmap
+
+
+def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest: Path,
+               check: bool) -> dict:
+    from onnx import numpy_helper
+    from onnxruntime.training import artifacts
+    from onnxruntime.training.onnxblock import _graph_utils as onnxblock_graph_utils
+
+    if arch.library == "transformers":
+        _mask_without_vmap()
+
+    f = io.BytesIO()
+    torch.onnx.export(model, tuple(inputs.values()), f, input_names=list(inputs),
+                      output_names=["output"], opset_version=16, do_constant_folding=False,
+                      training=torch.onnx.TrainingMode.TRAINING, dynamo=False)
+    fwd = onnx.load_from_string(f.getvalue())
+    named = dict(model.named_parameters())
+    inits = {i.name: i for i in fwd.graph.initializer}
+    trainable = [n for n, p in named.items() if p.requires_grad and n in inits]
+    missing = [n for n, p in named.items() if p.requires_grad and n not in inits]
+    assert not missing, f"{name}: parameters not exported under their names: {missing}"
+    frozen = [n for n in inits if n not in trainable]
+    values = {n: numpy_helper.to_array(inits[n]) for n in inits}
+    # onnxblock names the loss block's tensors from a process-wide counter: reset it so that
+    # a graph comes out the same whether it is built alone or after others
+    onnxblock_graph_utils._GRAPH_TOKEN = 0
+    with tempfile.TemporaryDirectory() as td:
+        artifacts.generate_artifacts(fwd, requires_grad=trainable, frozen_params=frozen,
+                                     loss=artifacts.LossType.MSELoss,
+                                     optimizer=artifacts.OptimType.AdamW, artifact_directory=td)
+        m = onnx.load(Path(td) / "training_model.onnx")
+    n_random = seed_random_nodes(m)
+    onnx.save(m, dest / f"{name}.onnx")
+    specs = input_specs(m)
+    names = {s["name"] for s in specs}
+    kept = {n: v for n, v in values.items() if n in names}
+    np.savez(dest / f"{name}.params.npz", **kept)
+    assign_roles(specs, set(trainable), set(frozen), _data_inputs(arch, inputs))
+    err = _check_ortt(m, model, inputs, kept, specs) if check else None
+    return {"runtime": "onnxruntime-training", "loss_output": m.graph.output[0].name,
+            "inputs": specs, "random_nodes": n_random, "model": m,
+            "max_abs_grad_err_vs_torch": err}
+
+
+def _run_ort(m: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})))
+
+
+def _torch_ref(model, inputs: dict, target: torch.Tensor) -> tuple[float, dict]:
+    model.zero_grad()
+    loss = F.mse_loss(model(*inputs.values()), target)
+    loss.backward()
+    return float(loss), {n: p.grad.numpy() for n, p in model.named_parameters()
+                         if p.requires_grad}
+
+
+def _check_ortt(m, model, inputs, values, specs) -> float:
+    target = torch.randn(model(*inputs.values()).shape)
+    feeds = {**{k: v.numpy() for k, v in inputs.items()}, "target": target.numpy(),
+             "lazy_reset_grad": np.ones([1], np.bool_)}
+    for s in specs:
+        if s["role"] in ("parameter", "frozen_parameter"):
+            feeds[s["name"]] = values[s["name"]].copy()
+        elif s["role"] == "grad_buffer":
+            p = s["name"].removesuffix("_grad.accumulation.buffer")
+            feeds[s["name"]] = np.zeros(values[p].shape, np.float32)
+    out = _run_ort(m, feeds)
+    loss, grads = _torch_ref(model, inputs, target)
+    err = abs(float(out[m.graph.output[0].name]) - loss)
+    for n, g in grads.items():
+        err = max(err, float(np.abs(feeds[f"{n}_grad.accumulation.buffer"] - g).max()))
+    return err
+
+
+# --- torch-joint ------------------------------------------------------------------------------
+
+class MSELoss(torch.nn.Module):
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, *args):
+        *inputs, target = args
+        return (F.mse_loss(self.net(*inputs), target),)
+
+
+def build_torch(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest: Path,
+                check: bool, optimize: bool = True) -> dict:
+    from gen_torch import export_joint
+
+    target = torch.randn(model(*inputs.values()).shape)
+    mod = MSELoss(model)
+    m, values, trainable = export_joint(mod, [*inputs.values(), target], [*inputs, "target"],
+                                        metadata=False, optimize=optimize)
+    n_random = seed_random_nodes(m)
+    onnx.save(m, dest / f"{name}.onnx")
+    np.savez(dest / f"{name}.params.npz", **values)
+    specs = input_specs(m)
+    assign_roles(specs, trainable, set(values) - trainable, _data_inputs(arch, inputs))
+    err = None
+    if check:
+        out = _run_ort(m, {**values, **{k: v.numpy() for k, v in inputs.items()},
+                           "target": target.numpy()})
+        loss, ref = _torch_ref(model, inputs, target)
+        err = abs(float(out["loss"]) - loss)
+        for n, gr in ref.items():
+            err = max(err, float(np.abs(out[n + "_grad"] - gr).max()))
+    return {"runtime": "onnxruntime", "loss_output": "loss", "inputs": specs,
+            "gradient_outputs": [o.name for o in m.graph.output][1:], "random_nodes": n_random,
+            "model": m, "max_abs_grad_err_vs_torch": err}
+
+
+def build(family: str, arch: Arch) -> None:
+    name = f"{PREFIX[family]}_{arch.name}"
+    torch.manual_seed(0)
+    model, inputs = make(arch, family)
+    expected = derive_counts(model, tuple(inputs.values()), arch.attention)
+    builder = build_ortt if family == "ort-training" else build_torch
+    if arch.dropout:
+        # torch and onnxruntime draw different dropout masks: check this exporter path against
+        # torch autograd on a twin whose dropout probabilities are 0 (same graph otherwise)
+        twin = copy.deepcopy(model)
+        for mod in twin.modules():
+            if isinstance(mod, torch.nn.Dropout):
+                mod.p = 0.0
+        with tempfile.TemporaryDirectory() as td:
+            torch.manual_seed(0)
+            err = builder(arch, twin, inputs, name, Path(td), True)["max_abs_grad_err_vs_torch"]
+    torch.manual_seed(0)
+    res = builder(arch, model, inputs, name, CORPUS, not arch.dropout)
+    m = res.pop("model")
+    if not arch.dropout:
+        err = res["max_abs_grad_err_vs_torch"]
+    entry = {
+        "file": f"{name}.onnx", "family": family, "architecture": arch.name,
+        "library": arch.library, "description": arch.description, "loss": "mse",
+        "params": f"{name}.params.npz", "expected": expected,
+        "expected_from": arch.count_notes, "nodes": len(m.graph.node),
+        "ir_version": m.ir_version, "versions": _versions(),
+        **res, "max_abs_grad_err_vs_torch": None if err is None else float(f"{err:.3g}"),
+    }
+    FRAGS.mkdir(parents=True, exist_ok=True)
+    (FRAGS / f"{name}.json").write_text(json.dumps(entry, indent=1))
+    size = (CORPUS / entry["file"]).stat().st_size + (CORPUS / entry["params"]).stat().st_size
+    print(f"{name}: {len(m.graph.node)} nodes, {size // 1024} KB, expected "
+          f"{ {k: v for k, v in expected.items() if v} }, random nodes {res['random_nodes']}, "
+          f"max |grad - torch| = {err if err is None else f'{err:.3g}'}", flush=True)
+
+
+def build_raw(layers: int, dest: Path) -> None:
+    """The optimiser scale check's input (not committed): a Llama-style model of `layers`
+    layers exported raw, torch.onnx.export(dynamo=True, optimize=False), as people export big
+    models (the exporter's optimizer is superlinear): constants stay small constant subgraphs."""
+    torch.manual_seed(0)
+    arch = ARCHS["llama"]
+    model = decoder_model("Llama", 2, layers=layers)("torch-joint")
+    inputs = arch.inputs()
+    model.arg_names = tuple(inputs)
+    dest.mkdir(parents=True, exist_ok=True)
+    name = f"torch_llama_raw_L{layers}"
+    res = build_torch(arch, model, inputs, name, dest, False, optimize=False)
+    print(f"{dest / name}.onnx: {len(res['model'].graph.node)} nodes", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--raw"]:  # gen.py --raw LAYERS [LAYERS ...] (into build/corpus-scale)
+        for n in argv[1:]:
+            build_raw(int(n), ROOT / "build" / "corpus-scale")
+        return 0
+    family, names = argv[0], argv[1:]
+    CORPUS.mkdir(exist_ok=True)
+    failed = []
+    for n in names or [a for a in ARCHS if family in ARCHS[a].families]:
+        arch = ARCHS[n]
+        if family not in arch.families:
+            continue
+        try:
+            build(family, arch)
+        except Exception as exc:  # noqa: BLE001 - report every architecture, fail at the end
+            import traceback
+
+            traceback.print_exc()
+            print(f"{PREFIX[family]}_{n}: FAILED: {type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0] if str(exc) else ''}", flush=True)
+            failed.append(n)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,138 @@
+"""The corpus of real third-party architectures (corpus/, `make corpus`; scripts/corpus/).
+
+For every corpus graph: the fused counts per pattern equal EXACTLY the architecture's counts
+(derived from the model's code at generation) minus the manifest's `known_gaps`; the fused graph
+loads and runs in its runtime wherever the original runs and computes the same outputs
+(`fusecli verify`); every fusion matches its NumPy reference on the original's tensors; and the
+look-alikes that are not patterns (RMSNorm, Linear+Tanh, Conv+BN without ReLU, Conv+BN+ReLU6)
+are left alone.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from conftest import REPO, run_cli
+
+from fusecli import FusionPass
+from fusecli.feeds import load_manifest
+from fusecli.verify import check_fusions
+
+CORPUS = REPO / "corpus"
+MANIFEST = load_manifest(CORPUS / "manifest.yaml")
+PATTERNS = ("linear_relu", "linear_gelu", "linear_silu", "sdpa", "conv_bn_relu", "layernorm",
+            "rmsnorm")
+FUSED_DOMAIN = "com.fusecli"
+
+
+def _param(name: str):
+    return (pytest.param(name, marks=pytest.mark.ortt)
+            if MANIFEST[name]["family"] == "ort-training" else name)
+
+
+NAMES = [_param(n) for n in sorted(MANIFEST)]
+
+
+@pytest.fixture(scope="module")
+def fused(tmp_path_factory):
+    """{graph: (fused path, stats)} from one in-process FusionPass per corpus graph."""
+    out_dir = tmp_path_factory.mktemp("corpus-fused")
+    results = {}
+    for name, e in MANIFEST.items():
+        m = onnx.load(CORPUS / e["file"])
+        fp = FusionPass()
+        fp.run(m)
+        path = out_dir / e["file"]
+        onnx.save(m, path)
+        results[name] = (path, fp.stats)
+    return results
+
+
+def test_corpus_covers_the_architectures_it_promises():
+    archs = {e["architecture"] for e in MANIFEST.values()}
+    assert len(archs) >= 10, sorted(archs)
+    fams = {e["family"] for e in MANIFEST.values()}
+    assert fams == {"ort-training", "torch-joint"}
+    for name, e in MANIFEST.items():
+        assert set(e["expected"]) == set(PATTERNS), name
+        assert (CORPUS / e["file"]).exists() and (CORPUS / e["params"]).exists(), name
+        assert {"torch", e["library"]} <= set(e["versions"]), name
+        for p, gap in e["known_gaps"].items():
+            assert 0 < gap["count"] <= e["expected"][p] and gap["reason"].strip(), (name, p)
+            assert "UNEXPLAINED" not in gap["reason"], (name, p)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fused_counts_are_architecture_counts_minus_known_gaps(name, fused):
+    e = MANIFEST[name]
+    stats = fused[name][1]
+    got = {p: stats.patterns[p].fused if p in stats.patterns else 0 for p in PATTERNS}
+    want = {p: e["expected"][p] - e["known_gaps"].get(p, {}).get("count", 0) for p in PATTERNS}
+    assert got == want
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fused_graph_runs_where_the_original_runs_and_verifies(name, fused):
+    """`fusecli verify` runs the original and the fused graph in the graph's runtime
+    (onnxruntime-training for ort-training, stock onnxruntime for torch-joint) on the same feeds
+    and compares every output and every in-place gradient buffer."""
+    e = MANIFEST[name]
+    proc = run_cli("verify", CORPUS / e["file"], fused[name][0], "--json", timeout=300)
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True
+    assert report["runtime"].startswith(e["runtime"] + " "), report["runtime"]
+    assert report["outputs"], "nothing compared"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_fusion_matches_its_reference(name, fused):
+    stats = fused[name][1]
+    if not stats.fusions:
+        assert stats.total_fused == 0
+        return
+    checks = check_fusions(CORPUS / MANIFEST[name]["file"], stats.fusions, atol=1e-6)
+    assert len(checks) == stats.total_fused
+    bad = [(c.rule, d.name, d.max_abs, d.rel) for c in checks for d in c.outputs if not d.ok]
+    assert not bad
+
+
+def _fused_nodes(path: Path) -> list[onnx.NodeProto]:
+    return [n for n in onnx.load(path).graph.node if n.domain == FUSED_DOMAIN]
+
+
+def _reads(node: onnx.NodeProto, prefix: str) -> bool:
+    return any(prefix in i for i in node.input)
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in sorted(MANIFEST)
+                                  if MANIFEST[n]["expected"]["rmsnorm"]])
+def test_rmsnorm_is_not_layernorm(name, fused):
+    stats = fused[name][1]
+    assert MANIFEST[name]["expected"]["layernorm"] == 0
+    assert stats.patterns["layernorm"].fused == 0
+    assert not [n for n in _fused_nodes(fused[name][0]) if n.op_type == "LayerNormGrad"]
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in sorted(MANIFEST)
+                                  if MANIFEST[n]["architecture"] == "bert"])
+def test_linear_tanh_pooler_is_not_linear_gelu(name, fused):
+    """BERT's pooler is Linear+Tanh: its weight must not feed any fused Linear op."""
+    nodes = _fused_nodes(fused[name][0])
+    assert not [n.name for n in nodes if _reads(n, "pooler.")
+                or any("pooler." in o for o in n.output)]
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in sorted(MANIFEST)
+                                  if MANIFEST[n]["architecture"] in ("timm_resnet",
+                                                                     "tv_mobilenet_v2")])
+def test_conv_bn_without_relu_is_not_conv_bn_relu(name, fused):
+    """ResNet's 1x1 Conv+BN downsample shortcuts and every conv of MobileNetV2 (Conv+BN+ReLU6 or
+    Conv+BN linear bottleneck) are no Conv->BN->ReLU triplet."""
+    nodes = [n for n in _fused_nodes(fused[name][0]) if n.op_type == "ConvBnReluGrad"]
+    assert len(nodes) == fused[name][1].patterns["conv_bn_relu"].fused
+    assert not [n.name for n in nodes if _reads(n, ".downsample.")]
+    if MANIFEST[name]["architecture"] == "tv_mobilenet_v2":
+        assert MANIFEST[name]["expected"]["conv_bn_relu"] == 0 and not nodes
