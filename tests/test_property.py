@@ -81,7 +81,10 @@ def graphs(draw):
             extra_nodes.append(helper.make_node("Neg", [t], [f"d{k}/out"], name=f"d{k}/neg"))
             extra_outputs.append(helper.make_tensor_value_info(f"d{k}/out", _dtype(t), ["n"]))
         elif t not in declared:
-            extra_outputs.append(helper.make_tensor_value_info(t, _dtype(t), ["n"]))
+            # declared with its true rank: a wrong one would rightly make the shape guard
+            # refuse a fused op that writes the tensor (the undeclared 1-D ones: bias grads)
+            rank = 1 if t.rsplit("/", 1)[1] in ("db_raw", "db", "axes0") else 2
+            extra_outputs.append(helper.make_tensor_value_info(t, _dtype(t), ["n", "m"][:rank]))
     m = builders.compose(frags, extra_nodes, extra_outputs)
     expected = {f.anchor: not (set(f.critical) & touched) for f in frags}
     return m, expected
