@@ -15,8 +15,6 @@ count), and its inputs must fit the op (``input_problem``).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 
@@ -187,12 +185,6 @@ def same_shape(a, b) -> bool | None:
     return True if sure else None
 
 
-def _numel(dims):
-    if dims is None or not all(isinstance(d, int) for d in dims):
-        return None
-    return math.prod(dims)
-
-
 _INPUT_CHECKED = {"AttentionGrad"}  # ops whose input shapes input_problem checks
 
 
@@ -213,11 +205,21 @@ def input_problem(op: str, attrs: dict, ins: list, names: list) -> str | None:
         if isinstance(s[axis], int) and isinstance(want, int) and s[axis] != want:
             return (f"AttentionGrad's {label} is {_show(s)}, but P {_show(p)} needs "
                     f"{want} rows/columns there")
-    batch = _numel(p[:-2])
-    for label, s in (("Q", q), ("K", k), ("V", v), ("dO", dO)):
-        if s is not None and batch is not None and _numel(s[:-2]) not in (None, batch):
-            return (f"AttentionGrad's {label} {_show(s)} has other batch dims than P "
-                    f"{_show(p)} (a broadcast the kernel does not do)")
+    # Q and dO share P's batch dims; K's and V's (right-aligned, missing leading dims count as
+    # 1) each equal P's or divide it (grouped / multi-query attention; the op sums the group)
+    pb = p[:-2]
+    for label, s, grouped in (("Q", q, False), ("dO", dO, False), ("K", k, True),
+                              ("V", v, True)):
+        if s is None or len(s) < 2 or len(s) - 2 > len(pb):
+            continue
+        sb = [1] * (len(pb) - (len(s) - 2)) + list(s[:-2])
+        for x, y in zip(sb, pb):
+            if not (isinstance(x, int) and isinstance(y, int)) or x == y:
+                continue
+            if not grouped or x == 0 or y % x:
+                return (f"AttentionGrad's {label} {_show(s)} has batch dims that "
+                        f"{'neither equal nor divide' if grouped else 'differ from'} P's "
+                        f"{_show(p)}")
     return None
 
 

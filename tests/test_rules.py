@@ -384,7 +384,20 @@ def test_multi_query_attention_is_not_fused_into_unsummed_gradients(record_backw
     assert fp.stats.patterns["sdpa"].skipped == {"shape_mismatch": 1}
     misses = explain_model(m, FusionPass(only=["sdpa_ortt_div"]))
     assert [x["reason"] for x in misses] == ["shape_mismatch"]
-    assert "batch dims" in misses[0]["detail"]
+    # the op takes a broadcast K/V (it sums the group), but not into the un-summed tensors
+    assert "would write 'dKt_full'" in misses[0]["detail"]
+
+
+def test_attention_inputs_must_fit_the_op():
+    from fusecli.shapes import input_problem
+
+    p, q = [2, 4, 5, 5], [2, 4, 5, 3]
+    assert input_problem("AttentionGrad", {}, [q, q, [2, 2, 5, 3], [2, 1, 5, 3], p], []) is None
+    assert "neither equal nor divide" in input_problem(
+        "AttentionGrad", {}, [q, q, [2, 3, 5, 3], q, p], [])
+    assert "differ from" in input_problem("AttentionGrad", {}, [q, [2, 1, 5, 3], q, q, p], [])
+    assert "rows/columns" in input_problem("AttentionGrad", {"k_transposed": 1},
+                                           [q, q, [2, 4, 5, 3], q, p], [])
 
 
 def test_output_shape_guard_alone_refuses_unsummed_gradients(monkeypatch):
@@ -398,7 +411,7 @@ def test_output_shape_guard_alone_refuses_unsummed_gradients(monkeypatch):
     assert fp.run(m) == 0
     [skip] = fp.stats.skips
     assert skip.failure.reason == "shape_mismatch"
-    assert "would write 'dKt" in skip.failure.detail or "would write 'dV" in skip.failure.detail
+    assert "would write 'dKt_full'" in skip.failure.detail
 
 
 def test_a_graph_that_would_not_run_is_never_written(monkeypatch, tmp_path, capsys):
