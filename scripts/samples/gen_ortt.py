@@ -199,6 +199,11 @@ def main(which: list[str]) -> None:
             "GPT-2 style MLP [B,4,8] with GELU(approximate='tanh'): Linear(8->32)+GELU(tanh) on "
             "the 3-D input (MatMul), reshape to [B*4,32], Linear(32->8)+GELU(tanh) (2-D: Gemm), "
             "Linear(8->8), reshape back; MSE."),
+        "ortt_llama": lambda: build(
+            "ortt_llama", M.LlamaStack(), torch.randn(2, SEQ, D_MODEL), "mse",
+            "Llama-style pre-norm residual layers [B,8,32] with RMSNorm (x * rsqrt(mean(x^2) + "
+            "1e-6) * weight; ORT fuses it into SimplifiedLayerNormalization): x + Linear(rms(x)) "
+            "twice (the second RMSNorm without weight), final RMSNorm; MSE."),
     }
     run_jobs(jobs, which, lambda: torch.manual_seed(0))
 

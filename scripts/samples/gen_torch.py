@@ -178,6 +178,11 @@ def main(which: list[str]) -> None:
             "Linears: (1) (q@k^T) Div sqrt(4) + additive float causal mask, (2) Div scale + "
             "masked_fill(causal, -inf), (3) q * 4**-0.5 before q@k^T, no mask; MSE; joint graph.",
             metadata=False),
+        "torch_llama": lambda: build(
+            "torch_llama", M.LlamaStack(), torch.randn(2, SEQ, D_MODEL), torch.randn(2, SEQ, D_MODEL),
+            "Llama-style pre-norm residual layers [B=2,8,32] (fixed shapes) with RMSNorm "
+            "(x * rsqrt(mean(x^2) + 1e-6) * weight): x + Linear(rms(x)) twice (the second RMSNorm "
+            "without weight), final RMSNorm; MSE; joint graph.", metadata=False),
     }
     run_jobs(jobs, which, lambda: torch.manual_seed(0))
 

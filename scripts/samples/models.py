@@ -339,3 +339,37 @@ class CNN3(nn.Module):
         x = F.relu(self.bn2(self.conv2(x)))
         x = F.relu(self.bn3(self.conv3(x)))
         return self.head(x.mean(dim=(2, 3)))
+
+
+class RMSNorm(nn.Module):
+    """Llama / Mistral / T5 RMSNorm: x * rsqrt(mean(x^2, -1) + eps), times a weight when
+    `scale` (LlamaRMSNorm / T5LayerNorm); without a weight when not."""
+
+    def __init__(self, d: int, eps: float = 1e-6, scale: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d) + 0.1 * torch.randn(d)) if scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h if self.weight is not None else h
+
+
+class LlamaStack(nn.Module):
+    """Llama-style pre-norm residual layers [B, S=8, D=32] with RMSNorm: two layers
+    x = x + W_l(rms_l(x)) (the second RMSNorm has no weight), then a final RMSNorm with weight
+    (three rmsnorm: two with scale, one without; residual gradients on the first two)."""
+
+    def __init__(self, d: int = D_MODEL) -> None:
+        super().__init__()
+        self.n1 = RMSNorm(d)
+        self.l1 = nn.Linear(d, d)
+        self.n2 = RMSNorm(d, scale=False)
+        self.l2 = nn.Linear(d, d)
+        self.norm = RMSNorm(d)
+        self.PATTERNS = patterns(rmsnorm=3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.l1(self.n1(x))
+        x = x + self.l2(self.n2(x))
+        return self.norm(x)
