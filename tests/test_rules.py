@@ -241,7 +241,7 @@ def test_every_rule_has_guard_fixtures():
     missing = {r.name for r in RULES} - covered
     # rules whose every intermediate sits behind an optional node are covered by the
     # synthetic fixtures below
-    assert missing <= {"layernorm_ortt", "layernorm_torch_params"}, missing
+    assert missing <= {"layernorm_ortt", "layernorm_torch_params", "rmsnorm_ortt"}, missing
 
 
 # --- synthetic variants (bias-free, first layer, no Identity) and exact guard reasons --------

@@ -203,7 +203,7 @@ def main(which: list[str]) -> None:
             "ortt_llama", M.LlamaStack(), torch.randn(2, SEQ, D_MODEL), "mse",
             "Llama-style pre-norm residual layers [B,8,32] with RMSNorm (x * rsqrt(mean(x^2) + "
             "1e-6) * weight; ORT fuses it into SimplifiedLayerNormalization): x + Linear(rms(x)) "
-            "twice (the second RMSNorm without weight), final RMSNorm; MSE."),
+            "three times (the third RMSNorm without weight), final RMSNorm; MSE."),
     }
     run_jobs(jobs, which, lambda: torch.manual_seed(0))
 

@@ -181,8 +181,8 @@ def main(which: list[str]) -> None:
         "torch_llama": lambda: build(
             "torch_llama", M.LlamaStack(), torch.randn(2, SEQ, D_MODEL), torch.randn(2, SEQ, D_MODEL),
             "Llama-style pre-norm residual layers [B=2,8,32] (fixed shapes) with RMSNorm "
-            "(x * rsqrt(mean(x^2) + 1e-6) * weight): x + Linear(rms(x)) twice (the second RMSNorm "
-            "without weight), final RMSNorm; MSE; joint graph.", metadata=False),
+            "(x * rsqrt(mean(x^2) + 1e-6) * weight): x + Linear(rms(x)) three times (the third "
+            "RMSNorm without weight), final RMSNorm; MSE; joint graph.", metadata=False),
     }
     run_jobs(jobs, which, lambda: torch.manual_seed(0))
 

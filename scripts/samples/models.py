@@ -356,20 +356,21 @@ class RMSNorm(nn.Module):
 
 
 class LlamaStack(nn.Module):
-    """Llama-style pre-norm residual layers [B, S=8, D=32] with RMSNorm: two layers
-    x = x + W_l(rms_l(x)) (the second RMSNorm has no weight), then a final RMSNorm with weight
-    (three rmsnorm: two with scale, one without; residual gradients on the first two)."""
+    """Llama-style pre-norm residual layers [B, S=8, D=32] with RMSNorm: three layers
+    x = x + W_l(rms_l(x)) (the third RMSNorm has no weight), then a final RMSNorm with weight.
+    Four rmsnorm: the first over the model input (only its weight needs a gradient), two with a
+    residual gradient (with and without weight), the final one without."""
 
     def __init__(self, d: int = D_MODEL) -> None:
         super().__init__()
-        self.n1 = RMSNorm(d)
-        self.l1 = nn.Linear(d, d)
-        self.n2 = RMSNorm(d, scale=False)
-        self.l2 = nn.Linear(d, d)
+        self.n1, self.l1 = RMSNorm(d), nn.Linear(d, d)
+        self.n2, self.l2 = RMSNorm(d), nn.Linear(d, d)
+        self.n3, self.l3 = RMSNorm(d, scale=False), nn.Linear(d, d)
         self.norm = RMSNorm(d)
-        self.PATTERNS = patterns(rmsnorm=3)
+        self.PATTERNS = patterns(rmsnorm=4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.l1(self.n1(x))
         x = x + self.l2(self.n2(x))
+        x = x + self.l3(self.n3(x))
         return self.norm(x)
