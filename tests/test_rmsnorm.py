@@ -29,13 +29,15 @@ def _fused(model, rules=None):
 
 
 @pytest.mark.parametrize("sample,rules", [
-    ("ortt_llama", {"rmsnorm_ortt": 3, "rmsnorm_ortt_noscale": 1}),
-    ("torch_llama", {"rmsnorm_torch": 2, "rmsnorm_torch_noscale": 1, "rmsnorm_torch_params": 1})])
+    ("ortt_llama", {"rmsnorm_ortt": 4, "rmsnorm_ortt_noscale": 2}),
+    ("torch_llama", {"rmsnorm_torch": 2, "rmsnorm_torch_noscale": 1, "rmsnorm_torch_params": 1,
+                     "rmsnorm_torch_div": 1, "rmsnorm_torch_div_noscale": 1})])
 def test_llama_samples_fuse_every_rmsnorm(sample, rules):
-    """Four RMSNorms per sample (scaled over the model input, scaled + residual, unscaled +
-    residual, final scaled): each fused once, by the rule of its spelling."""
+    """Six RMSNorms per sample (rsqrt with weight over the model input; with a residual
+    gradient rsqrt with and without weight, x / sqrt(...) with and without weight; final with
+    weight): each fused once, by the rule of its spelling."""
     fp, counts = _fused(onnx.load(SAMPLES / f"{sample}.onnx"))
-    assert counts == {"rmsnorm": 4}
+    assert counts == {"rmsnorm": 6}
     assert {k: v for k, v in ((r, fp.stats.rules[r].fused) for r in fp.stats.rules) if v} == rules
 
 
@@ -44,11 +46,12 @@ def test_ortt_noscale_captures_the_forward_epsilon():
     FusionPass().run(m)
     nodes = [n for n in m.graph.node if n.op_type == "RMSNormGrad"]
     unscaled = [n for n in nodes if len(n.input) < 4 or not n.input[3]]
-    assert len(unscaled) == 1 and unscaled[0].input[2] == ""
-    eps = {a.name: helper.get_attribute_value(a) for a in unscaled[0].attribute}["epsilon"]
-    assert eps == pytest.approx(1e-6, rel=1e-6)
-    # the residual gradient (the Sum's third term) is folded in
-    assert len(unscaled[0].input) == 5 and unscaled[0].input[4]
+    assert len(unscaled) == 2 and all(n.input[2] == "" for n in unscaled)
+    for n in unscaled:
+        eps = {a.name: helper.get_attribute_value(a) for a in n.attribute}["epsilon"]
+        assert eps == pytest.approx(1e-6, rel=1e-6)
+        # the residual gradient (the Sum's third term) is folded in
+        assert len(n.input) == 5 and n.input[4]
 
 
 @pytest.mark.parametrize("sample", ["ortt_block", "torch_block", "ortt_block_mul",
@@ -79,7 +82,7 @@ def test_rmsnorm_ortt_residual_guard():
     assert any(len(f.node.input) == 5 and f.node.input[4] for f in with_sum)  # folded normally
     m.graph.output.append(helper.make_tensor_value_info(dx, onnx.TensorProto.FLOAT, None))
     fp, counts = _fused(m, rules)
-    assert counts == {"rmsnorm": 3}
+    assert counts == {"rmsnorm": 4}
     assert any(dx in f.node.output for f in fp.stats.fusions)
     assert any(n.op_type == "Sum" and dx in n.input for n in m.graph.node)
 
@@ -100,25 +103,25 @@ def test_torch_rule_without_expand_and_pow1():
                         c.input[k] = n.input[0]
             g.node.remove(n)
             removed[n.op_type] += 1
-    assert removed == {"Expand": 3, "Pow": 3}  # the three RMSNorms with a dX
+    assert removed == {"Expand": 5, "Pow": 5}  # the five RMSNorms with a dX
     _, counts = _fused(m)
-    assert counts == {"rmsnorm": 4}
+    assert counts == {"rmsnorm": 6}
 
 
 def test_json_and_ci_gate_know_rmsnorm(tmp_path):
     src = SAMPLES / "torch_llama.onnx"
     d = json.loads(run_cli("optimize", src, "-o", tmp_path / "a.onnx", "--json").stdout)
     assert list(d["patterns"])[:len(CANONICAL_PATTERNS)] == list(CANONICAL_PATTERNS)
-    assert "rmsnorm" in CANONICAL_PATTERNS and d["patterns"]["rmsnorm"]["fused"] == 4
+    assert "rmsnorm" in CANONICAL_PATTERNS and d["patterns"]["rmsnorm"]["fused"] == 6
     assert d["rules"]["rmsnorm_torch"] == {"pattern": "rmsnorm", "detected": 2, "fused": 2}
     exp = tmp_path / "exp.yaml"
-    exp.write_text("rmsnorm: 4\n")
+    exp.write_text("rmsnorm: 6\n")
     run_cli("optimize", src, "-o", tmp_path / "b.onnx", "--expect", exp, "-q")
-    exp.write_text("rmsnorm: 5\n")
+    exp.write_text("rmsnorm: 7\n")
     proc = run_cli("optimize", src, "-o", tmp_path / "c.onnx", "--expect", exp, "-q", check_rc=3)
-    assert "rmsnorm: fused 4, expected at least 5" in proc.stderr
+    assert "rmsnorm: fused 6, expected at least 7" in proc.stderr
     base = tmp_path / "base.json"
     base.write_text(json.dumps(d))
     proc = run_cli("optimize", src, "-o", tmp_path / "d.onnx", "--baseline", base, "-q",
                    "--skip", "rmsnorm", check_rc=3)
-    assert "rmsnorm: fused 0, baseline had 4" in proc.stderr
+    assert "rmsnorm: fused 0, baseline had 6" in proc.stderr

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 BENCH_SAMPLES = REPO / "build" / "bench-samples"
 WORKDIR = REPO / "build" / "bench"
 SAMPLE_NAMES = ["ortt_mlp", "ortt_block", "ortt_block_mul", "ortt_block_sdpa", "ortt_cnn",
-                "torch_mlp", "torch_block"]
+                "ortt_llama", "torch_mlp", "torch_block", "torch_llama"]
 # per-op comparisons run at least --runs interleaved pairs and keep going for this long, so a
 # 0.1 ms op gets hundreds of samples instead of 20 (medians of 20 had 10-50% interquartile range)
 OP_MIN_TIME_S = 2.0

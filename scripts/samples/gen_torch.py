@@ -147,6 +147,9 @@ def main_bench(out_dir: Path, which: list[str]) -> None:
             "torch_block", Block("mul", **M.BENCH_BLOCK), torch.randn(B, S, D),
             torch.randn(B, S, D), f"torch_block at bench size {M.BENCH_BLOCK}, batch {B}",
             out_dir=out_dir),
+        "torch_llama": lambda: build(
+            "torch_llama", M.LlamaStack(D), torch.randn(B, S, D), torch.randn(B, S, D),
+            f"torch_llama at bench size d={D}, seq {S}, batch {B}", out_dir=out_dir),
     }
     run_jobs(jobs, which, lambda: torch.manual_seed(0))
 
@@ -181,8 +184,9 @@ def main(which: list[str]) -> None:
         "torch_llama": lambda: build(
             "torch_llama", M.LlamaStack(), torch.randn(2, SEQ, D_MODEL), torch.randn(2, SEQ, D_MODEL),
             "Llama-style pre-norm residual layers [B=2,8,32] (fixed shapes) with RMSNorm "
-            "(x * rsqrt(mean(x^2) + 1e-6) * weight): x + Linear(rms(x)) three times (the third "
-            "RMSNorm without weight), final RMSNorm; MSE; joint graph.", metadata=False),
+            "(x * rsqrt(mean(x^2) + 1e-6) * weight): x + Linear(rms(x)) five times (rsqrt with "
+            "weight over the input; rsqrt with and without weight, x / sqrt(...) with and without "
+            "weight), final RMSNorm; MSE; joint graph.", metadata=False),
     }
     run_jobs(jobs, which, lambda: torch.manual_seed(0))
 

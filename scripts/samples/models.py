@@ -343,34 +343,36 @@ class CNN3(nn.Module):
 
 class RMSNorm(nn.Module):
     """Llama / Mistral / T5 RMSNorm: x * rsqrt(mean(x^2, -1) + eps), times a weight when
-    `scale` (LlamaRMSNorm / T5LayerNorm); without a weight when not."""
+    `scale` (LlamaRMSNorm / T5LayerNorm); without a weight when not. `div`: written
+    x / sqrt(mean(x^2) + eps) instead (another backward spelling)."""
 
-    def __init__(self, d: int, eps: float = 1e-6, scale: bool = True) -> None:
+    def __init__(self, d: int, eps: float = 1e-6, scale: bool = True, div: bool = False) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.div = eps, div
         self.weight = nn.Parameter(torch.ones(d) + 0.1 * torch.randn(d)) if scale else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        v = x.pow(2).mean(-1, keepdim=True) + self.eps
+        h = x / torch.sqrt(v) if self.div else x * torch.rsqrt(v)
         return self.weight * h if self.weight is not None else h
 
 
 class LlamaStack(nn.Module):
-    """Llama-style pre-norm residual layers [B, S=8, D=32] with RMSNorm: three layers
-    x = x + W_l(rms_l(x)) (the third RMSNorm has no weight), then a final RMSNorm with weight.
-    Four rmsnorm: the first over the model input (only its weight needs a gradient), two with a
-    residual gradient (with and without weight), the final one without."""
+    """Llama-style pre-norm residual layers [B, S=8, D=32] with RMSNorm: five layers
+    x = x + W_l(rms_l(x)), then a final RMSNorm with weight. Six rmsnorm: the first over the
+    model input (only its weight needs a gradient); with a residual gradient: rsqrt with and
+    without weight, x / sqrt(...) with and without weight; the final one without."""
 
     def __init__(self, d: int = D_MODEL) -> None:
         super().__init__()
-        self.n1, self.l1 = RMSNorm(d), nn.Linear(d, d)
-        self.n2, self.l2 = RMSNorm(d), nn.Linear(d, d)
-        self.n3, self.l3 = RMSNorm(d, scale=False), nn.Linear(d, d)
+        norms = [RMSNorm(d), RMSNorm(d), RMSNorm(d, scale=False), RMSNorm(d, div=True),
+                 RMSNorm(d, scale=False, div=True)]
+        self.norms = nn.ModuleList(norms)
+        self.lins = nn.ModuleList(nn.Linear(d, d) for _ in norms)
         self.norm = RMSNorm(d)
-        self.PATTERNS = patterns(rmsnorm=4)
+        self.PATTERNS = patterns(rmsnorm=len(norms) + 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.l1(self.n1(x))
-        x = x + self.l2(self.n2(x))
-        x = x + self.l3(self.n3(x))
+        for n, lin in zip(self.norms, self.lins):
+            x = x + lin(n(x))
         return self.norm(x)
