@@ -37,22 +37,6 @@ void LnKernel::Compute(OrtKernelContext* c) {
   else Run<float>(ctx);
 }
 
-static inline float stat_at(const In& t, int64_t i) {
-  if (t.type == kF32) return t.ptr<float>()[i];
-  return static_cast<float>(t.ptr<Ort::Float16_t>()[i]);
-}
-
-template <typename T>
-static inline const float* row_as_float(const T* p, float* buf, int64_t n) {
-  if constexpr (std::is_same<T, float>::value) {
-    (void)buf; (void)n;
-    return p;
-  } else {
-    half_to_float(p, buf, n);
-    return buf;
-  }
-}
-
 #if defined(__AVX512F__)
 // One float32 row of LayerNormGrad in two sweeps over L1-resident data: (1) xhat, g = dY gamma,
 // the row sums c1 / c2 and the dGamma / dBeta partials; (2) dX, written with non-temporal stores

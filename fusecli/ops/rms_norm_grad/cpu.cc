@@ -38,22 +38,6 @@ void RmsKernel::Compute(OrtKernelContext* c) {
   else Run<float>(ctx);
 }
 
-static inline float stat_at(const In& t, int64_t i) {
-  if (t.type == kF32) return t.ptr<float>()[i];
-  return static_cast<float>(t.ptr<Ort::Float16_t>()[i]);
-}
-
-template <typename T>
-static inline const float* row_as_float(const T* p, float* buf, int64_t n) {
-  if constexpr (std::is_same<T, float>::value) {
-    (void)buf; (void)n;
-    return p;
-  } else {
-    half_to_float(p, buf, n);
-    return buf;
-  }
-}
-
 #if defined(__AVX512F__)
 // 1/sqrt(mean(x^2) + eps) of one float32 row (when the graph does not save it).
 static float inv_rms_avx512(const float* x, int64_t N, float eps) {
