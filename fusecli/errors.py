@@ -8,6 +8,7 @@ EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_EXPECTATION = 3
 EXIT_INTERNAL = 4
+EXIT_INCONCLUSIVE = 5  # `verify` could not judge (see README's exit-code table)
 
 
 class FuseError(Exception):
@@ -28,3 +29,9 @@ class RuleError(FuseError):
 
 class ModelError(FuseError):
     """The model file cannot be used as given."""
+
+
+class CheckFailed(FuseError):
+    """A check found the fused model at fault (e.g. it does not run where the original does)."""
+
+    exit_code = EXIT_CHECK_FAILED

@@ -1,14 +1,19 @@
 """Run one ONNX model once in onnxruntime (standalone: numpy + onnxruntime + stdlib only).
 
-usage: python fusecli/runtime_worker.py --model M.onnx --feeds feeds.npz --out out.npz
-           [--library custom_ops.so] [--opt-level disable|basic|extended|all]
-           [--threads N] [--profile DIR] [--repeat N]
+usage: python fusecli/runtime_worker.py --model M.onnx --feeds feeds.npz [--feeds more.npz ...]
+           --out out.npz [--library custom_ops.so] [--opt-level disable|basic|extended|all]
+           [--threads N] [--deterministic] [--profile DIR] [--repeat N]
 
 Runs under the main venv (onnxruntime) and under .venv-ortt (onnxruntime-training), which is
 why it must not import the fusecli package. Writes to --out every graph output under its name
 and, for every fed input, its value AFTER the run under 'fed/<input name>' (onnxruntime-training
-writes gradients in place into the fed '*accumulation.buffer' arrays). Prints one JSON line on
-stdout ({"runtime": ..., ...}); on error prints one line to stderr and exits 2.
+writes gradients in place into the fed '*accumulation.buffer' arrays). Each further --feeds file
+is run in a FRESH session of the same model (so seeded random ops draw what they drew in the
+first run) and its results are written under 'run<k>/<name>' (k = 1, 2, ...).
+--deterministic: one intra-op thread and onnxruntime's use_deterministic_compute, so that a run
+does not depend on thread scheduling (e.g. the multi-threaded ScatterND of embedding gradients).
+Prints one JSON line on stdout ({"runtime": ..., ...}); on error prints one line to stderr and
+exits 2.
 """
 from __future__ import annotations
 
@@ -42,9 +47,14 @@ def _runtime_name(ort) -> str:
 
 
 def session_options(ort, opt_level: str = "disable", threads: int = 0, library: str | None = None,
-                    profile: str | None = None, spinning: bool = False, arena: bool = True):
-    """SessionOptions shared by the run and bench workers (idle spinning off unless asked)."""
+                    profile: str | None = None, spinning: bool = False, arena: bool = True,
+                    deterministic: bool = False):
+    """SessionOptions shared by the run and bench workers (idle spinning off unless asked).
+    ``deterministic``: one intra-op thread and use_deterministic_compute."""
     so = ort.SessionOptions()
+    if deterministic:
+        threads = 1
+        so.use_deterministic_compute = True
     spin = "1" if spinning else "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", spin)
     so.add_session_config_entry("session.inter_op.allow_spinning", spin)
@@ -97,11 +107,14 @@ def report_error(prog: str, exc: BaseException) -> int:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--feeds", required=True, help=".npz keyed by graph input name")
+    ap.add_argument("--feeds", required=True, action="append",
+                    help=".npz keyed by graph input name (repeatable: one fresh session each)")
     ap.add_argument("--out", required=True, help=".npz to write")
     ap.add_argument("--library", default=None, help="custom-op shared library to register")
     ap.add_argument("--opt-level", default="disable", choices=OPT_LEVELS)
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = ORT default)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="one intra-op thread and use_deterministic_compute")
     ap.add_argument("--profile", default=None, metavar="DIR", help="enable profiling into DIR")
     ap.add_argument("--repeat", type=int, default=0, help="time N extra runs (fresh feeds each)")
     return ap.parse_args(argv)
@@ -114,9 +127,15 @@ def main(argv: list[str] | None = None) -> int:
         import onnxruntime as ort
 
         runtime = _runtime_name(ort)
-        so = session_options(ort, args.opt_level, args.threads, args.library, args.profile)
-        sess = ort.InferenceSession(args.model, sess_options=so, providers=["CPUExecutionProvider"])
-        loaded = load_feeds(args.feeds)
+
+        def session():
+            so = session_options(ort, args.opt_level, args.threads, args.library, args.profile,
+                                 deterministic=args.deterministic)
+            return ort.InferenceSession(args.model, sess_options=so,
+                                        providers=["CPUExecutionProvider"])
+
+        sess = session()
+        loaded = load_feeds(args.feeds[0])
         names = input_names(sess, loaded)
         # contiguous, writable arrays: ort-training writes gradients into them in place
         feeds = {n: np.require(loaded[n], requirements=["C", "W"]).copy() for n in names}
@@ -128,6 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         result = {n: np.asarray(v) for n, v in zip(out_names, outs)}
         for n, v in feeds.items():
             result[f"fed/{n}"] = v
+        for k, path in enumerate(args.feeds[1:], start=1):
+            more = load_feeds(path)
+            fresh = {n: np.require(more[n], requirements=["C", "W"]).copy()
+                     for n in input_names(sess, more)}
+            for n, v in zip(out_names, session().run(out_names, fresh)):
+                result[f"run{k}/{n}"] = np.asarray(v)
+            for n, v in fresh.items():
+                result[f"run{k}/fed/{n}"] = v
         times = []
         for _ in range(max(args.repeat, 0)):
             fresh = {n: loaded[n].copy() for n in names}  # the buffers must start from the feed
@@ -138,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             result["__times_ms__"] = np.asarray(times, dtype=np.float64)
         info = {"runtime": runtime, "model": args.model, "opt_level": args.opt_level,
                 "library": args.library, "outputs": len(out_names),
+                "deterministic": bool(args.deterministic),
                 "first_run_ms": round(first_ms, 3)}
         if times:
             info["median_ms"] = round(float(np.median(times)), 3)

@@ -14,7 +14,7 @@ from fusecli import FusionPass
 from fusecli.bench import bench
 from fusecli.bench.deepgraph import FAMILIES, deep_graph
 
-KEYS = {"original", "fused", "speedup", "runtime", "threads", "runs"}
+KEYS = {"original", "fused", "speedup", "runtime", "threads", "runs", "feeds"}
 PART_KEYS = {"median_ms", "min_ms", "max_ms", "peak_bytes"}
 
 

@@ -3,7 +3,10 @@
 Both models run in ONE process of the model's runtime (onnxruntime, or onnxruntime-training from
 ``.venv-ortt``; chosen like ``fusecli verify``) through ``fusecli/bench_worker.py``: same
 SessionOptions (intra-op spinning off, ORT_ENABLE_ALL, ``--threads`` intra-op threads), same
-feeds (``fusecli.feeds.make_feeds``; in-place gradient buffers re-copied before every run),
+feeds (``fusecli.feeds.plan_feeds``, as ``fusecli verify`` makes them: ``--feeds FILE.npz``, a
+sample's parameters, else realistic values recognised from the graph - fan-in scaled weights,
+norm scales 1, biases 0, ids and labels in range, causal/padding masks; in-place gradient
+buffers re-copied before every run),
 ``--warmup`` runs each, then ``--runs`` iterations in alternating order (A B, B A, ...).
 Reported: median/min/max per model, the spread, speed-up = original median / fused median, and
 the peak memory of one run of each model measured in a fresh process (see bench_worker.py).
@@ -40,14 +43,16 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
               entry: dict | None = None, seed: int = 0, peak_memory: bool = True,
               profile_dir: str | None = None, opt_level: str = "all",
               feeds: dict[str, np.ndarray] | None = None, timeout: float | None = None,
-              min_time_s: float = 0.0) -> dict:
+              min_time_s: float = 0.0, feeds_file: str | os.PathLike | None = None) -> dict:
     """Run bench_worker.py on (original, fused); return its JSON plus 'python'.
 
     ``entry``: a manifest-style entry for make_feeds (default: the shipped sample's entry, if
-    ``original`` is one). ``feeds`` overrides the generated feeds entirely. ``min_time_s``: keep
-    iterating past ``runs`` until that much time has passed (short ops get more samples).
+    ``original`` is one). ``feeds`` overrides the generated feeds entirely; ``feeds_file`` (an
+    .npz keyed by input name) gives some or all of them. ``min_time_s``: keep iterating past
+    ``runs`` until that much time has passed (short ops get more samples). The result's
+    'feeds' maps each input to the policy that fed it.
     """
-    from ..feeds import make_feeds
+    from ..feeds import plan_feeds, read_feeds_file
     from ..library import LibraryNotBuilt, library_path
     from ..modelio import load_model
     from ..verify import manifest_entry_for, needs_training_runtime, pick_runtime, worker_error
@@ -71,11 +76,15 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
         except LibraryNotBuilt as exc:
             raise FuseError(f"{exc}") from None
     if feeds is None:
+        given = read_feeds_file(feeds_file, orig) if feeds_file else None
         try:
-            feeds = make_feeds(orig, entry if entry is not None else manifest_entry_for(original),
-                               seed=seed, dims=dims)
+            plan = plan_feeds(orig, entry if entry is not None else manifest_entry_for(original),
+                              seed=seed, dims=dims, given=given)
         except (FileNotFoundError, NotImplementedError, ValueError) as exc:
             raise FuseError(f"cannot build feeds for {original}: {exc}") from None
+        feeds, policy, lines = plan.feeds, plan.policy, plan.lines()
+    else:
+        policy, lines = {k: "given" for k in feeds}, ["given: " + ", ".join(feeds)]
     with tempfile.TemporaryDirectory(prefix="fusecli-bench-") as tmp:
         fpath = Path(tmp) / "feeds.npz"
         np.savez(fpath, **feeds)
@@ -102,6 +111,7 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
     except (ValueError, IndexError):
         raise FuseError("bench worker printed no result (see its stderr)") from None
     res["python"] = python
+    res["feeds"], res["feed_lines"] = policy, lines
     return res
 
 
@@ -115,7 +125,8 @@ def summary(res: dict) -> dict:
     a, b = part(res["a"]), part(res["b"])
     speedup = a["median_ms"] / b["median_ms"] if b["median_ms"] > 0 else float("inf")
     return {"original": a, "fused": b, "speedup": float(speedup), "runtime": str(res["runtime"]),
-            "threads": int(res["threads"]), "runs": int(res["runs"])}
+            "threads": int(res["threads"]), "runs": int(res["runs"]),
+            "feeds": dict(res.get("feeds", {}))}
 
 
 def _mib(v) -> str:
@@ -135,8 +146,11 @@ def _mib(v) -> str:
                    "`fusecli verify`).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
               help="Value of a symbolic input dimension (repeatable), e.g. --dim batch=4.")
+@click.option("--feeds", "feeds_file", type=click.Path(path_type=Path),
+              help="NumPy .npz of arrays keyed by graph input name; inputs it lacks are "
+                   "generated as `fusecli verify` generates them.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def bench(original, fused, runs, warmup, threads, runtime_python, dims, as_json):
+def bench(original, fused, runs, warmup, threads, runtime_python, dims, feeds_file, as_json):
     """Time FUSED against ORIGINAL on the same feeds, interleaved, in one process.
 
     Prints median/min/max per model, the spread, the speed-up (original median / fused median)
@@ -144,13 +158,14 @@ def bench(original, fused, runs, warmup, threads, runtime_python, dims, as_json)
     only fair comparison on small machines.
     """
     res = run_bench(original, fused, runs=runs, warmup=warmup, threads=threads,
-                    runtime_python=runtime_python, dims=parse_dims(dims))
+                    runtime_python=runtime_python, dims=parse_dims(dims), feeds_file=feeds_file)
     s = summary(res)
     if as_json:
         click.echo(json.dumps(s))
         return
     click.echo(f"{s['runtime']}, {s['threads']} intra-op threads, spinning off, "
                f"{warmup} warm-up + {s['runs']} interleaved runs each")
+    click.echo("feeds: " + "; ".join(res["feed_lines"]))
     click.echo(f"{'model':<9} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'spread':>8} "
                f"{'peak memory':>12}")
     for key, path in (("original", original), ("fused", fused)):
