@@ -4,6 +4,10 @@
 
 #include "op_kernel.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace fusecli {
 
 // ---- activations --------------------------------------------------------------------------
@@ -31,5 +35,25 @@ inline float stat_at(const In& t, int64_t i) {
   if (t.type == kF32) return t.ptr<float>()[i];
   return static_cast<float>(t.ptr<Ort::Float16_t>()[i]);
 }
+
+#if defined(__AVX512F__)
+// dx[0, n) = value(j, mask) per 16-float chunk (mask: the lanes inside the row), with
+// non-temporal stores when `stream` (large outputs: no read-for-ownership of dx's lines) and dx
+// is 64-byte aligned. The norms' second sweep.
+template <typename F>
+inline void store_row_avx512(float* dx, int64_t n, bool stream, F value) {
+  const bool nt = stream && (reinterpret_cast<uintptr_t>(dx) % 64 == 0);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 o = value(j, static_cast<__mmask16>(0xFFFF));
+    if (nt) _mm512_stream_ps(dx + j, o);
+    else _mm512_storeu_ps(dx + j, o);
+  }
+  if (j < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - j)) - 1u);
+    _mm512_mask_storeu_ps(dx + j, tail, value(j, tail));
+  }
+}
+#endif
 
 }  // namespace fusecli

@@ -2,10 +2,6 @@
 #include <cmath>
 #include <memory>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "cpu_activation.h"
 #include "cpu_eigen.h"
 #include "cpu_threads.h"
@@ -74,22 +70,14 @@ static void rms_row_avx512(const float* d, const float* x, const float* gm, cons
   if (j < N) sweep1(j, tail);
   if (!dx) return;
   const __m512 c1 = _mm512_set1_ps(_mm512_reduce_add_ps(s1) / static_cast<float>(N));
-  const bool nt = stream && (reinterpret_cast<uintptr_t>(dx) % 64 == 0);
-  auto value = [&](int64_t jj, __mmask16 m) {
+  store_row_avx512(dx, N, stream, [&](int64_t jj, __mmask16 m) {
     const __m512 xh = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + jj), vrs);
     const __m512 vd = _mm512_maskz_loadu_ps(m, d + jj);
     const __m512 g = gm ? _mm512_mul_ps(vd, _mm512_maskz_loadu_ps(m, gm + jj)) : vd;
     __m512 o = _mm512_mul_ps(vrs, _mm512_fnmadd_ps(xh, c1, g));
     if (dr) o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(m, dr + jj));
     return o;
-  };
-  j = 0;
-  for (; j + 16 <= N; j += 16) {
-    const __m512 o = value(j, 0xFFFF);
-    if (nt) _mm512_stream_ps(dx + j, o);
-    else _mm512_storeu_ps(dx + j, o);
-  }
-  if (j < N) _mm512_mask_storeu_ps(dx + j, tail, value(j, tail));
+  });
 }
 #endif
 

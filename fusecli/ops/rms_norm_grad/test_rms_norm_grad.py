@@ -190,3 +190,14 @@ def test_rms_norm_grad_dx_in_place(dead, expect):
     for g, r, nm in zip(got, _ref(ins), ["dX", "dGamma"]):
         assert_close(g, r, what=nm)
     assert (calls, inplace) == (1, expect)
+
+
+@pytest.mark.parametrize("n", [2048, 2049])
+def test_rms_norm_grad_large_rows_stream_stores(n):
+    """dX over 16 MiB takes the non-temporal store path (aligned rows at n = 2048; mostly
+    unaligned rows at n = 2049 fall back to plain stores)."""
+    rng = _rng("rms-large", n)
+    ins = _rms_inputs(rng, (2050, n), -1, F32, with_dr=True)
+    got = run_fused("RMSNormGrad", list(ins.items()), [("dX", F32), ("dGamma", F32)], epsilon=EPS)
+    for g, r, nm in zip(got, _ref(ins), ["dX", "dGamma"]):
+        assert_close(g, r, what=nm)
