@@ -33,6 +33,7 @@ class Port:
     any_float: bool = False  # an input that is float32 or float16 whatever the op's type
     like: tuple[str, ...] = ()  # an output's type rules (see domain.yaml)
     inplace_over: tuple[str, ...] = ()  # inputs whose buffer this output may reuse
+    type: str = ""  # an input's element type when it is not the op's float type ("bool")
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,8 @@ def _as_tuple(v) -> tuple:
 def _ports(items) -> tuple[Port, ...]:
     return tuple(Port(p["name"], bool(p.get("optional", False)), p.get("doc", ""),
                       bool(p.get("workspace", False)), bool(p.get("any_float", False)),
-                      _as_tuple(p.get("like")), _as_tuple(p.get("inplace_over")))
+                      _as_tuple(p.get("like")), _as_tuple(p.get("inplace_over")),
+                      str(p.get("type", "")))
                  for p in items)
 
 

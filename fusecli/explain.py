@@ -1,4 +1,11 @@
-"""Why did a rule not fuse? The deepest partial match and the exact failing constraint."""
+"""Why did a rule not fuse? The deepest partial match and the exact failing constraint.
+
+Explaining is not part of the fusion pass: the model (a copy) is first fused as ``optimize``
+would fuse it with every rule up to the explained ones in application order, so that earlier
+stages (e.g. the activation-gradient rules before the Linear rules that match on their fused
+op) have applied; then each explained rule is tried at every node of its anchor's op type, in
+any domain, and every attempt that does not fuse reports its deepest failure.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +14,46 @@ from collections.abc import Iterable
 
 import onnx
 
-from .fusion import FusionPass
+from .fusion import FusionPass, Skip
+from .graph import GraphIndex
+from .matcher import Matcher
+
+
+def _misses(model: onnx.ModelProto, fp: FusionPass) -> list[Skip]:
+    if not fp.rules:
+        return []
+    last = max((r.order, r.name) for r in fp.rules)
+    stages = FusionPass(rules=[r for r in fp.all_rules if (r.order, r.name) <= last],
+                        kernels=fp.kernels)
+    fused = copy.deepcopy(model)
+    stages.run(fused)
+    index = GraphIndex(fused.graph)
+    out = []
+    for rule in fp.rules:
+        matcher = Matcher(index, rule)
+        anchors = [n for op in rule.anchor.ops for d in index.domains()
+                   for n in index.candidates(op, d)]
+        for anchor in sorted(anchors, key=lambda n: n.key):
+            res = matcher.match_at(anchor)
+            fp.check_kernel(res)
+            failure = res.guard_failure or res.deepest
+            if res.match is None and failure is not None:
+                out.append(Skip(rule.name, rule.pattern, anchor.name, failure,
+                                res.node_failures))
+    return out
 
 
 def explain_model(model: onnx.ModelProto, fp: FusionPass, node_names: Iterable[str] = (),
                   include_shallow: bool = False) -> list[dict]:
-    """Run ``fp`` on a copy of ``model`` in explain mode and return its near misses.
+    """The near misses of ``fp``'s rules on ``model`` (which is not modified).
 
     A near miss is an attempt that bound at least one rule node (or, with
     ``include_shallow``, any attempt whose anchor had the right op type) and did not fuse.
     ``node_names`` keeps only attempts whose anchor or bound nodes include one of them.
     """
-    fp.explain = True
-    fp.run(copy.deepcopy(model))
     wanted = set(node_names)
     out = []
-    for skip in fp.misses.values():
+    for skip in _misses(model, fp):
         f = skip.failure
         if wanted:
             # the attempt's own failure when it involves a wanted node, else the reason a

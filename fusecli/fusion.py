@@ -14,11 +14,19 @@ import onnx
 from onnx import helper
 
 from .contracts import FUSED_DOMAIN, infer_output_types, load_contracts
+from .errors import EXIT_INTERNAL, FuseError
 from .graph import GNode, GraphIndex
-from .matcher import Failure, Match, Matcher
-from .rules import CANONICAL_PATTERNS, CONST_FUNCS, Rule, load_rules
+from .matcher import Failure, Match, Matcher, MatchResult
+from .rules import CANONICAL_PATTERNS, Rule, load_rules
+from .shapes import fusion_problem
 
 MAX_ROUNDS = 16
+
+
+class FusionError(FuseError):
+    """The pass produced a graph that would not run (a bug): nothing is written, exit 4."""
+
+    exit_code = EXIT_INTERNAL
 # A fused node's doc_string names its rule and the nodes it replaced: "fusecli rule R: a, b"
 DOC_PREFIX = "fusecli rule "
 
@@ -137,7 +145,7 @@ class FusionPass:
     """
 
     def __init__(self, rules=None, only: Iterable[str] = (), skip: Iterable[str] = (),
-                 progress: Callable[[str], None] | None = None, explain: bool = False,
+                 progress: Callable[[str], None] | None = None,
                  kernels: Iterable[str] | None = None):
         if rules is None or all(not isinstance(r, Rule) for r in rules):
             rules = load_rules(rules)
@@ -147,10 +155,6 @@ class FusionPass:
                       if (not only or r.pattern in only or r.name in only)
                       and r.pattern not in skip and r.name not in skip]
         self.progress = progress
-        # explain: also try anchors of the right op type in other domains, and keep the
-        # deepest failure of every attempt that did not fuse (self.misses)
-        self.explain = explain
-        self.misses: dict[tuple[str, int], Skip] = {}
         # fused ops that have a kernel for the chosen execution provider (None: all of them);
         # a match whose fused op has none is skipped with reason missing_kernel
         self.kernels = None if kernels is None else set(kernels)
@@ -159,7 +163,6 @@ class FusionPass:
     # -- public ----------------------------------------------------------------------------
     def run(self, model: onnx.ModelProto) -> int:
         self.stats = stats = Stats(self.all_rules)
-        self.misses = {}
         graph = model.graph
         stats.nodes_before = len(graph.node)
         index = GraphIndex(graph)
@@ -173,8 +176,7 @@ class FusionPass:
             touched: set[int] = set()
             for rule in self.rules:
                 spec = rule.anchor
-                domains = spec.domains if not self.explain else index.domains()
-                anchors = [n for op in spec.ops for d in domains
+                anchors = [n for op in spec.ops for d in spec.alt(op).domains
                            for n in index.candidates(op, d)]
                 anchors.sort(key=lambda n: n.key)
                 matcher = Matcher(index, rule)
@@ -187,24 +189,12 @@ class FusionPass:
                         detected.add(k)
                         stats.rules[rule.name].detected += 1
                         stats.patterns[rule.pattern].detected += 1
-                    if res.match is not None and self.kernels is not None \
-                            and rule.replace.op not in self.kernels:
-                        res.guard_failure = Failure(
-                            len(res.match.nodes), {k: n.name for k, n in res.match.nodes.items()},
-                            None, "missing_kernel",
-                            f"{rule.replace.op} has no kernel for the chosen execution provider")
-                        res.match = None
+                    self.check_kernel(res)
                     if res.match is None:
                         if res.structural and res.guard_failure is not None:
                             skipped[k] = (rule, res.guard_failure)
-                        if self.explain:
-                            failure = res.guard_failure or res.deepest
-                            if failure is not None:
-                                self.misses[k] = Skip(rule.name, rule.pattern, anchor.name,
-                                                      failure, res.node_failures)
                         continue
                     skipped.pop(k, None)
-                    self.misses.pop(k, None)
                     fused = self._apply(index, res.match, credit, stats, sizes, removed_inputs)
                     touched.update(self._neighbourhood(index, fused))
             if not touched:
@@ -214,6 +204,7 @@ class FusionPass:
             ps = stats.patterns[rule.pattern]
             ps.skipped[failure.reason] = ps.skipped.get(failure.reason, 0) + 1
             stats.skips.append(Skip(rule.name, rule.pattern, index.nodes[uid].name, failure))
+        self._check_fused(index, credit)
         stats.fusions = list(credit.values())  # fusions that survive in the output graph
         for rec in stats.fusions:
             stats.patterns[rec.pattern].fused += 1
@@ -221,6 +212,27 @@ class FusionPass:
             self._write_back(model, index, removed_inputs)
         stats.nodes_after = len(graph.node)
         return stats.total_fused
+
+    def check_kernel(self, res: MatchResult) -> None:
+        """Turn a match whose fused op has no kernel for the chosen provider into a skip."""
+        m = res.match
+        if m is not None and self.kernels is not None and m.rule.replace.op not in self.kernels:
+            res.guard_failure = Failure(
+                len(m.nodes), {k: n.name for k, n in m.nodes.items()}, None, "missing_kernel",
+                f"{m.rule.replace.op} has no kernel for the chosen execution provider")
+            res.match = None
+
+    @staticmethod
+    def _check_fused(index: GraphIndex, credit: dict[int, FusionRecord]) -> None:
+        """Last line of defence before anything is written: every fused node's inputs must fit
+        its op and its outputs must have the shapes of the tensors they replace (where shapes
+        are known or inferable). The match guard checks this too; a failure here is a bug."""
+        for rec in credit.values():
+            why = fusion_problem(index.shapes, rec.node, set(rec.node.output))
+            if why:
+                raise FusionError(f"internal: fused node {rec.fused_node} (rule {rec.rule}) "
+                                  f"would not run: {why}; nothing was written. Please report "
+                                  f"this; --skip {rec.rule} avoids it")
 
     # -- rewriting -------------------------------------------------------------------------
     @staticmethod
@@ -238,35 +250,18 @@ class FusionPass:
     def _apply(self, index: GraphIndex, m: Match, credit, stats: Stats, sizes,
                removed_inputs: set[str]) -> GNode:
         rule = m.rule
-        rep = rule.replace
-        ins = [m.tensors.get(v, "") if v else "" for v in rep.inputs]
-        outs = [m.tensors.get(v, "") if v else "" for v in rep.outputs]
-        while ins and ins[-1] == "":
-            ins.pop()
-        while outs and outs[-1] == "":
-            outs.pop()
-        attrs = {}
-        for name, spec in rep.attrs.items():
-            if spec[0] == "literal":
-                attrs[name] = spec[1]
-            elif spec[0] == "attr":
-                attrs[name] = m.captures[spec[1]]
-            elif spec[0] == "if_matched":
-                attrs[name] = spec[2] if spec[1] in m.bound else spec[3]
-            else:
-                value = float(np.asarray(index.const_value(m.tensors[spec[1]])).reshape(-1)[0])
-                attrs[name] = float(CONST_FUNCS[spec[2]](value))
+        proto = m.proto  # ports and attributes, made by the matcher
         ordered = sorted(m.nodes.values(), key=lambda n: n.key)
         first = ordered[0]
         name = index.unique_name(f"{first.proto.name or first.op}/fused_{rule.pattern}")
-        for i, port in enumerate(load_contracts().ops[rep.op].outputs):
+        outs = proto.output
+        for i, port in enumerate(load_contracts().ops[rule.replace.op].outputs):
             if port.workspace and (i >= len(outs) or not outs[i]):
-                outs += [""] * (i + 1 - len(outs))
+                outs.extend([""] * (i + 1 - len(outs)))
                 outs[i] = index.unique_tensor_name(f"{name}/{port.name}")
         replaced = [n.name for n in ordered]
-        proto = helper.make_node(rep.op, ins, outs, name=name, domain=rep.domain,
-                                 doc_string=f"{DOC_PREFIX}{rule.name}: " + ", ".join(replaced),
-                                 **attrs)
+        proto.name = name
+        proto.doc_string = f"{DOC_PREFIX}{rule.name}: " + ", ".join(replaced)
         for n in ordered:
             index.remove_node(n)
             removed_inputs.update(t for t in n.inputs if t)
@@ -292,12 +287,19 @@ class FusionPass:
     @staticmethod
     def _write_back(model: onnx.ModelProto, index: GraphIndex, removed_inputs: set[str]) -> None:
         graph = model.graph
-        # Constant nodes whose only consumers were fused away are dead now.
-        for t in removed_inputs:
-            p = index.producer.get(t)
-            if (p is not None and p.op == "Constant" and not index.consumers.get(t)
-                    and t not in index.graph_outputs):
-                index.remove_node(p)
+        # Nodes that computed a constant (a Constant node or a constant subgraph) whose only
+        # consumers were fused away are dead now, and so, in turn, are their constant inputs.
+        work = list(removed_inputs)
+        while work:
+            p = index.producer.get(work.pop())
+            if (p is None or not p.alive or p.domain != "" or p.implicit
+                    or any(index.consumers.get(o) or o in index.graph_outputs
+                           for o in p.outputs if o)
+                    or any(index.const_value(o) is None for o in p.outputs if o)):
+                continue
+            index.remove_node(p)
+            work.extend(t for t in p.inputs if t)
+            removed_inputs.update(t for t in p.inputs if t)
         alive = index.alive_nodes()
         used = {t for n in alive for t in n.inputs + n.implicit if t} | index.graph_outputs
         produced = {t for n in alive for t in n.outputs if t}

@@ -13,6 +13,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from . import constfold
+
 
 class GNode:
     __slots__ = ("uid", "proto", "op", "domain", "inputs", "outputs", "key", "alive", "_attrs",
@@ -82,6 +84,7 @@ class GraphIndex:
         self.tensor_names: set[str] = set()  # given out by unique_tensor_name
         self._const_cache: dict[str, np.ndarray | None] = {}
         self._types: dict[str, onnx.TypeProto] | None = None
+        self._shapes = None
         for i, proto in enumerate(graph.node):
             self._add(proto, float(i))
 
@@ -131,21 +134,44 @@ class GraphIndex:
         return list(self.by_op.get((domain, op), {}).values())
 
     def const_value(self, name: str) -> np.ndarray | None:
-        """Value of a tensor that is a constant (initializer or Constant node), else None."""
-        if name in self._const_cache:
-            return self._const_cache[name]
-        value = None
-        if name in self.initializers and name not in self.graph_inputs:
-            t = self.initializers[name]
-            # weights left on disk (external data, not loaded) are never constants to check
-            if t.data_location != onnx.TensorProto.EXTERNAL:
-                value = numpy_helper.to_array(t)
-        else:
-            prod = self.producer.get(name)
-            if prod is not None and prod.op == "Constant" and prod.domain == "":
-                value = _constant_node_value(prod)
-        self._const_cache[name] = value
-        return value
+        """Value of a tensor computed only from constants, else None.
+
+        Initializers (not also graph inputs), ``Constant`` nodes and every tensor that a
+        foldable standard op (see ``constfold.FOLDABLE``) computes from constants count. The
+        value is computed lazily, once per tensor (memoised), without changing the graph. A
+        broadcast (Expand, ConstantOfShape) of a small value stays a zero-copy broadcast view,
+        however large its shape; other results above ``constfold.MAX_ELEMENTS`` elements are
+        not computed (None).
+        """
+        cache = self._const_cache
+
+        def step(t):
+            if t in self.initializers and t not in self.graph_inputs:
+                init = self.initializers[t]
+                # weights left on disk (external data, not loaded) are never constants to check
+                cache[t] = (numpy_helper.to_array(init)
+                            if init.data_location != onnx.TensorProto.EXTERNAL else None)
+                return None
+            prod = self.producer.get(t)
+            pending = None if prod is None else constfold.pending_input(prod, cache)
+            if pending:
+                return pending
+            values = constfold.evaluate(prod, cache, self.shape) if pending == "" else None
+            for i, out in enumerate(prod.outputs if prod is not None else ()):
+                if out:
+                    cache[out] = values[i] if values is not None and i < len(values) else None
+            return None
+
+        return memoised(name, cache, step)
+
+    @property
+    def shapes(self):
+        """The graph's ShapeOracle (recorded or inferred shapes), created on first use."""
+        if self._shapes is None:
+            from .shapes import ShapeOracle
+
+            self._shapes = ShapeOracle(self)
+        return self._shapes
 
     def type_of(self, name: str) -> onnx.TypeProto | None:
         """The recorded tensor type (element type and shape, symbolic dims kept) of a tensor,
@@ -180,6 +206,25 @@ class GraphIndex:
         return _fresh(base, taken, self.tensor_names)
 
 
+def memoised(name: str, cache: dict, step):
+    """The value of ``name`` in ``cache``, computed over producers without recursion (graphs
+    are deep): ``step(t)`` either names a tensor whose value must be computed first, or stores
+    what it can into ``cache`` and returns None (t itself then defaults to None)."""
+    stack = [name]
+    while stack:
+        t = stack[-1]
+        if t in cache:
+            stack.pop()
+            continue
+        need = step(t)
+        if need:
+            stack.append(need)
+        else:
+            stack.pop()
+            cache.setdefault(t, None)
+    return cache[name]
+
+
 def _fresh(base: str, taken, reserve: set[str]) -> str:
     """base, else base_2, base_3, ...: the first name `taken` does not claim; added to `reserve`."""
     name, i = base, 1
@@ -188,14 +233,3 @@ def _fresh(base: str, taken, reserve: set[str]) -> str:
         name = f"{base}_{i}"
     reserve.add(name)
     return name
-
-
-def _constant_node_value(node: GNode) -> np.ndarray | None:
-    for key, v in node.attrs.items():
-        if key == "value":
-            return numpy_helper.to_array(v)
-        if key in ("value_float", "value_int"):
-            return np.asarray(v)
-        if key in ("value_floats", "value_ints"):
-            return np.asarray(list(v))
-    return None

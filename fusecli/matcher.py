@@ -16,13 +16,12 @@ import onnx
 from onnx import defs
 
 from .contracts import load_contracts
+from .constfold import compact
 from .graph import GNode, GraphIndex
-from .rules import AttrConstraint, NodeSpec, Rule, var_name
+from .shapes import fusion_problem
+from .rules import COMMUTATIVE_OPS, CONST_FUNCS, AttrConstraint, NodeSpec, Rule, var_name
 
-# Guard failures: the pattern matched structurally but fusing would be unsafe.
-GUARD_REASONS = ("intermediate_consumed_outside", "intermediate_is_graph_output",
-                 "missing_required_input", "would_create_cycle")
-
+VALUE_KEY = "$value:"  # captures[VALUE_KEY + var]: how var's constant enters (a CONST_FUNCS name)
 
 @dataclass
 class Failure:
@@ -47,6 +46,7 @@ class Match:
     key: float = 0.0
     intermediates: list[str] = field(default_factory=list)
     bound: frozenset = frozenset()       # every rule node id bound, kept context included
+    proto: onnx.NodeProto | None = None  # the fused node (ports and attributes; unnamed)
 
 
 @dataclass
@@ -154,31 +154,77 @@ def _kind_matches(arr: np.ndarray, kind: str, data_shape=None) -> tuple[bool, st
 def const_matches(value: np.ndarray | None, want, tol: float, kind: str | None = None,
                   data_shape=None) -> tuple[bool, str]:
     if value is None:
-        return False, "is not a constant (initializer or Constant node)"
+        return False, ("is not a constant (not an initializer, Constant node or a tensor "
+                       "computed only from them)")
+    value = np.asarray(value)
     if kind is not None:
-        return _kind_matches(np.asarray(value), kind, data_shape)
-    arr = np.asarray(value)
-    if arr.dtype.kind not in "biuf":
-        return False, f"is a constant of dtype {arr.dtype}, rule wants a number"
-    arr = arr.astype(np.float64)
+        small = compact(value)
+        # a broadcast of one number (Expand, ConstantOfShape) is that number
+        broadcast_scalar = small.size == 1 and value.size > 1
+        return _kind_matches(small.reshape(()) if broadcast_scalar else value, kind, data_shape)
+    if value.dtype.kind not in "biuf":
+        return False, f"is a constant of dtype {value.dtype}, rule wants a number"
     target = np.asarray(want, dtype=np.float64)
     if target.ndim == 0:
+        arr = compact(value).astype(np.float64)
         if arr.size == 0:
             return False, "is an empty constant"
         ok = bool(np.all(np.abs(arr - target) <= tol + tol * abs(float(target))))
     else:
+        arr = value.astype(np.float64) if value.size == target.size else compact(value)
         ok = arr.size == target.size and bool(
             np.all(np.abs(arr.reshape(-1) - target.reshape(-1)) <= tol + tol * np.abs(target)))
     shown = arr.reshape(-1)[:4].tolist()
     return ok, f"has value {shown}{'...' if arr.size > 4 else ''}, rule wants {want}"
 
 
+def _const_attr(index: GraphIndex, m: Match, var: str, fn: str, default):
+    tensor = m.tensors.get(var)
+    if not tensor:
+        return float(default)
+    value = float(np.asarray(index.const_value(tensor)).flat[0])
+    value = CONST_FUNCS[m.captures.get(VALUE_KEY + var, "identity")](value)
+    return float(CONST_FUNCS[fn](value))
+
+
+def replacement_attrs(index: GraphIndex, m: Match) -> dict:
+    """The fused node's attributes: literals, captured attributes, ``if_matched`` choices and
+    values of scalar constants (as the matched op spelling enters them, e.g. the reciprocal of
+    a Div's divisor, then the rule's ``fn``; the rule's ``default`` when the constant's optional
+    node is absent)."""
+    attrs = {}
+    for name, spec in m.rule.replace.attrs.items():
+        if spec[0] == "literal":
+            attrs[name] = spec[1]
+        elif spec[0] == "attr":
+            attrs[name] = m.captures[spec[1]]
+        elif spec[0] == "if_matched":
+            attrs[name] = spec[2] if spec[1] in m.bound else spec[3]
+        else:
+            attrs[name] = _const_attr(index, m, spec[1], spec[2], spec[3])
+    return attrs
+
+
+def replacement_ports(m: Match) -> tuple[list[str], list[str]]:
+    """The fused node's input and output tensor names ("" = absent, trailing ones dropped)."""
+    rep = m.rule.replace
+    ins = [m.tensors.get(v, "") if v else "" for v in rep.inputs]
+    outs = [m.tensors.get(v, "") if v else "" for v in rep.outputs]
+    while ins and ins[-1] == "":
+        ins.pop()
+    while outs and outs[-1] == "":
+        outs.pop()
+    return ins, outs
+
+
 class Matcher:
     """Matches one rule against a GraphIndex."""
 
-    def __init__(self, index: GraphIndex, rule: Rule):
+    def __init__(self, index: GraphIndex, rule: Rule, check_shapes: bool = True):
         self.g = index
         self.rule = rule
+        # False only for rule drafts, whose replacement ports are placeholders
+        self.check_shapes = check_shapes
 
     # -- public -----------------------------------------------------------------------------
     def match_at(self, anchor: GNode) -> MatchResult:
@@ -299,15 +345,19 @@ class Matcher:
             self._fail(depth, nodes, spec.id, "op_type",
                        f"node {node.name} is {node.op}, rule wants {'|'.join(spec.ops)}", node)
             return
-        if node.domain not in spec.domains:
+        alt = spec.alt(node.op)
+        domains = alt.domains
+        if node.domain not in domains:
             self._fail(depth, nodes, spec.id, "domain",
                        f"node {node.name} is in domain '{node.domain or 'ai.onnx'}', rule wants "
-                       f"{[d or 'ai.onnx' for d in spec.domains]}", node)
+                       f"{[d or 'ai.onnx' for d in domains]}", node)
             return
         if any(n is node for n in nodes.values()):
             return
         caps = dict(captures)
-        for name, c in spec.attrs.items():
+        for var, fn in alt.value.items():
+            caps[VALUE_KEY + var] = fn
+        for name, c in ({**spec.attrs, **alt.attrs} if alt.attrs else spec.attrs).items():
             ok, value, detail = check_attr(node, name, c)
             if not ok:
                 self._fail(depth, nodes, spec.id, "attribute", f"node {node.name}: {detail}", node)
@@ -326,7 +376,8 @@ class Matcher:
         # outputs the rule does not list are intermediates: the guards check them
         n_out = len(spec.outputs)
         outs = (list(node.outputs) + [""] * n_out)[:n_out]
-        orders = ([tuple(range(n_in))] if not spec.commutative else
+        orders = ([tuple(range(n_in))] if not (spec.commutative and node.op in COMMUTATIVE_OPS)
+                  else
                   ([(0, 1) + tuple(range(2, n_in)), (1, 0) + tuple(range(2, n_in))]
                    if n_in <= 2 or node.op != "Sum" else
                    list(itertools.permutations(range(n_in)))))
@@ -337,12 +388,13 @@ class Matcher:
                 continue
             seen.add(ins)
             t2 = dict(tensors)
-            ok = self._bind_ports(depth, nodes, spec, node, spec.inputs, ins, t2, "input")
-            ok = ok and self._bind_ports(depth, nodes, spec, node, spec.outputs, outs, t2, "output")
+            ok = self._bind_ports(depth, nodes, spec, node, spec.inputs, ins, t2, "input", caps)
+            ok = ok and self._bind_ports(depth, nodes, spec, node, spec.outputs, outs, t2, "output",
+                                         caps)
             if ok:
                 yield t2, caps
 
-    def _bind_ports(self, depth, nodes, spec, node, tokens, actual, t2, kind) -> bool:
+    def _bind_ports(self, depth, nodes, spec, node, tokens, actual, t2, kind, caps) -> bool:
         for pos, (tok, name) in enumerate(zip(tokens, actual)):
             if tok == "_":
                 continue
@@ -361,8 +413,13 @@ class Matcher:
             ts = self.rule.tensors.get(v)
             if ts is not None and name:
                 data_shape = self.g.shape(actual[0]) if kind == "input" and pos else None
-                ok, detail = const_matches(self.g.const_value(name), ts.const, ts.tol,
-                                           ts.kind, data_shape)
+                value = self.g.const_value(name)
+                fn = caps.get(VALUE_KEY + v)
+                if value is not None and fn is not None and fn != "identity":
+                    value = CONST_FUNCS[fn](compact(np.asarray(value)).astype(np.float64))
+                ok, detail = const_matches(value, ts.const, ts.tol, ts.kind, data_shape)
+                if fn not in (None, "identity"):
+                    detail = f"(as {fn} of its value, {node.op} spelling) {detail}"
                 if not ok:
                     self._fail(depth, nodes, spec.id, "constant",
                                f"node {node.name} {kind} {pos} '{name}' ({v}) {detail}", node)
@@ -420,7 +477,17 @@ class Matcher:
                                "an input of the fused op is produced after one of its outputs is "
                                "consumed; fusing would create a cycle")
         inter = sorted({t for n in removed.values() for t in n.outputs if t and t not in rep_out})
-        return Match(rule, removed, dict(tensors), dict(captures), key, inter, frozenset(nodes))
+        match = Match(rule, removed, dict(tensors), dict(captures), key, inter, frozenset(nodes))
+        ins, outs = replacement_ports(match)
+        match.proto = proto = onnx.helper.make_node(
+            rule.replace.op, ins, outs, domain=rule.replace.domain,
+            **replacement_attrs(self.g, match))
+        if not self.check_shapes:
+            return match
+        why = fusion_problem(self.g.shapes, proto, set(rep_out))
+        if why:
+            return self._guard(nodes, "shape_mismatch", why)
+        return match
 
     def _guard(self, nodes, reason, detail):
         f = Failure(len(nodes), {k: n.name for k, n in nodes.items()}, None, reason, detail)

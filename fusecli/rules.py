@@ -6,11 +6,11 @@ reports the file, the line where known, and what is wrong.
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from .contracts import load_contracts
@@ -21,19 +21,28 @@ DEFAULT_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _VAR_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\*?$")
+# functions of a constant's value (elementwise, on floats or float arrays)
 CONST_FUNCS = {
     "identity": lambda x: x,
     "reciprocal": lambda x: 1.0 / x,
-    "sqrt": math.sqrt,
-    "rsqrt": lambda x: 1.0 / math.sqrt(x),
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
     "negate": lambda x: -x,
 }
 _ATTR_CONSTRAINT_KEYS = {"equals", "one_of", "absent_or", "absent", "capture"}
 _NODE_KEYS = {"id", "op", "domain", "inputs", "outputs", "attrs", "commutative", "optional",
-              "keep"}
+              "keep", "repeat"}
+MAX_REPEAT = 8
+_ALT_KEYS = {"op", "domain", "attrs", "value"}
+# ops whose first two inputs may be swapped (`commutative: true` only ever swaps these)
+COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Sum", "Max", "Min", "Mean", "And", "Or", "Xor",
+                             "Equal"})
+_PARAM_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_WHOLE_PARAM_RE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
 TENSOR_KINDS = ("constant", "scalar", "leading_axes", "last_axis", "flatten_2d",
                 "vector_shape", "large_negative")
-_RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace"}
+_RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace",
+              "params", "variants"}
 
 
 # --- YAML with line numbers ----------------------------------------------------------------
@@ -87,10 +96,19 @@ class AttrConstraint:
 
 
 @dataclass(frozen=True)
+class OpAlt:
+    """One op alternative of a rule node, with what differs when the node is that op."""
+
+    domains: tuple[str, ...] = ("",)
+    attrs: dict = field(default_factory=dict)  # extra attribute constraints
+    value: dict = field(default_factory=dict)  # variable -> CONST_FUNCS name: how it enters
+
+
+@dataclass(frozen=True)
 class NodeSpec:
     id: str
     ops: tuple[str, ...]
-    domains: tuple[str, ...]
+    domains: tuple[str, ...]        # every domain any alternative accepts
     inputs: tuple[str, ...]          # variable names; "_" = any; "x*" = may be absent
     outputs: tuple[str, ...]
     attrs: dict[str, AttrConstraint]
@@ -98,6 +116,10 @@ class NodeSpec:
     optional: str | None            # None | "branch" | "passthrough"
     keep: bool = False              # context node: must match, is not removed
     line: int | None = None
+    alts: dict = field(default_factory=dict)  # op -> OpAlt (its domains, attrs, value)
+
+    def alt(self, op: str) -> OpAlt:
+        return self.alts[op]
 
 
 @dataclass(frozen=True)
@@ -111,10 +133,9 @@ class TensorSpec:
 class Replacement:
     op: str
     domain: str
-    version: int
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    attrs: dict  # name -> ("literal", v) | ("attr", cap) | ("const", var, fn)
+    attrs: dict  # name -> ("literal", v) | ("attr", cap) | ("const", var, fn, default)
     #                   | ("if_matched", node_id, then, else)
 
 
@@ -183,7 +204,7 @@ def _parse_ports(src, node_id, key, raw, line) -> tuple[str, ...]:
     return tuple(raw)
 
 
-def _parse_node(src, raw, index) -> NodeSpec:
+def _parse_node(src, raw, index) -> list[NodeSpec]:
     if not isinstance(raw, dict):
         raise RuleError(src, f"nodes[{index}] must be a mapping", None)
     line = _line(raw)
@@ -194,11 +215,9 @@ def _parse_node(src, raw, index) -> NodeSpec:
     nid = raw.get("id")
     if not isinstance(nid, str) or not _VAR_RE.match(nid) or nid.endswith("*"):
         raise RuleError(src, f"nodes[{index}]: 'id' is required and must be an identifier", line)
-    ops = raw.get("op")
-    if ops is None or not all(isinstance(o, str) and o for o in _as_list(ops)):
-        raise RuleError(src, f"node '{nid}': 'op' is required (an op type or a list of them)",
-                        line)
     domains = tuple(_norm_domain(d) for d in _as_list(raw.get("domain", "")))
+    ops, alts = _parse_ops(src, nid, raw.get("op"), domains, line)
+    domains = tuple(dict.fromkeys(d for a in alts.values() for d in a.domains))
     inputs = _parse_ports(src, nid, "inputs", raw.get("inputs"), _line(raw, "inputs"))
     outputs = _parse_ports(src, nid, "outputs", raw.get("outputs"), _line(raw, "outputs"))
     if not outputs:
@@ -231,8 +250,76 @@ def _parse_node(src, raw, index) -> NodeSpec:
     if not isinstance(keep, bool) or (keep and optional == "branch"):
         raise RuleError(src, f"node '{nid}': keep must be true or false, and a kept (context) "
                         "node can only be optional as a passthrough", line)
-    return NodeSpec(nid, tuple(_as_list(ops)), domains, inputs, outputs, attrs, commutative,
-                    optional, keep, line)
+    repeat = raw.get("repeat", 1)
+    if (isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT
+            or (repeat > 1 and optional != "passthrough")):
+        raise RuleError(src, f"node '{nid}': repeat must be an integer 1..{MAX_REPEAT}, on an "
+                        "optional: passthrough node (a chain of up to that many pass-throughs)",
+                        _line(raw, "repeat"))
+    variables = {var_name(t) for t in inputs + outputs}
+    for op, alt in alts.items():
+        for v in alt.value:
+            if v not in variables:
+                raise RuleError(src, f"node '{nid}': alternative {op}: value names '{v}', which "
+                                "is not one of the node's tensors", line)
+    spec = NodeSpec(nid, ops, domains, inputs, outputs, attrs, commutative, optional, keep, line,
+                    alts)
+    return _repeated(spec, repeat)
+
+
+def _repeated(spec: NodeSpec, n: int) -> list[NodeSpec]:
+    """``repeat: n``: n chained copies of a pass-through node, each of which may be absent, so
+    `a -> [0..n pass-throughs] -> b` (ids id, id_2, ...; links b__1, b__2, ...)."""
+    if n == 1:
+        return [spec]
+    src, dst = spec.inputs[0], spec.outputs[0]
+    out = []
+    for k in range(n):
+        i = src if k == 0 else f"{var_name(dst)}__{k}"
+        o = dst if k == n - 1 else f"{var_name(dst)}__{k + 1}"
+        out.append(replace(spec, id=spec.id if k == 0 else f"{spec.id}_{k + 1}",
+                           inputs=(i,) + spec.inputs[1:], outputs=(o,)))
+    return out
+
+
+def _parse_ops(src, nid, raw, domains, line) -> tuple[tuple[str, ...], dict]:
+    """``op``: an op type, or a list of alternatives, each an op type or a mapping
+    ``{op, domain, attrs, value}`` (what differs when the node is that op)."""
+    want = ("'op' is required: an op type, or a list of op types and "
+            "{op: T, domain: D, attrs: {...}, value: {VAR: FN}} alternatives")
+    if raw is None or (isinstance(raw, list) and not raw):
+        raise RuleError(src, f"node '{nid}': {want}", line)
+    ops, alts = [], {}
+    for item in _as_list(raw):
+        if isinstance(item, str) and item:
+            ops.append(item)
+            alts[item] = OpAlt(domains)
+            continue
+        if not isinstance(item, dict) or not isinstance(item.get("op"), str) or not item["op"]:
+            raise RuleError(src, f"node '{nid}': {want}", line)
+        aline = _line(item) or line
+        unknown = set(item) - _ALT_KEYS
+        if unknown:
+            raise RuleError(src, f"node '{nid}': alternative {item['op']}: unknown key(s) "
+                            f"{sorted(unknown)}; allowed: {sorted(_ALT_KEYS)}", aline)
+        attrs_raw = item.get("attrs") or {}
+        value = item.get("value") or {}
+        if not isinstance(attrs_raw, dict) or not isinstance(value, dict):
+            raise RuleError(src, f"node '{nid}': alternative {item['op']}: attrs and value must "
+                            "be mappings", aline)
+        for var, fn in value.items():
+            if fn not in CONST_FUNCS:
+                raise RuleError(src, f"node '{nid}': alternative {item['op']}: value of '{var}' "
+                                f"must be one of {sorted(CONST_FUNCS)}", aline)
+        alt_domains = (tuple(_norm_domain(d) for d in _as_list(item["domain"]))
+                       if "domain" in item else domains)
+        attrs = {k: _parse_attr_constraint(src, nid, k, v, _line(attrs_raw, k))
+                 for k, v in attrs_raw.items()}
+        ops.append(item["op"])
+        alts[item["op"]] = OpAlt(alt_domains, attrs, dict(value))
+    if len(set(ops)) != len(ops):
+        raise RuleError(src, f"node '{nid}': op {ops} lists an op type twice", line)
+    return tuple(ops), alts
 
 
 def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
@@ -315,16 +402,24 @@ def _parse_replace(src, raw, captures, const_vars) -> Replacement:
                 attrs[name] = ("attr", value["attr"])
             elif "const" in value:
                 fn = value.get("fn", "identity")
+                if set(value) - {"const", "fn", "default"}:
+                    raise RuleError(src, f"replace.attrs.{name}: write {{const: VAR, fn: FN, "
+                                    "default: NUMBER}", aline)
                 if value["const"] not in const_vars:
                     raise RuleError(src, f"replace.attrs.{name}: {value['const']!r} is not a "
                                     "tensor with a 'const' constraint", aline)
                 if fn not in CONST_FUNCS:
                     raise RuleError(src, f"replace.attrs.{name}: fn must be one of "
                                     f"{sorted(CONST_FUNCS)}", aline)
-                attrs[name] = ("const", value["const"], fn)
+                default = value.get("default")
+                if default is not None and (isinstance(default, bool)
+                                            or not isinstance(default, (int, float))):
+                    raise RuleError(src, f"replace.attrs.{name}: default must be a number (the "
+                                    "value when the constant's optional node is absent)", aline)
+                attrs[name] = ("const", value["const"], fn, default)
             else:
                 raise RuleError(src, f"replace.attrs.{name}: use a literal, {{attr: NAME}}, "
-                                "{const: VAR, fn: FN} or {if_matched: NODE_ID, then: V, else: V}",
+                                "{const: VAR, fn: FN, default: N} or {if_matched: NODE_ID, then: V, else: V}",
                                 aline)
         else:
             allowed = contract.attributes[name].get("values")
@@ -332,7 +427,7 @@ def _parse_replace(src, raw, captures, const_vars) -> Replacement:
                 raise RuleError(src, f"replace.attrs.{name}: {value!r} is not one of {allowed}",
                                 aline)
             attrs[name] = ("literal", value)
-    return Replacement(op, contracts.domain, contracts.version, tuple(ins), tuple(outs), attrs)
+    return Replacement(op, contracts.domain, tuple(ins), tuple(outs), attrs)
 
 
 def _check_dataflow(src, nodes: tuple[NodeSpec, ...], replace: Replacement, tensors) -> None:
@@ -374,7 +469,21 @@ def _check_dataflow(src, nodes: tuple[NodeSpec, ...], replace: Replacement, tens
                             "op cannot consume its own intermediate", None)
 
 
+def parse_rules(text: str, source: str) -> list[Rule]:
+    """Every rule a rule file defines: one, or one per entry of its ``variants``."""
+    raw = _load_yaml(text, source)
+    return [_build_rule(body, source, text) for body in _expand(raw, source)]
+
+
 def parse_rule(text: str, source: str) -> Rule:
+    """The one rule of a file without variants."""
+    rules = parse_rules(text, source)
+    if len(rules) != 1:
+        raise RuleError(source, f"defines {len(rules)} rules (variants); expected one")
+    return rules[0]
+
+
+def _load_yaml(text: str, source: str):
     try:
         raw = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.constructor.ConstructorError as exc:
@@ -397,6 +506,88 @@ def parse_rule(text: str, source: str) -> Rule:
         k = sorted(unknown)[0]
         raise RuleError(source, f"unknown key(s) {sorted(unknown)}; allowed: {sorted(_RULE_KEYS)}",
                         _line(raw, k))
+    return raw
+
+
+def _substitute(obj, values: dict, src: str, line, used: set):
+    """``obj`` with every ``$name`` string replaced by the parameter's value (any YAML value;
+    as a list item, a list value is spliced in and null is dropped) and every ``${name}``
+    inside a string by the value's text."""
+    def lookup(name):
+        if name not in values:
+            raise RuleError(src, f"unknown parameter '{name}'; this file's parameters are "
+                            f"{sorted(values)} (set them in params: or in every variant)", line)
+        used.add(name)
+        return values[name]
+
+    if isinstance(obj, str):
+        whole = _WHOLE_PARAM_RE.match(obj)
+        if whole:
+            return lookup(whole.group(1))
+        return _PARAM_RE.sub(lambda m: str(lookup(m.group(1))), obj)
+    if isinstance(obj, dict):
+        out = _LineDict()
+        out.line, out.key_lines = _line(obj), dict(getattr(obj, "key_lines", {}))
+        for k, v in obj.items():
+            out[k] = _substitute(v, values, src, _line(obj, k), used)
+        return out
+    if isinstance(obj, list):
+        out = []
+        for raw in obj:
+            v = _substitute(raw, values, src, _line(raw) or line, used)
+            if isinstance(raw, str) and _WHOLE_PARAM_RE.match(raw) and (
+                    v is None or isinstance(v, list)):
+                out.extend(v or [])  # a list item `$p`: p's items spliced in, null dropped
+            else:
+                out.append(v)
+        return out
+    return obj
+
+
+def _cross(source: str, lists, line) -> list:
+    """``variants: {cross: [LIST, LIST, ...]}``: every combination, one entry of each list
+    merged (later lists win on a shared parameter)."""
+    if not isinstance(lists, list) or not lists or not all(
+            isinstance(li, list) and li and all(isinstance(v, dict) for v in li) for li in lists):
+        raise RuleError(source, "variants: {cross: [...]} takes a list of non-empty lists of "
+                        "mappings", line)
+    out = [{}]
+    for li in lists:
+        out = [{**a, **b} for a in out for b in li]
+    return out
+
+
+def _expand(raw, source: str) -> list:
+    """One rule body per variant: ``params`` (defaults) updated by each ``variants`` entry,
+    substituted into everything else."""
+    if "params" not in raw and "variants" not in raw:
+        return [raw]
+    params = raw.get("params") or {}
+    variants = raw.get("variants", [{}])
+    if isinstance(variants, dict) and set(variants) == {"cross"}:
+        variants = _cross(source, variants["cross"], _line(raw, "variants"))
+    if not isinstance(params, dict):
+        raise RuleError(source, "params must be a mapping of parameter -> default value",
+                        _line(raw, "params"))
+    if not isinstance(variants, list) or not variants or not all(
+            isinstance(v, dict) for v in variants):
+        raise RuleError(source, "variants must be a non-empty list of mappings parameter -> "
+                        "value (one rule per entry)", _line(raw, "variants"))
+    body = {k: v for k, v in raw.items() if k not in ("params", "variants")}
+    out = []
+    for i, variant in enumerate(variants):
+        values, used = {**params, **variant}, set()
+        rule = _LineDict(_substitute(body, values, source, _line(variant), used))
+        rule.line, rule.key_lines = raw.line, raw.key_lines
+        unused = sorted(set(variant) - used)
+        if unused:
+            raise RuleError(source, f"variants[{i}] sets {unused}, which the rule never uses "
+                            "($name or ${name})", _line(variant))
+        out.append(rule)
+    return out
+
+
+def _build_rule(raw, source: str, text: str) -> Rule:
     for key in ("name", "pattern", "order", "nodes", "replace"):
         if key not in raw:
             raise RuleError(source, f"missing required key '{key}'", 1)
@@ -413,7 +604,7 @@ def parse_rule(text: str, source: str) -> Rule:
                         _line(raw, "order"))
     if not isinstance(raw["nodes"], list) or not raw["nodes"]:
         raise RuleError(source, "nodes must be a non-empty list", _line(raw, "nodes"))
-    nodes = tuple(_parse_node(source, n, i) for i, n in enumerate(raw["nodes"]))
+    nodes = tuple(spec for i, n in enumerate(raw["nodes"]) for spec in _parse_node(source, n, i))
     tensors = _parse_tensors(source, raw.get("tensors"))
     captures = {c.capture for n in nodes for c in n.attrs.values() if c.capture}
     replace = _parse_replace(source, raw["replace"], captures, set(tensors))
@@ -452,9 +643,10 @@ def load_rules(paths=None) -> list[Rule]:
                 text = f.read_text()
             except (OSError, UnicodeDecodeError) as exc:
                 raise RuleError(str(f), f"cannot read: {exc}") from None
-            rule = parse_rule(text, str(f))
-            if rule.name in seen:
-                raise RuleError(str(f), f"rule name '{rule.name}' is also used by {seen[rule.name]}")
-            seen[rule.name] = str(f)
-            rules.append(rule)
+            for rule in parse_rules(text, str(f)):
+                if rule.name in seen:
+                    raise RuleError(str(f), f"rule name '{rule.name}' is also used by "
+                                    f"{seen[rule.name]}")
+                seen[rule.name] = str(f)
+                rules.append(rule)
     return sorted(rules, key=lambda r: (r.order, r.name))

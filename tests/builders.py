@@ -13,6 +13,12 @@ MS = "com.microsoft"
 F = TensorProto.FLOAT
 
 
+# onnxruntime-training's activation-gradient ops (gelu_fast: FastGeluGrad, the backward of the
+# FastGelu that ORT's pre-gradient fusion makes of Hugging Face's gelu_new)
+ORTT_ACT_GRAD = {"relu": "ReluGrad", "gelu": "GeluGrad", "silu": "QuickGeluGrad",
+                 "gelu_fast": "FastGeluGrad"}
+
+
 def vi(name, shape, dtype=F):
     return helper.make_tensor_value_info(name, dtype, shape)
 
@@ -39,7 +45,7 @@ def ortt_linear_act(act="relu", *, first=False, bias=True, identity=True, M=6, N
            | "wrong_attr" (weight Gemm transA=0) | "wrong_const" (ReduceSum over axis 1)
            | "wrong_domain" (activation grad in the default domain)
     """
-    op = {"relu": "ReluGrad", "gelu": "GeluGrad", "silu": "QuickGeluGrad"}[act]
+    op = ORTT_ACT_GRAD[act]
     kw = {"alpha": 1.0} if act == "silu" else {}
     domain = "" if extra == "wrong_domain" else MS
     nodes = [helper.make_node(op, ["dY", "X"], ["dZ"], name="act_grad", domain=domain, **kw)]
@@ -168,7 +174,7 @@ def ortt_linear_act_matmul(act="silu", *, three_d=True, bias=True, first=False, 
     """onnxruntime-training backward of Transpose(W) + MatMul (+ Add) + activation, as in the
     transformer MLP (3-D, FusedMatMul, Reshape to 2-D for the weight grad) or a 2-D bias-free
     layer (Gemm with transB=1 for the input grad)."""
-    op = {"relu": "ReluGrad", "gelu": "GeluGrad", "silu": "QuickGeluGrad"}[act]
+    op = ORTT_ACT_GRAD[act]
     kw = {"alpha": 1.0} if act == "silu" else {}
     lead = [B, S] if three_d else [B * S]
     nodes = [helper.make_node(op, ["dY", "X"], ["dZ"], name="act_grad", domain=MS, **kw)]
@@ -202,3 +208,132 @@ def ortt_linear_act_matmul(act="silu", *, three_d=True, bias=True, first=False, 
         outputs.append(vi("dA", lead + [K]))
     inputs = [vi("dY", lead + [N]), vi("X", lead + [N]), vi("A", lead + [K]), vi("Wt", [K, N])]
     return model(nodes, inputs, outputs, inits)
+
+
+def ortt_attention(*, kv_heads=2, heads=2, scale_op="Div", B=2, S=4, D=3, record_backward=False):
+    """ort-training attention backward, softmax(Q K^T / c) V with K^T [B, Hkv, D, S] and
+    V [B, Hkv, S, D] fed to the score/value MatMuls. With kv_heads=1 < heads (multi-query
+    attention, K/V broadcast inside the MatMuls) onnxruntime computes dK^T and dV at the full
+    head count and sums them over the head axis afterwards (ReduceSum keepdims=1). Only the
+    forward tensors' shapes are recorded (as in real artifacts) unless record_backward.
+    scale_op: "Div" (by sqrt(D)) or "Mul" (by 1/sqrt(D), the Llama spelling)."""
+    c = float(np.sqrt(D)) if scale_op == "Div" else float(1 / np.sqrt(D))
+    q, kt, v = [B, heads, S, D], [B, kv_heads, D, S], [B, kv_heads, S, D]
+    p = [B, heads, S, S]
+    mm = dict(domain=MS, alpha=1.0)
+    nodes = [
+        helper.make_node("MatMul", ["Q", "Kt"], ["scores"], name="qk"),
+        helper.make_node(scale_op, ["scores", "c"], ["scaled"], name="fwd_scale"),
+        helper.make_node("Softmax", ["scaled"], ["P"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["P", "V"], ["O"], name="pv"),
+        helper.make_node("FusedMatMul", ["P", "dO"], ["dV_full"], transA=1, transB=0,
+                         name="dv", **mm),
+        helper.make_node("FusedMatMul", ["dO", "V"], ["dP"], transA=0, transB=1, name="dp",
+                         **mm),
+        helper.make_node("SoftmaxGrad_13", ["dP", "P"], ["dS0"], axis=-1, domain=MS, name="sg"),
+        helper.make_node(scale_op, ["dS0", "c"], ["dS"], name="bwd_scale"),
+        helper.make_node("FusedMatMul", ["dS", "Kt"], ["dQ"], transA=0, transB=1, name="dq",
+                         **mm),
+        helper.make_node("FusedMatMul", ["Q", "dS"], ["dKt_full"], transA=1, transB=0,
+                         name="dk", **mm),
+    ]
+    outputs = [vi("O", q), vi("dQ", q)]
+    if kv_heads == heads:
+        nodes[4].output[0], nodes[9].output[0] = "dV", "dKt"
+    else:
+        nodes += [helper.make_node("ReduceSum", ["dV_full", "head_axis"], ["dV"], keepdims=1,
+                                   name="sum_dv"),
+                  helper.make_node("ReduceSum", ["dKt_full", "head_axis"], ["dKt"], keepdims=1,
+                                   name="sum_dk")]
+    outputs += [vi("dKt", kt), vi("dV", v)]
+    value_info = [vi("scores", p), vi("scaled", p), vi("P", p)]
+    if record_backward:
+        value_info += [vi("dP", p), vi("dS0", p), vi("dS", p)]
+    m = model(nodes, [vi("Q", q), vi("Kt", kt), vi("V", v), vi("dO", q)], outputs,
+              [const("c", c), const("head_axis", [1], np.int64)])
+    m.graph.value_info.extend(value_info)
+    return m
+
+
+def chain_from_rule(rule, prefix, bind):
+    """The nodes and constant initializers of a rule's pattern, written as a graph: each rule
+    node becomes a node of its first op (inputs in the listed order), each constrained constant
+    an initializer with the rule's value, each other variable a tensor named prefix + variable
+    unless ``bind`` names it. Used to write the torch-joint activation-gradient chains (their
+    rules ARE the exporter's formula) into synthetic fixtures."""
+    from fusecli.rules import var_name
+
+    names = dict(bind)
+
+    def t(v):
+        return names.setdefault(var_name(v), prefix + var_name(v))
+
+    nodes, inits = [], []
+    for spec in rule.nodes:
+        attrs = {k: c.equals for k, c in spec.attrs.items() if c.has_equals}
+        nodes.append(helper.make_node(spec.ops[0], [t(v) for v in spec.inputs],
+                                      [t(v) for v in spec.outputs], name=prefix + spec.id,
+                                      domain=spec.alt(spec.ops[0]).domains[0], **attrs))
+    for var, ts in rule.tensors.items():
+        inits.append(const(t(var), ts.const))
+    # a rule lists nodes in matching order; a graph needs them in dataflow order
+    produced = {i.name for i in inits} | set(bind.values())
+    ordered, pending = [], list(nodes)
+    while pending:
+        ready = [n for n in pending if all(i in produced for i in n.input)]
+        if not ready:
+            raise ValueError(f"{rule.name}: chain needs inputs {set(pending[0].input) - produced}")
+        for n in ready:
+            ordered.append(n)
+            produced.update(n.output)
+            pending.remove(n)
+    return ordered, inits
+
+
+def torch_linear_act(act_rule, *, layout="linear", three_d=False, bias=True, first=False,
+                     B=2, S=3, N=5, K=4):
+    """torch-joint backward of Linear + activation: the activation gradient in standard ops
+    (written from ``act_rule``, an act_*_grad_torch rule), then
+      layout "linear":  dW = MatMul(Transpose(dZ), A) [N, K]; dA = MatMul(dZ, W), W [N, K]
+      layout "conv1d":  dW = MatMul(Transpose(A), dZ) [K, N]; dA = MatMul(dZ, Transpose(W)),
+                        W [K, N] (Hugging Face Conv1D through addmm)
+      layout "at_t":    dW = Transpose(MatMul(Transpose(A), dZ)) [N, K]; dA = MatMul(dZ, W)
+    bias grad ReduceSum(dZ, [0], keepdims=1) -> Reshape [N]. 3-D: dY/X [B, S, N] and dZ
+    reshaped to [-1, N]; A is the 2-D view [B*S, K] the forward multiplied."""
+    M = B * S
+    lead = [B, S] if three_d else [M]
+    nodes, inits = chain_from_rule(act_rule, "act.", {"dY": "dY", "X": "X", "dZ": "dZ"})
+    dz = "dZ"
+    if three_d:
+        inits.append(const("shape_dz", [-1, N], np.int64))
+        nodes.append(helper.make_node("Reshape", ["dZ", "shape_dz"], ["dZ2"], name="flat"))
+        dz = "dZ2"
+    if layout == "linear":
+        nodes += [helper.make_node("Transpose", [dz], ["dZt"], perm=[1, 0], name="tz"),
+                  helper.make_node("MatMul", ["dZt", "A"], ["dW"], name="wgrad")]
+    else:
+        nodes += [helper.make_node("Transpose", ["A"], ["At"], perm=[1, 0], name="ta"),
+                  helper.make_node("MatMul", ["At", dz],
+                                   ["dW" if layout == "conv1d" else "dWt"], name="wgrad")]
+        if layout == "at_t":
+            nodes.append(helper.make_node("Transpose", ["dWt"], ["dW"], perm=[1, 0],
+                                          name="wgrad_t"))
+    w_shape = [K, N] if layout == "conv1d" else [N, K]
+    outputs = [vi("dW", w_shape)]
+    if bias:
+        inits += [const("axes0", [0], np.int64), const("shape_b", [N], np.int64)]
+        nodes += [helper.make_node("ReduceSum", [dz, "axes0"], ["dB1"], keepdims=1,
+                                   name="bgrad"),
+                  helper.make_node("Reshape", ["dB1", "shape_b"], ["dB"], name="bshape")]
+        outputs.append(vi("dB", [N]))
+    if not first:
+        w = "W"
+        if layout == "conv1d":
+            nodes.append(helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0], name="wt"))
+            w = "Wt"
+        nodes.append(helper.make_node("MatMul", [dz, w], ["dA"], name="dgrad"))
+        outputs.append(vi("dA", [M, K]))
+    inputs = [vi("dY", lead + [N]), vi("X", lead + [N]), vi("A", [M, K])]
+    if not first:
+        inputs.append(vi("W", w_shape))
+    return model(nodes, inputs, outputs, inits, opset=18, ms=False)

@@ -501,7 +501,7 @@ def test_output_on_a_filesystem_that_refuses_writes(work):
 
 # --- rule files -----------------------------------------------------------------------------------
 
-GOOD_RULE = (REPO / "rules" / "linear_relu_ortt_gemm.yaml").read_text()
+GOOD_RULE = (REPO / "rules" / "act_relu_grad_torch.yaml").read_text()
 
 
 def _rule_case(work, text, *needles):
@@ -526,30 +526,30 @@ def test_rule_python_tag_is_refused_and_never_runs(work):
     marker = work / "pwned"
     text = f"!!python/object/apply:os.system ['touch {marker}']\n"
     _rule_case(work, text, "not allowed in a rule file")
-    text = GOOD_RULE.replace("order: 210", f"order: !!python/object/apply:os.system ['touch {marker}']")
+    text = GOOD_RULE.replace("order: 10", f"order: !!python/object/apply:os.system ['touch {marker}']")
     _rule_case(work, text, "not allowed in a rule file")
     assert not marker.exists()
 
 
 def test_rule_wrong_schema(work):
     _rule_case(work, "- just\n- a list\n", "must be a YAML mapping")
-    _rule_case(work, GOOD_RULE.replace("order: 210", "order: high"), "order must be an integer")
+    _rule_case(work, GOOD_RULE.replace("order: 10", "order: high"), "order must be an integer")
     _rule_case(work, GOOD_RULE.replace("nodes:", "nodez:"), "unknown key")
 
 
 def test_rule_unknown_fused_op(work):
-    _rule_case(work, GOOD_RULE.replace("op: LinearActivationGrad", "op: NoSuchFusedOp"),
+    _rule_case(work, GOOD_RULE.replace("op: ActivationGrad", "op: NoSuchFusedOp"),
                "NoSuchFusedOp", "is not a fused op")
 
 
 def test_rule_unknown_capture(work):
-    text = GOOD_RULE.replace("attrs: {activation: relu, trans_w: 0}",
-                             "attrs: {activation: relu, trans_w: {attr: nope}}")
+    text = GOOD_RULE.replace("attrs: {activation: relu}",
+                             "attrs: {activation: {attr: nope}}")
     _rule_case(work, text, "no attribute captured as 'nope'")
 
 
 def test_rule_unknown_pattern_variable(work):
-    text = GOOD_RULE.replace("inputs: [dY, X, A, W]\n  outputs", "inputs: [dY, X, A, Q]\n  outputs")
+    text = GOOD_RULE.replace("inputs: [dY, X]\n  outputs", "inputs: [dY, Q]\n  outputs")
     _rule_case(work, text, "'Q'")
 
 
@@ -581,7 +581,7 @@ def test_rule_that_would_create_a_cycle_is_skipped(tmp_path):
     m.graph.node.extend(order)
     onnx.checker.check_model(m)
     src = save(m, tmp_path / "cyc.onnx")
-    rule = REPO / "rules" / "linear_relu_ortt_gemm.yaml"
+    rule = REPO / "rules" / "linear_act_ortt_gemm.yaml"
     d = json.loads(run_cli("stats", src, "--rules", rule, "--json").stdout)
     assert d["total_fused"] == 0
     assert [s["reason"] for s in d["skips"]] == ["would_create_cycle"]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import onnx
 import pytest
-import yaml
 from onnx import TensorProto, helper
 
 from fusecli import library
+from fusecli.rules import load_rules
 from fusecli.contracts import (OPS_DIR, activation_codes, infer_output_types, launcher_argtypes,
                                load_contracts)
 from fusecli.ops.reference import reference_ops
@@ -102,11 +102,12 @@ def test_every_output_type_is_inferred(op):
 def test_shipped_rules_use_contract_pattern_names():
     """A rule's `pattern:` is one its fused op's contract lists (or, for an op that lists none,
     the op's folder name), so the pattern names live in the contracts alone."""
-    for path in sorted((REPO / "rules").glob("*.yaml")):
-        rule = yaml.safe_load(path.read_text())
-        op = CONTRACTS.ops[rule["replace"]["op"]]
+    rules = load_rules(REPO / "rules")   # expanded: parameterised files give one rule per variant
+    assert rules
+    for rule in rules:
+        op = CONTRACTS.ops[rule.replace.op]
         allowed = set(op.patterns) or {op.folder}
-        assert rule["pattern"] in allowed, f"{path.name}: {rule['pattern']!r} not in {allowed}"
+        assert rule.pattern in allowed, f"{rule.source}: {rule.pattern!r} not in {allowed}"
 
 
 def test_canonical_pattern_order_lists_every_contract_pattern():

@@ -10,7 +10,7 @@ import onnxruntime as ort
 from fusecli import library
 from fusecli.ops.activation_grad.reference import activation_grad
 from fusecli.ops.attention_grad.reference import attention_grad
-from fusecli.ops.attention_grad.test_attention_grad import _attn_inputs
+from fusecli.ops.attention_grad.test_attention_grad import _attn_inputs, _gqa_inputs
 from fusecli.ops.conv_bn_relu_grad.reference import conv_bn_relu_grad
 from fusecli.ops.conv_bn_relu_grad.test_conv_bn_relu_grad import (CONV_CASES, CONV_OUTS,
                                                                   _conv_attrs, _conv_inputs)
@@ -102,19 +102,25 @@ def test_same_so_runs_each_op_in_onnxruntime_training():
 
 def test_optional_inputs_in_onnxruntime_training():
     """The same .so in onnxruntime-training 1.19.2 with absent non-trailing optional inputs
-    (LinearActivationGrad without W, LayerNormGrad without gamma) and present trailing ones
-    (AttentionGrad q_scale / k_scale)."""
+    (LinearActivationGrad without W, LayerNormGrad without gamma, AttentionGrad without q_scale)
+    and present trailing ones (AttentionGrad q_scale / k_scale, the bool dropout_mask with grouped
+    K / V and the dS output)."""
     rng = _rng("ortt-optional")
     dy, x, a, _ = _lin_inputs(rng, (6,), 9, 5, 0)
     att = _attn_inputs(rng, (2,), 5, 6, 4, 3, 0)
     qs, ks = np.array(0.5, F32), np.array(-1.5, F32)
     ln = _ln_inputs(rng, (7, 19), -1, F32, with_dr=False)
     ln["gamma"] = None
+    gqa = _gqa_inputs(rng, "gqa", 1, 1)
     cases = [
+        ("AttentionGrad", list(zip(["dO", "Q", "K", "V", "P"], gqa[:5])) +
+         [("q_scale", None), ("k_scale", ks), ("dropout_mask", gqa[5])], ["dQ", "dK", "dV", "dS"],
+         dict(scale_q=0.5, scale_k=0.25, k_transposed=1, dropout_ratio=0.1),
+         attention_grad(*gqa[:5], 0.5, 0.25, 1, None, ks, gqa[5], 0.1)),
         ("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", None)], [None, "dW", "dB"],
          dict(activation="gelu"), linear_activation_grad(dy, x, a, None, "gelu")[1:3]),
         ("AttentionGrad", list(zip(["dO", "Q", "K", "V", "P"], att)) + [("q_scale", qs), ("k_scale", ks)],
-         ["dQ", "dK", "dV"], dict(scale_q=0.5, scale_k=0.25), attention_grad(*att, 0.5, 0.25, 0, qs, ks)),
+         ["dQ", "dK", "dV"], dict(scale_q=0.5, scale_k=0.25), attention_grad(*att, 0.5, 0.25, 0, qs, ks)[:3]),
         ("LayerNormGrad", list(ln.items()), [None, "dGamma", "dBeta"], {},
          layer_norm_grad(*ln.values())[1:]),
     ]

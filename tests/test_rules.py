@@ -14,6 +14,8 @@ Each mutated instance must not be fused by the rule (the other instances still a
 from __future__ import annotations
 
 import copy
+import re
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -29,8 +31,20 @@ from fusecli.rules import var_name
 
 RULES = load_rules()
 SAMPLE_MODELS = {p.stem: onnx.load(p) for p in sorted(SAMPLES.glob("*.onnx"))}
-# variants the samples lack (a 3-D SiLU MLP in the ort-training spelling)
+# variants the samples lack (a 3-D SiLU MLP in the ort-training spelling; torch-joint Linears
+# whose weight grad is A^T dZ: Hugging Face Conv1D [in, out] weights through addmm)
 SAMPLE_MODELS["synthetic_ortt_silu_3d"] = builders.ortt_linear_act_matmul("silu")
+_BY_NAME = {r.name: r for r in RULES}
+for _act in ("relu", "gelu", "gelu_tanh", "silu"):
+    SAMPLE_MODELS[f"synthetic_torch_{_act}_conv1d"] = builders.torch_linear_act(
+        _BY_NAME[f"act_{_act}_grad_torch"], layout="conv1d", three_d=True)
+# real torch 2.13 exports (tests/data/make_torch_gelu_new.py): gelu_new written with torch.pow
+# after nn.Linear, and the GPT-2 MLP (Hugging Face Conv1D through addmm, gelu_new)
+DATA = Path(__file__).parent / "data"
+EXPORTS = {"torch_gelu_new": {"linear_gelu_tanh_torch": 1},
+           "torch_conv1d_gelu_new": {"linear_gelu_tanh_torch_at": 1}}
+for _name in EXPORTS:
+    SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 
 
 def _upto(rule_name):
@@ -240,8 +254,11 @@ def test_every_rule_has_guard_fixtures():
     covered = {p.values[0].name for p in _intermediate_cases()}
     missing = {r.name for r in RULES} - covered
     # rules whose every intermediate sits behind an optional node are covered by the
-    # synthetic fixtures below
-    assert missing <= {"layernorm_ortt", "layernorm_torch_params", "rmsnorm_ortt"}, missing
+    # synthetic fixtures below (rmsnorm_ortt: tests/test_rmsnorm.py); the tanh-GELU Linear
+    # variants, whose only intermediate is the output of the act_gelu_tanh_grad_ortt stage, by
+    # tests/test_variants.py
+    assert missing <= {"layernorm_ortt", "layernorm_torch_params", "linear_gelu_tanh_ortt_gemm",
+                       "linear_gelu_tanh_ortt_matmul", "rmsnorm_ortt"}, missing
 
 
 # --- synthetic variants (bias-free, first layer, no Identity) and exact guard reasons --------
@@ -342,3 +359,236 @@ def test_missing_kernel_for_the_chosen_provider_is_a_skip_reason():
     misses = explain_model(SAMPLE_MODELS["ortt_block"], FusionPass(kernels=set()))
     kernel_misses = [m for m in misses if m["reason"] == "missing_kernel"]
     assert {m["pattern"] for m in kernel_misses} == {"sdpa", "linear_gelu", "layernorm"}
+
+
+# --- shapes: a fused op must compute exactly the tensors it replaces -------------------------
+
+def test_attention_scale_as_mul_or_div():
+    """One rule node, two spellings: Div by c and Mul by 1/c give the same fused scale."""
+    scales = []
+    for op in ("Div", "Mul"):
+        m = builders.ortt_attention(scale_op=op)
+        assert FusionPass(only=["sdpa_ortt_div"]).run(m) == 1
+        fused = next(n for n in m.graph.node if n.op_type == "AttentionGrad")
+        scales.append({a.name: helper.get_attribute_value(a) for a in fused.attribute})
+    assert scales[0] == scales[1]
+    assert scales[0]["scale_q"] == pytest.approx(1 / np.sqrt(3), rel=1e-6)
+
+
+@pytest.mark.parametrize("record_backward", [False, True])
+def test_multi_query_attention_is_not_fused_into_unsummed_gradients(record_backward):
+    """One K/V head broadcast inside the MatMuls: dK/dV are computed at the full head count and
+    summed afterwards; AttentionGrad would write them at one head. Refused, with the reason."""
+    m = builders.ortt_attention(kv_heads=1, heads=2, record_backward=record_backward)
+    fp = FusionPass()
+    assert fp.run(copy.deepcopy(m)) == 0
+    assert fp.stats.patterns["sdpa"].skipped == {"shape_mismatch": 1}
+    misses = explain_model(m, FusionPass(only=["sdpa_ortt_div"]))
+    assert [x["reason"] for x in misses] == ["shape_mismatch"]
+    assert "batch dims" in misses[0]["detail"]
+
+
+def test_output_shape_guard_alone_refuses_unsummed_gradients(monkeypatch):
+    """Even where the op accepts broadcast inputs, an output whose shape differs from the
+    tensor it replaces (dK^T [B,1,D,S] for a [B,H,D,S] tensor) is refused."""
+    import fusecli.shapes
+
+    monkeypatch.setattr(fusecli.shapes, "input_problem", lambda *a: None)
+    m = builders.ortt_attention(kv_heads=1, heads=2)
+    fp = FusionPass()
+    assert fp.run(m) == 0
+    [skip] = fp.stats.skips
+    assert skip.failure.reason == "shape_mismatch"
+    assert "would write 'dKt" in skip.failure.detail or "would write 'dV" in skip.failure.detail
+
+
+def test_a_graph_that_would_not_run_is_never_written(monkeypatch, tmp_path, capsys):
+    """With the match guard switched off (as a rule bug would), the pass's final check stops
+    the run: exit 4, one line, nothing written."""
+    import fusecli.matcher
+    from fusecli.cli import main
+
+    monkeypatch.setattr(fusecli.matcher, "fusion_problem", lambda *a: None)
+    src, out = tmp_path / "mqa.onnx", tmp_path / "mqa.fused.onnx"
+    onnx.save(builders.ortt_attention(kv_heads=1, heads=2), src)
+    assert main(["optimize", str(src), "-o", str(out), "-q"]) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "would not run" in err[0] and "sdpa_ortt_div" in err[0], err
+    assert not out.exists()
+
+
+# --- Linear layouts and activation spellings, run numerically --------------------------------
+
+def _run_ort(model, feeds):
+    import onnxruntime as ort
+
+    from fusecli.library import session_options
+
+    so = session_options(opt_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return {o.name: v for o, v in zip(sess.get_outputs(), sess.run(None, feeds))}
+
+
+def _feeds(model, seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in model.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        out[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "gelu_tanh_pow", "silu"])
+@pytest.mark.parametrize("layout,trans", [("linear", (0, 0)), ("conv1d", (1, 1)),
+                                          ("at_t", (0, 0))])
+@pytest.mark.parametrize("variant", [{}, {"three_d": True}, {"first": True}, {"bias": False}])
+def test_torch_linear_layouts_fuse_and_compute_the_same(act, layout, trans, variant):
+    """W [out, in] (nn.Linear) or [in, out] (Conv1D through addmm), weight grad dZ^T A or
+    A^T dZ (transposed back or not), 2-D or 3-D, with or without bias, first layer or not:
+    one LinearActivationGrad that computes what the unfused graph computes (onnxruntime,
+    graph optimizations off)."""
+    m = builders.torch_linear_act(_BY_NAME[f"act_{act}_grad_torch"], layout=layout, **variant)
+    fused = copy.deepcopy(m)
+    fp = FusionPass()
+    assert fp.run(fused) == 1
+    assert fp.stats.patterns[f"linear_{act.split('_')[0]}"].fused == 1
+    [node] = [n for n in fused.graph.node if n.domain == "com.fusecli"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if not variant.get("first"):
+        assert attrs["trans_w"] == trans[0]
+    assert attrs.get("trans_dw", attrs["trans_w"]) == trans[1]
+    assert attrs["activation"].decode() == act.removesuffix("_pow")
+    feeds = _feeds(m)
+    want, got = _run_ort(m, feeds), _run_ort(fused, feeds)
+    assert set(want) == set(got)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.parametrize("act,activation", [("relu", "relu"), ("gelu", "gelu"),
+                                            ("gelu_fast", "gelu_tanh"), ("silu", "silu")])
+@pytest.mark.parametrize("build", ["ortt_linear_act", "ortt_linear_act_matmul"])
+def test_ortt_activation_spellings_fuse_and_compute_the_same(act, activation, build, tmp_path):
+    """onnxruntime-training's activation gradients (FastGeluGrad: gelu_new after ORT's
+    pre-gradient FastGelu fusion, the same tanh formula; QuickGeluGrad{alpha=1}: SiLU), Gemm
+    and MatMul layouts; the fused graph runs in onnxruntime-training with the same results."""
+    from fusecli.verify import verify_models
+
+    m = getattr(builders, build)(act)
+    fused = copy.deepcopy(m)
+    assert FusionPass().run(fused) == 1
+    [node] = [n for n in fused.graph.node if n.domain == "com.fusecli"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["activation"].decode() == activation
+    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
+    onnx.save(m, src)
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+# --- the rule language: variants, alternatives, repeats ---------------------------------------
+
+_LANG_RULE = """
+name: t_${act}_chain
+pattern: activation_grad
+order: 1
+params: {extra: null}
+variants: $variants
+nodes:
+  - id: grad
+    op: $op
+    inputs: [dY, X]
+    outputs: [g]
+  - id: ids
+    op: Identity
+    inputs: [g]
+    outputs: [g2]
+    optional: passthrough
+    repeat: 2
+  - id: scale
+    op: [Div, {op: Mul, value: {c: reciprocal}}]
+    commutative: true
+    inputs: [g2, c]
+    outputs: [dZ]
+  - $extra
+tensors:
+  c: {const: 2.0, tol: 1.0e-6}
+replace:
+  op: ActivationGrad
+  inputs: [dY, X]
+  outputs: [dZ]
+  attrs: {activation: $act}
+"""
+
+
+def _lang(variants):
+    from fusecli.rules import parse_rules
+
+    return parse_rules(_LANG_RULE.replace("$variants", variants), "<lang>")
+
+
+def _lang_graph(op="ReluGrad", n_identity=1, scale=("Div", 2.0), swap=False):
+    nodes = [helper.make_node(op, ["dY", "X"], ["g0"], domain="com.microsoft")]
+    for i in range(n_identity):
+        nodes.append(helper.make_node("Identity", [f"g{i}"], [f"g{i + 1}"]))
+    ins = [f"g{n_identity}", "c"]
+    nodes.append(helper.make_node(scale[0], ins[::-1] if swap else ins, ["dZ"]))
+    return builders.model(nodes, [builders.vi(t, [3, 4]) for t in ("dY", "X")],
+                          [builders.vi("dZ", [3, 4])], [builders.const("c", scale[1])])
+
+
+def test_variants_expand_with_substitution_and_splicing():
+    rules = _lang("[{act: relu, op: [{op: ReluGrad, domain: com.microsoft}]},"
+                  " {act: gelu, op: [{op: GeluGrad, domain: com.microsoft}],"
+                  "  extra: [{id: tail, op: Neg, inputs: [dZ], outputs: [n]}]}]")
+    assert [r.name for r in rules] == ["t_relu_chain", "t_gelu_chain"]
+    assert [s.id for s in rules[0].nodes] == ["grad", "ids", "ids_2", "scale"]
+    assert [s.id for s in rules[1].nodes][-1] == "tail"
+    crossed = _lang("{cross: [[{act: relu}, {act: gelu}], [{op: [ReluGrad]}]]}")
+    assert [r.name for r in crossed] == ["t_relu_chain", "t_gelu_chain"]
+
+
+@pytest.mark.parametrize("variants,message", [
+    ("[{act: relu}]", "unknown parameter 'op'"),
+    ("[{act: relu, op: Neg, typo: 1}]", "sets ['typo'], which the rule never uses"),
+    ("[]", "non-empty list"),
+])
+def test_variant_errors_name_the_problem(variants, message):
+    from fusecli.errors import RuleError
+
+    with pytest.raises(RuleError, match=re.escape(message)):
+        _lang(variants)
+
+
+@pytest.mark.parametrize("n_identity,fused", [(0, True), (1, True), (2, True), (3, False)])
+@pytest.mark.parametrize("scale,swap", [(("Div", 2.0), False), (("Mul", 0.5), False),
+                                        (("Mul", 0.5), True)])
+def test_repeated_passthrough_and_scale_alternatives(n_identity, fused, scale, swap):
+    [rule] = _lang("[{act: relu, op: [{op: ReluGrad, domain: com.microsoft}]}]")
+    m = _lang_graph(n_identity=n_identity, scale=scale, swap=swap)
+    assert FusionPass(rules=[rule]).run(m) == int(fused)
+
+
+def test_alternative_value_transform_is_explained():
+    [rule] = _lang("[{act: relu, op: [{op: ReluGrad, domain: com.microsoft}]}]")
+    m = _lang_graph(scale=("Mul", 2.0))  # Mul by 2 is Div by 0.5, not by 2
+    assert FusionPass(rules=[rule]).run(copy.deepcopy(m)) == 0
+    [miss] = explain_model(m, FusionPass(rules=[rule]))
+    assert miss["reason"] == "constant" and "as reciprocal of its value, Mul" in miss["detail"]
+    assert FusionPass(rules=[rule]).run(_lang_graph(scale=("Div", 2.0), swap=True)) == 0
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_real_exports_fuse_and_verify(name, tmp_path):
+    from fusecli.verify import verify_models
+
+    m = onnx.load(DATA / f"{name}.onnx")
+    fp = FusionPass()
+    fp.run(m)
+    assert {f.rule: 1 for f in fp.stats.fusions} == EXPORTS[name]
+    assert fp.stats.total_fused == 1
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(DATA / f"{name}.onnx", out)
+    assert report.ok and report.max_rel <= 1e-5, report

@@ -54,6 +54,10 @@ def check(contracts) -> None:
                              f"not in domain.yaml's activations {list(contracts.activations)}")
         if len(c.inputs) > 32 or len(c.outputs) > 32:
             raise SystemExit(f"{c.name}: more than 32 ports do not fit the signature bitmasks")
+        for port in c.inputs:
+            if port.type not in ("", "bool"):
+                raise SystemExit(f"{c.folder}/contract.yaml: input {port.name} has type "
+                                 f"{port.type!r}; only bool is supported")
         if len(c.inplace_pairs()) > 4:
             raise SystemExit(f"{c.name}: at most 4 in-place pairs (struct Inplace)")
 
@@ -105,9 +109,9 @@ def tables_h(contracts) -> str:
            + ", ".join(f'"{a}"' for a in contracts.activations) + "};", "",
            "// One signature per fused op, shared by its CPU and its CUDA registration: port counts,",
            "// which ports are optional (bit i = port i), which inputs accept float32 or float16 at",
-           "// run time.",
-           "struct Signature {", "  size_t n_in, n_out;", "  uint32_t opt_in, opt_out, any_float_in;",
-           "};",
+           "// run time, which are bool.",
+           "struct Signature {", "  size_t n_in, n_out;",
+           "  uint32_t opt_in, opt_out, any_float_in, bool_in;", "};",
            "// In-place pairs for OrtCustomOp::GetMayInplace: output out[i] may reuse input in[i]'s",
            "// buffer. The runtime's memory planner decides (only when that input is not used after",
            "// the node, has the same size and is not a graph input; the first usable pair wins);",
@@ -119,9 +123,10 @@ def tables_h(contracts) -> str:
         opt_in = _mask(c.inputs, lambda p: p.optional)
         opt_out = _mask(c.outputs, lambda p: p.optional)
         anyf = _mask(c.inputs, lambda p: p.any_float)
+        bools = _mask(c.inputs, lambda p: p.type == "bool")
         pairs = c.inplace_pairs()
-        sigs.append(f"    {{{len(c.inputs)}, {len(c.outputs)}, {opt_in}, {opt_out}, {anyf}}},"
-                    f"  // {c.name}")
+        sigs.append(f"    {{{len(c.inputs)}, {len(c.outputs)}, {opt_in}, {opt_out}, {anyf}, "
+                    f"{bools}}},  // {c.name}")
         desc = ", ".join(f"{c.outputs[o].name} over {c.inputs[i].name}" for i, o in pairs)
         inplace.append(f"    {{{len(pairs)}, {{{', '.join(str(i) for i, _ in pairs)}}}, "
                        f"{{{', '.join(str(o) for _, o in pairs)}}}}},  // {c.name}"

@@ -131,6 +131,7 @@ struct SigOp : OpBase<TOp, TKernel> {
   size_t GetOutputTypeCount() const { return S.n_out; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (S.any_float_in >> i & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // checked later
+    if (S.bool_in >> i & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
     return half ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   ONNXTensorElementDataType GetOutputType(size_t) const {

@@ -96,6 +96,18 @@ def bench():
         lambda: L.ref_attention(do, q, k_, v, p, sc, sc, 0))
     del do, q, k_, v, p
 
+    # AttentionGrad, Llama-style grouped-query attention with dropout: 2 x 32 query heads on 8 kv
+    # heads, S=1024, D=128 (the unfused reference expands K / V and sums dK / dV back)
+    qb, kb, s, d = (2, 32), (2, 8), 1024, 128
+    do, q, k_, v = r(*qb, s, d), r(*qb, s, d), r(*kb, s, d), r(*kb, s, d)
+    p = torch.softmax(r(*qb, s, s), -1)
+    mask = torch.rand(*qb, s, s, device="cuda") >= 0.1
+    sc = 1 / math.sqrt(d)
+    add("AttentionGrad[gqa,dropout]", [*qb, s, s, d],
+        lambda: L.attention_grad(do, q, k_, v, p, sc, sc, 0, (1, 1, 1), mask, 0.1),
+        lambda: L.ref_attention(do, q, k_, v, p, sc, sc, 0, mask, 0.1))
+    del do, q, k_, v, p, mask
+
     # ConvBnReluGrad: N=32, 64->64 channels, 56x56, 3x3 pad 1
     nb, cin, c, hw = 32, 64, 64, 56
     x = r(nb, cin, hw, hw)

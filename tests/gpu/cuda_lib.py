@@ -109,15 +109,28 @@ def linear_activation_grad(dy, x, a, w, act, trans_w=0, want=(1, 1, 1), trans_dw
     return (da, dw, db) if dz is None else (da, dw, db, dz_t)
 
 
-def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, want=(1, 1, 1)):
+def _kv_dims(q_batch, t):
+    """K's (or V's) batch dims right-aligned with P's, missing leading ones 1."""
+    kb = tuple(t.shape[:-2])
+    return (1,) * (len(q_batch) - len(kb)) + kb
+
+
+def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, want=(1, 1, 1),
+                   mask=None, ratio=0.0):
+    """want: dQ, dK, dV (and dS when it has 4 items); mask: bool tensor of P's shape or None.
+    K and V may have fewer batch rows than P (grouped / multi-query attention)."""
     import torch
+    qb = tuple(p.shape[:-2])
     sq, sk = p.shape[-2], p.shape[-1]
-    b = p.numel() // (sq * sk)
     d, dv_dim = q.shape[-1], v.shape[-1]
-    outs = [torch.empty_like(t) if w_ else None for t, w_ in zip((q, k, v), want)]
-    call("fusecli_launch_attention_grad", stream(), ptr(do), ptr(q), ptr(k), ptr(v), ptr(p),
-         *(ptr(o) for o in outs), b, sq, sk, d, dv_dim, scale_q, scale_k, k_transposed)
-    return outs
+    dims = [(ctypes.c_int64 * max(1, len(qb)))(*b) for b in (qb, _kv_dims(qb, k), _kv_dims(qb, v))]
+    outs = [torch.empty_like(t) if w_ else None for t, w_ in zip((q, k, v, p), want)]
+    outs += [None] * (4 - len(outs))
+    m = None if mask is None else mask.to(torch.bool).contiguous()
+    call("fusecli_launch_attention_grad", stream(), ptr(do), ptr(q), ptr(k), ptr(v), ptr(p), ptr(m),
+         *(ptr(o) for o in outs), len(qb), *dims, sq, sk, d, dv_dim, scale_q, scale_k,
+         1.0 / (1.0 - ratio), k_transposed)
+    return outs[:len(want)]
 
 
 def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pads=(0, 0, 0, 0),
@@ -199,14 +212,33 @@ def ref_linear(dy, x, a, w, act, trans_w):
     return da, dw, dz.sum(0)
 
 
-def ref_attention(do, q, k, v, p, sq_, sk_, kt):
-    k_sd = k.transpose(-1, -2) if kt else k
-    dv = p.transpose(-1, -2) @ do
-    dp = do @ v.transpose(-1, -2)
+def ref_attention(do, q, k, v, p, sq_, sk_, kt, mask=None, ratio=0.0):
+    """AttentionGrad's contract in torch: K / V expanded to P's batch dims (query index i of a
+    dim reads kv index i // (Hq / Hkv)), dK / dV summed back over each group; (dQ, dK, dV, dS)."""
+    qb = tuple(p.shape[:-2])
+
+    def split(tb):
+        return [x for qd, kd in zip(qb, tb) for x in (kd, qd // kd)]
+
+    def expand(t):
+        tb = _kv_dims(qb, t)
+        t = t.reshape(*[x for kd in tb for x in (kd, 1)], *t.shape[-2:])
+        return t.expand(*split(tb), *t.shape[-2:]).reshape(*qb, *t.shape[-2:])
+
+    def group_sum(t, like):
+        tb = _kv_dims(qb, like)
+        if qb:  # (torch sums over every dim for an empty dim tuple)
+            t = t.reshape(*split(tb), *t.shape[-2:]).sum(tuple(range(1, 2 * len(qb), 2)))
+        return t.reshape(like.shape[:-2] + t.shape[-2:])
+
+    keep = 1.0 if mask is None else mask.to(p.dtype) / (1.0 - ratio)
+    k_sd = expand(k.transpose(-1, -2) if kt else k)
+    dv = group_sum((p * keep).transpose(-1, -2) @ do, v)
+    dp = (do @ expand(v).transpose(-1, -2)) * keep
     ds = p * (dp - (dp * p).sum(-1, keepdim=True))
     dq = sq_ * (ds @ k_sd)
-    dk = sk_ * (ds.transpose(-1, -2) @ q)
-    return dq, (dk.transpose(-1, -2) if kt else dk), dv
+    dk = group_sum(sk_ * (ds.transpose(-1, -2) @ q), k.transpose(-1, -2) if kt else k)
+    return dq, (dk.transpose(-1, -2) if kt else dk), dv, ds
 
 
 def ref_conv(dy, y, x, w, cv, gamma, mean, inv_std, strides, pads, dilations, group, relu):

@@ -109,6 +109,51 @@ def test_attention_grad(kt, lead, sq, sk, d, dv):
         _close(g, r, 5e-4, nm)
 
 
+# Grouped / multi-query attention, dropout, dS: (P's batch dims, K's, V's, Sq, Sk, D, Dv).
+GQA = [((2, 4), (2, 1), (2, 1), 7, 11, 8, 5),              # one kv head (MQA)
+       ((2, 4), (2, 2), (2, 2), 9, 13, 8, 6),              # repeat_kv grouping
+       ((2, 4), (2, 2), (2, 1), 5, 12, 4, 7),              # V grouped apart from K
+       ((3, 4), (1, 4), (4,), 6, 9, 5, 3),                 # K shared by the batch (expand path)
+       ((2, 6), (1, 3), (2, 2), 5, 7, 4, 4),               # every dim grouped differently
+       ((3, 2), (), (1, 1), 4, 6, 3, 2),                   # one [Sk, D] matrix
+       ((2, 32), (2, 8), (2, 8), 256, 256, 64, 64)]        # Llama-style GQA at a real size
+
+
+@pytest.mark.parametrize("kt", [0, 1])
+@pytest.mark.parametrize("dropout", [0, 1])
+@pytest.mark.parametrize("qb,kb,vb,sq,sk,d,dv", GQA)
+def test_attention_grad_groups_dropout_ds(kt, dropout, qb, kb, vb, sq, sk, d, dv):
+    do, q = _rand(*qb, sq, dv), _rand(*qb, sq, d)
+    k = _rand(*kb, d, sk) if kt else _rand(*kb, sk, d)
+    v = _rand(*vb, sk, dv)
+    p = torch.softmax(torch.randn(*qb, sq, sk, device="cuda"), -1)
+    mask = torch.rand(*qb, sq, sk, device="cuda") >= 0.3 if dropout else None
+    ratio = 0.3 if dropout else 0.0
+    got = L.attention_grad(do, q, k, v, p, 0.3, -0.7, kt, (1, 1, 1, 1), mask, ratio)
+    ref = L.ref_attention(do.double(), q.double(), k.double(), v.double(), p.double(), 0.3, -0.7, kt,
+                          mask, ratio)
+    for g, r, nm in zip(got, ref, "dQ dK dV dS".split()):
+        _close(g, r, 5e-4, nm)
+
+
+@pytest.mark.parametrize("want", [m for m in itertools.product([0, 1], repeat=4) if any(m)])
+def test_attention_grad_optional_outputs_with_groups_and_dropout(want):
+    do, q, k, v = _rand(2, 4, 9, 6), _rand(2, 4, 9, 8), _rand(2, 2, 13, 8), _rand(2, 2, 13, 6)
+    p = torch.softmax(torch.randn(2, 4, 9, 13, device="cuda"), -1)
+    mask = torch.rand(2, 4, 9, 13, device="cuda") >= 0.2
+    got = L.attention_grad(do, q, k, v, p, 0.5, 0.5, 0, want, mask, 0.2)
+    ref = L.ref_attention(do.double(), q.double(), k.double(), v.double(), p.double(), 0.5, 0.5, 0,
+                          mask, 0.2)
+    _check_requested(want, got, ref, 5e-4)
+
+
+def test_attention_grad_rejects_dims_outside_the_group_rule():
+    do, q, v = _rand(2, 4, 9, 6), _rand(2, 4, 9, 8), _rand(2, 4, 13, 6)
+    p = torch.softmax(torch.randn(2, 4, 9, 13, device="cuda"), -1)
+    with pytest.raises(RuntimeError, match="cudaError 1$"):  # cudaErrorInvalidValue
+        L.attention_grad(do, q, _rand(2, 3, 13, 8), v, p)
+
+
 CONV = [
     (1, 1, 1, 1, 1, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
     (2, 3, 7, 9, 4, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),

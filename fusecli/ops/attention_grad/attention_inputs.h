@@ -1,6 +1,7 @@
 // AttentionGrad: attributes and input checks shared by its CPU and CUDA kernels.
 #pragma once
 
+#include "attn_batch.h"
 #include "op_kernel.h"
 
 namespace fusecli {
@@ -10,14 +11,17 @@ struct AttnAttrs {
   explicit AttnAttrs(const OrtKernelInfo* info);
   float scale_q, scale_k;  // the attributes; the optional q_scale / k_scale inputs multiply them
   bool k_transposed;
+  float dropout_ratio;     // 0 <= r < 1 (checked); the kept probabilities were scaled 1/(1-r)
 };
-// The op's seven inputs, read from the kernel context and validated against the attributes
+// The op's eight inputs, read from the kernel context and validated against the attributes
 // (throws OpError), with the batched dimensions both kernels need. q_scale / k_scale are
 // checked to be scalars; reading their value is the kernel's (host or device memory).
+// kmap / vmap: the query batch dims (P's) against K's / V's (attn_batch.h; B = q_items()).
 struct AttnInputs {
   AttnInputs(Ort::KernelContext& ctx, const AttnAttrs& a);
-  In dO, q, k, v, p, qs, ks;
+  In dO, q, k, v, p, qs, ks, mask;
   int64_t B, Sq, Sk, D, Dv;
+  KvMap kmap, vmap;
 };
 
 }  // namespace fusecli

@@ -11,10 +11,9 @@ import pytest
 
 from fusecli import library
 from fusecli.ops.attention_grad.reference import attention_grad
-
 # (_built: the autouse fixture that fails clearly when the library is not built)
 from kernel_helpers import (F32, Builder, _built, _rng, assert_close, assert_requested,
-                            fused_model, ort_session, rand, run_fused)
+                            attention_grad_subgraph, fused_model, ort_session, rand, run_fused)
 
 
 def _attn_inputs(rng, lead, sq, sk, d, dv, k_transposed):
@@ -104,28 +103,139 @@ def test_attention_grad_runtime_scale_must_be_scalar():
                                     ("q_scale", np.ones(2, F32))], [("dQ", F32), None, None])
 
 
+# Grouped / multi-query attention, dropout and the dS output. Each case: (P's batch dims, K's
+# batch dims, V's batch dims, Sq, Sk, D, Dv). K / V batch dims are right-aligned with P's.
+GQA_CASES = {
+    "plain": ((2, 3), (2, 3), (2, 3), 9, 13, 8, 6),
+    "mqa": ((2, 4), (2, 1), (2, 1), 7, 11, 8, 5),          # one kv head broadcast
+    "gqa": ((2, 4), (2, 2), (2, 2), 9, 13, 8, 6),          # repeat_kv: head h uses h // 2
+    "gqa_k_mqa_v": ((2, 4), (2, 2), (2, 1), 5, 12, 4, 7),  # V grouped apart from K
+    "batch_bcast": ((3, 4), (1, 4), (4,), 6, 9, 5, 3),     # K shared by the batch (rank 3)
+    "mixed": ((2, 6), (1, 3), (2, 2), 5, 7, 4, 4),         # every dim grouped differently
+    "one_kv": ((3, 2), (), (1, 1), 4, 6, 3, 2),            # K is one [Sk, D] matrix
+}
+
+
+def _gqa_inputs(rng, case, k_transposed, dropout):
+    qb, kb, vb, sq, sk, d, dv = GQA_CASES[case]
+    do, q, _, _, p = _attn_inputs(rng, qb, sq, sk, d, dv, k_transposed)
+    k = rand(rng, (*kb, d, sk) if k_transposed else (*kb, sk, d))
+    v = rand(rng, (*vb, sk, dv))
+    mask = rng.random(p.shape) >= 0.3 if dropout else None
+    return do, q, k, v, p, mask
+
+
+def _attn_run(do, q, k, v, p, mask=None, q_scale=None, k_scale=None, want=(1, 1, 1, 1), **attrs):
+    ins = [("dO", do), ("Q", q), ("K", k), ("V", v), ("P", p), ("q_scale", q_scale),
+           ("k_scale", k_scale), ("dropout_mask", mask)]
+    outs = [(nm, F32) if w else None for nm, w in zip(["dQ", "dK", "dV", "dS"], want)]
+    return run_fused("AttentionGrad", ins, outs, **attrs)
+
+
+@pytest.mark.parametrize("case", sorted(GQA_CASES))
 @pytest.mark.parametrize("k_transposed", [0, 1])
-def test_attention_grad_vs_unfused(k_transposed):
-    rng = _rng("attn-unfused", k_transposed)
-    lead, sq, sk, d, dv = (2, 3), 33, 47, 16, 24
-    do, q, k, v, p = _attn_inputs(rng, lead, sq, sk, d, dv, k_transposed)
-    scale = float(1 / np.sqrt(d))
-    got = run_fused("AttentionGrad", [("dO", do), ("Q", q), ("K", k), ("V", v), ("P", p)],
-                    [("dQ", F32), ("dK", F32), ("dV", F32)], scale_q=scale, scale_k=scale,
-                    k_transposed=k_transposed)
+@pytest.mark.parametrize("dropout", [0, 1])
+def test_attention_grad_groups_dropout_ds_vs_reference(case, k_transposed, dropout):
+    """Grouped / multi-query K and V (dK, dV summed over each group), the dropout mask and the
+    dS output, with run-time scales, against the NumPy reference."""
+    rng = _rng("attn-gqa", case, k_transposed, dropout)
+    do, q, k, v, p, mask = _gqa_inputs(rng, case, k_transposed, dropout)
+    qs, ks = np.array(0.5, F32), np.array([-1.25], F32)
+    attrs = dict(scale_q=0.3, scale_k=0.7, k_transposed=k_transposed,
+                 dropout_ratio=0.3 if dropout else 0.0)
+    got = _attn_run(do, q, k, v, p, mask, qs, ks, **attrs)
+    ref = attention_grad(do, q, k, v, p, np.float32(0.3), np.float32(0.7), k_transposed, qs, ks,
+                           mask, attrs["dropout_ratio"])
+    for g, r, nm in zip(got, ref, "dQ dK dV dS".split()):
+        assert_close(g, r, what=f"{case} {nm}")
+
+
+@pytest.mark.parametrize("case,lead_k", [("mqa", (1, 1)), ("gqa", (1, 4))])
+def test_attention_grad_group_split_over_chunks(case, lead_k):
+    """Large score matrices (256 x 256, the kernel works in ~2 MiB chunks of them): 16 query
+    heads sharing one kv head span two chunks (the group sum accumulates across chunks); groups
+    of 4 fit whole in a chunk (one GEMM per group, written in place)."""
+    rng = _rng("attn-gqa-big", case)
+    do, q, _, _, p = _attn_inputs(rng, (1, 16), 256, 256, 16, 8, 0)
+    k, v = rand(rng, (*lead_k, 256, 16)), rand(rng, (*lead_k, 256, 8))
+    mask = rng.random(p.shape) >= 0.1
+    got = _attn_run(do, q, k, v, p, mask, scale_q=0.25, scale_k=0.25, dropout_ratio=0.1)
+    ref = attention_grad(do, q, k, v, p, 0.25, 0.25, 0, None, None, mask, 0.1)
+    for g, r, nm in zip(got, ref, "dQ dK dV dS".split()):
+        assert_close(g, r, what=f"{case} {nm}")
+
+
+@pytest.mark.parametrize("want", [m for m in itertools.product([0, 1], repeat=4) if any(m)])
+def test_attention_grad_optional_outputs_with_groups_and_dropout(want):
+    rng = _rng("attn-gqa-opt", want)
+    do, q, k, v, p, mask = _gqa_inputs(rng, "gqa", 0, 1)
+    got = _attn_run(do, q, k, v, p, mask, want=want, scale_q=0.5, scale_k=0.5, dropout_ratio=0.2)
+    ref = attention_grad(do, q, k, v, p, 0.5, 0.5, 0, None, None, mask, 0.2)
+    assert_requested(want, got, ref, "dQ dK dV dS".split())
+
+
+@pytest.mark.parametrize("case", sorted(GQA_CASES))
+@pytest.mark.parametrize("k_transposed", [0, 1])
+@pytest.mark.parametrize("dropout", [0, 1])
+def test_attention_grad_vs_unfused(case, k_transposed, dropout):
+    """The fused op against the unfused standard-op subgraph in onnxruntime (optimizations off):
+    every grouping, k_transposed, run-time scales, dropout mask as a given input, dS."""
+    rng = _rng("attn-unfused", case, k_transposed, dropout)
+    do, q, k, v, p, mask = _gqa_inputs(rng, case, k_transposed, dropout)
+    qb, kb, vb = GQA_CASES[case][:3]
+    qs, ks = np.array(0.5, F32), np.array(1.5, F32)
+    ratio = 0.25 if dropout else 0.0
+    scale = float(1 / np.sqrt(q.shape[-1]))
+    got = _attn_run(do, q, k, v, p, mask, qs, ks, scale_q=scale, scale_k=scale,
+                    k_transposed=k_transposed, dropout_ratio=ratio)
     b = Builder()
-    ndo, nq, nk, nv, npr = (b.input(nm, t) for nm, t in
-                            zip(["dO", "Q", "K", "V", "P"], (do, q, k, v, p)))
-    perm = [0, 1, 3, 2]
-    rdv = b.op("MatMul", b.op("Transpose", npr, perm=perm), ndo)
-    dp = b.op("MatMul", ndo, b.op("Transpose", nv, perm=perm))
-    rs = b.op("ReduceSum", b.mul(dp, npr), b.ints([-1]), keepdims=1)
-    ds = b.mul(npr, b.sub(dp, rs))
-    k_sd = b.op("Transpose", nk, perm=perm) if k_transposed else nk
-    rdq = b.mul(b.op("MatMul", ds, k_sd), b.const(scale))
-    rdk = b.mul(b.op("MatMul", b.op("Transpose", ds, perm=perm), nq), b.const(scale))
-    if k_transposed:
-        rdk = b.op("Transpose", rdk, perm=perm)
-    ref = b.run([rdq, rdk, rdv])
-    for g, r, nm in zip(got, ref, "dQ dK dV".split()):
-        assert_close(g, r, what=nm)
+    names = ["dO", "Q", "K", "V", "P"]
+    t = {nm: (b.input(nm, a), a.shape) for nm, a in zip(names, (do, q, k, v, p))}
+    outs = attention_grad_subgraph(b, t["dO"][0], t["Q"], t["K"], t["V"], t["P"], qb, kb, vb,
+                             k_transposed, scale, scale, b.input("q_scale", qs),
+                             b.input("k_scale", ks),
+                             None if mask is None else b.input("mask", mask), ratio)
+    ref = b.run(list(outs))
+    for g, r, nm in zip(got, ref, "dQ dK dV dS".split()):
+        assert_close(g, r, what=f"{case} {nm}")
+
+
+@pytest.mark.parametrize("kshape,vshape,match", [
+    ((2, 3, 13, 8), (2, 4, 13, 6), "K's batch dims \\[2, 3\\] must equal or divide P's \\[2, 4\\]"),
+    ((2, 2, 13, 8), (4, 4, 13, 6), "V's batch dims \\[4, 4\\] must equal or divide P's"),
+    ((3, 2, 2, 13, 8), (2, 2, 13, 6), "K's batch dims \\[3, 2, 2\\]"),
+    ((2, 2, 12, 8), (2, 2, 13, 6), "K must be \\[..., Sk, D\\]"),
+    ((2, 2, 13, 8), (2, 2, 12, 6), "V must be \\[..., 13, 6\\] \\(from P, Q and dO\\), got \\[2, 2, 12, 6\\]"),
+])
+def test_attention_grad_rejects_shapes_outside_the_group_rule(kshape, vshape, match):
+    rng = _rng("attn-bad-groups", kshape, vshape)
+    do, q, _, _, p = _attn_inputs(rng, (2, 4), 9, 13, 8, 6, 0)
+    k, v = rand(rng, kshape), rand(rng, vshape)
+    with pytest.raises(Exception, match=match):
+        _attn_run(do, q, k, v, p)
+    if "batch dims" in match:
+        with pytest.raises(ValueError, match=match):
+            attention_grad(do, q, k, v, p)
+
+
+@pytest.mark.parametrize("mshape", [(2, 4, 9, 12), (2, 1, 9, 13), (8, 9, 13)])
+def test_attention_grad_rejects_a_dropout_mask_of_the_wrong_shape(mshape):
+    rng = _rng("attn-bad-mask", mshape)
+    do, q, k, v, p = _attn_inputs(rng, (2, 4), 9, 13, 8, 6, 0)
+    mask = rng.random(mshape) > 0.5
+    with pytest.raises(Exception, match="dropout_mask must be bool with P's shape \\[2, 4, 9, 13\\]"):
+        _attn_run(do, q, k, v, p, mask, dropout_ratio=0.1)
+    with pytest.raises(ValueError, match="dropout_mask must have P's shape"):
+        attention_grad(do, q, k, v, p, dropout_mask=mask, dropout_ratio=0.1)
+
+
+def test_attention_grad_rejects_bad_dropout_settings():
+    rng = _rng("attn-bad-dropout")
+    do, q, k, v, p = _attn_inputs(rng, (2,), 5, 6, 4, 3, 0)
+    mask = rng.random(p.shape) > 0.5
+    with pytest.raises(Exception, match="dropout_ratio is set but the dropout_mask input is absent"):
+        _attn_run(do, q, k, v, p, dropout_ratio=0.1)
+    with pytest.raises(Exception, match="dropout_ratio must be in \\[0, 1\\)"):
+        _attn_run(do, q, k, v, p, mask, dropout_ratio=1.0)
+    with pytest.raises(Exception, match="dropout_mask"):  # a float mask is not the bool input
+        _attn_run(do, q, k, v, p, mask.astype(F32), dropout_ratio=0.1)

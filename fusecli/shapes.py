@@ -1,0 +1,247 @@
+"""Tensor shapes where they are known or can be inferred, and the shape guard of a fusion.
+
+A dim is an int (static), a str (a symbolic dim of the graph, equal to itself only) or None
+(unknown). ``ShapeOracle.shape(t)`` is the recorded shape (value_info, graph inputs/outputs,
+initializers, constant values) or, failing that, the shape inferred from the producer for the
+ops that backward chains are made of (MatMul, FusedMatMul, Gemm, Transpose, Reshape,
+ReduceSum, elementwise ops with broadcasting, the gradient ops that keep their input's shape).
+Computed lazily, memoised, iteratively (no recursion limit on deep graphs).
+
+``fusion_problem`` is the guard every match passes before it is fused: the fused op's outputs
+must have the shapes of the tensors they replace (catches a rule that binds a gradient the
+graph still sums afterwards, e.g. dK/dV of multi-query attention computed at the full head
+count), and its inputs must fit the op (``input_problem``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from .contracts import infer_output_types
+from .graph import memoised
+
+_SAME_AS_INPUT0 = {
+    "Identity", "Cast", "Neg", "Sqrt", "Reciprocal", "Relu", "Erf", "Tanh", "Sigmoid", "Exp",
+    "Log", "Abs", "Softmax", "LogSoftmax", "Gelu", "FastGelu", "QuickGelu", "Dropout",
+    "ReluGrad", "GeluGrad", "FastGeluGrad", "QuickGeluGrad", "TanhGrad", "SigmoidGrad",
+    "SoftmaxGrad_13", "SoftmaxGrad", "ActivationGrad",
+}
+_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Equal", "Less",
+              "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Sum"}
+_INFERRED = _SAME_AS_INPUT0 | _BROADCAST | {
+    "Constant", "Shape", "MatMul", "FusedMatMul", "Gemm", "Transpose", "Reshape", "ReduceSum",
+    "ReduceMean", "Expand"}
+
+
+def broadcast(a, b):
+    """Numpy broadcasting of two shapes with unknown/symbolic dims; None when impossible to
+    tell (rank unknown)."""
+    if a is None or b is None:
+        return None
+    n = max(len(a), len(b))
+    a = [1] * (n - len(a)) + list(a)
+    b = [1] * (n - len(b)) + list(b)
+    out = []
+    for x, y in zip(a, b):
+        if x == 1:
+            out.append(y)
+        elif y == 1 or x == y:
+            out.append(x)
+        elif x is None or y is None:
+            out.append(None)
+        else:
+            out.append(None if isinstance(x, str) or isinstance(y, str) else max(x, y))
+    return out
+
+
+def _matmul(a, b, trans_a=False, trans_b=False):
+    if a is None or b is None or len(a) < 2 or len(b) < 2:
+        return None
+    m = a[-1] if trans_a else a[-2]
+    n = b[-2] if trans_b else b[-1]
+    batch = broadcast(a[:-2], b[:-2])
+    return None if batch is None else batch + [m, n]
+
+
+class ShapeOracle:
+    def __init__(self, index):
+        self.g = index
+        self._cache: dict[str, list | None] = {}
+        self._types: dict[str, onnx.TypeProto | None] = {}
+
+    def type_proto(self, name: str):
+        """A TypeProto with the (recorded or inferred) shape of ``name``, memoised."""
+        if name not in self._types:
+            s = self.shape(name)
+            t = self.g.type_of(name)
+            elem = t.tensor_type.elem_type if t is not None else onnx.TensorProto.FLOAT
+            self._types[name] = (None if s is None
+                                 else onnx.helper.make_tensor_type_proto(elem, s))
+        return self._types[name]
+
+    def recorded(self, name: str):
+        t = self.g.type_of(name)
+        if t is not None and t.tensor_type.HasField("shape"):
+            return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                    for d in t.tensor_type.shape.dim]
+        return None
+
+    def shape(self, name: str):
+        if not name:
+            return None
+        cache = self._cache
+
+        def step(t):
+            rec = self.recorded(t)
+            prod = self.g.producer.get(t)
+            if rec is None and prod is not None and prod.alive and prod.op in _INFERRED:
+                missing = [i for i in prod.inputs[:3] if i and i not in cache]
+                if missing:
+                    return missing[0]
+                try:
+                    rec = self._infer(prod, t)
+                except Exception:  # noqa: BLE001 - a shape that cannot be inferred is unknown
+                    rec = None
+            cache[t] = rec
+            return None
+
+        return memoised(name, cache, step)
+
+    def _infer(self, node, out_name):
+        if node.outputs[0] != out_name:
+            return None
+        ins = [self._cache.get(i) if i else None for i in node.inputs]
+        op, at = node.op, node.attrs
+        value = self.g.const_value(out_name) if op in ("Constant", "Shape") else None
+        if value is not None:
+            return list(np.shape(value))
+        if op in _SAME_AS_INPUT0:
+            return ins[0]
+        if op in _BROADCAST:
+            out = ins[0]
+            for s in ins[1:]:
+                out = broadcast(out, s)
+            return out
+        if op == "MatMul":
+            return _matmul(ins[0], ins[1])
+        if op == "FusedMatMul":
+            if at.get("transBatchA", 0) or at.get("transBatchB", 0):
+                return None
+            return _matmul(ins[0], ins[1], at.get("transA", 0), at.get("transB", 0))
+        if op == "Gemm":
+            return _matmul(ins[0], ins[1], at.get("transA", 0), at.get("transB", 0))
+        if op == "Transpose" and ins[0] is not None:
+            perm = at.get("perm") or list(range(len(ins[0])))[::-1]
+            return [ins[0][p] for p in perm]
+        if op == "Reshape":
+            target = self.g.const_value(node.inputs[1])
+            if target is None:
+                return None
+            target = [int(x) for x in np.asarray(target).reshape(-1)]
+            src = ins[0]
+            dims = [src[i] if d == 0 and src is not None and i < len(src) else
+                    (None if d in (0, -1) else d) for i, d in enumerate(target)]
+            if -1 in target and src is not None and all(isinstance(d, int) for d in src):
+                known = [d for d in dims if d is not None]
+                if len(known) == len(dims) - 1 and all(isinstance(d, int) for d in known):
+                    dims[target.index(-1)] = int(np.prod(src)) // max(int(np.prod(known)), 1)
+            return dims
+        if op in ("ReduceSum", "ReduceMean") and ins[0] is not None:
+            axes = (self.g.const_value(node.inputs[1]) if len(node.inputs) > 1
+                    and node.inputs[1] else at.get("axes"))
+            if axes is None:
+                return None
+            rank = len(ins[0])
+            axes = {int(a) % rank for a in np.asarray(axes).reshape(-1)}
+            keep = at.get("keepdims", 1)
+            return [1 if i in axes else d for i, d in enumerate(ins[0])
+                    if keep or i not in axes]
+        if op == "Expand":
+            target = self.g.const_value(node.inputs[1])
+            return None if target is None else broadcast(
+                ins[0], [int(x) for x in np.asarray(target).reshape(-1)])
+        return None
+
+
+def _show(shape) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def same_shape(a, b) -> bool | None:
+    """False when the two shapes surely differ, True when surely equal, None when unknown."""
+    if a is None or b is None:
+        return None
+    if len(a) != len(b):
+        return False
+    sure = True
+    for x, y in zip(a, b):
+        if x is None or y is None:
+            sure = False
+        elif x != y:
+            if isinstance(x, int) and isinstance(y, int):
+                return False
+            sure = False
+    return True if sure else None
+
+
+def _numel(dims):
+    if dims is None or not all(isinstance(d, int) for d in dims):
+        return None
+    return math.prod(dims)
+
+
+_INPUT_CHECKED = {"AttentionGrad"}  # ops whose input shapes input_problem checks
+
+
+def input_problem(op: str, attrs: dict, ins: list, names: list) -> str | None:
+    """Why the fused op could not run on inputs of these shapes (None: fine or unknown)."""
+    if op != "AttentionGrad" or len(ins) < 5:
+        return None
+    dO, q, k, v, p = ins[:5]
+    if p is None or len(p) < 2:
+        return None
+    sq, sk = p[-2], p[-1]
+    if k is not None and len(k) >= 2:
+        k = k[:-2] + [k[-1], k[-2]] if attrs.get("k_transposed", 0) else k
+    wants = (("Q", q, -2, sq), ("dO", dO, -2, sq), ("K", k, -2, sk), ("V", v, -2, sk))
+    for label, s, axis, want in wants:
+        if s is None or len(s) < 2:
+            continue
+        if isinstance(s[axis], int) and isinstance(want, int) and s[axis] != want:
+            return (f"AttentionGrad's {label} is {_show(s)}, but P {_show(p)} needs "
+                    f"{want} rows/columns there")
+    batch = _numel(p[:-2])
+    for label, s in (("Q", q), ("K", k), ("V", v), ("dO", dO)):
+        if s is not None and batch is not None and _numel(s[:-2]) not in (None, batch):
+            return (f"AttentionGrad's {label} {_show(s)} has other batch dims than P "
+                    f"{_show(p)} (a broadcast the kernel does not do)")
+    return None
+
+
+def fusion_problem(oracle: ShapeOracle, node: onnx.NodeProto, replaced: dict) -> str | None:
+    """Why fusing into ``node`` would not compute the tensors it replaces (None: fine).
+
+    ``replaced``: fused output tensor name -> the tensor it stands for (the same name)."""
+    if node.op_type in _INPUT_CHECKED:
+        ins = [oracle.shape(t) if t else None for t in node.input]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        why = input_problem(node.op_type, attrs, ins, list(node.input))
+        if why:
+            return why
+
+    have = {out: oracle.shape(out) for out in node.output if out and out in replaced}
+    if all(v is None for v in have.values()):
+        return None
+    for out, tp in zip(node.output, infer_output_types(node, oracle.type_proto)):
+        if tp is None or have.get(out) is None:
+            continue
+        want = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in tp.tensor_type.shape.dim]
+        if same_shape(want, have[out]) is False:
+            return (f"{node.op_type} would write '{out}' as {_show(want)}, but the tensor it "
+                    f"replaces is {_show(have[out])} (a broadcast or reduction the rule does not "
+                    "cover)")
+    return None

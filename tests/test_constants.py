@@ -1,0 +1,217 @@
+"""Constants by value, wherever they come from.
+
+Rules compare constants by value. Exporters do not always leave them as initializers or Constant
+nodes: `torch.onnx.export(..., dynamo=True, optimize=False)` computes them with small subgraphs
+(scalar_tensor arithmetic, Cast, Reshape of Constant nodes), and a real-size torch-joint graph
+keeps the SiLU gradient's `1` as an Expand of a scalar. GraphIndex.const_value folds such
+subgraphs lazily (nothing in the graph changes) and never materialises a large broadcast.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import builders
+from conftest import SAMPLES
+
+from fusecli import FusionPass
+from fusecli.constfold import MAX_ELEMENTS
+from fusecli.graph import GraphIndex
+from fusecli.feeds import make_feeds
+from fusecli.library import session_options
+from fusecli.verify import manifest_entry_for
+
+F = TensorProto.FLOAT
+
+
+def _index(nodes, inputs=(), inits=(), value_info=()):
+    g = helper.make_graph(nodes, "g", list(inputs), [], initializer=list(inits),
+                          value_info=list(value_info))
+    return GraphIndex(g)
+
+
+def _c(name, value, dtype=np.float32):
+    return helper.make_node("Constant", [], [name],
+                            value=numpy_helper.from_array(np.asarray(value, dtype), name + "_v"))
+
+
+def test_scalar_tensor_arithmetic_cast_reshape():
+    """The dynamo optimize=False spelling of 1/sqrt(2): doubles, Cast, Sqrt, Reciprocal,
+    Reshape to a scalar."""
+    ix = _index([_c("two", 2.0, np.float64),
+                 helper.make_node("Cast", ["two"], ["two_f"], to=F),
+                 helper.make_node("Sqrt", ["two_f"], ["s"]),
+                 helper.make_node("Reciprocal", ["s"], ["r"]),
+                 _c("shape", [], np.int64),
+                 helper.make_node("Reshape", ["r", "shape"], ["out"])])
+    v = ix.const_value("out")
+    assert v.shape == () and v.dtype == np.float32
+    assert float(v) == pytest.approx(0.70710678, rel=1e-7)
+
+
+def test_shape_ops_and_integer_arithmetic():
+    x = helper.make_tensor_value_info("x", F, [2, 3, 4])
+    ix = _index([helper.make_node("Shape", ["x"], ["sh"]),
+                 _c("i", [2], np.int64),
+                 helper.make_node("Gather", ["sh", "i"], ["last"], axis=0),
+                 _c("m1", [-1], np.int64),
+                 helper.make_node("Concat", ["m1", "last"], ["target"], axis=0),
+                 _c("zero", 0, np.int64), _c("three", 3, np.int64), _c("one", 1, np.int64),
+                 helper.make_node("Range", ["zero", "three", "one"], ["rng"]),
+                 _c("ax", [0], np.int64),
+                 helper.make_node("Unsqueeze", ["three", "ax"], ["u"]),
+                 _c("seven", -7, np.int64), _c("two", 2, np.int64),
+                 helper.make_node("Div", ["seven", "two"], ["q"]),
+                 helper.make_node("ConstantOfShape", ["u"], ["cos"],
+                                  value=numpy_helper.from_array(np.array([1.5], np.float32)))],
+                inputs=[x])
+    assert ix.const_value("target").tolist() == [-1, 4]
+    assert ix.const_value("rng").tolist() == [0, 1, 2]
+    assert ix.const_value("u").tolist() == [3]
+    assert int(ix.const_value("q")) == -3  # ONNX integer Div truncates
+    assert ix.const_value("cos").tolist() == [1.5, 1.5, 1.5]
+    assert ix.const_value("x") is None  # a graph input is not a constant
+
+
+def test_a_large_expand_of_a_scalar_stays_a_scalar_view():
+    big = [4096, 4096]
+    ix = _index([_c("one", 1.0), _c("shape", big, np.int64),
+                 helper.make_node("Expand", ["one", "shape"], ["ones"]),
+                 _c("half", 0.5),
+                 helper.make_node("Mul", ["ones", "half"], ["halves"]),
+                 helper.make_node("Cast", ["halves"], ["h16"], to=TensorProto.FLOAT16)])
+    for name, want in (("ones", 1.0), ("halves", 0.5), ("h16", 0.5)):
+        v = ix.const_value(name)
+        assert list(v.shape) == big and v.strides == (0, 0)  # no 16M-element buffer
+        assert float(v.flat[0]) == want
+
+
+def test_large_materialised_results_and_non_constants_are_not_constants():
+    n = MAX_ELEMENTS + 1
+    ix = _index([_c("a", np.arange(n, dtype=np.float32)),
+                 helper.make_node("Neg", ["a"], ["neg"]),  # materialised: over the cap
+                 helper.make_node("Add", ["a", "x"], ["y"]),
+                 helper.make_node("Identity", ["w"], ["wi"])],
+                inputs=[helper.make_tensor_value_info("x", F, [n]),
+                        helper.make_tensor_value_info("w", F, [1])],
+                inits=[numpy_helper.from_array(np.ones(1, np.float32), "w")])
+    assert ix.const_value("neg") is None
+    assert ix.const_value("y") is None
+    assert ix.const_value("wi") is None  # an initializer that is also a graph input
+
+
+def test_deep_chains_do_not_recurse():
+    nodes = [helper.make_node("Neg", ["t0"], ["t1"])]
+    nodes += [helper.make_node("Neg", [f"t{i}"], [f"t{i + 1}"]) for i in range(1, 20000)]
+    ix = _index([_c("t0", 2.0)] + nodes)
+    assert float(ix.const_value("t20000")) == 2.0
+    ix2 = _index(nodes, inputs=[helper.make_tensor_value_info("t0", F, [])])
+    assert ix2.const_value("t20000") is None
+
+
+# --- whole graphs: the same fusions when constants are subgraphs -----------------------------
+
+def _as_constant_subgraphs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every small initializer and Constant output re-expressed as the dynamo optimize=False
+    exporter writes constants: a float64/int32 Constant, Cast, arithmetic, Reshape; one-element
+    floats as an Expand of a scalar."""
+    m = copy.deepcopy(model)
+    g = m.graph
+    inputs = {i.name for i in g.input}
+    values = {t.name: numpy_helper.to_array(t) for t in g.initializer
+              if t.name not in inputs and numpy_helper.to_array(t).size <= 16}
+    for n in g.node:
+        if n.op_type == "Constant" and n.attribute[0].name == "value":
+            values[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    new_nodes, renamed = [], {}
+    for name, v in values.items():
+        p = f"cs.{name}."
+        dt = helper.np_dtype_to_tensor_dtype(v.dtype)
+        if v.dtype.kind == "f":
+            new_nodes += [_c(p + "d", v.astype(np.float64) * 2.0, np.float64),
+                          helper.make_node("Cast", [p + "d"], [p + "f"], to=dt),
+                          _c(p + "two", 2.0, v.dtype),
+                          helper.make_node("Div", [p + "f", p + "two"], [p + "v"])]
+        else:
+            new_nodes += [_c(p + "d", v.astype(np.int32), np.int32),
+                          helper.make_node("Cast", [p + "d"], [p + "v"], to=dt)]
+        new_nodes.append(_c(p + "shape", list(v.shape), np.int64))
+        if v.dtype.kind == "f" and v.size == 1:
+            new_nodes += [_c(p + "scalar", [], np.int64),
+                          helper.make_node("Reshape", [p + "v", p + "scalar"], [p + "s"]),
+                          helper.make_node("Expand", [p + "s", p + "shape"], [p + "out"])]
+        else:
+            new_nodes.append(helper.make_node("Reshape", [p + "v", p + "shape"], [p + "out"]))
+        renamed[name] = p + "out"
+    for n in g.node:
+        for i, t in enumerate(n.input):
+            n.input[i] = renamed.get(t, t)
+    nodes = new_nodes + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+    return m
+
+
+def _fused(model):
+    fp = FusionPass()
+    fp.run(model)
+    return {p: s.fused for p, s in fp.stats.patterns.items() if s.fused}
+
+
+@pytest.mark.parametrize("sample", ["torch_mlp", "torch_block", "torch_v_attn",
+                                    "torch_v_gelutanh", "ortt_mlp", "ortt_v_gelutanh"])
+def test_constant_subgraphs_fuse_like_constants(sample):
+    original = onnx.load(SAMPLES / f"{sample}.onnx")
+    model = _as_constant_subgraphs(original)
+    assert sum(n.op_type == "Expand" for n in model.graph.node) > 0
+    want = _fused(copy.deepcopy(original))
+    assert _fused(model) == want and want
+    # the constant subgraphs that fed only fused nodes are gone, not left dangling
+    used = {t for n in model.graph.node for t in n.input} | {o.name for o in model.graph.output}
+    assert all(any(o in used for o in n.output) for n in model.graph.node)
+    if sample.startswith("torch"):  # stock onnxruntime runs this family: compare numerically
+        feeds = make_feeds(original, manifest_entry_for(SAMPLES / f"{sample}.onnx"))
+        want = _run(_as_constant_subgraphs(original), feeds)
+        got = _run(model, feeds)
+        for w, g in zip(want, got):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def _run(model, feeds):
+    import onnxruntime as ort
+
+    so = session_options(opt_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, {k: v for k, v in feeds.items()
+                           if k in {i.name for i in sess.get_inputs()}})
+
+
+def test_silu_one_as_an_expand_to_the_activation_shape():
+    """The real-size torch-joint Llama: the SiLU gradient's `1` is Expand(1.0, Shape(s)) of the
+    [B, S, 4H]-sized activation (static shape recorded), never materialised."""
+    m = onnx.load(SAMPLES / "torch_mlp.onnx")
+    g = m.graph
+    sub = next(n for n in g.node if n.op_type == "Sub"
+               and any(c.op_type == "Sigmoid" and c.output[0] == n.input[1] for c in g.node))
+    s = sub.input[1]
+    g.value_info.append(helper.make_tensor_value_info(s, F, [1024, 4096]))  # "real size"
+    nodes = [_c("llama.one", 1.0), helper.make_node("Shape", [s], ["llama.shape"]),
+             helper.make_node("Expand", ["llama.one", "llama.shape"], ["llama.ones"])]
+    sub.input[0] = "llama.ones"
+    at = list(g.node).index(sub)
+    for k, n in enumerate(nodes):
+        g.node.insert(at + k, n)
+    ix = GraphIndex(g)
+    v = ix.const_value("llama.ones")
+    assert v.shape == (1024, 4096) and v.strides == (0, 0)
+    assert _fused(m) == _fused(onnx.load(SAMPLES / "torch_mlp.onnx"))
+
+
+def test_synthetic_ortt_linear_with_subgraph_axes():
+    m = _as_constant_subgraphs(builders.ortt_linear_act("gelu"))
+    assert FusionPass().run(m) == 1
