@@ -113,7 +113,7 @@ def test_shipped_rules_use_contract_pattern_names():
 def test_canonical_pattern_order_lists_every_contract_pattern():
     """domain.yaml's `patterns` is the product's canonical order (statistics, --json, the CI
     gate) and names every pattern an op contract lists, nothing else."""
-    order = yaml.safe_load((REPO / "fusecli" / "ops" / "domain.yaml").read_text())["patterns"]
+    order = list(CONTRACTS.pattern_order)
     listed = [p for c in CONTRACTS.ops.values() for p in c.patterns]
     assert sorted(order) == sorted(listed) and len(set(order)) == len(order), (order, listed)
     assert CONTRACTS.patterns == tuple(order)

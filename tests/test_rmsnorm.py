@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import onnx
 import pytest
 from onnx import helper
@@ -87,13 +88,14 @@ def test_rmsnorm_ortt_residual_guard():
     assert any(n.op_type == "Sum" and dx in n.input for n in m.graph.node)
 
 
-def test_torch_rule_without_expand_and_pow1():
-    """An export that broadcasts instead of Expand and writes 2 X instead of 2 Pow(X, 1) (both
-    optional pass-throughs in the torch rules) still fuses every RMSNorm, and still verifies."""
+def test_torch_rules_other_spellings(tmp_path):
+    """An export that broadcasts instead of Expand, writes 2 X instead of 2 Pow(X, 1) (optional
+    pass-throughs) and takes the mean as a Mul by 1/N instead of a Div by N (an op alternative)
+    still fuses every RMSNorm, and the result verifies against the original."""
     m = onnx.load(SAMPLES / "torch_llama.onnx")
     g = m.graph
     consts = {i.name: onnx.numpy_helper.to_array(i) for i in g.initializer}
-    removed = {"Expand": 0, "Pow": 0}
+    removed = {"Expand": 0, "Pow": 0, "Div": 0}
     for n in list(g.node):
         pow1 = n.op_type == "Pow" and n.input[1] in consts and float(consts[n.input[1]]) == 1.0
         if n.op_type == "Expand" or pow1:
@@ -103,9 +105,18 @@ def test_torch_rule_without_expand_and_pow1():
                         c.input[k] = n.input[0]
             g.node.remove(n)
             removed[n.op_type] += 1
-    assert removed == {"Expand": 5, "Pow": 5}  # the five RMSNorms with a dX
-    _, counts = _fused(m)
-    assert counts == {"rmsnorm": 6}
+        elif n.op_type == "Div" and consts.get(n.input[1], np.zeros(2)).size == 1 and \
+                float(consts[n.input[1]]) == 32.0:  # the mean over N = 32
+            inv = f"{n.name}_inv_n"
+            g.initializer.append(onnx.numpy_helper.from_array(np.array(1 / 32, np.float32), inv))
+            n.op_type, n.input[1] = "Mul", inv
+            removed["Div"] += 1
+    assert removed == {"Expand": 5, "Pow": 5, "Div": 5}  # the five RMSNorms with a dX
+    src = tmp_path / "spellings.onnx"
+    onnx.save(m, src)
+    d = json.loads(run_cli("optimize", src, "-o", tmp_path / "f.onnx", "--json").stdout)
+    assert d["patterns"]["rmsnorm"]["fused"] == 6
+    run_cli("verify", src, tmp_path / "f.onnx")
 
 
 def test_json_and_ci_gate_know_rmsnorm(tmp_path):
