@@ -1,6 +1,8 @@
 # fusecli: everything a fresh Debian 12 machine needs is set up from here.
 #   make demo   - venv + install + custom-op library + optimize a shipped sample
-#   make test   - the same set-up, then the whole test suite
+#   make test   - the same set-up, then the linters and the whole test suite
+# The library is built by the package's build hook (setup.py -> scripts/build_lib.sh) when the
+# venv installs fusecli (editable); `make lib` reruns the same script after C++ edits.
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -8,9 +10,9 @@ VPY := $(VENV)/bin/python
 ORTT_VENV := .venv-ortt
 LIB := fusecli/lib/libfusecli_ops.so
 
-.PHONY: demo test venv lib ortt-env samples bench clean
+.PHONY: demo test lint venv lib ortt-env samples bench clean
 
-$(VENV)/.installed: pyproject.toml scripts/constraints.txt
+$(VENV)/.installed: pyproject.toml setup.py scripts/constraints.txt
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -c scripts/constraints.txt -e '.[test]'
@@ -32,7 +34,10 @@ demo: venv lib
 	@mkdir -p out
 	$(VENV)/bin/fusecli optimize samples/torch_block.onnx -o out/torch_block.fused.onnx --verify
 
-test: venv lib ortt-env
+lint: venv
+	$(VENV)/bin/ruff check .
+
+test: venv lib ortt-env lint
 	$(VPY) -m pytest -q tests fusecli/ops
 
 samples:
@@ -42,4 +47,4 @@ bench: venv lib ortt-env
 	$(VPY) -m fusecli.bench.suite --out BENCHMARKS.md
 
 clean:
-	rm -rf build out fusecli/lib/*.so
+	rm -rf build dist out fusecli/lib/*.so

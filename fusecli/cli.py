@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
 from pathlib import Path
 
 import click
 
 from . import errors
 from .errors import FuseError
+from .options import RUNTIME_PYTHON, SEED, TOLERANCE
 
 
 def _echo_json(obj) -> None:
@@ -216,11 +219,14 @@ def _verify_exit(report) -> None:
 @cli.command()
 @click.argument("original", type=click.Path(path_type=Path))
 @click.argument("fused", type=click.Path(path_type=Path))
-@click.option("--seed", default=0, show_default=True, help="Seed of the random feeds.")
-@click.option("--rtol", default=1e-5, show_default=True, help="Relative tolerance (of max |ref|).")
-@click.option("--atol", default=1e-6, show_default=True, help="Absolute tolerance.")
+@click.option("--seed", default=0, show_default=True, type=SEED,
+              help="Seed of the random feeds.")
+@click.option("--rtol", default=1e-5, show_default=True, type=TOLERANCE,
+              help="Relative tolerance (of max |ref|).")
+@click.option("--atol", default=1e-6, show_default=True, type=TOLERANCE,
+              help="Absolute tolerance.")
 @click.option("--dim", "dims", multiple=True, help="Symbolic dimension NAME=VALUE (repeatable).")
-@click.option("--runtime-python", type=click.Path(path_type=Path),
+@click.option("--runtime-python", type=RUNTIME_PYTHON,
               help="Python whose onnxruntime runs the models (default: picked by the graph).")
 @_FEEDS
 @_JSON
@@ -425,38 +431,81 @@ def library_path_cmd():
     click.echo(library_path())
 
 
-def _sigterm_as_interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
-    raise KeyboardInterrupt
+def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
+    # the first SIGINT/SIGTERM unwinds (temporary files are removed on the way); later ones are
+    # ignored so that the clean-up is not cut short and no traceback is printed
+    for sig in _SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise errors.Interrupted(signum)
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7f]}
+
+
+def one_line(text: str) -> str:
+    """The text with control characters (newlines included) escaped: it stays one line."""
+    return str(text).translate(_CONTROL)
+
+
+def _error(msg: str) -> None:
+    try:
+        click.echo(f"fusecli: {one_line(msg)}", err=True)
+    except (OSError, ValueError):      # stderr closed too: the exit code says it
+        pass
 
 
 def main(argv=None) -> int:
-    import signal
+    for sig in _SIGNALS:
+        if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(sig, _on_signal)     # an ignored signal (nohup) stays ignored
+    try:
+        return _main(argv)
+    except errors.Interrupted as exc:
+        _error(f"interrupted by {signal.Signals(exc.signum).name}; nothing half-written was "
+               "left behind")
+        return exc.exit_code
 
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        # a CI runner's SIGTERM unwinds like Ctrl-C: temporary files are removed
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+
+def _main(argv) -> int:
+    if sys.stdout is None:         # started with file descriptor 1 closed
+        return _stdout_closed()
     try:
         cli.main(args=argv, prog_name="fusecli", standalone_mode=False)
+        sys.stdout.flush()
         return errors.EXIT_OK
     except FuseError as exc:
-        click.echo(f"fusecli: error: {exc}", err=True)
+        _error(f"error: {exc}")
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except SystemExit as exc:  # a command's documented exit code (1 check failed, 3 CI)
+        if type(sys.stdout).__name__ == "_PacifyFlushWrapper":   # click met EPIPE on stdout
+            return _stdout_closed()
         return exc.code if isinstance(exc.code, int) else errors.EXIT_INTERNAL
     except click.ClickException as exc:
-        click.echo(f"fusecli: error: {exc.format_message()} (see --help)", err=True)
+        _error(f"error: {exc.format_message()} (see --help)")
         return errors.EXIT_BAD_INPUT
-    except click.Abort:
-        click.echo("fusecli: aborted", err=True)
-        return errors.EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        click.echo("fusecli: interrupted; the output file was not replaced", err=True)
+    except (click.Abort, KeyboardInterrupt):
+        _error("interrupted; nothing half-written was left behind")
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+    except OSError as exc:     # the environment refused (a path, a file system): not a defect
+        where = f" {exc.filename}" if exc.filename else ""
+        _error(f"error: cannot use{where}: {exc.strerror or exc}; check the path and the file "
+               "system")
+        return errors.EXIT_BAD_INPUT
     except Exception as exc:  # noqa: BLE001 - last resort: one line, exit 4
         if os.environ.get("FUSECLI_DEBUG"):
             raise
-        click.echo(f"fusecli: internal error: {type(exc).__name__}: {exc} (set FUSECLI_DEBUG=1 "
-                   "for a traceback and report it)", err=True)
+        _error(f"internal error: {type(exc).__name__}: {exc} (set FUSECLI_DEBUG=1 for a "
+               "traceback and report it)")
         return errors.EXIT_INTERNAL
+
+
+def _stdout_closed() -> int:
+    _error("error: standard output is closed (or its reader went away); run fusecli with "
+           "stdout open, e.g. redirected to a file")
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more may fail at exit
+    return errors.EXIT_BAD_INPUT

@@ -11,6 +11,16 @@ EXIT_INTERNAL = 4
 EXIT_INCONCLUSIVE = 5  # `verify` could not judge (see README's exit-code table)
 
 
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived: unwinds like Ctrl-C (temporary files are removed on the way)
+    but is not a KeyboardInterrupt, so no library turns it into something else."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
 class FuseError(Exception):
     """A user-facing error: one line saying what is wrong and how to fix it."""
 

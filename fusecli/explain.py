@@ -35,7 +35,7 @@ def _misses(model: onnx.ModelProto, fp: FusionPass) -> list[Skip]:
                    for n in index.candidates(op, d)]
         for anchor in sorted(anchors, key=lambda n: n.key):
             res = matcher.match_at(anchor)
-            fp.check_kernel(res)
+            fp.check_kernel(res, index)
             failure = res.guard_failure or res.deepest
             if res.match is None and failure is not None:
                 out.append(Skip(rule.name, rule.pattern, anchor.name, failure,

@@ -46,6 +46,7 @@ from .errors import FuseError
 DEFAULT_DIMS = {"batch": 2, "batch_size": 2, "b": 2, "n": 2, "seq": 8, "sequence": 8,
                 "seq_len": 8, "s": 8}
 _REPO_SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+MAX_FEED_BYTES = 4 << 30       # all generated feeds together
 
 # ops that pass a tensor on unchanged in value (maybe re-laid out) on the way to its consumer
 _PASS = {"Identity", "Cast", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand",
@@ -253,7 +254,7 @@ def _is_big_negative(flow: _Flow, t: str) -> bool | None:
 def _mask_polarity(flow: _Flow, name: str) -> bool:
     """True when a True entry means 'masked out' (Where(mask, -inf, x), masked_fill), False when
     it means 'keep' (Where(mask, x, -inf); the HF / SDPA convention and the default)."""
-    for _, n, k, _ in flow.uses(name):
+    for _, n, _k, _ in flow.uses(name):
         flip = False
         cur = n
         if cur.op_type == "Not":
@@ -435,6 +436,7 @@ def plan_feeds(model: onnx.ModelProto, manifest_entry: dict | None = None, seed:
             params = {k: z[k] for k in z.files}
     flow = _Flow(model)
     plan = FeedPlan({})
+    total = 0
     for vi in _graph_inputs(model):
         name = vi.name
         dtype = _dtype_of(vi)
@@ -442,6 +444,10 @@ def plan_feeds(model: onnx.ModelProto, manifest_entry: dict | None = None, seed:
         if name in given:
             plan.feeds[name], plan.policy[name] = given[name], "file"
             continue
+        total += int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if total > MAX_FEED_BYTES:     # checked before anything is allocated
+            raise FuseError(f"the feeds would take over {MAX_FEED_BYTES >> 30} GiB (input "
+                            f"{name!r} has shape {list(shape)}); pass smaller --dim values")
         if name in params:
             v = params[name]
             plan.feeds[name] = np.array(v, dtype=dtype, copy=True).reshape(shape or v.shape)

@@ -136,6 +136,36 @@ def _tensor_bytes(graph: onnx.GraphProto) -> dict[str, int | None]:
     return out
 
 
+_TYPE_NAMES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}
+
+
+def type_name(elem: int) -> str:
+    """An ONNX element type as the contracts spell it (float32, float16, bfloat16, ...)."""
+    try:
+        return _TYPE_NAMES.get(elem) or onnx.TensorProto.DataType.Name(elem).lower()
+    except ValueError:
+        return f"element type {elem}"
+
+
+def elem_type(index: GraphIndex, tensor: str, depth: int = 8) -> int | None:
+    """A tensor's element type: recorded (value_info, inputs, initializers), else that of its
+    producer's first typed input (a Cast: its target), up to ``depth`` producers back."""
+    for _ in range(depth):
+        tp = index.type_of(tensor)
+        if tp is not None and tp.tensor_type.elem_type:
+            return tp.tensor_type.elem_type
+        prod = index.producer.get(tensor)
+        if prod is None:
+            return None
+        if prod.op == "Cast" and "to" in prod.attrs:
+            return int(prod.attrs["to"])
+        typed = [t for t in prod.inputs if t and index.type_of(t) is not None]
+        if not prod.inputs or not prod.inputs[0]:
+            return None
+        tensor = typed[0] if typed else prod.inputs[0]
+    return None
+
+
 class FusionPass:
     """Rewrites matched backward chains into fused ops.
 
@@ -189,7 +219,7 @@ class FusionPass:
                         detected.add(k)
                         stats.rules[rule.name].detected += 1
                         stats.patterns[rule.pattern].detected += 1
-                    self.check_kernel(res)
+                    self.check_kernel(res, index)
                     if res.match is None:
                         if res.structural and res.guard_failure is not None:
                             skipped[k] = (rule, res.guard_failure)
@@ -213,14 +243,28 @@ class FusionPass:
         stats.nodes_after = len(graph.node)
         return stats.total_fused
 
-    def check_kernel(self, res: MatchResult) -> None:
-        """Turn a match whose fused op has no kernel for the chosen provider into a skip."""
+    def check_kernel(self, res: MatchResult, index: GraphIndex) -> None:
+        """Turn a match into a skip when its fused op has no kernel for the chosen provider, or
+        its kernels do not implement an input's element type (the contract's ``types``)."""
         m = res.match
-        if m is not None and self.kernels is not None and m.rule.replace.op not in self.kernels:
-            res.guard_failure = Failure(
-                len(m.nodes), {k: n.name for k, n in m.nodes.items()}, None, "missing_kernel",
-                f"{m.rule.replace.op} has no kernel for the chosen execution provider")
+        why = None if m is None else self._kernel_refusal(m, index)
+        if why is not None:
+            res.guard_failure = Failure(len(m.nodes), {k: n.name for k, n in m.nodes.items()},
+                                        None, *why)
             res.match = None
+
+    def _kernel_refusal(self, m: Match, index: GraphIndex) -> tuple[str, str] | None:
+        op = m.rule.replace.op
+        if self.kernels is not None and op not in self.kernels:
+            return "missing_kernel", f"{op} has no kernel for the chosen execution provider"
+        contract = load_contracts().ops[op]
+        ins = list(m.proto.input) if m.proto is not None else []
+        for port, tensor in zip(contract.inputs, ins):
+            elem = elem_type(index, tensor) if tensor else None
+            if elem is not None and type_name(elem) not in contract.types:
+                return "unsupported_type", (f"{port.name} ('{tensor}') is {type_name(elem)}; "
+                                            f"{op} implements {', '.join(contract.types)}")
+        return None
 
     @staticmethod
     def _check_fused(index: GraphIndex, credit: dict[int, FusionRecord]) -> None:

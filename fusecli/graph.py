@@ -82,6 +82,7 @@ class GraphIndex:
         self.initializers = {t.name: t for t in graph.initializer}
         self.names = set()
         self.tensor_names: set[str] = set()  # given out by unique_tensor_name
+        self._all_names: set[str] | None = None
         self._const_cache: dict[str, np.ndarray | None] = {}
         self._types: dict[str, onnx.TypeProto] | None = None
         self._shapes = None
@@ -193,17 +194,33 @@ class GraphIndex:
         return [d.dim_value if d.HasField("dim_value") else None for d in t.tensor_type.shape.dim]
 
     def unique_name(self, base: str) -> str:
-        """A node name not used yet (and reserved from now on)."""
-        return _fresh(base, self.names.__contains__, self.names)
+        """A node name not used yet, in this graph or any subgraph (reserved from now on)."""
+        return _fresh(base, lambda n: n in self.names or n in self._model_names(), self.names)
 
     def unique_tensor_name(self, base: str) -> str:
-        """A tensor name that no node, graph input/output or initializer uses (even one fused
-        away: its value_info may linger), reserved from now on."""
+        """A tensor name that no node, graph input/output, initializer or value_info uses, in
+        this graph or any subgraph (even one fused away), reserved from now on."""
         def taken(n):
             return (n in self.producer or n in self.consumers or n in self.graph_inputs
-                    or n in self.graph_outputs or n in self.initializers or n in self.tensor_names)
+                    or n in self.graph_outputs or n in self.initializers or n in self.tensor_names
+                    or n in self._model_names())
 
         return _fresh(base, taken, self.tensor_names)
+
+    def _model_names(self) -> set[str]:
+        """Every tensor and node name the graph held when indexed, subgraphs included."""
+        if self._all_names is None:
+            self._all_names = set()
+            stack = [self.graph]
+            while stack:
+                g = stack.pop()
+                self._all_names.update(v.name for v in (*g.input, *g.output, *g.value_info))
+                self._all_names.update(t.name for t in g.initializer)
+                self._all_names.update(t.values.name for t in g.sparse_initializer)
+                for n in g.node:
+                    self._all_names.update((n.name, *n.input, *n.output))
+                    stack.extend(sub for _, sub in subgraphs(n))
+        return self._all_names
 
 
 def memoised(name: str, cache: dict, step):

@@ -1,16 +1,23 @@
-"""Locate and register fusecli's onnxruntime custom-op library (``fusecli/lib/libfusecli_ops.so``).
+"""Locate what fusecli runs fused models with: its onnxruntime custom-op library
+(``fusecli/lib/libfusecli_ops.so``, package data) and the onnxruntime-training runtime.
 
-The library implements every op of the ``com.fusecli`` domain (see ``fusecli/ops/<op>/contract.yaml``)
-on the CPU execution provider, and on the CUDA execution provider when it was built with nvcc.
-It is built by ``make lib`` (``scripts/build_lib.sh``) and is never committed.
+The library implements every op of the ``com.fusecli`` domain (see
+``fusecli/ops/<op>/contract.yaml``) on the CPU execution provider, and on the CUDA execution
+provider when it was built with nvcc.
+Every wheel build (and ``make lib``) builds it with ``scripts/build_lib.sh``; it is never committed.
 """
 
 from __future__ import annotations
 
 import os
+from importlib.resources import files
 from pathlib import Path
 
+from .errors import FuseError
+
 LIBRARY_NAME = "libfusecli_ops.so"
+ORTT_PYTHON_ENV = "FUSECLI_ORTT_PYTHON"
+ORTT_VENV = ".venv-ortt"
 
 
 class LibraryNotBuilt(FileNotFoundError):
@@ -19,10 +26,45 @@ class LibraryNotBuilt(FileNotFoundError):
 
 def library_path() -> str:
     """Absolute path of the built custom-op library; raises :class:`LibraryNotBuilt` if missing."""
-    path = (Path(__file__).resolve().parent / "lib" / LIBRARY_NAME)
+    path = Path(str(files(__package__) / "lib" / LIBRARY_NAME)).resolve()
     if not path.is_file():
-        raise LibraryNotBuilt("fusecli's custom-op library is not built: run `make lib`")
+        raise LibraryNotBuilt("fusecli's custom-op library is not built: run `make lib` in a "
+                              "checkout, or reinstall fusecli with pip (its build makes it)")
     return str(path)
+
+
+def training_python(override: str | None = None) -> str:
+    """The Python interpreter of the onnxruntime-training runtime (it runs ort-training graphs;
+    it cannot share a venv with the ``onnxruntime`` package). The first of:
+
+    1. ``override`` (the ``--runtime-python`` option);
+    2. the environment variable ``FUSECLI_ORTT_PYTHON``;
+    3. ``.venv-ortt/bin/python`` in the current directory or the nearest parent that has one;
+    4. ``.venv-ortt/bin/python`` beside the project, when fusecli runs from a checkout
+       (an editable install: the folder above the package holds ``pyproject.toml``).
+
+    Raises FuseError when none exists; an ``override`` or variable that names a missing file is
+    an error rather than a reason to look further.
+    """
+    for source, value in (("--runtime-python", override),
+                          (ORTT_PYTHON_ENV, os.environ.get(ORTT_PYTHON_ENV))):
+        if value:
+            if not Path(value).exists():
+                raise FuseError(f"{source} {value} does not exist; name the python of a venv "
+                                "with onnxruntime-training installed")
+            return value
+    venv_python = Path(ORTT_VENV) / "bin" / "python"
+    cwd = Path.cwd()
+    places = [cwd, *cwd.parents]
+    project = Path(__file__).resolve().parent.parent
+    if (project / "pyproject.toml").is_file():
+        places.append(project)
+    for place in places:
+        if (place / venv_python).exists():
+            return str(place / venv_python)
+    raise FuseError(f"this graph needs onnxruntime-training: set {ORTT_PYTHON_ENV}=PATH (the python "
+                    f"of a venv with onnxruntime-training-cpu==1.19.2), pass --runtime-python PATH, "
+                    f"or create {ORTT_VENV} here (`make ortt-env` in a checkout)")
 
 
 def session_options(threads: int | None = None, opt_level=None):

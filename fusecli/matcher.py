@@ -23,6 +23,7 @@ from .rules import COMMUTATIVE_OPS, CONST_FUNCS, AttrConstraint, NodeSpec, Rule,
 
 VALUE_KEY = "$value:"  # captures[VALUE_KEY + var]: how var's constant enters (a CONST_FUNCS name)
 
+
 @dataclass
 class Failure:
     depth: int
@@ -436,7 +437,7 @@ class Matcher:
         matched = {n.uid for n in removed.values()}
         rep_out = {tensors.get(v, "") for v in rule.replace.outputs if v}
         rep_out.discard("")
-        for spec_id, node in removed.items():
+        for node in removed.values():
             for t in node.outputs:
                 if not t or t in rep_out:
                     continue

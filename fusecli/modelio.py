@@ -1,26 +1,38 @@
 """Loading and saving models safely.
 
-- Loading never reads external data: weights stay on disk (a 2 GB+ model is optimised without
-  loading them), and every external-data location is checked to stay inside the model's folder
-  (relative, no '..', no symlink leading out), to exist, and to be long enough for the
-  offset/length the tensor names. Tensors in sparse initializers, tensor attributes and
-  subgraphs are checked too.
-- Saving writes to a temporary file in the target folder and renames it, so an interrupted run
-  leaves either the old file or the new one (a temporary file that was being written is removed
-  on any Python-level failure, Ctrl-C included). External data files that the output still
-  refers to are placed next to the output with their relative paths: nothing is copied when the
-  output folder is the input folder (the same file is reused); otherwise the file is reflinked
-  (copy-on-write clone, instant, on btrfs/xfs) or copied hole-aware (only the data extents are
-  copied, so a sparse 2.5 GB file stays sparse), via a temporary file + rename as well.
-  Hard links are deliberately not used: the input's and output's weights would then be one file,
-  and an in-place update of one (training writes weights back) would silently change the other.
-- Every OS-level failure reaches the user as a one-line ModelError (exit 2).
+Confinement: nothing is read outside the model's folder and nothing is written outside the
+output's folder. The model's folder is the folder of the path as the user gave it (where onnx
+and onnxruntime look for external data, even when the model file is a symbolic link), resolved
+once; an external-data location must be relative, without '..', and resolve (symbolic links
+followed) to a regular file inside that folder, long enough for the offset/length its tensor
+names, with a length that agrees with the tensor's dims. The output's folder is resolved once
+and fusecli writes only plain file names in it; an -o that is a symbolic link is refused.
+
+Loading never reads external data (a 2 GB+ model is optimised without loading its weights),
+except small tensors (<= INLINE_LIMIT bytes, constants that rules match on), which are read in.
+
+Saving is transactional: the model and every data file it owns are written under temporary
+names in the output's folder; only when all are complete are they renamed into place (signals
+held off meanwhile), the model last. On any failure before that nothing at the final names has
+changed; a failure during the renames puts the previous files back; temporary files are removed
+on every Python-level failure, Ctrl-C and SIGTERM included. Data files are named after the
+output (``OUT.data``, ``OUT.2.data``, ...), so a file of another model is never replaced. When
+the output goes to the model's folder the data files are reused as they are (nothing written);
+elsewhere they are reflinked (copy-on-write clone) or copied hole-aware (a sparse 2.5 GB file
+stays sparse). Hard links are deliberately not used: an in-place update of one model's weights
+(training writes weights back) would silently change the other's.
+
+Outputs get the input's permission bits (read/write only), never wider, and never wider than
+the umask allows. Every OS-level failure reaches the user as a one-line ModelError (exit 2).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import signal
+import stat
 import tempfile
 from pathlib import Path
 
@@ -28,12 +40,49 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from .errors import ModelError
+from .userfiles import os_reason
 
 _MAX_PROTO = 2**31 - 1
 _FICLONE = 0x40049409          # linux/fs.h: _IOW(0x94, 9, int)
 _CHUNK = 8 << 20
 INLINE_LIMIT = 4096            # external tensors up to this size are read in (constants)
 INLINE_TOTAL = 16 << 20        # ... up to this much in all
+_TMP_PREFIX = ".fusecli-"      # temporary files in the output's folder: .fusecli-XXXXXXXX.tmp
+_DATA_SUFFIX_MAX = len(".99999.data")  # the longest owned data name: OUT.99999.data
+
+
+# --- paths -------------------------------------------------------------------------------------
+
+def _stat(p: Path, what: str, follow: bool = True) -> os.stat_result | None:
+    """os.stat (or lstat); None when nothing is there (or a part of the path is a file); a
+    ModelError for any other failure."""
+    try:
+        return os.stat(p) if follow else os.lstat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise ModelError(f"cannot use {what} {p}: {os_reason(exc)}") from None
+
+
+def _resolve(p: Path, what: str) -> Path:
+    try:
+        return p.resolve(strict=True)
+    except FileNotFoundError:
+        raise ModelError(f"{what} {p} does not exist") from None
+    except RuntimeError:           # Python 3.11: a symlink loop
+        raise ModelError(f"cannot use {what} {p}: symbolic link loop") from None
+    except OSError as exc:
+        raise ModelError(f"cannot use {what} {p}: {os_reason(exc)}") from None
+
+
+def model_folder(path: str | os.PathLike) -> Path:
+    """The folder a model's external data is read from: the folder of the path as given (not
+    of a symlink's target, as onnx and onnxruntime do), resolved once."""
+    return _resolve(Path(os.path.dirname(os.fspath(path)) or "."), "the model's folder")
+
+
+def _inside(p: Path, folder: Path) -> bool:
+    return p != folder and p.is_relative_to(folder)
 
 
 # --- external data ---------------------------------------------------------------------------
@@ -82,16 +131,22 @@ def external_locations(model: onnx.ModelProto) -> set[str]:
 
 
 def _check_location(loc: str, base: Path) -> Path:
+    """The resolved data file of a location, confined to ``base`` (already resolved)."""
     if not loc or "\x00" in loc:
         raise ModelError(f"external data location {loc!r} is not a valid relative file name")
     p = Path(loc)
     if p.is_absolute() or ".." in p.parts or loc.startswith(("/", "\\")) or ".." in loc.split("\\"):
-        raise ModelError(f"external data location '{loc}' points outside the model's folder; "
+        raise ModelError(f"external data location {loc!r} points outside the model's folder; "
                          "fusecli only reads external data stored beside the model (relative "
                          "path, no '..')")
-    full = (base / p).resolve()
-    if not str(full).startswith(str(base.resolve()) + os.sep):
-        raise ModelError(f"external data location '{loc}' resolves outside the model's folder "
+    try:
+        full = (base / p).resolve()
+    except RuntimeError:
+        raise ModelError(f"external data location {loc!r}: symbolic link loop") from None
+    except OSError as exc:
+        raise ModelError(f"external data location {loc!r}: {os_reason(exc)}") from None
+    if not _inside(full, base):
+        raise ModelError(f"external data location {loc!r} resolves outside the model's folder "
                          f"({full}); refusing to read it")
     return full
 
@@ -104,32 +159,68 @@ def _int_field(info: dict, key: str, tname: str) -> int | None:
     except ValueError:
         v = -1
     if v < 0:
-        raise ModelError(f"tensor '{tname}': external data {key} {info[key]!r} is not a "
+        raise ModelError(f"tensor {tname!r}: external data {key} {info[key][:40]!r} is not a "
                          "non-negative integer")
     return v
 
 
-def check_external_data(model: onnx.ModelProto, base: Path, label: str) -> None:
-    """Check every external-data reference without reading any data (only stat())."""
-    sizes: dict[str, int] = {}
+def _dims_nbytes(t: onnx.TensorProto) -> int | None:
+    """Bytes the tensor's dims and type call for (None: a type without a fixed size)."""
+    if any(d < 0 for d in t.dims):
+        raise ModelError(f"tensor {t.name!r} stored as external data has a negative dimension "
+                         f"{list(t.dims)}; a stored tensor needs a fixed shape (re-export it)")
+    if t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return None
+    try:
+        item = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+    n = 1
+    for d in t.dims:
+        n *= d
+    if t.data_type in _PACKED_4BIT:
+        return (n + 1) // 2
+    return n * item
+
+
+_PACKED_4BIT = {getattr(onnx.TensorProto, k) for k in ("INT4", "UINT4", "FLOAT4E2M1")
+                if hasattr(onnx.TensorProto, k)}
+
+
+def check_external_data(model: onnx.ModelProto, base: Path,
+                        label: str) -> list[tuple[onnx.TensorProto, Path, int, int | None]]:
+    """Check every external-data reference without reading any data (only stat()).
+
+    Returns (tensor, data file, offset, byte length or None) for each external tensor."""
+    sizes: dict[Path, int] = {}
+    out = []
     for t, info in _external_entries(model):
         loc = info.get("location")
         if loc is None:
-            raise ModelError(f"tensor '{t.name}' of {label} is marked as external data but has no "
-                             "location; re-save the model with onnx.save_model")
+            raise ModelError(f"tensor {t.name!r} of {label} is marked as external data but has "
+                             "no location; re-save the model with onnx.save_model")
         full = _check_location(loc, base)
-        if loc not in sizes:
-            if not full.is_file():
-                raise ModelError(f"external data file '{loc}' of {label} is missing (looked in "
-                                 f"{base}); copy it next to the model")
-            sizes[loc] = full.stat().st_size
+        if full not in sizes:
+            st = _stat(full, "external data file")
+            if st is None or not stat.S_ISREG(st.st_mode):
+                raise ModelError(f"external data file {loc!r} of {label} is "
+                                 f"{'missing' if st is None else 'not a regular file'} (looked "
+                                 f"in {base}); copy the data file next to the model")
+            sizes[full] = st.st_size
         offset = _int_field(info, "offset", t.name) or 0
         length = _int_field(info, "length", t.name)
-        end = offset + (length or 0)
-        if offset > sizes[loc] or end > sizes[loc]:
-            raise ModelError(f"external data of tensor '{t.name}' (bytes {offset}..{end}) goes "
-                             f"past the end of '{loc}' ({sizes[loc]} bytes); the data file is "
+        want = _dims_nbytes(t)
+        if length is not None and want is not None and length != want:
+            raise ModelError(f"external data of tensor {t.name!r} is {length} bytes long but its "
+                             f"dims {list(t.dims)} need {want}; the model is corrupt (re-save it)")
+        n = length if length is not None else want
+        end = offset + (n or 0)
+        if offset > sizes[full] or end > sizes[full]:
+            raise ModelError(f"external data of tensor {t.name!r} (bytes {offset}..{end}) goes "
+                             f"past the end of {loc!r} ({sizes[full]} bytes); the data file is "
                              "truncated or belongs to another model")
+        out.append((t, full, offset, n))
+    return out
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -137,21 +228,25 @@ def check_external_data(model: onnx.ModelProto, base: Path, label: str) -> None:
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     """Load an ONNX model without its external data; raise ModelError with a fix hint."""
     p = Path(path)
-    if not p.exists():
+    st = _stat(p, "model")
+    if st is None:
         raise ModelError(f"no such file: {p}")
-    if p.is_dir():
+    if stat.S_ISDIR(st.st_mode):
         raise ModelError(f"{p} is a directory; give the path of an .onnx model file")
-    if not p.is_file():
+    if not stat.S_ISREG(st.st_mode):
         raise ModelError(f"{p} is not a regular file; give the path of an .onnx model file")
+    if st.st_size == 0:
+        raise ModelError(f"{p} is empty (0 bytes); re-export the model")
+    if st.st_size > _MAX_PROTO:
+        raise ModelError(f"{p} is {st.st_size} bytes, over protobuf's 2 GB limit; save the "
+                         "model with external data (onnx.save_model(..., "
+                         "save_as_external_data=True))")
+    base = model_folder(p)
     try:
-        size = p.stat().st_size
-        if size == 0:
-            raise ModelError(f"{p} is empty (0 bytes); re-export the model")
-        data = p.read_bytes()
-    except PermissionError:
-        raise ModelError(f"cannot read {p}: permission denied") from None
+        with open(p, "rb") as f:
+            data = f.read(_MAX_PROTO + 1)
     except OSError as exc:
-        raise ModelError(f"cannot read {p}: {exc.strerror or exc}") from None
+        raise ModelError(f"cannot read {p}: {os_reason(exc)}") from None
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
@@ -162,52 +257,31 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     del data
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise ModelError(f"{p} parsed but holds no graph; is it really an ONNX model?")
-    base = p.resolve().parent
-    check_external_data(model, base, str(p))
-    _inline_small_constants(model, base)
+    _inline_small_constants(check_external_data(model, base, str(p)))
     return model
 
 
-def _external_nbytes(t: onnx.TensorProto, info: dict) -> int | None:
-    if "length" in info:
-        return int(info["length"])
-    try:
-        item = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    except (KeyError, TypeError, ValueError):
-        return None
-    if t.data_type == onnx.TensorProto.STRING:
-        return None
-    n = 1
-    for d in t.dims:
-        n *= d
-    return n * item
-
-
-def _inline_small_constants(model: onnx.ModelProto, base: Path) -> None:
+def _inline_small_constants(entries) -> None:
     """Read the few small external tensors in (<= INLINE_LIMIT bytes each).
 
     Rules match on small constants (reduce axes, reshape targets, scalars); a model saved with
     ``size_threshold=0`` keeps even those outside the proto. They are read (bounded, from a file
-    already checked to be inside the model's folder) and stored inline in the output; weights
-    stay on disk.
+    already checked to be inside the model's folder and long enough) and stored inline in the
+    output; weights stay on disk.
     """
     total = 0
-    for t, info in _external_entries(model):
-        n = _external_nbytes(t, info)
+    for t, full, offset, n in entries:
         if n is None or n > INLINE_LIMIT or total + n > INLINE_TOTAL:
             continue
-        full = _check_location(info["location"], base)
-        offset = int(info.get("offset", 0) or 0)
         try:
             with open(full, "rb") as f:
                 f.seek(offset)
                 data = f.read(n)
         except OSError as exc:
-            raise ModelError(f"cannot read external data '{info['location']}': "
-                             f"{exc.strerror or exc}") from None
+            raise ModelError(f"cannot read external data {full.name!r}: "
+                             f"{os_reason(exc)}") from None
         if len(data) != n:
-            raise ModelError(f"external data of tensor '{t.name}' is truncated in "
-                             f"'{info['location']}'")
+            raise ModelError(f"external data of tensor {t.name!r} is truncated in {full.name!r}")
         total += n
         del t.external_data[:]
         t.data_location = onnx.TensorProto.DEFAULT
@@ -216,22 +290,28 @@ def _inline_small_constants(model: onnx.ModelProto, base: Path) -> None:
 
 # --- saving ------------------------------------------------------------------------------------
 
-def _new_file_mode() -> int:
+def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
 
 
-def _mkstemp_for(dest: Path) -> tuple[int, str]:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+def _mode_like(src: Path) -> int:
+    """The input's read/write permission bits, never wider than the umask allows."""
+    st = _stat(src, "input")
+    bits = st.st_mode if st is not None else 0o666
+    return bits & 0o666 & ~_umask()
+
+
+def _new_temp(folder: Path, mode: int) -> tuple[int, Path]:
+    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=".tmp", dir=folder)
     try:
-        mode = dest.stat().st_mode & 0o7777 if dest.exists() else _new_file_mode()
-        os.fchmod(fd, mode)     # mkstemp makes 0600; the output gets the usual permissions
+        os.fchmod(fd, mode)
     except BaseException:
         os.close(fd)
-        Path(tmp).unlink(missing_ok=True)
+        os.unlink(tmp)
         raise
-    return fd, tmp
+    return fd, Path(tmp)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -245,20 +325,6 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _atomic_write_bytes(dest: Path, data: bytes) -> None:
-    fd, tmp = _mkstemp_for(dest)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(dest.parent)
 
 
 def _try_reflink(fin: int, fout: int) -> bool:
@@ -329,82 +395,193 @@ def _clone_file(src: Path, fout: int) -> None:
         os.ftruncate(fout, size)   # trailing hole
 
 
-def _atomic_copy(src: Path, dest: Path) -> None:
-    fd, tmp = _mkstemp_for(dest)
-    try:
-        try:
-            _clone_file(src, fd)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def check_output_path(src: str | os.PathLike, dest: str | os.PathLike, in_place: bool) -> Path:
-    s, d = Path(src).resolve(), Path(dest).resolve()
-    if s == d and not in_place:
-        raise ModelError(f"output {dest} is the input file; choose another -o or pass --in-place")
-    if d.is_dir():
-        raise ModelError(f"output {dest} is a directory; give a file name such as "
-                         f"{Path(dest) / Path(src).name}")
-    if d.exists() and not d.is_file():
-        raise ModelError(f"output {dest} exists and is not a regular file; choose another -o")
-    parent = d.parent
-    if not parent.exists():
-        # an ancestor may be a regular file (e.g. -o some_file/out.onnx)
-        for anc in parent.parents:
-            if anc.exists():
-                if not anc.is_dir():
-                    raise ModelError(f"output folder {parent} cannot be created: {anc} is a "
+    """The output path to write (its folder resolved once, its name not), after refusing what
+    cannot or must not be written: the input itself (without --in-place), a folder, a special
+    file, a symbolic link, a missing or read-only folder, a name too long for the file system."""
+    d = Path(dest)
+    name = d.name
+    if name in ("", ".", ".."):
+        raise ModelError(f"output {dest} is not a file name; give one such as model.fused.onnx")
+    given = Path(os.path.dirname(os.fspath(d)) or ".")
+    st = _stat(given, "output folder")
+    if st is None:
+        for anc in given.parents:      # an ancestor may be a regular file (-o a_file/out.onnx)
+            ast = _stat(anc, "output folder")
+            if ast is not None:
+                if not stat.S_ISDIR(ast.st_mode):
+                    raise ModelError(f"output folder {given} cannot be created: {anc} is a "
                                      "file, not a folder")
                 break
-        raise ModelError(f"output folder {parent} does not exist; create it first")
-    if not parent.is_dir():
-        raise ModelError(f"output folder {parent} is a file, not a folder; choose another -o")
-    if not os.access(parent, os.W_OK):
-        raise ModelError(f"output folder {parent} is not writable")
-    return d
+        raise ModelError(f"output folder {given} does not exist; create it first")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ModelError(f"output folder {given} is a file, not a folder; choose another -o")
+    folder = _resolve(given, "output folder")
+    out = folder / name
+    try:
+        name_max = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    if len(os.fsencode(name)) + _DATA_SUFFIX_MAX > name_max:
+        raise ModelError(f"output file name is {len(os.fsencode(name))} bytes long; this file "
+                         f"system allows {name_max}, and fusecli also writes NAME.data beside "
+                         f"it: choose a name of at most {name_max - _DATA_SUFFIX_MAX} bytes")
+    lst = _stat(out, "output", follow=False)
+    if lst is not None:
+        if stat.S_ISLNK(lst.st_mode):
+            raise ModelError(f"output {dest} is a symbolic link; fusecli writes only regular "
+                             "files in the output's folder: remove the link or choose another -o")
+        if stat.S_ISDIR(lst.st_mode):
+            raise ModelError(f"output {dest} is a directory; give a file name such as "
+                             f"{Path(dest) / Path(src).name}")
+        if not stat.S_ISREG(lst.st_mode):
+            raise ModelError(f"output {dest} exists and is not a regular file; choose another -o")
+        if _same_file(out, Path(src)) and not in_place:
+            raise ModelError(f"output {dest} is the input file; choose another -o or pass "
+                             "--in-place")
+    if not os.access(folder, os.W_OK):
+        raise ModelError(f"output folder {given} is not writable")
+    return out
 
 
 def _same_file(a: Path, b: Path) -> bool:
+    ida = _file_id(a)
+    return ida is not None and ida == _file_id(b)
+
+
+def _file_id(p: Path) -> tuple[int, int] | None:
     try:
-        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
+        st = os.stat(p)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _owned_data_name(out: Path, k: int) -> str:
+    return f"{out.name}.data" if k == 0 else f"{out.name}.{k + 1}.data"
+
+
+def _plan_data(model: onnx.ModelProto, out: Path, src: Path) -> list[tuple[Path, Path]]:
+    """(source data file, owned destination) for every data file to write beside ``out``; the
+    model's locations are pointed at the owned names. Beside the input nothing is written."""
+    src_base = model_folder(src)
+    folder = out.parent
+    by_loc = {loc: _check_location(loc, src_base) for loc in sorted(external_locations(model))}
+    for loc, s_file in by_loc.items():
+        if _same_file(out, s_file):
+            raise ModelError(f"output {out} is the external data file {loc!r} of the model; "
+                             "choose another -o")
+    if folder == src_base or not by_loc:
+        return []
+    inputs = {_file_id(f) for f in [src, *by_loc.values()]} - {None}
+    targets: dict[Path, str] = {}
+    plan = []
+    for loc, s_file in by_loc.items():
+        if s_file in targets:
+            continue
+        new = _owned_data_name(out, len(targets))
+        d_file = folder / new
+        if _file_id(d_file) in inputs:
+            raise ModelError(f"the data file {new} that {out.name} would own is a file of the "
+                             "input model; choose another -o")
+        targets[s_file] = new
+        plan.append((s_file, d_file))
+    renamed = {loc: targets[s_file] for loc, s_file in by_loc.items()}
+    for t, info in _external_entries(model):
+        for e in t.external_data:
+            if e.key == "location" and e.value in renamed:
+                e.value = renamed[e.value]
+    return plan
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT/SIGTERM wait (they are delivered afterwards) while the renames run."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _commit(renames: list[tuple[Path, Path]], folder: Path) -> None:
+    """Rename every (temporary, final) pair, the last one (the model) last. If one fails, the
+    files already renamed are put back as they were, and the error is raised."""
+    done: list[tuple[Path, Path | None]] = []   # (final, backup of what it replaced)
+    try:
+        for tmp, final in renames[:-1]:
+            backup = None
+            if os.path.lexists(final):
+                fd, b = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=".tmp", dir=folder)
+                os.close(fd)
+                backup = Path(b)
+                os.replace(final, backup)
+            done.append((final, backup))
+            os.replace(tmp, final)
+        tmp, final = renames[-1]
+        os.replace(tmp, final)
+    except BaseException:
+        for final, backup in reversed(done):
+            with contextlib.suppress(OSError):
+                if backup is not None:
+                    os.replace(backup, final)
+                else:
+                    os.unlink(final)
+        raise
+    for _, backup in done:
+        if backup is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(backup)
 
 
 def save_model(model: onnx.ModelProto, dest: str | os.PathLike, src: str | os.PathLike) -> None:
-    """Save atomically; place external data files still referenced beside ``dest``.
+    """Save transactionally; place the external data files the model owns beside ``dest``.
 
-    Raises ModelError (one line) for every failure; on failure the previous ``dest`` is intact
-    and no temporary file is left.
+    Raises ModelError (one line) for every failure; on failure the previous output (model and
+    data) is byte-identical and no temporary file is left.
     """
-    d = Path(dest).resolve()
-    src_base = Path(src).resolve().parent
+    src = Path(src)
+    out = check_output_path(src, dest, in_place=True)
     if model.ByteSize() > _MAX_PROTO:
         raise ModelError("the output model is over 2 GB without external data; save the input "
                          "with external data (onnx.save_model(..., save_as_external_data=True))")
-    plan: list[tuple[Path, Path]] = []
-    for loc in sorted(external_locations(model)):
-        s_file = _check_location(loc, src_base)
-        d_file = d.parent / loc
-        if _same_file(d, s_file) or _same_file(d, d_file):
-            raise ModelError(f"output {dest} is the external data file '{loc}' of the model; "
-                             "choose another -o")
-        if _same_file(d_file, s_file):
-            continue                      # output beside the input: reuse the same data file
-        plan.append((s_file, d_file))
-    target = d
+    plan = _plan_data(model, out, src)
+    folder = out.parent
+    temps: list[Path] = []
+    renames: list[tuple[Path, Path]] = []
+    target = out
     try:
-        for s_file, d_file in plan:
-            target = d_file
-            d_file.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_copy(s_file, d_file)
-        target = d
-        _atomic_write_bytes(d, model.SerializeToString())
+        try:
+            for s_file, d_file in plan:
+                target = d_file
+                fd, tmp = _new_temp(folder, _mode_like(s_file))
+                temps.append(tmp)
+                try:
+                    _clone_file(s_file, fd)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                renames.append((tmp, d_file))
+            target = out
+            fd, tmp = _new_temp(folder, _mode_like(src))
+            temps.append(tmp)
+            with os.fdopen(fd, "wb") as f:
+                f.write(model.SerializeToString())
+                f.flush()
+                os.fsync(f.fileno())
+            renames.append((tmp, out))
+            with _signals_held():
+                _commit(renames, folder)
+        finally:
+            for tmp in temps:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)        # gone already when it was renamed into place
     except OSError as exc:
-        raise ModelError(f"cannot write {target}: {exc.strerror or exc}; the previous file (if "
-                         "any) was left unchanged") from None
+        raise ModelError(f"cannot write {target}: {os_reason(exc)}; the previous output (model "
+                         "and data, if any) was left unchanged") from None
+    _fsync_dir(folder)

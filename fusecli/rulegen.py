@@ -11,8 +11,6 @@ wants, the fused op's attributes, which constraints to relax) is listed in a com
 from __future__ import annotations
 
 import difflib
-import json
-import math
 import re
 from collections import Counter, deque
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 import click
 import numpy as np
 import onnx
+import yaml
 
 from .errors import FuseError
 
@@ -28,8 +27,6 @@ FLOAT_TOL = 1.0e-6               # relative + absolute tolerance written for flo
 DRAFT_ORDER = 1000               # drafts apply after the shipped rules
 COMMUTATIVE_OPS = {"Mul", "Add", "Sum", "Max", "Min"}
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-_PLAIN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
-_YAML_WORDS = {"y", "yes", "n", "no", "true", "false", "on", "off", "null", "none", "~"}
 _SKIPPED_ATTR_TYPES = {
     onnx.AttributeProto.GRAPH: "graph", onnx.AttributeProto.GRAPHS: "graphs",
     onnx.AttributeProto.TENSOR: "tensor", onnx.AttributeProto.TENSORS: "tensors",
@@ -39,43 +36,7 @@ _SKIPPED_ATTR_TYPES = {
 }
 
 
-# --- YAML scalars ----------------------------------------------------------------------------
-
-def _float(v: float) -> str:
-    """A float as YAML 1.1 (PyYAML) reads back as the same float."""
-    v = float(v)
-    if math.isnan(v):
-        return ".nan"
-    if math.isinf(v):
-        return ".inf" if v > 0 else "-.inf"
-    r = repr(v)
-    if "e" in r or "E" in r:
-        mant, exp = r.lower().split("e")
-        if "." not in mant:
-            mant += ".0"
-        if exp[0] not in "+-":
-            exp = "+" + exp
-        return f"{mant}e{exp}"
-    return r if "." in r else r + ".0"
-
-
-def _scalar(v) -> str:
-    if isinstance(v, bytes):
-        v = v.decode("utf-8", errors="replace")
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    if isinstance(v, (float, np.floating)):
-        return _float(v)
-    if isinstance(v, str):
-        if _PLAIN_RE.match(v) and v.lower() not in _YAML_WORDS:
-            return v
-        return json.dumps(v)  # a JSON string is a valid double-quoted YAML scalar
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_scalar(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} as a YAML scalar")
-
+# --- text helpers ---------------------------------------------------------------------------
 
 def _comment(text: str) -> str:
     return " ".join(str(text).split())
@@ -232,177 +193,206 @@ def _choose_op(fused_op: str | None, n_in: int, n_out: int, ins_desc: str):
     return fit[0], fit[1:]
 
 
-# --- drafting ---------------------------------------------------------------------------------
+# --- the draft's tensors: variables and constant constraints ---------------------------------
 
-def draft_rule(model: onnx.ModelProto, node_names: list[str], name: str,
-               fused_op: str | None = None, pattern: str | None = None) -> str:
-    """A draft rule (YAML text) matching the subgraph made of the nodes ``node_names``.
+class _Variables:
+    """Rule variables for the selection's tensors: ``in*`` outside inputs, ``c*`` constants (one
+    per use), ``t*`` intermediates, ``out*`` outputs used outside the selection."""
 
-    Raises FuseError (one line) for an empty, unknown, disconnected or non-convex selection, a
-    bad ``name``/``pattern``, or a fused op that cannot take the selection's inputs/outputs.
-    """
-    from .graph import GraphIndex
-    from .matcher import Matcher
-    from .rules import parse_rule
+    def __init__(self, index, picked):
+        self.index = index
+        self.inside = {n.uid for n in picked}
+        self.produced = {t for n in picked for t in n.outputs if t}
+        self.consumed = {t for n in picked for t in n.inputs if t}
+        self.var: dict[str, str] = {}                     # tensor -> variable
+        self.inputs: list[str] = []                       # in* variables, first use first
+        self.outputs: list[str] = []                      # out* variables
+        self.constraints: dict[str, dict] = {}            # c* variable -> `tensors:` entry
+        self.notes: dict[str, str] = {}                   # c* variable -> what the constant was
+        self._counters: Counter = Counter()
 
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise FuseError(f"rule name {name!r} must be lower-case letters, digits and '_', "
-                        "starting with a letter")
-    if pattern is not None and not _NAME_RE.match(pattern):
-        raise FuseError(f"pattern {pattern!r} must be lower-case letters, digits and '_', "
-                        "starting with a letter")
-    index = GraphIndex(model.graph)
-    picked = _resolve(index, node_names)
-    order = _order(index, picked)
-    _check_convex(index, picked)
-
-    inside = {n.uid for n in picked}
-    produced = {t for n in picked for t in n.outputs if t}
-
-    def used_outside(t: str) -> bool:
-        return t in index.graph_outputs or any(
-            c.uid not in inside for c in index.consumers.get(t, []))
-
-    consumed_inside = {t for n in picked for t in n.inputs if t}
-    var: dict[str, str] = {}
-    counters = Counter()
-    ext_inputs: list[str] = []        # variables, in order of first appearance
-    outputs: list[str] = []
-    tensors: list[tuple[str, str, str]] = []   # (var, yaml constraint, comment)
-
-    def new_var(prefix: str) -> str:
-        v = f"{prefix}{counters[prefix]}"
-        counters[prefix] += 1
+    def _new(self, prefix: str) -> str:
+        v = f"{prefix}{self._counters[prefix]}"
+        self._counters[prefix] += 1
         return v
 
-    def const_var(t: str) -> str:
-        v = new_var("c")
-        size = _const_size(index, t)
-        value = index.const_value(t) if size is not None and size <= MAX_CONST_ELEMENTS else None
+    def used_outside(self, t: str) -> bool:
+        return t in self.index.graph_outputs or any(
+            c.uid not in self.inside for c in self.index.consumers.get(t, []))
+
+    def _produced_var(self, t: str) -> str:
+        if t not in self.var:
+            self.var[t] = self._new("out" if self.used_outside(t) else "t")
+            if self.var[t].startswith("out"):
+                self.outputs.append(self.var[t])
+        return self.var[t]
+
+    def input_token(self, t: str) -> str:
+        if t == "":
+            return "_"
+        if t in self.produced:       # possibly consumed before its producer is listed
+            return self._produced_var(t)
+        if _const_size(self.index, t) is None:
+            if t not in self.var:
+                self.var[t] = self._new("in")
+                self.inputs.append(self.var[t])
+            return self.var[t]
+        return self._constant(t)
+
+    def output_token(self, t: str) -> str:
+        if t == "" or (t not in self.consumed and not self.used_outside(t)):
+            return "_"
+        return self._produced_var(t)
+
+    def _constant(self, t: str) -> str:
+        v = self._new("c")
+        size = _const_size(self.index, t)
+        value = (self.index.const_value(t) if size is not None and size <= MAX_CONST_ELEMENTS
+                 else None)
         arr = np.asarray(value) if value is not None else None
         if arr is None or arr.dtype.kind not in "biuf":
-            tensors.append((v, "{kind: constant}", f"{t}: {size} elements"
-                            if size is not None else t))
+            self.constraints[v] = {"kind": "constant"}
+            self.notes[v] = f"{t}: {size} elements" if size is not None else t
             return v
         flat = arr.reshape(-1)
         if arr.dtype.kind == "f" and not np.all(np.isfinite(flat)):
-            if flat.size == 1 and float(flat[0]) < 0:
-                tensors.append((v, "{kind: large_negative}", f"{t} = {flat.tolist()}"))
-            else:
-                tensors.append((v, "{kind: constant}", f"{t} = {flat.tolist()}"))
+            negative = flat.size == 1 and float(flat[0]) < 0
+            self.constraints[v] = {"kind": "large_negative" if negative else "constant"}
+            self.notes[v] = f"{t} = {flat.tolist()}"
             return v
-        if arr.dtype.kind == "f":
-            vals = [float(x) for x in flat]
-            tol = FLOAT_TOL
-        else:
-            vals = [int(x) for x in flat]
-            tol = 0
-        shown = vals[0] if len(vals) == 1 else vals
-        tensors.append((v, f"{{const: {_scalar(shown)}, tol: {_scalar(tol)}}}",
-                        f"{t} {arr.dtype}{list(arr.shape)}"))
+        vals = [float(x) for x in flat] if arr.dtype.kind == "f" else [int(x) for x in flat]
+        self.constraints[v] = {"const": vals[0] if len(vals) == 1 else vals,
+                               "tol": FLOAT_TOL if arr.dtype.kind == "f" else 0}
+        self.notes[v] = f"{t} {arr.dtype}{list(arr.shape)}"
         return v
 
-    node_lines: list[str] = []
+    def sort_outputs(self, order) -> None:
+        """Output variables in the order their producers are listed."""
+        rank: dict[str, int] = {}
+        for n in order:
+            for t in n.outputs:
+                if self.var.get(t, "").startswith("out"):
+                    rank.setdefault(self.var[t], len(rank))
+        self.outputs.sort(key=lambda v: rank.get(v, len(rank)))
+
+    def described(self, variables: list[str], sep: str = " = ") -> str:
+        return ", ".join(f"{v}{sep}{t}" for t, v in self.var.items() if v in variables)
+
+
+# --- the draft's nodes -----------------------------------------------------------------------
+
+def _node_ids(order) -> list[str]:
+    """One id per node: its op in snake case, numbered where an op occurs more than once."""
     ids = Counter(_snake(n.op) for n in order)
-    id_seen: Counter = Counter()
-    used_ids: set[str] = set()
-    attr_owners = Counter(a for n in order for a in n.attrs)
-    captures: dict[str, str] = {}     # contract attribute -> capture name, filled below
+    seen: Counter = Counter()
+    used: set[str] = set()
+    out = []
     for n in order:
         base = _snake(n.op)
         if ids[base] > 1:
-            id_seen[base] += 1
-            nid = f"{base}_{id_seen[base]}"
+            seen[base] += 1
+            nid = f"{base}_{seen[base]}"
         else:
             nid = base
-        while nid in used_ids:
+        while nid in used:
             nid += "_"
-        used_ids.add(nid)
-        ins = list(n.inputs)
-        while ins and ins[-1] == "":
-            ins.pop()
-        in_toks = []
-        for t in ins:
-            if t == "":
-                in_toks.append("_")
-            elif t in produced:
-                if t not in var:    # consumed before its producer is listed
-                    var[t] = new_var("out" if used_outside(t) else "t")
-                    if var[t].startswith("out"):
-                        outputs.append(var[t])
-                in_toks.append(var[t])
-            elif _const_size(index, t) is None:
-                if t not in var:
-                    var[t] = new_var("in")
-                    ext_inputs.append(var[t])
-                in_toks.append(var[t])
-            else:
-                in_toks.append(const_var(t))
-        out_toks = []
-        for t in n.outputs:
-            if t == "" or (t not in consumed_inside and not used_outside(t)):
-                out_toks.append("_")
-                continue
-            if t not in var:
-                var[t] = new_var("out" if used_outside(t) else "t")
-                if var[t].startswith("out"):
-                    outputs.append(var[t])
-            out_toks.append(var[t])
-        while len(out_toks) > 1 and out_toks[-1] == "_":
-            out_toks.pop()
-        lines = [f"  - id: {nid}  # {_comment(n.name)}", f"    op: {_scalar(n.op)}"]
-        if n.domain:
-            lines.append(f"    domain: {_scalar(n.domain)}")
-        lines.append(f"    inputs: [{', '.join(in_toks)}]")
-        if n.op in COMMUTATIVE_OPS and n.domain == "":
-            lines.append("    commutative: true")
-        lines.append(f"    outputs: [{', '.join(out_toks)}]")
-        node_lines.append("\n".join(lines))
-    # output variables follow the order their producers are listed in
-    out_rank = {}
-    for n in order:
-        for t in n.outputs:
-            if t in var and var[t] and var[t].startswith("out"):
-                out_rank.setdefault(var[t], len(out_rank))
-    outputs.sort(key=lambda v: out_rank.get(v, len(out_rank)))
+        used.add(nid)
+        out.append(nid)
+    return out
 
-    ins_desc = ", ".join(f"{v}={t}" for t, v in var.items() if v in ext_inputs) or "none"
-    if not outputs:
-        raise FuseError("nothing the selection computes is used outside it (no consumer outside "
-                        "the selection, no graph output); a fused op would be dead code")
-    contract, others = _choose_op(fused_op, len(ext_inputs), len(outputs), ins_desc)
 
-    # attributes: equality constraints; a fused-op attribute of the same name is captured
-    for i, n in enumerate(order):
-        alines = []
+def _node_entry(n, nid: str, tensors: _Variables) -> dict:
+    ins = list(n.inputs)
+    while ins and ins[-1] == "":
+        ins.pop()
+    in_toks = [tensors.input_token(t) for t in ins]
+    out_toks = [tensors.output_token(t) for t in n.outputs]
+    while len(out_toks) > 1 and out_toks[-1] == "_":
+        out_toks.pop()
+    entry: dict = {"id": nid, "op": n.op}
+    if n.domain:
+        entry["domain"] = n.domain
+    entry["inputs"] = in_toks
+    if n.op in COMMUTATIVE_OPS and n.domain == "":
+        entry["commutative"] = True
+    entry["outputs"] = out_toks
+    return entry
+
+
+def _attribute_value(a: onnx.AttributeProto):
+    value = onnx.helper.get_attribute_value(a)
+    if isinstance(value, (list, tuple)):
+        return [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
+
+
+def _add_attributes(entries: list[dict], order, contract, notes: dict[str, str]) -> dict:
+    """Copy each node's attributes into its entry as equality constraints; an attribute the
+    fused op also has, on one node only, is captured. Returns {fused-op attribute: capture}."""
+    owners = Counter(a for n in order for a in n.attrs)
+    captures: dict[str, str] = {}
+    for entry, n in zip(entries, order):
+        attrs = {}
         for a in n.proto.attribute:
-            aname = a.name
-            key = _scalar(aname)
             if a.type in _SKIPPED_ATTR_TYPES:
-                alines.append(f"      # {key}: {_SKIPPED_ATTR_TYPES[a.type]} attribute, not "
-                              "copied (graph/tensor attributes cannot be constrained)")
+                notes[entry["id"]] += (f"; {a.name}: {_SKIPPED_ATTR_TYPES[a.type]} attribute, "
+                                       "not copied (graph/tensor attributes cannot be constrained)")
                 continue
-            value = onnx.helper.get_attribute_value(a)
-            if isinstance(value, (list, tuple)):
-                value = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x
-                         for x in value]
-            elif isinstance(value, bytes):
-                value = value.decode("utf-8", "replace")
-            if (aname in contract.attributes and attr_owners[aname] == 1
-                    and _NAME_RE.match(aname)):
-                captures[aname] = aname
-                alines.append(f"      {key}: {{equals: {_scalar(value)}, capture: {aname}}}")
+            value = _attribute_value(a)
+            if a.name in contract.attributes and owners[a.name] == 1 and _NAME_RE.match(a.name):
+                captures[a.name] = a.name
+                attrs[a.name] = {"equals": value, "capture": a.name}
             else:
-                alines.append(f"      {key}: {_scalar(value)}")
-        if alines:
-            node_lines[i] += "\n    attrs:\n" + "\n".join(alines)
+                attrs[a.name] = value
+        if attrs:
+            entry["attrs"] = attrs
+    return captures
 
-    # default `pattern:`: the op's one pattern (its contract), its folder name when it has none,
-    # else (LinearActivationGrad: one pattern per activation) the draft's name
-    pattern = pattern or (contract.patterns[0] if len(contract.patterns) == 1 else
-                          contract.folder if not contract.patterns else name)
-    to_set = [a for a in contract.attributes if a not in captures]
 
+# --- writing ---------------------------------------------------------------------------------
+
+class _Dumper(yaml.SafeDumper):
+    """Block style with indented lists (as the shipped rules), no aliases."""
+
+    def increase_indent(self, flow=False, indentless=False):
+        return super().increase_indent(flow, False)
+
+    def ignore_aliases(self, data):
+        return True
+
+
+def _plain(obj):
+    """numpy scalars -> Python scalars, recursively (the safe dumper only writes plain types)."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(x) for x in obj]
+    return obj.item() if isinstance(obj, np.generic) else obj
+
+
+def _to_yaml(rule: dict, node_notes: dict[str, str], tensor_notes: dict[str, str]) -> str:
+    """The rule as YAML (one line per node key and per tensor constraint), each node and
+    constant followed by a comment naming what it was in the example."""
+    text = yaml.dump(_plain(rule), Dumper=_Dumper, sort_keys=False, default_flow_style=None,
+                     width=1 << 16, allow_unicode=True)
+    lines, section = [], ""
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            section = line.split(":", 1)[0]
+        stripped = line.strip()
+        note = None
+        if section == "nodes" and stripped.startswith("- id: "):
+            note = node_notes.get(stripped[len("- id: "):])
+        elif section == "tensors" and line.startswith("  ") and not line.startswith("   "):
+            note = tensor_notes.get(stripped.split(":", 1)[0])
+        lines.append(f"{line}  # {_comment(note)}" if note else line)
+    return "\n".join(lines) + "\n"
+
+
+def _header(graph_name: str, node_desc: str, contract, others, given: bool,
+            tensors: _Variables, to_set: list[str]) -> list[str]:
     def attr_hint(a):
         spec = contract.attributes[a]
         bits = [spec.get("type", "?")]
@@ -412,22 +402,18 @@ def draft_rule(model: onnx.ModelProto, node_names: list[str], name: str,
             bits.append(f"default {spec['default']}")
         return f"{a} ({', '.join(bits)})"
 
-    node_desc = ", ".join(n.name for n in sorted(picked, key=lambda n: n.key))
-    graph_name = model.graph.name or "the model"
-    head = [
+    return [
         "# DRAFT rule written by `fusecli rules new`: review every point below before use.",
         f"# Example: {_comment(graph_name)}, nodes {_comment(node_desc)}.",
-        (f"# - replace.op {contract.name} was given with --op." if fused_op else
+        (f"# - replace.op {contract.name} was given with --op." if given else
          f"# - replace.op {contract.name} is a placeholder chosen because its port counts fit"
          + (f" (also fit: {', '.join(c.name for c in others)})" if others else "")
          + "; pick the op that computes this subgraph."),
         f"# - Contract: {_signature(contract)} (fusecli/ops/<op>/contract.yaml).",
         "# - replace.inputs/outputs list the outside inputs and the outputs in the order they",
         "#   appear in the pattern, NOT the contract's order: reorder them to the contract.",
-        "#   Inputs: " + _comment(", ".join(f"{v} = {t}" for t, v in var.items()
-                                           if v in ext_inputs)) + ".",
-        "#   Outputs: " + _comment(", ".join(f"{v} = {t}" for t, v in var.items()
-                                            if v in outputs)) + ".",
+        "#   Inputs: " + _comment(tensors.described(tensors.inputs)) + ".",
+        "#   Outputs: " + _comment(tensors.described(tensors.outputs)) + ".",
         ("# - Fused-op attributes to compute or set in replace.attrs: "
          + ", ".join(attr_hint(a) for a in to_set) + "." if to_set else
          "# - Every fused-op attribute is captured from the pattern; check the values."),
@@ -438,31 +424,13 @@ def draft_rule(model: onnx.ModelProto, node_names: list[str], name: str,
         "#   outside the pattern; '_' is an input/output the draft does not constrain.",
         f"# - order: {DRAFT_ORDER} applies the draft after the shipped rules; set it.",
     ]
-    body = [
-        f"name: {name}",
-        f"pattern: {pattern}",
-        f"order: {DRAFT_ORDER}",
-        "description: |",
-        f"  DRAFT from nodes {_comment(node_desc)}",
-        "nodes:",
-        *node_lines,
-    ]
-    if tensors:
-        body.append("tensors:")
-        for v, spec, note in tensors:
-            body.append(f"  {v}: {spec}  # {_comment(note)}")
-    body += [
-        "replace:",
-        f"  op: {contract.name}",
-        f"  inputs: [{', '.join(ext_inputs)}]",
-        f"  outputs: [{', '.join(outputs)}]",
-    ]
-    if captures:
-        body.append("  attrs: {" + ", ".join(f"{a}: {{attr: {c}}}" for a, c in captures.items())
-                    + "}")
-    text = "\n".join(head + body) + "\n"
 
-    # self-check: the draft parses and, matched at its anchor, binds exactly the selection
+
+def _self_check(text: str, name: str, index, order, inside: set) -> None:
+    """The draft parses and, matched at its anchor, binds exactly the selection."""
+    from .matcher import Matcher
+    from .rules import parse_rule
+
     rule = parse_rule(text, f"<draft {name}>")
     res = Matcher(index, rule, check_shapes=False).match_at(order[0])  # ports: placeholders
     if res.match is None:
@@ -476,6 +444,69 @@ def draft_rule(model: onnx.ModelProto, node_names: list[str], name: str,
         raise FuseError(f"the example is ambiguous: matched at {order[0].name}, the draft binds "
                         f"{', '.join(other)} (outside the selection, same op and attributes) "
                         "instead of the selected node(s); select more nodes to tell them apart")
+
+
+# --- drafting ---------------------------------------------------------------------------------
+
+def _default_pattern(contract, name: str) -> str:
+    """The op's one pattern (its contract), its folder name when it has none, else
+    (LinearActivationGrad: one pattern per activation) the draft's name."""
+    if len(contract.patterns) == 1:
+        return contract.patterns[0]
+    return contract.folder if not contract.patterns else name
+
+
+def _check_name(value: str, what: str) -> None:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise FuseError(f"{what} {value!r} must be lower-case letters, digits and '_', "
+                        "starting with a letter")
+
+
+def draft_rule(model: onnx.ModelProto, node_names: list[str], name: str,
+               fused_op: str | None = None, pattern: str | None = None) -> str:
+    """A draft rule (YAML text) matching the subgraph made of the nodes ``node_names``.
+
+    Raises FuseError (one line) for an empty, unknown, disconnected or non-convex selection, a
+    bad ``name``/``pattern``, or a fused op that cannot take the selection's inputs/outputs.
+    """
+    from .graph import GraphIndex
+
+    _check_name(name, "rule name")
+    if pattern is not None:
+        _check_name(pattern, "pattern")
+    index = GraphIndex(model.graph)
+    picked = _resolve(index, node_names)
+    order = _order(index, picked)
+    _check_convex(index, picked)
+
+    tensors = _Variables(index, picked)
+    entries = [_node_entry(n, nid, tensors) for n, nid in zip(order, _node_ids(order))]
+    tensors.sort_outputs(order)
+    if not tensors.outputs:
+        raise FuseError("nothing the selection computes is used outside it (no consumer outside "
+                        "the selection, no graph output); a fused op would be dead code")
+    contract, others = _choose_op(fused_op, len(tensors.inputs), len(tensors.outputs),
+                                  tensors.described(tensors.inputs, "=") or "none")
+    node_notes = {e["id"]: n.name for e, n in zip(entries, order)}
+    captures = _add_attributes(entries, order, contract, node_notes)
+
+    node_desc = ", ".join(n.name for n in sorted(picked, key=lambda n: n.key))
+    rule: dict = {"name": name,
+                  "pattern": pattern or _default_pattern(contract, name),
+                  "order": DRAFT_ORDER,
+                  "description": f"DRAFT from nodes {_comment(node_desc)}",
+                  "nodes": entries}
+    if tensors.constraints:
+        rule["tensors"] = tensors.constraints
+    rule["replace"] = {"op": contract.name, "inputs": tensors.inputs, "outputs": tensors.outputs}
+    if captures:
+        rule["replace"]["attrs"] = {a: {"attr": c} for a, c in captures.items()}
+
+    head = _header(model.graph.name or "the model", node_desc, contract, others,
+                   fused_op is not None, tensors,
+                   [a for a in contract.attributes if a not in captures])
+    text = "\n".join(head) + "\n" + _to_yaml(rule, node_notes, tensors.notes)
+    _self_check(text, name, index, order, tensors.inside)
     return text
 
 

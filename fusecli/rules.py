@@ -6,8 +6,11 @@ reports the file, the line where known, and what is wrong.
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from dataclasses import dataclass, field, replace
+from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +18,11 @@ import yaml
 
 from .contracts import load_contracts
 from .errors import RuleError
+from .userfiles import YAML_ERRORS, BoundedComposer, os_reason, read_text, yaml_problem
 
 CANONICAL_PATTERNS = load_contracts().patterns  # each op's contract lists its patterns
-DEFAULT_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+# the shipped rules: package data (in a checkout, fusecli/shipped_rules links to rules/)
+DEFAULT_RULES_DIR = Path(str(files(__package__) / "shipped_rules"))
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _VAR_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\*?$")
@@ -33,6 +38,7 @@ _ATTR_CONSTRAINT_KEYS = {"equals", "one_of", "absent_or", "absent", "capture"}
 _NODE_KEYS = {"id", "op", "domain", "inputs", "outputs", "attrs", "commutative", "optional",
               "keep", "repeat"}
 MAX_REPEAT = 8
+MAX_VARIANTS = 1000           # rules one file may define (variants, crossed or listed)
 _ALT_KEYS = {"op", "domain", "attrs", "value"}
 # ops whose first two inputs may be swapped (`commutative: true` only ever swaps these)
 COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Sum", "Max", "Min", "Mean", "And", "Or", "Xor",
@@ -52,8 +58,9 @@ class _LineDict(dict):
     key_lines: dict
 
 
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that remembers the line of every mapping and mapping key."""
+class _LineLoader(BoundedComposer, yaml.SafeLoader):
+    """SafeLoader that remembers the line of every mapping and mapping key (aliases and nesting
+    bounded: see userfiles.BoundedComposer)."""
 
 
 def _construct_mapping(loader, node, deep=False):
@@ -171,6 +178,71 @@ def _as_list(v):
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# attribute type (ONNX AttrType name, or a contract's lower-case name) -> (check, description)
+_ATTR_VALUE_TYPES = {
+    "INT": (_is_int, "an integer"),
+    "FLOAT": (_is_number, "a number"),
+    "STRING": (lambda v: isinstance(v, str), "a string"),
+    "INTS": (lambda v: isinstance(v, list) and all(map(_is_int, v)), "a list of integers"),
+    "FLOATS": (lambda v: isinstance(v, list) and all(map(_is_number, v)), "a list of numbers"),
+    "STRINGS": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+                "a list of strings"),
+}
+
+
+@functools.cache
+def _onnx_attr_types(domain: str) -> dict[str, dict[str, set[str]]]:
+    """op -> attribute -> its types over every version of the op in onnx.defs (ONNX's own
+    domains only; onnxruntime's com.microsoft ops are not described there)."""
+    import onnx.defs
+
+    out: dict[str, dict[str, set[str]]] = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain == domain:
+            for name, attr in schema.attributes.items():
+                out.setdefault(schema.name, {}).setdefault(name, set()).add(attr.type.name)
+    return out
+
+
+def _short(value) -> str:
+    r = repr(value)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _check_attr_value(src, where, value, types, line) -> None:
+    """RuleError unless ``value`` fits one of the attribute ``types`` (names of
+    _ATTR_VALUE_TYPES; unknown kinds such as TENSOR or GRAPH are not checked)."""
+    known = [t for t in types if t in _ATTR_VALUE_TYPES]
+    if not known or any(_ATTR_VALUE_TYPES[t][0](value) for t in known):
+        return
+    want = " or ".join(sorted({_ATTR_VALUE_TYPES[t][1] for t in known}))
+    raise RuleError(src, f"{where}: {_short(value)} is not {want}", line)
+
+
+def _check_node_attr_types(src, nid, ops, domains, attrs, line_of) -> None:
+    """Values a rule node's attribute constraints compare with must have the type the ONNX
+    schema gives that attribute (for ops of ONNX's own domains)."""
+    for name, c in attrs.items():
+        types = set()
+        for d in domains:
+            schemas = _onnx_attr_types(d)
+            for op in ops:
+                types |= schemas.get(op, {}).get(name, set())
+        values = ([c.equals] if c.has_equals else []) + list(c.one_of or ()) + (
+            [c.absent_or] if c.has_absent_or else [])
+        for v in values:
+            _check_attr_value(src, f"node '{nid}' attribute '{name}' (of {'/'.join(ops)})", v,
+                              types, line_of(name))
+
+
 def _parse_attr_constraint(src, node_id, name, value, line) -> AttrConstraint:
     if not isinstance(value, dict):
         return AttrConstraint(equals=value, has_equals=True)
@@ -215,6 +287,9 @@ def _parse_node(src, raw, index) -> list[NodeSpec]:
     nid = raw.get("id")
     if not isinstance(nid, str) or not _VAR_RE.match(nid) or nid.endswith("*"):
         raise RuleError(src, f"nodes[{index}]: 'id' is required and must be an identifier", line)
+    if not all(isinstance(d, str) for d in _as_list(raw.get("domain", ""))):
+        raise RuleError(src, f"node '{nid}': domain must be a domain name or a list of them",
+                        _line(raw, "domain"))
     domains = tuple(_norm_domain(d) for d in _as_list(raw.get("domain", "")))
     ops, alts = _parse_ops(src, nid, raw.get("op"), domains, line)
     domains = tuple(dict.fromkeys(d for a in alts.values() for d in a.domains))
@@ -227,6 +302,8 @@ def _parse_node(src, raw, index) -> list[NodeSpec]:
         raise RuleError(src, f"node '{nid}': attrs must be a mapping", _line(raw, "attrs"))
     attrs = {k: _parse_attr_constraint(src, nid, k, v, _line(attrs_raw, k))
              for k, v in attrs_raw.items()}
+    _check_node_attr_types(src, nid, tuple(_as_list(ops)), domains, attrs,
+                           lambda k: _line(attrs_raw, k))
     optional = raw.get("optional", False)
     if optional is True:
         optional = "branch"
@@ -308,13 +385,18 @@ def _parse_ops(src, nid, raw, domains, line) -> tuple[tuple[str, ...], dict]:
             raise RuleError(src, f"node '{nid}': alternative {item['op']}: attrs and value must "
                             "be mappings", aline)
         for var, fn in value.items():
-            if fn not in CONST_FUNCS:
+            if not isinstance(fn, str) or fn not in CONST_FUNCS:
                 raise RuleError(src, f"node '{nid}': alternative {item['op']}: value of '{var}' "
                                 f"must be one of {sorted(CONST_FUNCS)}", aline)
+        if not all(isinstance(d, str) for d in _as_list(item.get("domain", ""))):
+            raise RuleError(src, f"node '{nid}': alternative {item['op']}: domain must be a "
+                            "domain name or a list of them", aline)
         alt_domains = (tuple(_norm_domain(d) for d in _as_list(item["domain"]))
                        if "domain" in item else domains)
         attrs = {k: _parse_attr_constraint(src, nid, k, v, _line(attrs_raw, k))
                  for k, v in attrs_raw.items()}
+        _check_node_attr_types(src, nid, (item["op"],), alt_domains, attrs,
+                               lambda k, a=attrs_raw: _line(a, k))
         ops.append(item["op"])
         alts[item["op"]] = OpAlt(alt_domains, attrs, dict(value))
     if len(set(ops)) != len(ops):
@@ -337,7 +419,7 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
         if unknown:
             raise RuleError(src, f"tensor '{name}': unknown key(s) {sorted(unknown)}", line)
         if "kind" in spec:
-            if spec["kind"] not in TENSOR_KINDS:
+            if not isinstance(spec["kind"], str) or spec["kind"] not in TENSOR_KINDS:
                 raise RuleError(src, f"tensor '{name}': kind must be one of {list(TENSOR_KINDS)}",
                                 line)
             out[name] = TensorSpec(kind=spec["kind"])
@@ -383,20 +465,27 @@ def _parse_replace(src, raw, captures, const_vars) -> Replacement:
                 raise RuleError(src, f"replace.{key}: {op}'s required {port.name} is missing",
                                 _line(raw, key))
     attrs = {}
+    if not isinstance(raw.get("attrs") or {}, dict):
+        raise RuleError(src, "replace.attrs must be a mapping of attribute name to value",
+                        _line(raw, "attrs"))
     for name, value in (raw.get("attrs") or {}).items():
         aline = _line(raw.get("attrs"), name)
         if name not in contract.attributes:
             raise RuleError(src, f"replace.attrs: {op} has no attribute {name!r}; it has "
                             f"{sorted(contract.attributes)}", aline)
+        kind = str(contract.attributes[name].get("type", "")).upper()
         if isinstance(value, dict):
             if "if_matched" in value:
                 if set(value) != {"if_matched", "then", "else"} or not isinstance(
                         value["if_matched"], str):
                     raise RuleError(src, f"replace.attrs.{name}: write {{if_matched: NODE_ID, "
                                     "then: VALUE, else: VALUE}", aline)
+                for branch in ("then", "else"):
+                    _check_attr_value(src, f"replace.attrs.{name}.{branch}", value[branch],
+                                      [kind], aline)
                 attrs[name] = ("if_matched", value["if_matched"], value["then"], value["else"])
             elif "attr" in value:
-                if value["attr"] not in captures:
+                if not isinstance(value["attr"], str) or value["attr"] not in captures:
                     raise RuleError(src, f"replace.attrs.{name}: no attribute captured as "
                                     f"{value['attr']!r}", aline)
                 attrs[name] = ("attr", value["attr"])
@@ -405,10 +494,10 @@ def _parse_replace(src, raw, captures, const_vars) -> Replacement:
                 if set(value) - {"const", "fn", "default"}:
                     raise RuleError(src, f"replace.attrs.{name}: write {{const: VAR, fn: FN, "
                                     "default: NUMBER}", aline)
-                if value["const"] not in const_vars:
+                if not isinstance(value["const"], str) or value["const"] not in const_vars:
                     raise RuleError(src, f"replace.attrs.{name}: {value['const']!r} is not a "
                                     "tensor with a 'const' constraint", aline)
-                if fn not in CONST_FUNCS:
+                if not isinstance(fn, str) or fn not in CONST_FUNCS:
                     raise RuleError(src, f"replace.attrs.{name}: fn must be one of "
                                     f"{sorted(CONST_FUNCS)}", aline)
                 default = value.get("default")
@@ -422,6 +511,7 @@ def _parse_replace(src, raw, captures, const_vars) -> Replacement:
                                 "{const: VAR, fn: FN, default: N} or {if_matched: NODE_ID, then: V, else: V}",
                                 aline)
         else:
+            _check_attr_value(src, f"replace.attrs.{name}", value, [kind], aline)
             allowed = contract.attributes[name].get("values")
             if allowed is not None and value not in allowed:
                 raise RuleError(src, f"replace.attrs.{name}: {value!r} is not one of {allowed}",
@@ -490,11 +580,9 @@ def _load_yaml(text: str, source: str):
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
         raise RuleError(source, f"not allowed in a rule file: {exc.problem} (rules are plain "
                         "YAML; tags that construct objects are refused)", line) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise RuleError(source, f"not valid YAML: {problem}",
-                        mark.line + 1 if mark else None) from None
+    except YAML_ERRORS as exc:
+        problem, line = yaml_problem(exc)
+        raise RuleError(source, f"not valid YAML: {problem}", line) from None
     if raw is None:
         raise RuleError(source, "empty rule file; a rule needs name, pattern, order, nodes, "
                         "replace")
@@ -551,10 +639,22 @@ def _cross(source: str, lists, line) -> list:
             isinstance(li, list) and li and all(isinstance(v, dict) for v in li) for li in lists):
         raise RuleError(source, "variants: {cross: [...]} takes a list of non-empty lists of "
                         "mappings", line)
+    if _product(len(li) for li in lists) > MAX_VARIANTS:
+        raise RuleError(source, f"variants: {{cross: [...]}} makes more than {MAX_VARIANTS} "
+                        "rules; split the file", line)
     out = [{}]
     for li in lists:
         out = [{**a, **b} for a in out for b in li]
     return out
+
+
+def _product(lengths) -> int:
+    n = 1
+    for k in lengths:
+        n *= k
+        if n > MAX_VARIANTS:       # stop early: a product of many lists is astronomically big
+            break
+    return n
 
 
 def _expand(raw, source: str) -> list:
@@ -573,6 +673,9 @@ def _expand(raw, source: str) -> list:
             isinstance(v, dict) for v in variants):
         raise RuleError(source, "variants must be a non-empty list of mappings parameter -> "
                         "value (one rule per entry)", _line(raw, "variants"))
+    if len(variants) > MAX_VARIANTS:
+        raise RuleError(source, f"variants makes {len(variants)} rules, more than "
+                        f"{MAX_VARIANTS}; split the file", _line(raw, "variants"))
     body = {k: v for k, v in raw.items() if k not in ("params", "variants")}
     out = []
     for i, variant in enumerate(variants):
@@ -619,8 +722,11 @@ def _build_rule(raw, source: str, text: str) -> Rule:
 
 
 def _rule_files(path: Path) -> list[Path]:
-    if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+    try:
+        if path.is_dir():
+            return sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+    except OSError as exc:
+        raise RuleError(str(path), f"cannot list the folder: {os_reason(exc)}") from None
     return [path]
 
 
@@ -636,13 +742,10 @@ def load_rules(paths=None) -> list[Rule]:
     rules: list[Rule] = []
     seen: dict[str, str] = {}
     for p in map(Path, paths):
-        if not p.exists():
+        if not os.path.lexists(p):
             raise RuleError(str(p), "no such rule file or folder")
         for f in _rule_files(p):
-            try:
-                text = f.read_text()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise RuleError(str(f), f"cannot read: {exc}") from None
+            text = read_text(f, lambda msg, f=f: RuleError(str(f), msg))
             for rule in parse_rules(text, str(f)):
                 if rule.name in seen:
                     raise RuleError(str(f), f"rule name '{rule.name}' is also used by "

@@ -51,10 +51,7 @@ from .feeds import FeedPlan, load_manifest, plan_feeds, read_feeds_file
 from .modelio import load_model
 from .sanity import check_graph
 
-REPO = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "runtime_worker.py"
-ORTT_PYTHON = REPO / ".venv-ortt" / "bin" / "python"
-SAMPLES = REPO / "samples"
 
 # Ops only onnxruntime-training registers (stock onnxruntime refuses models holding them).
 _TRAINING_OPS = {"InPlaceAccumulator", "InPlaceAccumulatorV2", "ConcatTraining",
@@ -73,24 +70,27 @@ def needs_training_runtime(model: onnx.ModelProto) -> bool:
 
 def pick_runtime(model: onnx.ModelProto, override: str | None = None) -> str:
     """Python interpreter whose onnxruntime can run ``model``."""
-    if override:
-        if not Path(override).exists():
-            raise FuseError(f"--runtime-python {override} does not exist")
-        return override
-    if needs_training_runtime(model):
-        if not ORTT_PYTHON.exists():
-            raise FuseError("this graph needs onnxruntime-training: run `make ortt-env` (creates "
-                            ".venv-ortt) or pass --runtime-python PATH")
-        return str(ORTT_PYTHON)
+    from .library import training_python
+
+    if override or needs_training_runtime(model):
+        return training_python(override)
     return sys.executable
 
 
 def manifest_entry_for(path: str | os.PathLike) -> dict | None:
-    """The samples/manifest.yaml entry of a shipped sample (for its parameters and labels)."""
+    """The entry of a sample in the ``manifest.yaml`` beside it (shipped samples: their
+    parameters and labels), or None."""
+    import yaml
+
     p = Path(path).resolve()
-    if p.parent != SAMPLES.resolve():
+    manifest = p.parent / "manifest.yaml"
+    if not manifest.is_file():
         return None
-    for entry in load_manifest().values():
+    try:
+        entries = load_manifest(manifest)
+    except (OSError, yaml.YAMLError, ValueError, AttributeError, TypeError):
+        return None  # not a fusecli sample manifest
+    for entry in entries.values():
         if entry.get("file") == p.name:
             return entry
     return None

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Build fusecli's onnxruntime custom-op library (CPU kernels, plus CUDA kernels when nvcc is
-# found) into build/lib and copy it to fusecli/lib/libfusecli_ops.so. Quick when nothing changed.
+# found) into build/cmake and copy it to fusecli/lib/libfusecli_ops.so. Quick when nothing changed.
 #   FUSECLI_CUDA=0     force a CPU-only build
 #   FUSECLI_NATIVE=0   do not tune for this machine's CPU (portable x86-64 build)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+for tool in cmake c++; do
+  command -v "$tool" >/dev/null 2>&1 || {
+    echo "build_lib: '$tool' not found; building the custom-op library needs cmake and g++" >&2
+    exit 1; }
+done
 bash scripts/fetch_deps.sh
 
-BUILD="$ROOT/build/lib"
+BUILD="$ROOT/build/cmake"
 CUDA_OPT="${FUSECLI_CUDA:-ON}"; [[ "$CUDA_OPT" == 0 ]] && CUDA_OPT=OFF; [[ "$CUDA_OPT" == 1 ]] && CUDA_OPT=ON
 NATIVE_OPT="${FUSECLI_NATIVE:-ON}"; [[ "$NATIVE_OPT" == 0 ]] && NATIVE_OPT=OFF; [[ "$NATIVE_OPT" == 1 ]] && NATIVE_OPT=ON
 
@@ -19,21 +24,36 @@ if [[ "$CUDA_OPT" == ON ]]; then
   [[ -n "$NVCC" ]] && NVCC_ARGS=(-DCMAKE_CUDA_COMPILER="$NVCC")
 fi
 
-# the op-table generator (fusecli/csrc/gen_op_tables.py) needs PyYAML: the project venv has it
-PYTHON_FOR_GEN="${FUSECLI_GEN_PYTHON:-$ROOT/.venv/bin/python}"
-[[ -x "$PYTHON_FOR_GEN" ]] || PYTHON_FOR_GEN="$(command -v python3)"
+# the op-table generator (fusecli/csrc/gen_op_tables.py) needs a Python with PyYAML:
+# FUSECLI_GEN_PYTHON (pip's build hook passes its own), else the project venv's, else python3
+has_yaml() { [[ -x "$1" ]] && "$1" -c "import yaml" >/dev/null 2>&1; }
+PYTHON_FOR_GEN="${FUSECLI_GEN_PYTHON:-}"
+if [[ -z "$PYTHON_FOR_GEN" ]]; then
+  for cand in "$ROOT/.venv/bin/python" "$(command -v python3 || true)"; do
+    if has_yaml "$cand"; then PYTHON_FOR_GEN="$cand"; break; fi
+  done
+fi
+has_yaml "$PYTHON_FOR_GEN" || {
+  echo "build_lib: no Python with PyYAML for the op-table generator; set FUSECLI_GEN_PYTHON" >&2
+  exit 1; }
 
 GEN=()
 command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
 STAMP="$BUILD/.fusecli-config"
-WANT="cuda=$CUDA_OPT native=$NATIVE_OPT nvcc=${NVCC_ARGS[*]:-none} gen=${GEN[*]:-make} py=$PYTHON_FOR_GEN"
+PY_STAMP="$BUILD/.fusecli-python"
+WANT="cuda=$CUDA_OPT native=$NATIVE_OPT nvcc=${NVCC_ARGS[*]:-none} gen=${GEN[*]:-make}"
 if [[ ! -f "$BUILD/CMakeCache.txt" || "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]]; then
   rm -rf "$BUILD"
+fi
+# another generator Python (pip's temporary build env, then the venv's) only reconfigures: the
+# generator rewrites a table only when its text changes, so nothing is recompiled
+if [[ ! -f "$BUILD/CMakeCache.txt" || "$(cat "$PY_STAMP" 2>/dev/null)" != "$PYTHON_FOR_GEN" ]]; then
   cmake -S fusecli/csrc -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DFUSECLI_DEPS="$ROOT/build/deps" -DFUSECLI_CUDA="$CUDA_OPT" -DFUSECLI_NATIVE="$NATIVE_OPT" \
     -DPython3_EXECUTABLE="$PYTHON_FOR_GEN" \
     "${NVCC_ARGS[@]}" >/dev/null
   echo "$WANT" > "$STAMP"
+  echo "$PYTHON_FOR_GEN" > "$PY_STAMP"
 fi
 JOBS="$(nproc 2>/dev/null || echo 2)"
 cmake --build "$BUILD" -j "$JOBS" -- $([[ ${#GEN[@]} -eq 0 ]] && echo --no-print-directory) >/dev/null

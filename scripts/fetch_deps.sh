@@ -36,6 +36,11 @@ archive_uri() {
   return 1
 }
 
+for tool in apt-get dpkg; do
+  command -v "$tool" >/dev/null 2>&1 || {
+    echo "fetch_deps: '$tool' not found; the headers come from Debian packages (put them in $DEPS by hand elsewhere)" >&2
+    exit 1; }
+done
 URI="$(archive_uri)" || { echo "fetch_deps: no Debian archive URI found in the apt sources" >&2; exit 1; }
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 

@@ -6,12 +6,19 @@ exactly when nothing outside reads (or exports) one of its critical intermediate
 
 from __future__ import annotations
 
+import contextlib
+import io
+import signal
+import tempfile
+from pathlib import Path
+
 import onnx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
 import builders
+from conftest import REPO, SAMPLES
 from fusecli import FusionPass
 from fusecli.sanity import check_graph
 
@@ -75,7 +82,7 @@ def graphs(draw):
     declared = {v.name for f in frags for v in f.outputs + f.inputs} | {
         t.name for f in frags for t in f.inits}
     touched: set[str] = set()
-    for k, ((fi, t), how) in enumerate(picks):
+    for k, ((_fi, t), how) in enumerate(picks):
         touched.add(t)
         if how == "consumer":
             extra_nodes.append(helper.make_node("Neg", [t], [f"d{k}/out"], name=f"d{k}/neg"))
@@ -112,3 +119,152 @@ def test_fusion_pass_properties(case):
     fused = {a for a in expected if a not in alive}
     assert fused == {a for a, ok in expected.items() if ok}
     assert fp.stats.total_fused == len(fused)
+
+
+# --- fuzzing: hostile models and rule YAML (issue 11) ------------------------------------------
+# Every input, however mangled, ends in exit 0 or in exit 2 with ONE 'fusecli: error:' line:
+# never a traceback, never exit 4, nothing written beside the input. The CLI runs in-process
+# (the console script's main()) so that a few dozen examples take seconds.
+
+_GOOD_RULE = (REPO / "rules" / "linear_act_ortt_gemm.yaml").read_text()
+_HOSTILE_VALUES = ["9" * 5000, "2001-13-45", "[" * 3000 + "]" * 3000, "*undefined", "&x [*x]",
+                   "[1, {a: 2}]", "null", "{attr: [1]}", "{const: [x]}", ".nan", "-.inf",
+                   "!!binary AAAA", "yes", "1e999", "''", "{}", "[]", "!!python/name:os.system",
+                   "\"\\x00\"", "\"a\\nb\"", "0x7fffffffffffffffffff", "{if_matched: act}"]
+_YAML_TOKENS = ["&a ", "*a", "[", "]", "{", "}", "- ", ": ", ", ", "\n", "  ", "\t", "'", '"',
+                "#", "<<: *a", "? ", "|", "\x00", "\x1b[31m", "é"]
+_VALUE_STARTS = [i + 2 for i in range(len(_GOOD_RULE)) if _GOOD_RULE.startswith(": ", i)]
+
+
+def _cli(*argv) -> tuple[int, str]:
+    """fusecli's main() in-process: (exit code, stderr). Signal handlers are restored after."""
+    from fusecli.cli import main
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main([str(a) for a in argv])
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    return rc, err.getvalue()
+
+
+def _exit_0_or_one_line(rc: int, err: str) -> None:
+    assert rc in (0, 2), (rc, err)
+    if rc == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("fusecli: error: "), err
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values=st.lists(st.tuples(st.sampled_from(_VALUE_STARTS), st.sampled_from(_HOSTILE_VALUES)),
+                       min_size=1, max_size=2),
+       edits=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 20),
+                                st.sampled_from(_YAML_TOKENS)), max_size=3))
+def test_fuzzed_rule_yaml(values, edits):
+    """Hostile values where the rule has values (the value up to the next ',', '}' or line end
+    is replaced), then random token edits."""
+    text = _GOOD_RULE
+    for start, value in sorted(values, reverse=True):
+        end = start
+        while end < len(text) and text[end] not in ",}\n":
+            end += 1
+        text = text[:start] + value + text[end:]
+    for where, drop, token in edits:
+        i = int(where * len(text))
+        text = text[:i] + token + text[i + drop:]
+    with tempfile.TemporaryDirectory() as tmp:
+        rule = Path(tmp) / "rule.yaml"
+        rule.write_text(text, encoding="utf-8", errors="surrogateescape")
+        rc, err = _cli("rules", "validate", rule)
+        _exit_0_or_one_line(rc, err)
+
+
+def _weights_model(folder: Path) -> onnx.ModelProto:
+    """The ortt Linear+ReLU chain with A and W stored in 'weights.bin' beside it."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    m = builders.ortt_linear_act("relu", M=8, N=4, K=6)
+    keep = [i for i in m.graph.input if i.name not in ("A", "W")]
+    del m.graph.input[:]
+    m.graph.input.extend(keep)
+    rng = np.random.default_rng(0)
+    m.graph.initializer.extend([
+        numpy_helper.from_array(rng.standard_normal((8, 6)).astype(np.float32), "A"),
+        numpy_helper.from_array(rng.standard_normal((4, 6)).astype(np.float32), "W")])
+    onnx.save_model(m, folder / "m.onnx", save_as_external_data=True, location="weights.bin",
+                    all_tensors_to_one_file=True, size_threshold=0)
+    return onnx.load(folder / "m.onnx", load_external_data=False)
+
+
+_LOCATIONS = ["../weights.bin", "/etc/hostname", "weights.bin/x", "", "x" * 300, "a\nb",
+              "missing.bin", "./weights.bin", "sub/../weights.bin", "\\weights.bin", "."]
+_NUMBERS = ["-1", "0", "7", "99999999999999999999999", "abc", "", "1e3", " 8", "9" * 5000]
+
+
+def _mutate(m: onnx.ModelProto, kind: str, k: int, pick: str) -> None:
+    g = m.graph
+    inits = list(g.initializer)
+    t = inits[k % len(inits)]
+    node = g.node[k % len(g.node)]
+    vis = list(g.input) + list(g.output) + list(g.value_info)
+    if kind == "location":
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = _LOCATIONS[k % len(_LOCATIONS)]
+    elif kind in ("offset", "length"):
+        t.data_location = onnx.TensorProto.EXTERNAL
+        kept = [e for e in t.external_data if e.key != kind]
+        del t.external_data[:]
+        t.external_data.extend(kept)
+        t.external_data.add(key=kind, value=pick)
+    elif kind == "dims":
+        t.dims[:] = [int(x) if x.lstrip("-").isdigit() and len(x) < 20 else -1
+                     for x in pick.split()] or [-1]
+    elif kind == "tensor_type":
+        t.data_type = k % 25
+    elif kind == "value_type" and vis:
+        vis[k % len(vis)].type.tensor_type.elem_type = k % 25
+    elif kind == "value_dim" and vis:
+        shape = vis[k % len(vis)].type.tensor_type.shape
+        if shape.dim:
+            shape.dim[0].dim_value = [0, 1, 2**62, 2**40][k % 4]
+    elif kind == "rename":
+        node.output[0] = g.node[(k + 1) % len(g.node)].output[0]
+    elif kind == "opset":
+        m.opset_import[k % len(m.opset_import)].version = [0, 1, 99, -5][k % 4]
+    elif kind == "name":
+        node.name = pick + "\n\x1b" + node.name
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutations=st.lists(st.tuples(st.sampled_from(
+           ["location", "offset", "length", "dims", "tensor_type", "value_type", "value_dim",
+            "rename", "opset", "name"]), st.integers(0, 1000), st.sampled_from(_NUMBERS)),
+           min_size=1, max_size=3),
+       flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)),
+                      max_size=4))
+def test_fuzzed_models(mutations, flips):
+    """A model with external data, mutated where the proto has meaning (locations, offsets,
+    lengths, dims, element types, names, opsets), then a few random bytes flipped."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "in"
+        folder.mkdir()
+        m = _weights_model(folder)
+        for kind, k, pick in mutations:
+            _mutate(m, kind, k, pick)
+        data = bytearray(m.SerializeToString())
+        for where, value in flips:
+            data[int(where * len(data))] = value
+        (folder / "m.onnx").write_bytes(bytes(data))
+        before = sorted(p.name for p in Path(tmp).rglob("*"))
+        rc, err = _cli("stats", folder / "m.onnx", "--json")
+        _exit_0_or_one_line(rc, err)
+        rc, err = _cli("optimize", folder / "m.onnx", "-o", Path(tmp) / "out.onnx")
+        _exit_0_or_one_line(rc, err)
+        after = sorted(p.name for p in Path(tmp).rglob("*"))
+        assert after == before + (["out.onnx", "out.onnx.data"] if rc == 0 else []) or (
+            rc == 0 and after == sorted([*before, "out.onnx"])), after

@@ -26,6 +26,7 @@ import numpy as np
 from ..contracts import FUSED_DOMAIN
 from ..errors import FuseError
 from ..feeds import parse_dims
+from ..options import RUNTIME_PYTHON
 
 WORKER = Path(__file__).resolve().parent.parent / "bench_worker.py"
 
@@ -136,12 +137,13 @@ def _mib(v) -> str:
 @click.command("bench")
 @click.argument("original", type=click.Path(path_type=Path))
 @click.argument("fused", type=click.Path(path_type=Path))
-@click.option("--runs", type=int, default=20, show_default=True,
+@click.option("--runs", type=click.IntRange(1, 1_000_000), default=20, show_default=True,
               help="Timed iterations per model (interleaved A B, B A, ...).")
-@click.option("--warmup", type=int, default=3, show_default=True, help="Warm-up runs per model.")
-@click.option("--threads", type=int, default=None,
+@click.option("--warmup", type=click.IntRange(0, 100_000), default=3, show_default=True,
+              help="Warm-up runs per model.")
+@click.option("--threads", type=click.IntRange(1, 256), default=None,
               help="Intra-op threads for both sessions (default: the machine's CPU count).")
-@click.option("--runtime-python", default=None,
+@click.option("--runtime-python", default=None, type=RUNTIME_PYTHON,
               help="Python interpreter whose onnxruntime runs the models (default: picked like "
                    "`fusecli verify`).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
@@ -158,7 +160,8 @@ def bench(original, fused, runs, warmup, threads, runtime_python, dims, feeds_fi
     only fair comparison on small machines.
     """
     res = run_bench(original, fused, runs=runs, warmup=warmup, threads=threads,
-                    runtime_python=runtime_python, dims=parse_dims(dims), feeds_file=feeds_file)
+                    runtime_python=str(runtime_python) if runtime_python else None,
+                    dims=parse_dims(dims), feeds_file=feeds_file)
     s = summary(res)
     if as_json:
         click.echo(json.dumps(s))

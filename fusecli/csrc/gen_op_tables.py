@@ -169,7 +169,8 @@ def main(argv=None) -> int:
         contracts = load_contracts_module().load_contracts()
     except ModuleNotFoundError as e:
         raise SystemExit(f"gen_op_tables.py: {e.name} is missing in {sys.executable}: "
-                         "install PyYAML there or pass -DPython3_EXECUTABLE=<a python that has it>")
+                         "install PyYAML there or pass -DPython3_EXECUTABLE=<a python that has it>"
+                         ) from None
     args.out.mkdir(parents=True, exist_ok=True)
     for name, text in generate(contracts).items():
         path = args.out / name
