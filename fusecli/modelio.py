@@ -476,7 +476,7 @@ def _plan_data(model: onnx.ModelProto, out: Path, src: Path) -> list[tuple[Path,
     inputs = {_file_id(f) for f in [src, *by_loc.values()]} - {None}
     targets: dict[Path, str] = {}
     plan = []
-    for loc, s_file in by_loc.items():
+    for s_file in by_loc.values():
         if s_file in targets:
             continue
         new = _owned_data_name(out, len(targets))
@@ -487,7 +487,7 @@ def _plan_data(model: onnx.ModelProto, out: Path, src: Path) -> list[tuple[Path,
         targets[s_file] = new
         plan.append((s_file, d_file))
     renamed = {loc: targets[s_file] for loc, s_file in by_loc.items()}
-    for t, info in _external_entries(model):
+    for t, _info in _external_entries(model):
         for e in t.external_data:
             if e.key == "location" and e.value in renamed:
                 e.value = renamed[e.value]

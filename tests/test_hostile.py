@@ -14,7 +14,6 @@ import re
 import resource
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from onnx import helper
 
 import builders
-from conftest import REPO, SAMPLES
+from conftest import REPO
 from fusecli import FusionPass
 from fusecli.sanity import check_graph
 
