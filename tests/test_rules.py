@@ -254,10 +254,11 @@ def test_every_rule_has_guard_fixtures():
     covered = {p.values[0].name for p in _intermediate_cases()}
     missing = {r.name for r in RULES} - covered
     # rules whose every intermediate sits behind an optional node are covered by the
-    # synthetic fixtures below; the tanh-GELU Linear variants, whose only intermediate is the
-    # output of the act_gelu_tanh_grad_ortt stage, by tests/test_variants.py
+    # synthetic fixtures below (rmsnorm_ortt: tests/test_rmsnorm.py); the tanh-GELU Linear
+    # variants, whose only intermediate is the output of the act_gelu_tanh_grad_ortt stage, by
+    # tests/test_variants.py
     assert missing <= {"layernorm_ortt", "layernorm_torch_params", "linear_gelu_tanh_ortt_gemm",
-                       "linear_gelu_tanh_ortt_matmul"}, missing
+                       "linear_gelu_tanh_ortt_matmul", "rmsnorm_ortt"}, missing
 
 
 # --- synthetic variants (bias-free, first layer, no Identity) and exact guard reasons --------

@@ -393,3 +393,40 @@ class CNN3(nn.Module):
         x = F.relu(self.bn2(self.conv2(x)))
         x = F.relu(self.bn3(self.conv3(x)))
         return self.head(x.mean(dim=(2, 3)))
+
+
+class RMSNorm(nn.Module):
+    """Llama / Mistral / T5 RMSNorm: x * rsqrt(mean(x^2, -1) + eps), times a weight when
+    `scale` (LlamaRMSNorm / T5LayerNorm); without a weight when not. `div`: written
+    x / sqrt(mean(x^2) + eps) instead (another backward spelling)."""
+
+    def __init__(self, d: int, eps: float = 1e-6, scale: bool = True, div: bool = False) -> None:
+        super().__init__()
+        self.eps, self.div = eps, div
+        self.weight = nn.Parameter(torch.ones(d) + 0.1 * torch.randn(d)) if scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = x.pow(2).mean(-1, keepdim=True) + self.eps
+        h = x / torch.sqrt(v) if self.div else x * torch.rsqrt(v)
+        return self.weight * h if self.weight is not None else h
+
+
+class LlamaStack(nn.Module):
+    """Llama-style pre-norm residual layers [B, S=8, D=32] with RMSNorm: five layers
+    x = x + W_l(rms_l(x)), then a final RMSNorm with weight. Six rmsnorm: the first over the
+    model input (only its weight needs a gradient); with a residual gradient: rsqrt with and
+    without weight, x / sqrt(...) with and without weight; the final one without."""
+
+    def __init__(self, d: int = D_MODEL) -> None:
+        super().__init__()
+        norms = [RMSNorm(d), RMSNorm(d), RMSNorm(d, scale=False), RMSNorm(d, div=True),
+                 RMSNorm(d, scale=False, div=True)]
+        self.norms = nn.ModuleList(norms)
+        self.lins = nn.ModuleList(nn.Linear(d, d) for _ in norms)
+        self.norm = RMSNorm(d)
+        self.PATTERNS = patterns(rmsnorm=len(norms) + 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for n, lin in zip(self.norms, self.lins):
+            x = x + lin(n(x))
+        return self.norm(x)
