@@ -81,11 +81,16 @@ class Contracts:
     version: int
     activations: tuple[str, ...]
     ops: dict[str, OpContract]
+    pattern_order: tuple[str, ...] = ()  # domain.yaml's canonical order
 
     @property
     def patterns(self) -> tuple[str, ...]:
-        """Every pattern a shipped rule may produce, op by op (the canonical pattern names)."""
-        return tuple(p for c in self.ops.values() for p in c.patterns)
+        """Every pattern a shipped rule may produce (the canonical pattern names), in
+        domain.yaml's canonical order (a pattern missing there comes last, in op-folder order;
+        tests/test_contracts.py requires every one to be listed)."""
+        found = [p for c in self.ops.values() for p in c.patterns]
+        return (tuple(p for p in self.pattern_order if p in found)
+                + tuple(p for p in found if p not in self.pattern_order))
 
 
 def _as_tuple(v) -> tuple:
@@ -117,7 +122,8 @@ def load_contracts(ops_dir: Path = OPS_DIR) -> Contracts:
     for path in sorted(ops_dir.glob(f"*/{CONTRACT_NAME}")):
         c = _op(path.parent.name, yaml.safe_load(path.read_text()))
         ops[c.name] = c
-    return Contracts(data["domain"], int(data["version"]), tuple(data["activations"]), ops)
+    return Contracts(data["domain"], int(data["version"]), tuple(data["activations"]), ops,
+                     tuple(data.get("patterns") or ()))
 
 
 FUSED_DOMAIN = load_contracts().domain

@@ -308,6 +308,9 @@ class FusionPass:
         replaced = [n.name for n in ordered]
         proto.name = name
         proto.doc_string = f"{DOC_PREFIX}{rule.name}: " + ", ".join(replaced)
+        for t in proto.output:  # their shapes as the replaced nodes make them (_check_fused)
+            if t:
+                index.shapes.shape(t)
         for n in ordered:
             index.remove_node(n)
             removed_inputs.update(t for t in n.inputs if t)

@@ -123,6 +123,10 @@ def _external_entries(model: onnx.ModelProto):
     """(tensor, {key: value}) for every tensor stored as external data."""
     for t in _all_tensors(model):
         if t.data_location == onnx.TensorProto.EXTERNAL:
+            if not all(isinstance(x, str) for e in t.external_data for x in (e.key, e.value)):
+                # protobuf hands back bytes for a string field that is not valid UTF-8
+                raise ModelError(f"tensor {t.name!r} has external-data entries that are not "
+                                 "valid UTF-8 text; the file is damaged (re-export the model)")
             yield t, {e.key: e.value for e in t.external_data}
 
 
@@ -476,7 +480,7 @@ def _plan_data(model: onnx.ModelProto, out: Path, src: Path) -> list[tuple[Path,
     inputs = {_file_id(f) for f in [src, *by_loc.values()]} - {None}
     targets: dict[Path, str] = {}
     plan = []
-    for _loc, s_file in by_loc.items():
+    for s_file in by_loc.values():
         if s_file in targets:
             continue
         new = _owned_data_name(out, len(targets))
@@ -487,7 +491,7 @@ def _plan_data(model: onnx.ModelProto, out: Path, src: Path) -> list[tuple[Path,
         targets[s_file] = new
         plan.append((s_file, d_file))
     renamed = {loc: targets[s_file] for loc, s_file in by_loc.items()}
-    for t, _info in _external_entries(model):
+    for t, _ in _external_entries(model):
         for e in t.external_data:
             if e.key == "location" and e.value in renamed:
                 e.value = renamed[e.value]

@@ -187,7 +187,9 @@ def _choose_op(fused_op: str | None, n_in: int, n_out: int, ins_desc: str):
         raise FuseError(f"no fused op of fusecli takes {n_in} input(s) and {n_out} output(s) "
                         f"like the selection ({ins_desc}); pass --op NAME with a selection "
                         "that fits it (see fusecli/ops/<op>/contract.yaml)")
-    fit.sort(key=lambda c: len(c.inputs) - n_in + len(c.outputs) - n_out)  # stable: file order
+    # fewest unused inputs first (inputs tell ops apart; outputs are mostly optional), then
+    # fewest unused outputs; stable: file order
+    fit.sort(key=lambda c: (len(c.inputs) - n_in, len(c.outputs) - n_out))
     return fit[0], fit[1:]
 
 

@@ -441,7 +441,7 @@ def _parse_replace(src, raw, captures, const_vars) -> Replacement:
         raise RuleError(src, "'replace' must be a mapping with op, inputs, outputs, attrs", None)
     contracts = load_contracts()
     op = raw.get("op")
-    if op not in contracts.ops:
+    if not isinstance(op, str) or op not in contracts.ops:
         raise RuleError(src, f"replace.op {op!r} is not a fused op of fusecli; known: "
                         f"{sorted(contracts.ops)} (see fusecli/ops/<op>/contract.yaml)",
                         _line(raw, "op"))

@@ -33,6 +33,10 @@ _DEFAULT_DOMAINS = ("", "ai.onnx")
 _MAX_LISTED = 3
 
 
+_DEFINED_TYPES = frozenset(v for v in onnx.TensorProto.DataType.values()
+                           if v != onnx.TensorProto.UNDEFINED)
+
+
 def _node_label(node: onnx.NodeProto, index: int) -> str:
     return f"node '{node.name}' ({node.op_type})" if node.name else f"node #{index} ({node.op_type})"
 
@@ -74,6 +78,10 @@ def _check_one_graph(graph: onnx.GraphProto, outer: set[str], where: str,
             provided[vi.name] = "a graph input"
     for t in graph.initializer:
         provided.setdefault(t.name, "an initializer")
+        if t.data_type not in _DEFINED_TYPES:
+            raise ModelError(f"{where}initializer '{t.name}' has element type {t.data_type}, "
+                             "which is not a defined ONNX tensor type; the file is damaged or "
+                             "was written wrongly (re-export the model)")
     for st in graph.sparse_initializer:
         provided.setdefault(st.values.name, "a sparse initializer")
     producer: dict[str, int] = {}

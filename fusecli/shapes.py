@@ -187,13 +187,13 @@ def same_shape(a, b) -> bool | None:
     return True if sure else None
 
 
+_INPUT_CHECKED = {"AttentionGrad"}  # ops whose input shapes input_problem checks
+
+
 def _numel(dims):
     if dims is None or not all(isinstance(d, int) for d in dims):
         return None
     return math.prod(dims)
-
-
-_INPUT_CHECKED = {"AttentionGrad"}  # ops whose input shapes input_problem checks
 
 
 def input_problem(op: str, attrs: dict, ins: list, names: list) -> str | None:
@@ -213,24 +213,27 @@ def input_problem(op: str, attrs: dict, ins: list, names: list) -> str | None:
         if isinstance(s[axis], int) and isinstance(want, int) and s[axis] != want:
             return (f"AttentionGrad's {label} is {_show(s)}, but P {_show(p)} needs "
                     f"{want} rows/columns there")
-    batch = _numel(p[:-2])
-    for label, s in (("Q", q), ("K", k), ("V", v), ("dO", dO)):
-        if s is None or batch is None or _numel(s[:-2]) in (None, batch):
+    # Q and dO share P's batch dims; K's and V's (right-aligned, missing leading dims count as
+    # 1) each equal P's or divide it (grouped / multi-query attention; the op sums the group)
+    # (a tensor whose batch element count equals P's is P's batch dims viewed: Q [B*H, S, D]
+    # with P [B, H, S, S], as the torch-joint rules bind them)
+    pb = p[:-2]
+    batch = _numel(pb)
+    for label, s, grouped in (("Q", q, False), ("dO", dO, False), ("K", k, True),
+                              ("V", v, True)):
+        if s is None or len(s) < 2 or len(s) - 2 > len(pb):
             continue
-        if label in ("K", "V") and _grouped(s[:-2], p[:-2]):
-            continue  # grouped / multi-query K or V: dK / dV sum over each group
-        return (f"AttentionGrad's {label} {_show(s)} has other batch dims than P "
-                f"{_show(p)} (a broadcast the kernel does not do)")
+        if batch is not None and _numel(s[:-2]) == batch:
+            continue
+        sb = [1] * (len(pb) - (len(s) - 2)) + list(s[:-2])
+        for x, y in zip(sb, pb):
+            if not (isinstance(x, int) and isinstance(y, int)) or x == y:
+                continue
+            if not grouped or x == 0 or y % x:
+                return (f"AttentionGrad's {label} {_show(s)} has batch dims that "
+                        f"{'neither equal nor divide' if grouped else 'differ from'} P's "
+                        f"{_show(p)}")
     return None
-
-
-def _grouped(kdims: list, pdims: list) -> bool:
-    """AttentionGrad's grouping rule: K's (or V's) batch dims, right-aligned with P's (missing
-    leading ones count as 1), each equal P's or divide it (query index i uses i // (P/K))."""
-    if len(kdims) > len(pdims) or not all(isinstance(d, int) and d > 0 for d in kdims + pdims):
-        return False
-    kdims = [1] * (len(pdims) - len(kdims)) + list(kdims)
-    return all(pd % kd == 0 for kd, pd in zip(kdims, pdims))
 
 
 def fusion_problem(oracle: ShapeOracle, node: onnx.NodeProto, replaced: dict) -> str | None:

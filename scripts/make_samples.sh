@@ -6,6 +6,8 @@
 # Usage: scripts/make_samples.sh [SAMPLE ...]   (default: all; names start with ortt_ or torch_)
 #        scripts/make_samples.sh --bench [DIR]  benchmark-size copies of every sample into DIR
 #                                               (default build/bench-samples; samples/ untouched)
+#        scripts/make_samples.sh --bench DIR NAME...  only those (also the real-size models that
+#                                               are built only by name, e.g. ortt_resnet50)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -28,13 +30,23 @@ TORCH_PKGS=(torch==2.13.0 onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.31.1)
 
 if [[ ${1:-} == --bench ]]; then
     out=${2:-build/bench-samples}
+    names=("${@:3}")
+    ortt=() torch=()
+    for n in "${names[@]}"; do
+        case $n in ortt_*) ortt+=("$n") ;; torch_*) torch+=("$n") ;;
+            *) echo "make_samples: unknown sample $n" >&2; exit 2 ;; esac
+    done
     mkdir -p "$out"
-    mkvenv "$GEN_ORTT" "${ORTT_PKGS[*]}" "${ORTT_PKGS[@]}"
-    "$GEN_ORTT/bin/python" scripts/samples/gen_ortt.py --bench "$out" 2> "$out/gen_ortt.log" \
-        || { tail -30 "$out/gen_ortt.log" >&2; exit 1; }
-    mkvenv "$GEN_TORCH" "${TORCH_PKGS[*]}" "${TORCH_PKGS[@]}"
-    "$GEN_TORCH/bin/python" scripts/samples/gen_torch.py --bench "$out" 2> "$out/gen_torch.log" \
-        || { tail -30 "$out/gen_torch.log" >&2; exit 1; }
+    if (( ${#names[@]} == 0 || ${#ortt[@]} > 0 )); then
+        mkvenv "$GEN_ORTT" "${ORTT_PKGS[*]}" "${ORTT_PKGS[@]}"
+        "$GEN_ORTT/bin/python" scripts/samples/gen_ortt.py --bench "$out" "${ortt[@]}" \
+            2> "$out/gen_ortt.log" || { tail -30 "$out/gen_ortt.log" >&2; exit 1; }
+    fi
+    if (( ${#names[@]} == 0 || ${#torch[@]} > 0 )); then
+        mkvenv "$GEN_TORCH" "${TORCH_PKGS[*]}" "${TORCH_PKGS[@]}"
+        "$GEN_TORCH/bin/python" scripts/samples/gen_torch.py --bench "$out" "${torch[@]}" \
+            2> "$out/gen_torch.log" || { tail -30 "$out/gen_torch.log" >&2; exit 1; }
+    fi
     exit 0
 fi
 

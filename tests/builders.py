@@ -80,8 +80,9 @@ def ortt_linear_act(act="relu", *, first=False, bias=True, identity=True, M=6, N
 
 class Fragment:
     def __init__(self, kind, prefix, nodes, inputs, outputs, inits, critical, soft, anchor,
-                 dy, out_grad):
+                 dy, out_grad, shapes=None):
         self.kind = kind
+        self.shapes = dict(shapes or {})  # intermediates' shapes (declared tensors carry theirs)
         self.prefix = prefix
         self.nodes = nodes
         self.inputs = inputs
@@ -132,7 +133,8 @@ def frag_ortt_linear_act(p, act="relu", *, first=False, bias=True, identity=True
         out_grad = t("dA")
     inputs = [vi(t("dY"), [M, N]), vi(t("X"), [M, N]), vi(t("A"), [M, K]), vi(t("W"), [N, K])]
     return Fragment(f"linear_{act}", p, nodes, inputs, outputs, inits, [t("dZ")], soft,
-                    t("act_grad"), t("dY"), out_grad)
+                    t("act_grad"), t("dY"), out_grad,
+                    shapes={t("dZ"): [M, N], t("db_raw"): [N], t("db"): [N]})
 
 
 def frag_ortt_layernorm(p, *, residual=True, B=4, D=8):
@@ -153,7 +155,7 @@ def frag_ortt_layernorm(p, *, residual=True, B=4, D=8):
         soft.append(dx0)
     outputs = [vi(t("dX"), [B, D]), vi(t("dGamma"), [D]), vi(t("dBeta"), [D])]
     return Fragment("layernorm", p, nodes, inputs, outputs, [], [], soft, t("ln_grad"), t("dY"),
-                    None)
+                    None, shapes={dx0: [B, D]})
 
 
 def compose(fragments, extra_nodes=(), extra_outputs=(), opset=17):

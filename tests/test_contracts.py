@@ -110,6 +110,17 @@ def test_shipped_rules_use_contract_pattern_names():
         assert rule.pattern in allowed, f"{rule.source}: {rule.pattern!r} not in {allowed}"
 
 
+def test_canonical_pattern_order_lists_every_contract_pattern():
+    """domain.yaml's `patterns` is the product's canonical order (statistics, --json, the CI
+    gate) and names every pattern an op contract lists, nothing else."""
+    order = list(CONTRACTS.pattern_order)
+    listed = [p for c in CONTRACTS.ops.values() for p in c.patterns]
+    assert sorted(order) == sorted(listed) and len(set(order)) == len(order), (order, listed)
+    assert CONTRACTS.patterns == tuple(order)
+    assert order[:7] == ["linear_relu", "linear_gelu", "linear_silu", "sdpa", "conv_bn_relu",
+                         "layernorm", "rmsnorm"]
+
+
 def test_activations_are_the_domain_codes_everywhere():
     codes = activation_codes()
     assert list(codes.values()) == list(range(len(codes)))

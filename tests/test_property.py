@@ -82,13 +82,19 @@ def graphs(draw):
     declared = {v.name for f in frags for v in f.outputs + f.inputs} | {
         t.name for f in frags for t in f.inits}
     touched: set[str] = set()
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for f in frags for v in f.inputs + f.outputs}
+    shapes.update({i.name: list(i.dims) for f in frags for i in f.inits})
+    for f in frags:
+        shapes.update(f.shapes)
     for k, ((_fi, t), how) in enumerate(picks):
         touched.add(t)
+        # declared with their real shapes: the shape guard trusts what a graph declares
         if how == "consumer":
             extra_nodes.append(helper.make_node("Neg", [t], [f"d{k}/out"], name=f"d{k}/neg"))
-            extra_outputs.append(helper.make_tensor_value_info(f"d{k}/out", _dtype(t), ["n"]))
+            extra_outputs.append(helper.make_tensor_value_info(f"d{k}/out", _dtype(t), shapes[t]))
         elif t not in declared:
-            extra_outputs.append(helper.make_tensor_value_info(t, _dtype(t), ["n"]))
+            extra_outputs.append(helper.make_tensor_value_info(t, _dtype(t), shapes[t]))
     m = builders.compose(frags, extra_nodes, extra_outputs)
     expected = {f.anchor: not (set(f.critical) & touched) for f in frags}
     return m, expected

@@ -264,10 +264,11 @@ def test_every_rule_has_guard_fixtures():
     covered = {p.values[0].name for p in _intermediate_cases()}
     missing = {r.name for r in RULES} - covered
     # rules whose every intermediate sits behind an optional node are covered by the
-    # synthetic fixtures below; the tanh-GELU Linear variants, whose only intermediate is the
-    # output of the act_gelu_tanh_grad_ortt stage, by tests/test_variants.py
+    # synthetic fixtures below (rmsnorm_ortt: tests/test_rmsnorm.py); the tanh-GELU Linear
+    # variants, whose only intermediate is the output of the act_gelu_tanh_grad_ortt stage, by
+    # tests/test_variants.py
     assert missing <= {"layernorm_ortt", "layernorm_torch_params", "linear_gelu_tanh_ortt_gemm",
-                       "linear_gelu_tanh_ortt_matmul"}, missing
+                       "linear_gelu_tanh_ortt_matmul", "rmsnorm_ortt"}, missing
 
 
 # --- synthetic variants (bias-free, first layer, no Identity) and exact guard reasons --------
@@ -428,8 +429,21 @@ def test_multi_query_attention_is_not_fused_into_unsummed_gradients(record_backw
     assert fp.stats.patterns["sdpa"].skipped == {"shape_mismatch": 1}
     misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_plain"]))
     assert [x["reason"] for x in misses] == ["shape_mismatch"]
+    # the op takes a broadcast K/V (it sums the group), but not into the un-summed tensors
     assert "would write 'dKt_full'" in misses[0]["detail"] or \
         "would write 'dV_full'" in misses[0]["detail"]
+
+
+def test_attention_inputs_must_fit_the_op():
+    from fusecli.shapes import input_problem
+
+    p, q = [2, 4, 5, 5], [2, 4, 5, 3]
+    assert input_problem("AttentionGrad", {}, [q, q, [2, 2, 5, 3], [2, 1, 5, 3], p], []) is None
+    assert "neither equal nor divide" in input_problem(
+        "AttentionGrad", {}, [q, q, [2, 3, 5, 3], q, p], [])
+    assert "differ from" in input_problem("AttentionGrad", {}, [q, [2, 1, 5, 3], q, q, p], [])
+    assert "rows/columns" in input_problem("AttentionGrad", {"k_transposed": 1},
+                                           [q, q, [2, 4, 5, 3], q, p], [])
 
 
 def test_output_shape_guard_alone_refuses_unsummed_gradients(monkeypatch):
@@ -443,7 +457,7 @@ def test_output_shape_guard_alone_refuses_unsummed_gradients(monkeypatch):
     assert fp.run(m) == 0
     [skip] = fp.stats.skips
     assert skip.failure.reason == "shape_mismatch"
-    assert "would write 'dKt" in skip.failure.detail or "would write 'dV" in skip.failure.detail
+    assert "would write 'dKt_full'" in skip.failure.detail
 
 
 def test_a_graph_that_would_not_run_is_never_written(monkeypatch, tmp_path, capsys):

@@ -2,6 +2,9 @@
 #include "cpu_threads.h"
 
 #include <exception>
+#if defined(__SSE__) || defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace fusecli {
 
@@ -43,6 +46,19 @@ void run_chunk(void* data, size_t i) {
 
 void set_pool_api(const OrtApi* api) { g_pool_api = api; }
 
+#if defined(__SSE__) || defined(__x86_64__)
+constexpr unsigned kFtzDaz = 0x8040u;  // MXCSR bit 15 (flush to zero) | bit 6 (denormals are zero)
+FlushDenormals::FlushDenormals() : saved_(_mm_getcsr()) {
+  if ((saved_ & kFtzDaz) != kFtzDaz) _mm_setcsr(saved_ | kFtzDaz);
+}
+FlushDenormals::~FlushDenormals() {
+  if ((saved_ & kFtzDaz) != kFtzDaz) _mm_setcsr(saved_);
+}
+#else
+FlushDenormals::FlushDenormals() : saved_(0) {}
+FlushDenormals::~FlushDenormals() {}
+#endif
+
 PoolScope::PoolScope(const OrtKernelContext* ctx) : prev_(tl_ctx) { tl_ctx = ctx; }
 PoolScope::~PoolScope() { tl_ctx = prev_; }
 
@@ -51,12 +67,14 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int, int64_
   if (n <= 0) return;
   int t = tl_in_chunk ? 1 : planned_threads(n, grain, max_threads);
   if (t == 1) {
+    FlushDenormals ftz;
     fn(0, 0, n);
     return;
   }
   std::vector<std::exception_ptr> errs(t);
   std::function<void(int)> run = [&](int i) {
     int64_t b = n * i / t, e = n * (i + 1) / t;
+    FlushDenormals ftz;  // onnxruntime's pool threads: restored when the chunk ends
     try {
       if (b < e) fn(i, b, e);
     } catch (...) {

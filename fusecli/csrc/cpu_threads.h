@@ -12,7 +12,23 @@ int num_threads();  // FUSECLI_NUM_THREADS or hardware_concurrency
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn,
                   int max_threads = 0);
 int planned_threads(int64_t n, int64_t grain, int max_threads = 0);
-// While a CPU kernel's Compute runs inside a PoolScope, parallel_for runs its chunks on
+// Subnormal floats take a microcode slow path on x86 (~100x per operation): the exp/erf tails
+// of activation gradients and tiny variances produce them. FlushDenormals sets FTZ (results
+// flushed to zero) and DAZ (subnormal inputs read as zero) in this thread's MXCSR for its
+// lifetime and restores the previous MXCSR after, so onnxruntime's threads keep their own mode
+// outside fusecli's kernels. Results change by less than the smallest normal float (1.2e-38).
+class FlushDenormals {
+ public:
+  FlushDenormals();
+  ~FlushDenormals();
+  FlushDenormals(const FlushDenormals&) = delete;
+  FlushDenormals& operator=(const FlushDenormals&) = delete;
+
+ private:
+  unsigned saved_;
+};
+// While a CPU kernel's Compute runs inside a PoolScope (which also flushes denormals on the
+// calling thread; parallel_for does so in every chunk), parallel_for runs its chunks on
 // onnxruntime's intra-op thread pool (KernelContext_ParallelFor, API 17, used when the runtime
 // serves it) instead of starting threads: no thread start-up per call, and the session's
 // thread count and spinning policy apply. Nested parallel_for calls run serially.
@@ -25,6 +41,7 @@ class PoolScope {
 
  private:
   const OrtKernelContext* prev_;
+  FlushDenormals ftz_;
 };
 void set_pool_api(const OrtApi* api);  // the API struct that has KernelContext_ParallelFor
 

@@ -147,8 +147,19 @@ def main_bench(out_dir: Path, which: list[str]) -> None:
             "ortt_cnn", CNN(**M.BENCH_CNN), torch.randn(M.BENCH_CNN_BATCH, 3, hw, hw),
             "cross_entropy", f"ortt_cnn at bench size {M.BENCH_CNN}, {hw}x{hw}, batch "
             f"{M.BENCH_CNN_BATCH}", num_classes=CNN.NUM_CLASSES, out_dir=out_dir),
+        "ortt_llama": lambda: build(
+            "ortt_llama", M.LlamaStack(D), torch.randn(B, S, D), "mse",
+            f"ortt_llama at bench size d={D}, seq {S}, batch {B}", out_dir=out_dir),
     }
-    run_jobs(jobs, which, lambda: torch.manual_seed(0))
+    # real-size models: only when named
+    rb, rhw = M.REAL_RESNET50_BATCH, M.REAL_RESNET50_HW
+    real = {
+        "ortt_resnet50": lambda: build(
+            "ortt_resnet50", M.ResNet50(), torch.randn(rb, 3, rhw, rhw), "cross_entropy",
+            f"ResNet-50 (plain torch, torchvision layout) on {rhw}x{rhw}, batch {rb}",
+            num_classes=M.ResNet50.NUM_CLASSES, out_dir=out_dir),
+    }
+    run_jobs({**jobs, **real}, which or list(jobs), lambda: torch.manual_seed(0))
 
 
 def main(which: list[str]) -> None:
@@ -183,6 +194,12 @@ def main(which: list[str]) -> None:
             "GPT-2 style MLP [B,4,8] with GELU(approximate='tanh'): Linear(8->32)+GELU(tanh) on "
             "the 3-D input (MatMul), reshape to [B*4,32], Linear(32->8)+GELU(tanh) (2-D: Gemm), "
             "Linear(8->8), reshape back; MSE."),
+        "ortt_llama": lambda: build(
+            "ortt_llama", M.LlamaStack(), torch.randn(2, SEQ, D_MODEL), "mse",
+            "Llama-style pre-norm residual layers [B,8,32] with RMSNorm (x * rsqrt(mean(x^2) + "
+            "1e-6) * weight; ORT fuses it into SimplifiedLayerNormalization): x + Linear(rms(x)) "
+            "five times (rsqrt with weight over the input; rsqrt with and without weight, "
+            "x / sqrt(...) with and without weight), final RMSNorm; MSE."),
     }
     run_jobs(jobs, which, lambda: torch.manual_seed(0))
 

@@ -158,6 +158,9 @@ def main_bench(out_dir: Path, which: list[str]) -> None:
             "torch_block", Block("mul", **M.BENCH_BLOCK), torch.randn(B, S, D),
             torch.randn(B, S, D), f"torch_block at bench size {M.BENCH_BLOCK}, batch {B}",
             out_dir=out_dir),
+        "torch_llama": lambda: build(
+            "torch_llama", M.LlamaStack(D), torch.randn(B, S, D), torch.randn(B, S, D),
+            f"torch_llama at bench size d={D}, seq {S}, batch {B}", out_dir=out_dir),
     }
     run_jobs(jobs, which, lambda: torch.manual_seed(0))
 
@@ -189,6 +192,12 @@ def main(which: list[str]) -> None:
             "Linears: (1) (q@k^T) Div sqrt(4) + additive float causal mask, (2) Div scale + "
             "masked_fill(causal, -inf), (3) q * 4**-0.5 before q@k^T, no mask; MSE; joint graph.",
             metadata=False),
+        "torch_llama": lambda: build(
+            "torch_llama", M.LlamaStack(), torch.randn(2, SEQ, D_MODEL), torch.randn(2, SEQ, D_MODEL),
+            "Llama-style pre-norm residual layers [B=2,8,32] (fixed shapes) with RMSNorm "
+            "(x * rsqrt(mean(x^2) + 1e-6) * weight): x + Linear(rms(x)) five times (rsqrt with "
+            "weight over the input; rsqrt with and without weight, x / sqrt(...) with and without "
+            "weight), final RMSNorm; MSE; joint graph.", metadata=False),
     }
     run_jobs(jobs, which, lambda: torch.manual_seed(0))
 

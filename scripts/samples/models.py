@@ -20,6 +20,9 @@ BENCH_MLP = dict(inp=1024, hid=1024, out=1024)
 BENCH_MLP_BATCH = 256
 BENCH_CNN = dict(c1=32, c2=64)
 BENCH_CNN_BATCH, BENCH_CNN_HW = 16, 32
+# Real-size models, built only when asked for by name (`gen_ortt.py --bench OUTDIR NAME`):
+# ResNet-50 on 64x64 images, batch 8.
+REAL_RESNET50_BATCH, REAL_RESNET50_HW = 8, 64
 
 
 def patterns(**kw: int) -> dict[str, int]:
@@ -154,6 +157,57 @@ class CNN(nn.Module):
         y = F.max_pool2d(y, 2)
         y = y.mean(dim=(2, 3))
         return self.head(y)
+
+
+class Bottleneck(nn.Module):
+    """ResNet-50's bottleneck: 1x1 reduce, 3x3 (stride here), 1x1 expand x4; BN after each conv,
+    ReLU after the first two (conv_bn_relu x2) and after the residual add."""
+
+    def __init__(self, cin: int, width: int, stride: int) -> None:
+        super().__init__()
+        cout = width * 4
+        self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, cout, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+                                      nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = F.relu(self.bn2(self.conv2(h)))
+        h = self.bn3(self.conv3(h))
+        return F.relu(h + (x if self.down is None else self.down(x)))
+
+
+class ResNet50(nn.Module):
+    """ResNet-50 in plain torch (torchvision's layout: stem 7x7/2 conv + BN + ReLU + 3x3/2
+    max-pool, stages of [3, 4, 6, 3] bottlenecks of width 64..512, global average pool, fc).
+    Used at real size by the benchmark suite (64x64 input, batch 8), never shipped."""
+
+    NUM_CLASSES = 1000
+    PATTERNS = patterns(conv_bn_relu=1 + 2 * (3 + 4 + 6 + 3))
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        blocks, cin = [], 64
+        for width, n, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            for i in range(n):
+                blocks.append(Bottleneck(cin, width, stride if i == 0 else 1))
+                cin = width * 4
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(cin, self.NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, stride=2, padding=1)
+        x = self.blocks(x)
+        return self.fc(x.mean(dim=(2, 3)))
 
 
 # --- variants (other sizes, depths, masks, layouts, activations) ----------------------------
@@ -339,3 +393,40 @@ class CNN3(nn.Module):
         x = F.relu(self.bn2(self.conv2(x)))
         x = F.relu(self.bn3(self.conv3(x)))
         return self.head(x.mean(dim=(2, 3)))
+
+
+class RMSNorm(nn.Module):
+    """Llama / Mistral / T5 RMSNorm: x * rsqrt(mean(x^2, -1) + eps), times a weight when
+    `scale` (LlamaRMSNorm / T5LayerNorm); without a weight when not. `div`: written
+    x / sqrt(mean(x^2) + eps) instead (another backward spelling)."""
+
+    def __init__(self, d: int, eps: float = 1e-6, scale: bool = True, div: bool = False) -> None:
+        super().__init__()
+        self.eps, self.div = eps, div
+        self.weight = nn.Parameter(torch.ones(d) + 0.1 * torch.randn(d)) if scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = x.pow(2).mean(-1, keepdim=True) + self.eps
+        h = x / torch.sqrt(v) if self.div else x * torch.rsqrt(v)
+        return self.weight * h if self.weight is not None else h
+
+
+class LlamaStack(nn.Module):
+    """Llama-style pre-norm residual layers [B, S=8, D=32] with RMSNorm: five layers
+    x = x + W_l(rms_l(x)), then a final RMSNorm with weight. Six rmsnorm: the first over the
+    model input (only its weight needs a gradient); with a residual gradient: rsqrt with and
+    without weight, x / sqrt(...) with and without weight; the final one without."""
+
+    def __init__(self, d: int = D_MODEL) -> None:
+        super().__init__()
+        norms = [RMSNorm(d), RMSNorm(d), RMSNorm(d, scale=False), RMSNorm(d, div=True),
+                 RMSNorm(d, scale=False, div=True)]
+        self.norms = nn.ModuleList(norms)
+        self.lins = nn.ModuleList(nn.Linear(d, d) for _ in norms)
+        self.norm = RMSNorm(d)
+        self.PATTERNS = patterns(rmsnorm=len(norms) + 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for n, lin in zip(self.norms, self.lins):
+            x = x + lin(n(x))
+        return self.norm(x)

@@ -45,7 +45,7 @@ HEADER = """\
 # patterns: counted from the model code (scripts/samples/models.py), not from the graph:
 #   each Linear immediately followed by relu/gelu/silu = one linear_<act>; each attention = one
 #   sdpa; each Conv->BN->ReLU = one conv_bn_relu (a Conv->BN shortcut without ReLU does not
-#   count); each LayerNorm = one layernorm.
+#   count); each LayerNorm = one layernorm; each RMSNorm (with or without weight) = one rmsnorm.
 """
 
 _PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")

@@ -134,6 +134,21 @@ def bench():
             lambda: torch.ops.aten.native_layer_norm_backward(dy, x, [nn], mean[:, None], istd[:, None],
                                                               g, torch.zeros_like(g), [True, True, True]))
         del x, dy
+
+    # RMSNormGrad: 16384 x 4096 (Llama-style rows; 256 MB per tensor), inv_rms saved
+    for dt in (torch.float32, torch.float16):
+        x, dy, g = r(m, nn, dtype=dt), r(m, nn, dtype=dt), r(nn, dtype=dt)
+        irms = torch.rsqrt(x.float().pow(2).mean(1) + 1e-6)
+
+        def unfused_rms(dy=dy, x=x, g=g, irms=irms):  # the torch-joint chain's ops, eager
+            r_ = irms[:, None].to(x.dtype)
+            gg = dy * g
+            s = (gg * x).sum(-1, keepdim=True)
+            return gg * r_ + (s * -0.5 * r_.pow(3)).expand_as(x) / nn * (2 * x), (dy * (x * r_)).sum(0)
+        add(f"RMSNormGrad[{str(dt).split('.')[-1]}]", [m, nn],
+            lambda: L.rms_norm_grad(dy, x, g, irms, None, (1, 1), 1e-6), unfused_rms,
+            3 * m * nn * x.element_size())
+        del x, dy
     return dict(device=torch.cuda.get_device_name(0), l2_bytes=l2, torch=torch.__version__,
                 copy_GBps=round(copy_gbps, 1), rows=rows)
 

@@ -164,6 +164,23 @@ def layer_norm_grad(dy, x, gamma, mean, inv_std, dr=None, want=(1, 1, 1)):
     return outs
 
 
+def rms_norm_grad(dy, x, gamma=None, inv_rms=None, dr=None, want=(1, 1), epsilon=1e-5):
+    """gamma None: an RMSNorm without weight; inv_rms None: recomputed from x and epsilon."""
+    import torch
+    n = x.shape[-1]
+    m = x.numel() // n
+    outs = [torch.empty(s, device=x.device, dtype=x.dtype) if w_ else None
+            for s, w_ in zip((x.shape, (n,)), want)]
+    if x.dtype == torch.float16:
+        f16 = int(inv_rms is not None and inv_rms.dtype == torch.float16)
+        call("fusecli_launch_rms_norm_grad_f16", stream(), ptr(dy), ptr(x), ptr(gamma), ptr(inv_rms),
+             f16, epsilon, ptr(dr), *(ptr(o) for o in outs), m, n)
+    else:
+        call("fusecli_launch_rms_norm_grad", stream(), ptr(dy), ptr(x), ptr(gamma), ptr(inv_rms),
+             epsilon, ptr(dr), *(ptr(o) for o in outs), m, n)
+    return outs
+
+
 # --- torch references (unfused ops) -------------------------------------------------------------
 
 def ref_act_grad(dy, x, act):
@@ -254,3 +271,16 @@ def ref_layer_norm(dy, x, gamma, mean, inv_std, dr=None):
     if dr is not None:
         dx = dx + dr.reshape(-1, n)
     return dx.reshape(x.shape), (d * xhat).sum(0).reshape(gamma.shape), d.sum(0).reshape(gamma.shape)
+
+
+def ref_rms_norm(dy, x, gamma=None, dr=None, epsilon=1e-5):
+    """torch autograd through the unfused forward x * rsqrt(mean(x^2) + eps) (* gamma)."""
+    import torch
+    xs = x.detach().clone().requires_grad_(True)
+    g = None if gamma is None else gamma.detach().clone().requires_grad_(True)
+    y = xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + epsilon)
+    if g is not None:
+        y = y * g
+    y.backward(dy)
+    dx = xs.grad if dr is None else xs.grad + dr
+    return dx, None if g is None else g.grad

@@ -228,3 +228,36 @@ def test_layer_norm_grad_optional_outputs():
         got = L.layer_norm_grad(dy, x, gamma, mean, inv_std, None, want)
         ref = L.ref_layer_norm(dy.double(), x.double(), gamma.double(), mean.double(), inv_std.double())
         _check_requested(want, got, ref)
+
+
+@pytest.mark.parametrize("dtype,stats", [("float32", "float32"), ("float16", "float32"),
+                                         ("float16", "float16"), ("float32", None)])
+@pytest.mark.parametrize("with_dr,with_gamma", [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("m,n", [(1, 1), (3, 17), (10, 33), (1, 1023), (4096, 1024), (257, 8192)])
+def test_rms_norm_grad(dtype, stats, with_dr, with_gamma, m, n):
+    """stats None: inv_rms absent, recomputed from X and epsilon."""
+    dt = getattr(torch, dtype)
+    eps = 1e-6
+    x = _rand(m, n, dtype=dt, scale=2.0)
+    x64 = x.double()
+    inv_rms = torch.rsqrt(x64.pow(2).mean(1) + eps)
+    dy = _rand(m, n, dtype=dt)
+    gamma = _rand(n, dtype=dt) if with_gamma else None
+    dr = _rand(m, n, dtype=dt) if with_dr else None
+    got = L.rms_norm_grad(dy, x, gamma, None if stats is None else inv_rms.to(getattr(torch, stats)),
+                          dr, (1, 1 if with_gamma else 0), eps)
+    ref = L.ref_rms_norm(dy.double(), x64, None if gamma is None else gamma.double(),
+                         None if dr is None else dr.double(), eps)
+    tol = 5e-4 if dt == torch.float32 else 2e-2
+    _close(got[0], ref[0], tol, "dX")
+    if with_gamma:
+        _close(got[1], ref[1], tol, "dGamma")
+
+
+def test_rms_norm_grad_optional_outputs():
+    x, dy, gamma = _rand(5, 67, scale=2.0), _rand(5, 67), _rand(67)
+    inv_rms = torch.rsqrt(x.pow(2).mean(1) + 1e-5)
+    ref = L.ref_rms_norm(dy.double(), x.double(), gamma.double())
+    for want in [(1, 0), (0, 1)]:
+        got = L.rms_norm_grad(dy, x, gamma, inv_rms, None, want)
+        _check_requested(want, got, ref)

@@ -1,6 +1,10 @@
 // ConvBnReluGrad: CPU kernel.
 #include <memory>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "conv_inputs.h"
 #include "cpu_eigen.h"
 #include "cpu_gemm.h"
@@ -25,14 +29,47 @@ struct ConvGeom {
   int64_t cin_g, hin, win, kh, kw, ho, wo, sh, sw, pt, pl, dh, dw;
 };
 
-// cols[(ci*kh + i)*kw + j][oh*wo + ow] = x[ci][oh*sh - pt + i*dh][ow*sw - pl + j*dw] (0 outside)
-static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t c0, int64_t c1) {
-  const int64_t hw = g.ho * g.wo;
+// Short rows (feature maps of 2..16 columns) are the common case in deep layers: one masked
+// vector operation per 16 floats instead of a scalar remainder loop or a memmove call.
+static inline void copy_row(float* __restrict__ d, const float* __restrict__ s, int64_t n) {
+#if defined(__AVX512F__)
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(d + i, _mm512_loadu_ps(s + i));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(d + i, m, _mm512_maskz_loadu_ps(m, s + i));
+  }
+#else
+  std::copy(s, s + n, d);
+#endif
+}
+static inline void add_row(float* __restrict__ d, const float* __restrict__ s, int64_t n) {
+#if defined(__AVX512F__)
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(d + i, _mm512_add_ps(_mm512_loadu_ps(d + i), _mm512_loadu_ps(s + i)));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(d + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i),
+                                                  _mm512_maskz_loadu_ps(m, s + i)));
+  }
+#else
+  for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+#endif
+}
+
+// cols[(ci*kh + i)*kw + j][oh*wo + ow] = x[ci][oh*sh - pt + i*dh][ow*sw - pl + j*dw] (0 outside);
+// rows of the column matrix are `ld` floats apart (ld = ho*wo for one image's own matrix).
+static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t ld, int64_t c0, int64_t c1) {
   for (int64_t ci = c0; ci < c1; ++ci)
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
-        float* dst = cols + ((ci * g.kh + i) * g.kw + j) * hw;
+        float* dst = cols + ((ci * g.kh + i) * g.kw + j) * ld;
         const float* src = x + ci * g.hin * g.win;
+        // output columns whose input column iw = ow*sw - pl + j*dw lies inside [0, win)
+        const int64_t off = j * g.dw - g.pl;
+        const int64_t lo = std::min(g.wo, std::max<int64_t>(0, (-off + g.sw - 1) / g.sw));
+        const int64_t hi = std::max(lo, std::min(g.wo, (g.win - off + g.sw - 1) / g.sw));
         for (int64_t oh = 0; oh < g.ho; ++oh) {
           const int64_t ih = oh * g.sh - g.pt + i * g.dh;
           float* drow = dst + oh * g.wo;
@@ -40,34 +77,70 @@ static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t c0, i
             std::fill(drow, drow + g.wo, 0.f);
             continue;
           }
-          const float* srow = src + ih * g.win;
-          for (int64_t ow = 0; ow < g.wo; ++ow) {
-            const int64_t iw = ow * g.sw - g.pl + j * g.dw;
-            drow[ow] = (iw >= 0 && iw < g.win) ? srow[iw] : 0.f;
-          }
+          const float* srow = src + ih * g.win + off;
+          std::fill(drow, drow + lo, 0.f);
+          if (g.sw == 1) copy_row(drow + lo, srow + lo, hi - lo);
+          else
+            for (int64_t ow = lo; ow < hi; ++ow) drow[ow] = srow[ow * g.sw];
+          std::fill(drow + hi, drow + g.wo, 0.f);
         }
       }
 }
 
-// dx[ci][ih][iw] += cols[...] (dx pre-zeroed)
-static void col2im(const float* cols, const ConvGeom& g, float* dx, int64_t c0, int64_t c1) {
-  const int64_t hw = g.ho * g.wo;
-  for (int64_t ci = c0; ci < c1; ++ci)
+// dx[ci] = the sum of the columns' contributions (column rows `ld` floats apart, as in im2col);
+// dx points at channel 0 of the group, channels [c0, c1) are written.
+static void col2im(const float* cols, const ConvGeom& g, int64_t ld, float* dx, int64_t c0, int64_t c1) {
+#if defined(__AVX512F__)
+  if (g.sh == 1 && g.sw == 1) {
+    // Unit stride: each dX row gathers its kh*kw contributions in a register (masked loads of
+    // the column rows at the right shifts) and is stored once, with no read-modify-write
+    // chains through memory (those stall on store forwarding when rows are short).
+    for (int64_t ci = c0; ci < c1; ++ci) {
+      float* dst = dx + ci * g.hin * g.win;
+      for (int64_t ih = 0; ih < g.hin; ++ih)
+        for (int64_t iw0 = 0; iw0 < g.win; iw0 += 16) {
+          const int64_t n = std::min<int64_t>(16, g.win - iw0);
+          __m512 acc = _mm512_setzero_ps();
+          for (int64_t i = 0; i < g.kh; ++i) {
+            const int64_t oh = ih + g.pt - i * g.dh;
+            if (oh < 0 || oh >= g.ho) continue;
+            for (int64_t j = 0; j < g.kw; ++j) {
+              const int64_t off = j * g.dw - g.pl;  // iw = ow + off
+              const int64_t lo = std::max<int64_t>(0, off - iw0);
+              const int64_t hi = std::min<int64_t>(n, g.wo + off - iw0);
+              if (lo >= hi) continue;
+              const __mmask16 m = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+              const float* src = cols + ((ci * g.kh + i) * g.kw + j) * ld + oh * g.wo + iw0 - off;
+              acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, src));
+            }
+          }
+          _mm512_mask_storeu_ps(dst + ih * g.win + iw0, static_cast<__mmask16>((1u << n) - 1u), acc);
+        }
+    }
+    return;
+  }
+#endif
+  for (int64_t ci = c0; ci < c1; ++ci) {
+    std::fill(dx + ci * g.hin * g.win, dx + (ci + 1) * g.hin * g.win, 0.f);
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
-        const float* src = cols + ((ci * g.kh + i) * g.kw + j) * hw;
+        const float* src = cols + ((ci * g.kh + i) * g.kw + j) * ld;
         float* dst = dx + ci * g.hin * g.win;
+        const int64_t off = j * g.dw - g.pl;
+        const int64_t lo = std::min(g.wo, std::max<int64_t>(0, (-off + g.sw - 1) / g.sw));
+        const int64_t hi = std::max(lo, std::min(g.wo, (g.win - off + g.sw - 1) / g.sw));
         for (int64_t oh = 0; oh < g.ho; ++oh) {
           const int64_t ih = oh * g.sh - g.pt + i * g.dh;
           if (ih < 0 || ih >= g.hin) continue;
           const float* srow = src + oh * g.wo;
-          float* drow = dst + ih * g.win;
-          for (int64_t ow = 0; ow < g.wo; ++ow) {
-            const int64_t iw = ow * g.sw - g.pl + j * g.dw;
-            if (iw >= 0 && iw < g.win) drow[iw] += srow[ow];
-          }
+          float* drow = dst + ih * g.win + off;
+          if (g.sw == 1)
+            add_row(drow + lo, srow + lo, hi - lo);
+          else
+            for (int64_t ow = lo; ow < hi; ++ow) drow[ow * g.sw] += srow[ow];
         }
       }
+  }
 }
 
 void ConvKernel::Compute(OrtKernelContext* c) {
@@ -138,34 +211,41 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   if (want_dbc) std::copy(dbias.begin(), dbias.end(), dbc);
   if (!want_dx && !want_dw && !have_dc) return;
 
-  // ---- conv dgrad (col2im of W^T dC) and wgrad (dC im2col(X)^T), per (image, group) ----
-  // GEMMs through onnxruntime's MatMul (MLAS on the intra-op pool); im2col / col2im split over
-  // input channels on our threads.
+  // ---- conv dgrad (col2im of W^T dC) and wgrad (dC im2col(X)^T), per (image chunk, group) ----
+  // Images go in chunks of nb, laid out channel-major across the chunk: the columns are
+  // [Kc, nb*HW] and dC_g is [Cg, nb*HW], so wgrad is ONE GEMM per chunk with inner dimension
+  // nb*HW (accumulating over images inside the GEMM) and dgrad one GEMM that reads W once.
+  // Deep-channel, small-map layers (ResNet-50's last stage: 512 channels, 2x2 maps) need this:
+  // a GEMM per image there has an inner dimension of 4 and a [Cg, Kc] partial to add per image,
+  // twice onnxruntime's ConvGrad time. At most ~1 MiB of columns per chunk (one image when an
+  // image's columns are larger: the layout is then the image's own, and X, dC and dX serve as
+  // the matrices where they can), so the scratch stays small next to the activations.
+  // GEMMs run through onnxruntime's MatMul (MLAS on the intra-op pool); im2col / col2im split
+  // over (image, input channel) pairs on our threads.
   const OrtKernelContext* kc = ctx.GetOrtKernelContext();
   const int64_t Cg = C / group, Kc = g.cin_g * kh * kw;
   const bool pointwise = kh == 1 && kw == 1 && g.sh == 1 && g.sw == 1 && pads[0] == 0 &&
                          pads[1] == 0 && pads[2] == 0 && pads[3] == 0 && Hin == H && Win == Wd;
   const float* xp = x.ptr<float>();
   const float* wp = w.ptr<float>();
-  const int64_t khw = kh * kw;
-  // Images go in chunks of nb: im2col / col2im run over (image, input channel) pairs on the
-  // threads, each GEMM is one batched MatMul over the chunk (W broadcast for dgrad; wgrad
-  // partials [nb, Cg, Kc] summed after). At most ~512 KiB of columns per chunk (one image when
-  // an image's columns are larger): the scratch stays small next to the activations (the fused
-  // CNN step's peak then matches the unfused one; 2 MiB chunks were no faster).
   const int64_t col_sz = Kc * HW;
-  const bool direct = pointwise && group == 1;  // X and dX serve as the column matrices
-  const int64_t per_image = std::max<int64_t>(1, std::max(direct ? Cg * HW : col_sz, Cg * Kc));
-  const int64_t nb_max = std::min<int64_t>(N, std::max<int64_t>(1, (int64_t(1) << 17) / per_image));
-  std::unique_ptr<float[]> cols(direct ? nullptr : new float[static_cast<size_t>(nb_max * col_sz)]);
+  const int64_t nb_max = std::min<int64_t>(
+      N, std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, std::max(col_sz, Cg * HW))));
+  const bool one_image = nb_max == 1;
+  // X (pointwise) and dX (pointwise dgrad, group 1) serve as the column matrices of one image
+  const bool x_is_cols = pointwise && one_image && group == 1;
+  const bool dx_direct = pointwise && group == 1;  // dX[i] = W^T dC[i], batched, W broadcast
+  const bool need_cols = (want_dw && !x_is_cols) || (want_dx && !dx_direct);
+  std::unique_ptr<float[]> cols(need_cols ? new float[static_cast<size_t>(nb_max * col_sz)] : nullptr);
   std::unique_ptr<float[]> dcc(have_dc ? nullptr : new float[static_cast<size_t>(nb_max * C * HW)]);
+  std::unique_ptr<float[]> dct(one_image ? nullptr : new float[static_cast<size_t>(nb_max * Cg * HW)]);
+  const bool many_chunks = nb_max < N;
+  std::unique_ptr<float[]> dwt(want_dw && many_chunks ? new float[static_cast<size_t>(Cg * Kc)] : nullptr);
   const float rf = static_cast<float>(R);
-  std::unique_ptr<float[]> dwt(want_dw ? new float[static_cast<size_t>(nb_max * Cg * Kc)] : nullptr);
-  std::unique_ptr<float[]> dcs(group > 1 ? new float[static_cast<size_t>(nb_max * Cg * HW)] : nullptr);
-  if (want_dw) std::fill(dw, dw + C * Kc, 0.f);
+  if (want_dw && N == 0) std::fill(dw, dw + C * Kc, 0.f);
   for (int64_t n0 = 0; n0 < N; n0 += nb_max) {
-    const int64_t nb = std::min(nb_max, N - n0);
-    float* dcn = have_dc ? dc_out + n0 * C * HW : dcc.get();  // the chunk's dC
+    const int64_t nb = std::min(nb_max, N - n0), L = nb * HW;
+    float* dcn = have_dc ? dc_out + n0 * C * HW : dcc.get();  // the chunk's dC, [nb, C, HW]
     // dC = gamma inv_std / R (R dZ - sum dZ - xhat sum(dZ xhat)) for the chunk's images
     parallel_for(nb * C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
                  [&](int, int64_t j0, int64_t j1) {
@@ -179,56 +259,53 @@ void ConvKernel::Compute(OrtKernelContext* c) {
     });
     if (!want_dx && !want_dw) continue;
     for (int64_t gi = 0; gi < group; ++gi) {
-      // dC_g for the chunk as [nb, Cg, HW] (a view when group == 1, else a copy)
-      const float* dcg = dcn;
-      if (group > 1) {
-        for (int64_t i = 0; i < nb; ++i)
-          std::copy(dcn + (i * C + gi * Cg) * HW, dcn + (i * C + gi * Cg + Cg) * HW,
-                    dcs.get() + i * Cg * HW);
-        dcg = dcs.get();
+      // dC_g as [Cg, nb*HW]: a view of the chunk for one image, else gathered
+      const float* dcg = dcn + gi * Cg * HW;
+      if (!one_image && (want_dw || !dx_direct)) {
+        parallel_for(nb * Cg, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
+                     [&](int, int64_t u0, int64_t u1) {
+          for (int64_t u = u0; u < u1; ++u) {
+            const int64_t i = u / Cg, co = u % Cg;
+            const float* src = dcn + (i * C + gi * Cg + co) * HW;
+            std::copy(src, src + HW, dct.get() + co * L + i * HW);
+          }
+        });
+        dcg = dct.get();
       }
       const float* wg = wp + gi * Cg * Kc;  // [Cg, Kc]
       auto x_img = [&](int64_t i) { return xp + ((n0 + i) * Cin + gi * g.cin_g) * Hin * Win; };
       if (want_dw) {
-        const float* colp = nullptr;
-        if (!pointwise) {
+        const float* colp = x_img(0);
+        if (!x_is_cols) {  // cols[(ci*kh + ki)*kw + kj][i*HW + p]
           parallel_for(nb * g.cin_g, 1, [&](int, int64_t u0, int64_t u1) {
             for (int64_t u = u0; u < u1; ++u) {
               const int64_t i = u / g.cin_g, ci = u % g.cin_g;
-              im2col(x_img(i), g, cols.get() + i * col_sz, ci, ci + 1);
+              im2col(x_img(i), g, cols.get() + i * HW, L, ci, ci + 1);
             }
           });
           colp = cols.get();
-        } else if (group == 1) {
-          colp = x_img(0);  // X chunk is [nb, Cin, HW]
-        } else {
-          parallel_for(nb, 1, [&](int, int64_t i0, int64_t i1) {
-            for (int64_t i = i0; i < i1; ++i) std::copy(x_img(i), x_img(i) + Kc * HW, cols.get() + i * Kc * HW);
-          });
-          colp = cols.get();
         }
-        // dWt[i][Cg, Kc] = dC_g[i][Cg, HW] cols[i]^T
-        mm.run(kc, false, true, nb, Cg, Kc, HW, dcg, colp, dwt.get());
-        MA acc(dw + gi * Cg * Kc, Cg * Kc);
-        for (int64_t i = 0; i < nb; ++i) acc += CA(dwt.get() + i * Cg * Kc, Cg * Kc);
+        // dW_g[Cg, Kc] (+)= dC_g[Cg, L] cols[Kc, L]^T: the first chunk writes dW, later ones add
+        float* dwg = dw + gi * Cg * Kc;
+        if (n0 == 0) {
+          mm.run(kc, false, true, 1, Cg, Kc, L, dcg, colp, dwg);
+        } else {
+          mm.run(kc, false, true, 1, Cg, Kc, L, dcg, colp, dwt.get());
+          MA(dwg, Cg * Kc) += CA(dwt.get(), Cg * Kc);
+        }
       }
       if (want_dx) {
-        if (pointwise && group == 1) {  // dX[i][Cin, HW] = W^T dC[i], straight into dX
-          mm.run(kc, true, false, nb, Kc, HW, Cg, wg, dcg, dx + n0 * Cin * HW, false, true);
+        if (dx_direct) {  // dX[i][Cin, HW] = W^T dC[i], straight into dX
+          mm.run(kc, true, false, nb, Kc, HW, Cg, wg, dcn, dx + n0 * Cin * HW, false, true);
           continue;
         }
         float* gcols = cols.get();
-        mm.run(kc, true, false, nb, Kc, HW, Cg, wg, dcg, gcols, false, true);  // W_g^T dC_g[i]
+        mm.run(kc, true, false, 1, Kc, L, Cg, wg, dcg, gcols);  // W_g^T dC_g: [Kc, L]
         parallel_for(nb * g.cin_g, 1, [&](int, int64_t u0, int64_t u1) {
           for (int64_t u = u0; u < u1; ++u) {
             const int64_t i = u / g.cin_g, ci = u % g.cin_g;
-            float* dxc = dx + ((n0 + i) * Cin + gi * g.cin_g + ci) * Hin * Win;  // one channel
-            if (pointwise) {
-              std::copy(gcols + i * Kc * HW + ci * HW, gcols + i * Kc * HW + (ci + 1) * HW, dxc);
-            } else {
-              std::fill(dxc, dxc + Hin * Win, 0.f);
-              col2im(gcols + i * col_sz, g, dxc - ci * Hin * Win, ci, ci + 1);
-            }
+            float* dxg = dx + ((n0 + i) * Cin + gi * g.cin_g) * Hin * Win;  // the image's group
+            col2im(gcols + i * HW, g, L, dxg, ci, ci + 1);
           }
         });
       }

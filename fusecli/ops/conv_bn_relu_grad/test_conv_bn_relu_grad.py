@@ -40,6 +40,11 @@ CONV_CASES = [
     (3, 8, 5, 7, 12, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 4),     # grouped pointwise
     (2, 4, 9, 9, 8, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 4),
     (4, 16, 16, 16, 32, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),  # large-ish
+    # images in chunks of 2 (2, 2, 1), the columns [Kc, 2*HW] across each chunk's images
+    (5, 128, 13, 13, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
+    (3, 64, 40, 40, 16, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # pointwise, chunks of 2
+    (8, 64, 2, 2, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),    # deep channels, 2x2 maps
+    (2, 3, 9, 21, 4, 3, 3, (1, 1), (2, 1, 0, 2), (2, 2), 1),     # unit stride, dilated, 21 wide
 ]
 CONV_OUTS = ["dX", "dW", "dBc", "dGamma", "dBeta"]
 

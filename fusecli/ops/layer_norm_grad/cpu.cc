@@ -37,22 +37,6 @@ void LnKernel::Compute(OrtKernelContext* c) {
   else Run<float>(ctx);
 }
 
-static inline float stat_at(const In& t, int64_t i) {
-  if (t.type == kF32) return t.ptr<float>()[i];
-  return static_cast<float>(t.ptr<Ort::Float16_t>()[i]);
-}
-
-template <typename T>
-static inline const float* row_as_float(const T* p, float* buf, int64_t n) {
-  if constexpr (std::is_same<T, float>::value) {
-    (void)buf; (void)n;
-    return p;
-  } else {
-    half_to_float(p, buf, n);
-    return buf;
-  }
-}
-
 #if defined(__AVX512F__)
 // One float32 row of LayerNormGrad in two sweeps over L1-resident data: (1) xhat, g = dY gamma,
 // the row sums c1 / c2 and the dGamma / dBeta partials; (2) dX, written with non-temporal stores
@@ -86,21 +70,13 @@ static void ln_row_avx512(const float* d, const float* x, const float* gm, const
   const float inv_n = 1.f / static_cast<float>(N);
   const __m512 c1 = _mm512_set1_ps(_mm512_reduce_add_ps(s1) * inv_n);
   const __m512 c2 = _mm512_set1_ps(_mm512_reduce_add_ps(s2) * inv_n);
-  const bool nt = stream && (reinterpret_cast<uintptr_t>(dx) % 64 == 0);
-  auto value = [&](int64_t jj, __mmask16 m) {
+  store_row_avx512(dx, N, stream, [&](int64_t jj, __mmask16 m) {
     const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + jj), vmu), vrs);
     const __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, d + jj), _mm512_maskz_loadu_ps(m, gm + jj));
     __m512 o = _mm512_mul_ps(vrs, _mm512_sub_ps(_mm512_sub_ps(g, c2), _mm512_mul_ps(xh, c1)));
     if (dr) o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(m, dr + jj));
     return o;
-  };
-  j = 0;
-  for (; j + 16 <= N; j += 16) {
-    const __m512 o = value(j, 0xFFFF);
-    if (nt) _mm512_stream_ps(dx + j, o);
-    else _mm512_storeu_ps(dx + j, o);
-  }
-  if (j < N) _mm512_mask_storeu_ps(dx + j, tail, value(j, tail));
+  });
 }
 #endif
 

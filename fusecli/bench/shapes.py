@@ -1,0 +1,206 @@
+"""Fused ops against their unfused chains at the shapes of real models, and on outlier inputs.
+
+Each case builds one fused node and the onnxruntime-training chain it replaces (the com.microsoft
+gradient ops the ort-training samples contain: ReluGrad / GeluGrad / QuickGeluGrad + ReduceSum +
+Gemm; LayerNormalizationGrad; FusedMatMul + SoftmaxGrad_13; ReluGrad + BatchNormalizationGrad +
+ConvGrad), fed with the same random tensors. Both are run once and compared (the row reports the
+largest difference relative to the largest output) before they are timed side by side.
+
+Shapes: ResNet-50's four stages at 64x64 input, batch 8 (each stage's 3x3 conv and its 1x1
+reduce conv); a BERT-base layer (d=768, 12 heads of 64, FF 3072, seq 128, batch 8); a Llama-style
+layer at TinyLlama-1.1B's sizes (d=2048, 32 heads of 64, FF 5632 with SiLU, seq 256, batch 1).
+
+Outlier inputs (``outliers=True``): pre-activations uniform in [-40, 40] (the exp/erf tails of
+the activation gradients underflow far below the smallest normal float), attention
+probabilities from logits uniform in [-40, 40], LayerNorm / BatchNorm rows and channels with
+values up to ~40 and some with variances far below epsilon.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ..contracts import FUSED_DOMAIN
+
+MS = "com.microsoft"
+F = TensorProto.FLOAT
+
+
+@dataclass
+class Case:
+    model: str  # "ResNet-50 layer3", "BERT-base", ...
+    op: str
+    label: str  # op label with activation
+    shape: str
+    unfused: onnx.ModelProto
+    fused: onnx.ModelProto
+    feeds: dict = field(default_factory=dict)
+    outputs: list = field(default_factory=list)
+
+
+def _model(nodes, feeds, outputs, inits=()):
+    ins = [helper.make_tensor_value_info(k, F, list(v.shape)) for k, v in feeds.items()]
+    outs = [helper.make_tensor_value_info(o, F, None) for o in outputs]
+    g = helper.make_graph(nodes, "case", ins, outs, initializer=list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1),
+                                            helper.make_opsetid(FUSED_DOMAIN, 1)])
+    m.ir_version = 8
+    return m
+
+
+def _f32(a):
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _big(rng, shape):
+    """Values uniform in [-40, 40] with the underflow band's edges and zero included."""
+    x = rng.uniform(-40.0, 40.0, shape)
+    edges = [0.0, -9.3, 9.3, -13.2, 13.2, -14.0, 14.0, -40.0, 40.0]
+    x.reshape(-1)[: len(edges)] = edges
+    return x
+
+
+def linear_case(model, act, m, n, k, rng, outliers=False) -> Case:
+    """LinearActivationGrad (dA, dW, dB) vs act grad + ReduceSum + Gemm (dW) + Gemm (dA)."""
+    feeds = {"dY": _f32(rng.standard_normal((m, n))),
+             "X": _f32(_big(rng, (m, n)) if outliers else rng.standard_normal((m, n))),
+             "A": _f32(rng.standard_normal((m, k))),
+             "W": _f32(rng.standard_normal((n, k)) / np.sqrt(k))}
+    if act == "relu":  # ReluGrad tests the saved output, which has the pre-activation's sign
+        grad = helper.make_node("ReluGrad", ["dY", "X"], ["dZ"], domain=MS)
+    elif act == "gelu":
+        grad = helper.make_node("GeluGrad", ["dY", "X"], ["dZ"], domain=MS)
+    else:
+        grad = helper.make_node("QuickGeluGrad", ["dY", "X"], ["dZ"], domain=MS, alpha=1.0)
+    axes = helper.make_tensor("axes0", TensorProto.INT64, [1], [0])
+    chain = [grad,
+             helper.make_node("ReduceSum", ["dZ", "axes0"], ["dB"], keepdims=0),
+             helper.make_node("Gemm", ["dZ", "A"], ["dW"], transA=1),
+             helper.make_node("Gemm", ["dZ", "W"], ["dA"])]
+    fused = helper.make_node("LinearActivationGrad", ["dY", "X", "A", "W"],
+                             ["dA", "dW", "dB", "dZ_ws"], domain=FUSED_DOMAIN, activation=act,
+                             trans_w=0)
+    outs = ["dA", "dW", "dB"]
+    return Case(model, "LinearActivationGrad", f"LinearActivationGrad {act}",
+                f"M={m} N={n} K={k}", _model(chain, feeds, outs, [axes]),
+                _model([fused], feeds, outs), feeds, outs)
+
+
+def layernorm_case(model, m, n, rng, outliers=False) -> Case:
+    """LayerNormGrad vs LayerNormalizationGrad (dX, dGamma, dBeta), one row per token."""
+    x = rng.standard_normal((m, n))
+    if outliers:
+        x = _big(rng, (m, n))
+        x[: m // 4] = 1.5 + 1e-6 * rng.standard_normal((m // 4, n))  # variance << eps
+    x = _f32(x)
+    x64 = x.astype(np.float64)
+    feeds = {"dY": _f32(rng.standard_normal((m, n))), "X": x,
+             "gamma": _f32(1.0 + 0.1 * rng.standard_normal(n)),
+             "mean": _f32(x64.mean(1, keepdims=True)),
+             "inv_std": _f32(1.0 / np.sqrt(x64.var(1, keepdims=True) + 1e-5))}
+    chain = [helper.make_node("LayerNormalizationGrad", ["dY", "X", "gamma", "mean", "inv_std"],
+                              ["dX", "dGamma", "dBeta"], domain=MS, axis=-1, epsilon=1e-5)]
+    fused = helper.make_node("LayerNormGrad", ["dY", "X", "gamma", "mean", "inv_std"],
+                             ["dX", "dGamma", "dBeta"], domain=FUSED_DOMAIN, axis=-1)
+    outs = ["dX", "dGamma", "dBeta"]
+    return Case(model, "LayerNormGrad", "LayerNormGrad", f"[{m}, {n}]",
+                _model(chain, feeds, outs), _model([fused], feeds, outs), feeds, outs)
+
+
+def attention_case(model, bh, s, d, rng, outliers=False) -> Case:
+    """AttentionGrad vs FusedMatMul (dV, dP) + SoftmaxGrad_13 + Mul (scale) + FusedMatMul (dQ,
+    dK); P = softmax of random logits (|logit| up to 40 with outliers)."""
+    scale = 1.0 / np.sqrt(d)
+    logits = _big(rng, (bh, s, s)) if outliers else rng.standard_normal((bh, s, s)) * 2.0
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    feeds = {"dO": _f32(rng.standard_normal((bh, s, d))), "Q": _f32(rng.standard_normal((bh, s, d))),
+             "K": _f32(rng.standard_normal((bh, s, d))), "V": _f32(rng.standard_normal((bh, s, d))),
+             "P": _f32(p)}
+    sc = helper.make_tensor("scale", F, [], [scale])
+    chain = [helper.make_node("FusedMatMul", ["P", "dO"], ["dV"], domain=MS, transA=1),
+             helper.make_node("FusedMatMul", ["dO", "V"], ["dP"], domain=MS, transB=1),
+             helper.make_node("SoftmaxGrad_13", ["dP", "P"], ["dS"], domain=MS, axis=-1),
+             helper.make_node("Mul", ["dS", "scale"], ["dSs"]),
+             helper.make_node("FusedMatMul", ["dSs", "K"], ["dQ"], domain=MS),
+             helper.make_node("FusedMatMul", ["dSs", "Q"], ["dK"], domain=MS, transA=1)]
+    fused = helper.make_node("AttentionGrad", ["dO", "Q", "K", "V", "P"], ["dQ", "dK", "dV"],
+                             domain=FUSED_DOMAIN, scale_q=float(scale), scale_k=float(scale),
+                             k_transposed=0)
+    outs = ["dQ", "dK", "dV"]
+    return Case(model, "AttentionGrad", "AttentionGrad", f"BH={bh} Sq={s} Sk={s} D={d}",
+                _model(chain, feeds, outs, [sc]), _model([fused], feeds, outs), feeds, outs)
+
+
+def conv_case(model, n, cin, c, hw, k, rng, outliers=False) -> Case:
+    """ConvBnReluGrad vs ReluGrad + BatchNormalizationGrad + ConvGrad (stride 1, 'same' pads)."""
+    p = k // 2
+    cv = rng.standard_normal((n, c, hw, hw))
+    if outliers:
+        cv = _big(rng, (n, c, hw, hw))
+        cv[:, : c // 4] = 0.7 + 1e-6 * rng.standard_normal((n, c // 4, hw, hw))  # var << eps
+    mean = cv.mean(axis=(0, 2, 3))
+    inv_std = 1.0 / np.sqrt(cv.var(axis=(0, 2, 3)) + 1e-5)
+    y = np.maximum((cv - mean[None, :, None, None]) * inv_std[None, :, None, None], 0)
+    feeds = {"dY": _f32(rng.standard_normal((n, c, hw, hw))), "Y": _f32(y),
+             "X": _f32(_big(rng, (n, cin, hw, hw)) if outliers else rng.standard_normal((n, cin, hw, hw))),
+             "W": _f32(rng.standard_normal((c, cin, k, k)) / np.sqrt(cin * k * k)),
+             "Cv": _f32(cv), "gamma": _f32(np.ones(c)), "mean": _f32(mean),
+             "inv_std": _f32(inv_std)}
+    attrs = dict(strides=[1, 1], pads=[p] * 4, dilations=[1, 1], group=1)
+    chain = [helper.make_node("ReluGrad", ["dY", "Y"], ["dZ"], domain=MS),
+             helper.make_node("BatchNormalizationGrad", ["dZ", "Cv", "gamma", "mean", "inv_std"],
+                              ["dC", "dGamma", "dBeta"], domain=MS, epsilon=1e-5),
+             helper.make_node("ConvGrad", ["dC", "X", "W"], ["dX", "dW"], domain=MS,
+                              kernel_shape=[k, k], **attrs)]
+    fused = helper.make_node("ConvBnReluGrad", list(feeds), ["dX", "dW", "", "dGamma", "dBeta",
+                                                              "dC_ws"],
+                             domain=FUSED_DOMAIN, relu=1, **attrs)
+    outs = ["dX", "dW", "dGamma", "dBeta"]
+    return Case(model, "ConvBnReluGrad", "ConvBnReluGrad",
+                f"N={n} C={c} Cin={cin} {hw}x{hw} k={k}x{k}", _model(chain, feeds, outs),
+                _model([fused], feeds, outs), feeds, outs)
+
+
+# ResNet-50 at 64x64, batch 8: per stage (maps, width, bottleneck input channels)
+RESNET50_STAGES = [(1, 16, 64, 256), (2, 8, 128, 512), (3, 4, 256, 1024), (4, 2, 512, 2048)]
+BERT_BASE = dict(d=768, heads=12, head_dim=64, ff=3072, seq=128, batch=8)
+LLAMA_STYLE = dict(d=2048, heads=32, head_dim=64, ff=5632, seq=256, batch=1)  # TinyLlama-1.1B
+
+
+def real_shape_cases(seed: int = 0) -> list[Case]:
+    rng = np.random.default_rng(seed)
+    cases = []
+    for stage, hw, width, cin in RESNET50_STAGES:
+        name = f"ResNet-50 layer{stage} (64x64, batch 8)"
+        cases.append(conv_case(name, 8, width, width, hw, 3, rng))
+        cases.append(conv_case(name, 8, cin, width, hw, 1, rng))
+    for name, cfg, act in (("BERT-base (seq 128, batch 8)", BERT_BASE, "gelu"),
+                           ("Llama-style, TinyLlama-1.1B sizes (seq 256, batch 1)", LLAMA_STYLE,
+                            "silu")):
+        m = cfg["seq"] * cfg["batch"]
+        cases.append(linear_case(name, act, m, cfg["ff"], cfg["d"], rng))
+        cases.append(layernorm_case(name, m, cfg["d"], rng))
+        cases.append(attention_case(name, cfg["batch"] * cfg["heads"], cfg["seq"],
+                                    cfg["head_dim"], rng))
+    return cases
+
+
+def outlier_cases(seed: int = 1) -> list[Case]:
+    """Every fused op on outlier inputs, at BERT-base shapes (conv: ResNet-50 layer3)."""
+    rng = np.random.default_rng(seed)
+    b = BERT_BASE
+    m = b["seq"] * b["batch"]
+    name = "BERT-base shapes, |x| up to 40"
+    cases = [linear_case(name, act, m, b["ff"], b["d"], rng, outliers=True)
+             for act in ("relu", "gelu", "silu")]
+    cases.append(layernorm_case(name, m, b["d"], rng, outliers=True))
+    cases.append(attention_case(name, b["batch"] * b["heads"], b["seq"], b["head_dim"], rng,
+                                outliers=True))
+    cases.append(conv_case("ResNet-50 layer3 shapes, |x| up to 40", 8, 256, 256, 4, 3, rng,
+                           outliers=True))
+    return cases

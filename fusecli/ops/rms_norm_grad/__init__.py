@@ -1,0 +1,1 @@
+"""The fused op RMSNormGrad: contract, NumPy reference, kernels and tests."""

@@ -1,0 +1,62 @@
+// RMSNormGrad: onnxruntime CUDAExecutionProvider kernel (calls the C launcher in cuda.cu).
+#include "cuda_op_kernel.h"
+#include "op_launchers.h"
+
+namespace fusecli {
+namespace {
+
+struct RmsOp;
+struct RmsKernel {
+  RmsKernel(const OrtKernelInfo* info, const RmsOp* op);
+  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
+    return guarded([&] {
+      count_call(kRMSNormGrad);
+      Ort::KernelContext ctx(c);
+      In dy = get_input(ctx, 0), x = get_input(ctx, 1), gamma = get_input(ctx, 2);
+      In rstd = get_input(ctx, 3), dr = get_input(ctx, 4);
+      const int64_t rank = static_cast<int64_t>(x.shape.size());
+      const int64_t ax = axis < 0 ? axis + rank : axis;
+      FUSECLI_CHECK(ax >= 0 && ax <= rank, "RMSNormGrad: axis out of range");
+      const int64_t N = prod(x.shape, static_cast<size_t>(ax)), M = prod(x.shape, 0, static_cast<size_t>(ax));
+      FUSECLI_CHECK(dy.numel() == x.numel() && (!gamma.present || gamma.numel() == N) &&
+                        (!rstd.present || rstd.numel() == M) && (!dr.present || dr.numel() == M * N),
+                    "RMSNormGrad: shape mismatch");
+      FUSECLI_CHECK(!rstd.present || rstd.type == kF32 || (half && rstd.type == kF16),
+                    "RMSNormGrad: inv_rms must be float32 (or float16 with float16 data)");
+      const std::vector<int64_t> pshape(x.shape.begin() + ax, x.shape.end());
+      void* dx = opt_out<void>(ctx, 0, x.shape);
+      void* dg = opt_out<void>(ctx, 1, pshape);
+      void* s = ctx.GetGPUComputeStream();
+      const void* rs = rstd.present ? rstd.data : nullptr;
+      int err;
+      if (half)
+        err = fusecli_launch_rms_norm_grad_f16(s, dy.data, x.data, gamma.present ? gamma.data : nullptr, rs,
+                                               rstd.present && rstd.type == kF16, epsilon,
+                                               dr.present ? dr.data : nullptr, dx, dg, M, N);
+      else
+        err = fusecli_launch_rms_norm_grad(s, dy.ptr<float>(), x.ptr<float>(),
+                                           gamma.present ? gamma.ptr<float>() : nullptr,
+                                           static_cast<const float*>(rs), epsilon,
+                                           dr.present ? dr.ptr<float>() : nullptr,
+                                           static_cast<float*>(dx), static_cast<float*>(dg), M, N);
+      check_cuda(err, "RMSNormGrad");
+    });
+  }
+  int64_t axis;
+  float epsilon;
+  bool half;
+};
+// no in-place pairs on CUDA: rms_rows_kernel reads dY / dR through __restrict__ pointers
+struct RmsOp : SigOp<RmsOp, RmsKernel, kRMSNormGrad, false> {
+  explicit RmsOp(bool half) : SigOp(kCuda, half) {}
+};
+RmsKernel::RmsKernel(const OrtKernelInfo* info, const RmsOp* op)
+    : axis(attr_int(info, "axis", -1)), epsilon(attr_float(info, "epsilon", 1e-5f)), half(op->half) {}
+
+}  // namespace
+
+void add_rms_norm_grad_cuda_ops(Ort::CustomOpDomain& domain) {
+  add_op<RmsOp>(domain);
+}
+
+}  // namespace fusecli
