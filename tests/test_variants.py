@@ -291,7 +291,8 @@ CORPUS = SAMPLES.parent / "corpus"
     ("torch_gpt2", "sdpa_torch_keep_dropout", 0.1, False),
     ("ortt_t5", "sdpa_ortt_scores_plain", 0.0, True),
     ("torch_swin", "sdpa_torch_plain", 0.0, True),
-    ("ortt_llama", "sdpa_ortt_scores_plain", 0.0, False),
+    ("ortt_llama", "sdpa_ortt_scores_plain_gqa", 0.0, False),
+    ("torch_mistral", "sdpa_torch_plain_gqa", 0.0, False),
 ])
 def test_attention_dropout_and_bias_ports(graph, rule, ratio, bias):
     """Real graphs: the forward Dropout's bool mask and ratio become dropout_mask and
