@@ -261,9 +261,11 @@ class FusionPass:
         ins = list(m.proto.input) if m.proto is not None else []
         for port, tensor in zip(contract.inputs, ins):
             elem = elem_type(index, tensor) if tensor else None
-            if elem is not None and type_name(elem) not in contract.types:
+            # a port with its own element type (AttentionGrad's bool dropout_mask) takes that
+            wants = (port.type,) if port.type else contract.types
+            if elem is not None and type_name(elem) not in wants:
                 return "unsupported_type", (f"{port.name} ('{tensor}') is {type_name(elem)}; "
-                                            f"{op} implements {', '.join(contract.types)}")
+                                            f"{op} implements {', '.join(wants)}")
         return None
 
     @staticmethod

@@ -47,6 +47,7 @@ class Match:
     key: float = 0.0
     intermediates: list[str] = field(default_factory=list)
     bound: frozenset = frozenset()       # every rule node id bound, kept context included
+    unread: frozenset = frozenset()      # optional fused outputs nothing outside reads: left empty
     proto: onnx.NodeProto | None = None  # the fused node (ports and attributes; unnamed)
 
 
@@ -211,6 +212,7 @@ def replacement_ports(m: Match) -> tuple[list[str], list[str]]:
     rep = m.rule.replace
     ins = [m.tensors.get(v, "") if v else "" for v in rep.inputs]
     outs = [m.tensors.get(v, "") if v else "" for v in rep.outputs]
+    outs = ["" if t in m.unread else t for t in outs]
     while ins and ins[-1] == "":
         ins.pop()
     while outs and outs[-1] == "":
@@ -477,8 +479,17 @@ class Matcher:
             return self._guard(nodes, "would_create_cycle",
                                "an input of the fused op is produced after one of its outputs is "
                                "consumed; fusing would create a cycle")
-        inter = sorted({t for n in removed.values() for t in n.outputs if t and t not in rep_out})
-        match = Match(rule, removed, dict(tensors), dict(captures), key, inter, frozenset(nodes))
+        # an optional output whose tensor only the matched nodes read (AttentionGrad's dS when
+        # no learned bias takes its gradient) is left empty: the op need not compute it
+        out_ports = load_contracts().ops[rule.replace.op].outputs
+        unread = frozenset(
+            t for v, port in zip(rule.replace.outputs, out_ports)
+            if port.optional and (t := tensors.get(v, "")) and t not in self.g.graph_outputs
+            and self.g.consumers.get(t) and all(c.uid in matched for c in self.g.consumers[t]))
+        inter = sorted({t for n in removed.values() for t in n.outputs
+                        if t and (t not in rep_out or t in unread)})
+        match = Match(rule, removed, dict(tensors), dict(captures), key, inter, frozenset(nodes),
+                      unread=unread)
         ins, outs = replacement_ports(match)
         match.proto = proto = onnx.helper.make_node(
             rule.replace.op, ins, outs, domain=rule.replace.domain,

@@ -313,10 +313,10 @@ def _parse_node(src, raw, index) -> list[NodeSpec]:
         raise RuleError(src, f"node '{nid}': optional must be true, false or 'passthrough'",
                         _line(raw, "optional"))
     if optional == "passthrough":
-        if not inputs or inputs[0] == "_" or len(outputs) != 1:
+        if not inputs or inputs[0] == "_" or not outputs or outputs[0] == "_":
             raise RuleError(src, f"node '{nid}': a passthrough node needs its first input and "
-                            "its one output named (when absent, the output is the first input)",
-                            line)
+                            "its first output named (when absent, the first output is the first "
+                            "input and any other output stays unbound)", line)
     if index == 0 and optional:
         raise RuleError(src, f"node '{nid}': the first node is the anchor and cannot be optional",
                         line)

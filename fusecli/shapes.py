@@ -15,6 +15,8 @@ count), and its inputs must fit the op (``input_problem``).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 
@@ -188,6 +190,12 @@ def same_shape(a, b) -> bool | None:
 _INPUT_CHECKED = {"AttentionGrad"}  # ops whose input shapes input_problem checks
 
 
+def _numel(dims):
+    if dims is None or not all(isinstance(d, int) for d in dims):
+        return None
+    return math.prod(dims)
+
+
 def input_problem(op: str, attrs: dict, ins: list, names: list) -> str | None:
     """Why the fused op could not run on inputs of these shapes (None: fine or unknown)."""
     if op != "AttentionGrad" or len(ins) < 5:
@@ -207,10 +215,15 @@ def input_problem(op: str, attrs: dict, ins: list, names: list) -> str | None:
                     f"{want} rows/columns there")
     # Q and dO share P's batch dims; K's and V's (right-aligned, missing leading dims count as
     # 1) each equal P's or divide it (grouped / multi-query attention; the op sums the group)
+    # (a tensor whose batch element count equals P's is P's batch dims viewed: Q [B*H, S, D]
+    # with P [B, H, S, S], as the torch-joint rules bind them)
     pb = p[:-2]
+    batch = _numel(pb)
     for label, s, grouped in (("Q", q, False), ("dO", dO, False), ("K", k, True),
                               ("V", v, True)):
         if s is None or len(s) < 2 or len(s) - 2 > len(pb):
+            continue
+        if batch is not None and _numel(s[:-2]) == batch:
             continue
         sb = [1] * (len(pb) - (len(s) - 2)) + list(s[:-2])
         for x, y in zip(sb, pb):

@@ -156,7 +156,7 @@ def test_python_module_entry_point():
 
     proc = subprocess.run([sys.executable, "-m", "fusecli", "rules", "list"],
                           capture_output=True, text=True)
-    assert proc.returncode == 0 and "sdpa_ortt_div" in proc.stdout
+    assert proc.returncode == 0 and "sdpa_ortt_scores_plain" in proc.stdout
 
 
 def test_optimize_verify_json_stays_one_object(tmp_path):

@@ -45,6 +45,14 @@ EXPORTS = {"torch_gelu_new": {"linear_gelu_tanh_torch": 1},
            "torch_conv1d_gelu_new": {"linear_gelu_tanh_torch_at": 1}}
 for _name in EXPORTS:
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
+# attention spellings the samples lack, from the committed corpus of real architectures:
+# timm ViT (scale on Q only, no mask), GPT-2 (causal where + padding mask + dropout), BERT
+# (additive mask + dropout), Llama (repeat_kv grouped-query attention); listed last so that rules
+# the samples cover keep those fixtures
+CORPUS = Path(__file__).parents[1] / "corpus"
+for _name in ("ortt_timm_vit", "ortt_gpt2", "ortt_llama", "torch_bert", "torch_gpt2",
+              "torch_llama"):
+    SAMPLE_MODELS[f"corpus_{_name}"] = onnx.load(CORPUS / f"{_name}.onnx")
 
 
 def _upto(rule_name):
@@ -150,6 +158,8 @@ def _intermediate_cases():
             while v is not None and v not in reach:
                 reach.add(v)
                 v = through.get(v)
+            # (every variable bound to t counts: absent pass-throughs alias several)
+            reach |= {w for w, tt in rec.tensors.items() if tt == t}
             if not reach & set(r.replace.outputs):
                 out.append(pytest.param(r, t, id=f"{r.name}-{t[-30:]}"))
                 break
@@ -368,25 +378,60 @@ def test_attention_scale_as_mul_or_div():
     scales = []
     for op in ("Div", "Mul"):
         m = builders.ortt_attention(scale_op=op)
-        assert FusionPass(only=["sdpa_ortt_div"]).run(m) == 1
+        assert FusionPass(only=["sdpa_ortt_scores_plain"]).run(m) == 1
         fused = next(n for n in m.graph.node if n.op_type == "AttentionGrad")
         scales.append({a.name: helper.get_attribute_value(a) for a in fused.attribute})
     assert scales[0] == scales[1]
     assert scales[0]["scale_q"] == pytest.approx(1 / np.sqrt(3), rel=1e-6)
 
 
+def _read_unsummed_gradients(m):
+    """The head sums spelled ReduceSum(keepdims=0) -> Unsqueeze, which the rule does not absorb:
+    the only binding left is dK/dV to the un-summed tensors."""
+    for n in [n for n in m.graph.node if n.op_type == "ReduceSum"]:
+        n.attribute.remove(next(a for a in n.attribute if a.name == "keepdims"))
+        n.attribute.append(helper.make_attribute("keepdims", 0))
+        out = n.output[0]
+        n.output[0] = out + "_sq"
+        m.graph.node.append(helper.make_node("Unsqueeze", [out + "_sq", "head_axis"], [out],
+                                             name=out + "_unsqueeze"))
+    return m
+
+
+@pytest.mark.parametrize("record_backward", [False, True])
+def test_multi_query_attention_fuses_with_the_head_sum_absorbed(record_backward, tmp_path):
+    """One K/V head broadcast inside the MatMuls: onnxruntime computes dK^T/dV at the full head
+    count and sums them (ReduceSum keepdims=1). The rule binds K/V before the broadcast and
+    dK/dV after the sum; the fused graph computes the same."""
+    from fusecli.verify import verify_models
+
+    m = builders.ortt_attention(kv_heads=1, heads=2, record_backward=record_backward)
+    fused = copy.deepcopy(m)
+    assert FusionPass().run(fused) == 1
+    [node] = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
+    assert list(node.output[1:3]) == ["dKt", "dV"]
+    assert not {n.op_type for n in fused.graph.node} & {"ReduceSum", "FusedMatMul"}
+    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
+    onnx.save(m, src)
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
 @pytest.mark.parametrize("record_backward", [False, True])
 def test_multi_query_attention_is_not_fused_into_unsummed_gradients(record_backward):
-    """One K/V head broadcast inside the MatMuls: dK/dV are computed at the full head count and
-    summed afterwards; AttentionGrad would write them at one head. Refused, with the reason."""
-    m = builders.ortt_attention(kv_heads=1, heads=2, record_backward=record_backward)
+    """Where the sum cannot be absorbed, binding dK/dV to the un-summed tensors would write
+    them at one head: refused by the shape guard, with the reason."""
+    m = _read_unsummed_gradients(
+        builders.ortt_attention(kv_heads=1, heads=2, record_backward=record_backward))
     fp = FusionPass()
     assert fp.run(copy.deepcopy(m)) == 0
     assert fp.stats.patterns["sdpa"].skipped == {"shape_mismatch": 1}
-    misses = explain_model(m, FusionPass(only=["sdpa_ortt_div"]))
+    misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_plain"]))
     assert [x["reason"] for x in misses] == ["shape_mismatch"]
     # the op takes a broadcast K/V (it sums the group), but not into the un-summed tensors
-    assert "would write 'dKt_full'" in misses[0]["detail"]
+    assert "would write 'dKt_full'" in misses[0]["detail"] or \
+        "would write 'dV_full'" in misses[0]["detail"]
 
 
 def test_attention_inputs_must_fit_the_op():
@@ -407,7 +452,7 @@ def test_output_shape_guard_alone_refuses_unsummed_gradients(monkeypatch):
     import fusecli.shapes
 
     monkeypatch.setattr(fusecli.shapes, "input_problem", lambda *a: None)
-    m = builders.ortt_attention(kv_heads=1, heads=2)
+    m = _read_unsummed_gradients(builders.ortt_attention(kv_heads=1, heads=2))
     fp = FusionPass()
     assert fp.run(m) == 0
     [skip] = fp.stats.skips
@@ -423,10 +468,17 @@ def test_a_graph_that_would_not_run_is_never_written(monkeypatch, tmp_path, caps
 
     monkeypatch.setattr(fusecli.matcher, "fusion_problem", lambda *a: None)
     src, out = tmp_path / "mqa.onnx", tmp_path / "mqa.fused.onnx"
-    onnx.save(builders.ortt_attention(kv_heads=1, heads=2), src)
+    m = _read_unsummed_gradients(builders.ortt_attention(kv_heads=1, heads=2))
+    # the un-summed gradients' shapes recorded (B=2, H=2, S=4, D=3): the final check sees
+    # the one-head tensors the fused op would write in their place
+    m.graph.value_info.extend([helper.make_tensor_value_info("dKt_full", onnx.TensorProto.FLOAT,
+                                                             [2, 2, 3, 4]),
+                               helper.make_tensor_value_info("dV_full", onnx.TensorProto.FLOAT,
+                                                             [2, 2, 4, 3])])
+    onnx.save(m, src)
     assert main(["optimize", str(src), "-o", str(out), "-q"]) == 4
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "would not run" in err[0] and "sdpa_ortt_div" in err[0], err
+    assert len(err) == 1 and "would not run" in err[0] and "sdpa_ortt_scores_plain" in err[0], err
     assert not out.exists()
 
 

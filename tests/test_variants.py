@@ -35,9 +35,8 @@ POSITIVE = {
     "linear_gelu_tanh_torch": ("torch_v_gelutanh", 2),
     "linear_gelu_tanh_ortt_gemm": ("ortt_v_gelutanh", 1),
     "linear_gelu_tanh_ortt_matmul": ("ortt_v_gelutanh", 1),
-    "sdpa_torch_where_div": ("torch_v_attn", 1),
-    "sdpa_torch_div": ("torch_v_attn", 1),
-    "sdpa_torch_plain": ("torch_v_attn", 1),
+    "sdpa_torch_fill": ("torch_v_attn", 1),
+    "sdpa_torch_plain": ("torch_v_attn", 2),
 }
 
 # whole-sample counts with every rule (the architecture counts of the manifest)
@@ -52,8 +51,7 @@ WRONG_ATTR = {
     "linear_gelu_tanh_torch": ("tz", "perm", [0, 1]),
     "linear_gelu_tanh_ortt_gemm": ("wgrad", "transA", 0),
     "linear_gelu_tanh_ortt_matmul": ("wgrad", "transA", 0),
-    "sdpa_torch_where_div": ("vt", "perm", [1, 0, 2]),
-    "sdpa_torch_div": ("pt", "perm", [1, 0, 2]),
+    "sdpa_torch_fill": ("vt", "perm", [1, 0, 2]),
     "sdpa_torch_plain": ("kt", "perm", [1, 0, 2]),
 }
 
@@ -66,8 +64,7 @@ WRONG_CONST = {
     "act_gelu_tanh_grad_ortt": ("cube_k", "c_k2", 0.05),
     "linear_gelu_tanh_ortt_gemm": ("bgrad", "axes", [1]),
     "linear_gelu_tanh_ortt_matmul": ("bgrad", "axes", [1]),
-    "sdpa_torch_where_div": ("scale", "c", [1.0, 2.0]),
-    "sdpa_torch_div": ("scale", "c", [1.0, 2.0]),
+    "sdpa_torch_fill": ("sm_sum", "axes_last", [0]),
     "sdpa_torch_plain": ("sm_sum", "axes_last", [0]),
 }
 
@@ -78,8 +75,7 @@ WRONG_DOMAIN = {
     "act_gelu_tanh_grad_ortt": "tgrad",
     "linear_gelu_tanh_ortt_gemm": "wgrad",
     "linear_gelu_tanh_ortt_matmul": "wgrad",
-    "sdpa_torch_where_div": "sm_mul",
-    "sdpa_torch_div": "sm_mul",
+    "sdpa_torch_fill": "sm_mul",
     "sdpa_torch_plain": "sm_mul",
 }
 
@@ -90,8 +86,7 @@ INTERMEDIATE = {
     "act_gelu_tanh_grad_ortt": "g_v",
     "linear_gelu_tanh_ortt_gemm": "dZ",
     "linear_gelu_tanh_ortt_matmul": "dZ",
-    "sdpa_torch_where_div": "dSd",
-    "sdpa_torch_div": "dSd",
+    "sdpa_torch_fill": "t3",
     "sdpa_torch_plain": "t3",
 }
 
@@ -262,10 +257,10 @@ def test_erf_gelu_rule_does_not_take_tanh_gelu():
 
 
 def test_masked_attention_is_not_taken_by_the_unmasked_rules():
-    """sdpa_torch_div / sdpa_torch_plain must not swallow a masked_fill Where: with
-    sdpa_torch_where_div removed, the Where-masked layer stays unfused."""
+    """sdpa_torch_plain (and its dropout variants) must not swallow a masked_fill Where: with
+    sdpa_torch_fill removed, the Where-masked layer stays unfused."""
     m = _sample("torch_v_attn")
-    rules = [r for r in RULES if r.name != "sdpa_torch_where_div"]
+    rules = [r for r in RULES if r.name != "sdpa_torch_fill"]
     fp = FusionPass(rules=rules)
     fp.run(m)
     assert fp.stats.patterns["sdpa"].fused == 2
@@ -286,3 +281,35 @@ def test_explain_applies_the_earlier_stages():
     hit = [m for m in misses if m["node"] == "tz" and m["reason"] == "attribute"]
     assert hit and all(m["rule"] == "linear_gelu_tanh_torch" for m in misses), misses
     assert "perm" in hit[0]["detail"]
+
+
+CORPUS = SAMPLES.parent / "corpus"
+
+
+@pytest.mark.parametrize("graph,rule,ratio,bias", [
+    ("ortt_bert", "sdpa_ortt_scores_plain", 0.1, False),
+    ("torch_gpt2", "sdpa_torch_keep_dropout", 0.1, False),
+    ("ortt_t5", "sdpa_ortt_scores_plain", 0.0, True),
+    ("torch_swin", "sdpa_torch_plain", 0.0, True),
+    ("ortt_llama", "sdpa_ortt_scores_plain_gqa", 0.0, False),
+    ("torch_mistral", "sdpa_torch_plain_gqa", 0.0, False),
+])
+def test_attention_dropout_and_bias_ports(graph, rule, ratio, bias):
+    """Real graphs: the forward Dropout's bool mask and ratio become dropout_mask and
+    dropout_ratio; the softmax gradient is the dS output exactly where a learned bias's
+    gradient reads it (T5, Swin), and is left empty elsewhere."""
+    m = onnx.load(CORPUS / f"{graph}.onnx")
+    drop_masks = {n.output[1] for n in m.graph.node if n.op_type == "Dropout"}
+    fp = FusionPass()
+    fp.run(m)
+    assert {f.rule for f in fp.stats.fusions if f.pattern == "sdpa"} == {rule}
+    fused = [n for n in m.graph.node if n.op_type == "AttentionGrad"]
+    assert fused
+    readers = {t for n in m.graph.node for t in n.input}
+    for n in fused:
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        assert attrs.get("dropout_ratio", 0.0) == pytest.approx(ratio, rel=1e-6)
+        mask = n.input[7] if len(n.input) > 7 else ""
+        assert (mask in drop_masks) == (ratio > 0) and (mask != "") == (ratio > 0)
+        ds = n.output[3] if len(n.output) > 3 else ""
+        assert (ds != "") == bias and (not ds or ds in readers)
