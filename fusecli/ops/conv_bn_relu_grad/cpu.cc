@@ -58,6 +58,20 @@ static inline void add_row(float* __restrict__ d, const float* __restrict__ s, i
 #endif
 }
 
+// Image-major <-> channel-major: dst[r][i*hw + p] = src[i*img + r*hw + p] (pack) and back
+// (unpack), rows [r0, r1), images [0, nb), dst rows `ld` floats apart. These move a chunk's
+// activations into the [rows, nb*hw] matrices of one GEMM and its results back.
+static void pack_rows(const float* src, int64_t img, int64_t nb, int64_t hw, float* dst,
+                      int64_t ld, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t i = 0; i < nb; ++i) copy_row(dst + r * ld + i * hw, src + i * img + r * hw, hw);
+}
+static void unpack_rows(const float* src, int64_t ld, int64_t nb, int64_t hw, float* dst,
+                        int64_t img, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t i = 0; i < nb; ++i) copy_row(dst + i * img + r * hw, src + r * ld + i * hw, hw);
+}
+
 // cols[(ci*kh + i)*kw + j][oh*wo + ow] = x[ci][oh*sh - pt + i*dh][ow*sw - pl + j*dw] (0 outside);
 // rows of the column matrix are `ld` floats apart (ld = ho*wo for one image's own matrix).
 static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t ld, int64_t c0, int64_t c1) {
@@ -234,7 +248,12 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   const bool one_image = nb_max == 1;
   // X (pointwise) and dX (pointwise dgrad, group 1) serve as the column matrices of one image
   const bool x_is_cols = pointwise && one_image && group == 1;
-  const bool dx_direct = pointwise && group == 1;  // dX[i] = W^T dC[i], batched, W broadcast
+  // dX[i] = W^T dC[i] batched over the chunk's images (W broadcast), straight into dX, where an
+  // image's map is wide enough for MLAS to run at speed (>= 64 columns) or the chunk is one
+  // image; else (deep layers with small maps: ResNet-50's layer3/4, 4x4 and 2x2) ONE GEMM
+  // W^T dC_g over all nb*HW columns of the chunk, unpacked into dX after: a per-image GEMM
+  // there has 4 or 16 columns and leaves most of each MLAS vector register idle.
+  const bool dx_direct = pointwise && group == 1 && (one_image || HW >= 64);
   const bool need_cols = (want_dw && !x_is_cols) || (want_dx && !dx_direct);
   std::unique_ptr<float[]> cols(need_cols ? new float[static_cast<size_t>(nb_max * col_sz)] : nullptr);
   std::unique_ptr<float[]> dcc(have_dc ? nullptr : new float[static_cast<size_t>(nb_max * C * HW)]);
@@ -245,6 +264,7 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   if (want_dw && N == 0) std::fill(dw, dw + C * Kc, 0.f);
   for (int64_t n0 = 0; n0 < N; n0 += nb_max) {
     const int64_t nb = std::min(nb_max, N - n0), L = nb * HW;
+    const int64_t rows_grain = std::max<int64_t>(1, (1 << 14) / L);  // rows of a pack / unpack
     float* dcn = have_dc ? dc_out + n0 * C * HW : dcc.get();  // the chunk's dC, [nb, C, HW]
     // dC = gamma inv_std / R (R dZ - sum dZ - xhat sum(dZ xhat)) for the chunk's images
     parallel_for(nb * C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
@@ -262,13 +282,8 @@ void ConvKernel::Compute(OrtKernelContext* c) {
       // dC_g as [Cg, nb*HW]: a view of the chunk for one image, else gathered
       const float* dcg = dcn + gi * Cg * HW;
       if (!one_image && (want_dw || !dx_direct)) {
-        parallel_for(nb * Cg, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
-                     [&](int, int64_t u0, int64_t u1) {
-          for (int64_t u = u0; u < u1; ++u) {
-            const int64_t i = u / Cg, co = u % Cg;
-            const float* src = dcn + (i * C + gi * Cg + co) * HW;
-            std::copy(src, src + HW, dct.get() + co * L + i * HW);
-          }
+        parallel_for(Cg, rows_grain, [&](int, int64_t r0, int64_t r1) {
+          pack_rows(dcn + gi * Cg * HW, C * HW, nb, HW, dct.get(), L, r0, r1);
         });
         dcg = dct.get();
       }
@@ -276,7 +291,12 @@ void ConvKernel::Compute(OrtKernelContext* c) {
       auto x_img = [&](int64_t i) { return xp + ((n0 + i) * Cin + gi * g.cin_g) * Hin * Win; };
       if (want_dw) {
         const float* colp = x_img(0);
-        if (!x_is_cols) {  // cols[(ci*kh + ki)*kw + kj][i*HW + p]
+        if (pointwise && !x_is_cols) {  // cols[ci][i*HW + p] = X[i][ci][p]
+          parallel_for(g.cin_g, rows_grain, [&](int, int64_t r0, int64_t r1) {
+            pack_rows(x_img(0), Cin * HW, nb, HW, cols.get(), L, r0, r1);
+          });
+          colp = cols.get();
+        } else if (!x_is_cols) {  // cols[(ci*kh + ki)*kw + kj][i*HW + p]
           parallel_for(nb * g.cin_g, 1, [&](int, int64_t u0, int64_t u1) {
             for (int64_t u = u0; u < u1; ++u) {
               const int64_t i = u / g.cin_g, ci = u % g.cin_g;
@@ -301,6 +321,12 @@ void ConvKernel::Compute(OrtKernelContext* c) {
         }
         float* gcols = cols.get();
         mm.run(kc, true, false, 1, Kc, L, Cg, wg, dcg, gcols);  // W_g^T dC_g: [Kc, L]
+        if (pointwise) {  // dX[i][gi*cin_g + ci][p] = gcols[ci][i*HW + p]
+          parallel_for(g.cin_g, rows_grain, [&](int, int64_t r0, int64_t r1) {
+            unpack_rows(gcols, L, nb, HW, dx + (n0 * Cin + gi * g.cin_g) * HW, Cin * HW, r0, r1);
+          });
+          continue;
+        }
         parallel_for(nb * g.cin_g, 1, [&](int, int64_t u0, int64_t u1) {
           for (int64_t u = u0; u < u1; ++u) {
             const int64_t i = u / g.cin_g, ci = u % g.cin_g;
