@@ -217,7 +217,9 @@ def render(meta, ops, e2e, optimizer, scaled=(), outliers=(), shapes=(), real=()
     L.extend(_case_table(outliers))
     L.append("\n## (f) Fused ops vs their unfused chains at real-model shapes\n")
     L.append("Same method as (e), ordinary inputs (N(0,1); weights at fan-in scale). ResNet-50 "
-             "at 64x64, batch 8: each stage's 3x3 conv and 1x1 reduce conv; BERT-base layer "
+             "at 64x64, batch 8: each stage's 3x3 conv and 1x1 reduce conv, and the stride-2 3x3 "
+             "conv of the first block of layer2/3/4 (the stride-2 1x1 downsample conv has "
+             "BatchNorm without ReLU after it: not this pattern, left unfused); BERT-base layer "
              "(d=768, 12 heads of 64, FF 3072, GELU, seq 128, batch 8); Llama-style layer at "
              "TinyLlama-1.1B's sizes (d=2048, 32 heads of 64, FF 5632, SiLU, seq 256, batch 1).\n")
     L.extend(_case_table(shapes))

@@ -7,7 +7,8 @@ ConvGrad), fed with the same random tensors. Both are run once and compared (the
 largest difference relative to the largest output) before they are timed side by side.
 
 Shapes: ResNet-50's four stages at 64x64 input, batch 8 (each stage's 3x3 conv and its 1x1
-reduce conv); a BERT-base layer (d=768, 12 heads of 64, FF 3072, seq 128, batch 8); a Llama-style
+reduce conv, and the stride-2 3x3 conv of the first block of layer2/3/4; the stride-2 1x1
+downsample conv is followed by BatchNorm without ReLU, so the pattern leaves it unfused); a BERT-base layer (d=768, 12 heads of 64, FF 3072, seq 128, batch 8); a Llama-style
 layer at TinyLlama-1.1B's sizes (d=2048, 32 heads of 64, FF 5632 with SiLU, seq 256, batch 1).
 
 Outlier inputs (``outliers=True``): pre-activations uniform in [-40, 40] (the exp/erf tails of
@@ -185,6 +186,8 @@ def real_shape_cases(seed: int = 0) -> list[Case]:
         name = f"ResNet-50 layer{stage} (64x64, batch 8)"
         cases.append(conv_case(name, 8, width, width, hw, 3, rng))
         cases.append(conv_case(name, 8, cin, width, hw, 1, rng))
+        if stage > 1:  # the stage's first block: its 3x3 conv halves the map (torchvision v1.5)
+            cases.append(conv_case(name, 8, width, width, hw, 3, rng, stride=2))
     for name, cfg, act in (("BERT-base (seq 128, batch 8)", BERT_BASE, "gelu"),
                            ("Llama-style, TinyLlama-1.1B sizes (seq 256, batch 1)", LLAMA_STYLE,
                             "silu")):

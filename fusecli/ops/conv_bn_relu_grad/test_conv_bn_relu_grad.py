@@ -51,6 +51,8 @@ CONV_CASES = [
     # ResNet's downsampling convs: 3x3 stride 2 and 1x1 stride 2, small maps
     (8, 32, 4, 4, 32, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
     (4, 16, 8, 8, 24, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),
+    (2, 4, 6, 40, 4, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),      # stride 2, rows over 16 wide
+    (2, 5, 12, 20, 6, 3, 3, (3, 3), (1, 2, 0, 1), (2, 1), 1),     # stride 3, dilated, odd pads
 ]
 CONV_OUTS = ["dX", "dW", "dBc", "dGamma", "dBeta"]
 
