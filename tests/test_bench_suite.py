@@ -20,7 +20,9 @@ def _small_cases(outliers):
         S.layernorm_case("t", 16, 48, rng, outliers=outliers),
         S.attention_case("t", 3, 20, 8, rng, outliers=outliers),
         S.conv_case("t", 3, 8, 8, 5, 3, rng, outliers=outliers),
-        S.conv_case("t", 3, 16, 8, 4, 1, rng, outliers=outliers)]
+        S.conv_case("t", 3, 16, 8, 4, 1, rng, outliers=outliers),
+        S.conv_case("t", 3, 8, 8, 3, 3, rng, outliers=outliers, stride=2),
+        S.conv_case("t", 2, 16, 8, 2, 1, rng, outliers=outliers, stride=2)]
 
 
 def test_synthetic_cases_match_their_unfused_chains():
@@ -95,9 +97,69 @@ def test_render_reports_every_section_and_judges_the_targets():
         in summary
     assert "(e): lowest fused speed-up **9.00x**" in summary and "1 errors" in summary
     assert "(g): lowest fused speed-up **1.01x** (weights x16); target >= 1.00x: met" in summary
-    assert "| ort-training | ortt_mlp | 2 | 4 (x16) | 11.00 | 10.00 | 1.100x | 1.0% / 2.0% |" in doc
+    assert "| ort-training | ortt_mlp | 2 | 4 (x16) | 11.00 | 10.00 | 1.100x | – | – | 1.0% / 2.0% |" \
+        in doc
     assert "| ResNet-50 | C | s | ERROR: boom |" in doc
     assert ("| ort-training | ortt_mlp | LayerNormGrad | [4, 8] | 2.000 | 0.500 | 4.00x | 0.250 | "
             "0.50 | 10.0% |") in doc
     assert "|  | ortt_cnn | ConvBnReluGrad (c) | ERROR: x |" in doc
     assert "| ort-training | LayerNormGrad | [4, 8] | 0.500 | 0.250 | 2.00 |" in doc
+
+
+def _with_cpu(row, cu, cf):
+    return {**row, "cpu_unfused_ms": cu, "cpu_fused_ms": cf, "cpu_speedup": cu / cf}
+
+
+def test_render_reports_cpu_time_next_to_wall_time():
+    """Wall time stays the headline (the Summary judges it); the CPU-time columns and the
+    lowest CPU-time ratio come from the worker's process CPU times where they were measured."""
+    doc = R.render(_meta(), [], [], [], shapes=[_with_cpu(_case("ConvBnReluGrad", 0.95), 3.0, 2.0),
+                                               _with_cpu(_case("LayerNormGrad", 2.0), 4.0, 1.0)],
+                   real=[_with_cpu(_step("ortt_resnet50", 1.2), 12.0, 10.0)])
+    summary = doc.split("## Summary")[1].split("## (a)")[0]
+    assert ("(f): lowest fused speed-up **0.95x** (BERT-base: ConvBnReluGrad M=1) (CPU time: "
+            "lowest 1.50x); target >= 1.00x: NOT met") in summary
+    assert "| BERT-base | ConvBnReluGrad | M=1 | 1.900 | 2.000 | 0.95x | 3.000 / 2.000 | 1.50x |" \
+        in doc
+    assert "| 12.00 / 10.00 | 1.200x | 1.0% / 2.0% |" in doc
+
+
+def test_update_splices_only_the_measured_sections_and_their_summary_lines():
+    old = R.render(_meta(), [], [], [], scaled=[_step("ortt_mlp", 1.10, 16)],
+                   outliers=[_case("LayerNormGrad", 9.0)], shapes=[_case("ConvBnReluGrad", 0.93)],
+                   real=[_step("ortt_resnet50", 1.05)])
+    meta = {**_meta(), "date": "later"}
+    new = R.render(meta, [], [], [], shapes=[_case("ConvBnReluGrad", 3.3)],
+                   real=[_step("ortt_resnet50", 1.25)])
+    doc = R.splice(old, new, ["shapes", "real"], meta)
+    summary = doc.split("## Summary")[1].split("## (a)")[0]
+    assert "(f): lowest fused speed-up **3.30x**" in summary and "0.93x" not in doc
+    assert "(g): lowest fused speed-up **1.25x**" in summary
+    assert "(e): lowest fused speed-up **9.00x**" in summary  # kept from the old run
+    assert "(d): lowest fused speed-up **1.10x**" in summary
+    assert "| ort-training | ortt_mlp | 2 | 4 (x16) | 11.00 | 10.00 | 1.100x |" in doc
+    assert doc.count("## (f)") == 1 and doc.count("## (g)") == 1 and doc.count("## (e)") == 1
+    assert "- Re-measured by `--update` on later" in doc.split("## Summary")[0]
+    # splicing again replaces the note instead of stacking a second one
+    again = R.splice(doc, new, ["shapes"], meta)
+    assert again.count("Re-measured by `--update`") == 1
+    assert again.split("## (f)")[1] == doc.split("## (f)")[1]
+
+
+def test_bench_worker_reports_process_cpu_time(tmp_path):
+    """The worker measures each model's process CPU time per run next to the wall time (the
+    suite's CPU-time columns); both are positive medians of the timed runs."""
+    import onnx
+
+    from fusecli.bench.command import run_bench
+    from fusecli.bench.suite import _cpu_cols
+
+    c = S.layernorm_case("t", 64, 256, np.random.default_rng(0))
+    pa, pb = tmp_path / "u.onnx", tmp_path / "f.onnx"
+    onnx.save(c.unfused, str(pa))
+    onnx.save(c.fused, str(pb))
+    res = run_bench(pa, pb, runs=5, warmup=1, threads=2, feeds=c.feeds, peak_memory=False)
+    for k in ("a", "b"):
+        assert res[k]["cpu_median_ms"] > 0 and res[k]["median_ms"] > 0
+    cols = _cpu_cols(res)
+    assert cols["cpu_speedup"] == cols["cpu_unfused_ms"] / cols["cpu_fused_ms"]

@@ -36,8 +36,11 @@ def _summary(meta, e2e, scaled, outliers, shapes, real) -> list[str]:
             L.append(f"- {what}: not measured" + (f" ({errors} errors)" if errors else "") + ".")
             return
         ok = "met" if worst["speedup"] >= target and not errors else "NOT met"
-        L.append(f"- {what}: lowest fused speed-up **{worst['speedup']:.2f}x** ({name(worst)}); "
-                 f"target >= {target:.2f}x: {ok}" + (f"; {errors} errors" if errors else "") + ".")
+        cpu = [r["cpu_speedup"] for r in rows if "cpu_speedup" in r]
+        cpu_txt = f" (CPU time: lowest {min(cpu):.2f}x)" if cpu else ""
+        L.append(f"- {what}: lowest fused speed-up **{worst['speedup']:.2f}x** ({name(worst)})"
+                 f"{cpu_txt}; target >= {target:.2f}x: {ok}"
+                 + (f"; {errors} errors" if errors else "") + ".")
 
     line("Training steps, benchmark-size samples, default feeds (b)", e2e,
          lambda r: r["sample"], 0.97)
@@ -67,22 +70,43 @@ def _table(head: list[str], align: str, rows, lead, cells) -> list[str]:
     return L
 
 
+CPU_HEAD = ["CPU ms unfused / fused", "CPU-time speed-up"]
+
+
+def _cpu_cells(r: dict, digits: int = 2) -> list[str]:
+    """Median process CPU time of the two models' runs (all threads of the bench worker) and
+    its ratio; "–" where the worker did not report it."""
+    if "cpu_speedup" not in r:
+        return ["–", "–"]
+    return [f"{_ms(r['cpu_unfused_ms'])} / {_ms(r['cpu_fused_ms'])}",
+            f"{r['cpu_speedup']:.{digits}f}x"]
+
+
 def _step_table(rows) -> list[str]:
     return _table(
         ["family", "sample", "chains", "weights scaled", "unfused ms", "fused ms", "speed-up",
-         "IQR/median (unf/fused)"], "llrrrrrl", rows, lambda r: ["", r["sample"]],
+         *CPU_HEAD, "IQR/median (unf/fused)"], "llrrrrrrrl", rows, lambda r: ["", r["sample"]],
         lambda r: [r["family"], r["sample"], str(r["chains"]),
                    f"{r['weights_scaled']} (x{r['scale']:g})", _ms(r["unfused_ms"]),
-                   _ms(r["fused_ms"]), f"{r['speedup']:.3f}x",
+                   _ms(r["fused_ms"]), f"{r['speedup']:.3f}x", *_cpu_cells(r, 3),
                    f"{r['spread_unfused']:.1%} / {r['spread_fused']:.1%}"])
 
 
 def _case_table(rows) -> list[str]:
     return _table(
-        ["model", "op", "shape", "unfused ms", "fused ms", "speed-up", "max rel. diff",
-         "IQR/median"], "lllrrrrr", rows, lambda r: [r["model"], r["label"], r["shape"]],
+        ["model", "op", "shape", "unfused ms", "fused ms", "speed-up", *CPU_HEAD,
+         "max rel. diff", "IQR/median"], "lllrrrrrrr", rows,
+        lambda r: [r["model"], r["label"], r["shape"]],
         lambda r: [r["model"], r["label"], r["shape"], _ms(r["unfused_ms"]), _ms(r["fused_ms"]),
-                   f"{r['speedup']:.2f}x", f"{r['max_rel_diff']:.1e}", f"{r['spread']:.1%}"])
+                   f"{r['speedup']:.2f}x", *_cpu_cells(r), f"{r['max_rel_diff']:.1e}",
+                   f"{r['spread']:.1%}"])
+
+
+CPU_NOTE = ("Speed-up = unfused / fused median wall time (the headline). CPU ms = the median "
+            "process CPU time of a run (user + system, every thread of the bench worker, "
+            "onnxruntime's intra-op pool included; spinning is off, so idle threads add none): "
+            "the work each model did, which load from other processes on this shared machine "
+            "does not stretch the way it stretches wall time.")
 
 
 def render(meta, ops, e2e, optimizer, scaled=(), outliers=(), shapes=(), real=()) -> str:
@@ -213,11 +237,13 @@ def render(meta, ops, e2e, optimizer, scaled=(), outliers=(), shapes=(), real=()
              "Pre-activations uniform in [-40, 40]; attention probabilities from logits in "
              "[-40, 40]; LayerNorm rows / BatchNorm channels up to ~40, a quarter of them with a "
              "variance far below epsilon. Max rel. diff = largest |fused - unfused| over the "
-             "outputs / the largest |unfused| of that output.\n")
+             "outputs / the largest |unfused| of that output. " + CPU_NOTE + "\n")
     L.extend(_case_table(outliers))
     L.append("\n## (f) Fused ops vs their unfused chains at real-model shapes\n")
     L.append("Same method as (e), ordinary inputs (N(0,1); weights at fan-in scale). ResNet-50 "
-             "at 64x64, batch 8: each stage's 3x3 conv and 1x1 reduce conv; BERT-base layer "
+             "at 64x64, batch 8: each stage's 3x3 conv and 1x1 reduce conv, and the stride-2 3x3 "
+             "conv of the first block of layer2/3/4 (the stride-2 1x1 downsample conv has "
+             "BatchNorm without ReLU after it: not this pattern, left unfused); BERT-base layer "
              "(d=768, 12 heads of 64, FF 3072, GELU, seq 128, batch 8); Llama-style layer at "
              "TinyLlama-1.1B's sizes (d=2048, 32 heads of 64, FF 5632, SiLU, seq 256, batch 1).\n")
     L.extend(_case_table(shapes))
@@ -226,7 +252,68 @@ def render(meta, ops, e2e, optimizer, scaled=(), outliers=(), shapes=(), real=()
              "exported as an onnxruntime-training artifact at 64x64, batch 8, by the bench "
              "set-up (`make_samples.sh --bench DIR ortt_resnet50`; not committed). Its "
              "parameters as the sample generator initialised them (torch defaults), then with "
-             f"every weight at {scale}x. Same method as (b), speed only.\n")
+             f"every weight at {scale}x. Same method as (b), speed only. " + CPU_NOTE + "\n")
     L.extend(_step_table(real))
     L.append("")
     return "\n".join(L)
+
+
+# ---- --update: re-measured sections spliced into an existing document -----------------------
+LETTERS = {"ops": "a", "e2e": "b", "optimizer": "c", "scaled": "d", "outliers": "e",
+           "shapes": "f", "real": "g"}
+
+
+def _blocks(doc: str) -> list[tuple[str | None, list[str]]]:
+    """The document's "## " sections as (heading, lines); the part before the first: None."""
+    out: list[tuple[str | None, list[str]]] = [(None, [])]
+    for line in doc.splitlines():
+        if line.startswith("## "):
+            out.append((line, []))
+        out[-1][1].append(line)
+    return out
+
+
+def _letter(heading: str | None) -> str | None:
+    if heading and heading.startswith("## (") and heading[5:6] == ")":
+        return heading[4]
+    return None
+
+
+def _summary_line(line: str, new_summary: list[str], letters: list[str]) -> str:
+    """A Summary line of a re-measured section: its line from the new run; others unchanged."""
+    for ltr in letters:
+        if line.startswith("- ") and line.rstrip().endswith(".") and f"({ltr})" in line:
+            return next((n for n in new_summary if n.startswith("- ") and f"({ltr})" in n), line)
+    return line
+
+
+def splice(old: str, new: str, measured: list[str], meta: dict) -> str:
+    """`old` with the sections of `measured` (suite section keys) and their Summary lines taken
+    from `new` (a document rendered from this run), and a note in the preamble saying which
+    sections were re-measured when."""
+    letters = [LETTERS[k] for k in measured]
+    fresh = {_letter(h): lines for h, lines in _blocks(new)}
+    new_summary = next((lines for h, lines in _blocks(new) if h == "## Summary"), [])
+    done, out = set(), []
+    for head, lines in _blocks(old):
+        letter = _letter(head)
+        if letter in letters and letter in fresh:
+            lines = fresh[letter]
+            done.add(letter)
+        elif head == "## Summary":
+            lines = [_summary_line(ln, new_summary, letters) for ln in lines]
+        elif head is None:
+            lines = [ln for ln in lines if not ln.startswith("- Re-measured by `--update`")]
+            bullets = [i for i, ln in enumerate(lines) if ln.startswith("- ")]
+            at = bullets[-1] + 1 if bullets else len(lines)
+            secs = ", ".join(f"({ltr})" for ltr in letters)
+            lines = lines[:at] + [
+                f"- Re-measured by `--update` on {meta['date']}, in {meta['elapsed_s']:.0f} s: "
+                f"section(s) {secs} and their Summary lines (copy bandwidth of that run "
+                f"{meta['bw']['used'] / 1e9:.2f} GB/s); the other sections are from the run "
+                "above."] + lines[at:]
+        out.append("\n".join(lines))
+    for ltr in letters:  # measured sections the old document did not have
+        if ltr not in done and ltr in fresh:
+            out.append("\n".join(fresh[ltr]))
+    return "\n".join(out).rstrip("\n") + "\n"

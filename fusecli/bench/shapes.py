@@ -7,7 +7,8 @@ ConvGrad), fed with the same random tensors. Both are run once and compared (the
 largest difference relative to the largest output) before they are timed side by side.
 
 Shapes: ResNet-50's four stages at 64x64 input, batch 8 (each stage's 3x3 conv and its 1x1
-reduce conv); a BERT-base layer (d=768, 12 heads of 64, FF 3072, seq 128, batch 8); a Llama-style
+reduce conv, and the stride-2 3x3 conv of the first block of layer2/3/4; the stride-2 1x1
+downsample conv is followed by BatchNorm without ReLU, so the pattern leaves it unfused); a BERT-base layer (d=768, 12 heads of 64, FF 3072, seq 128, batch 8); a Llama-style
 layer at TinyLlama-1.1B's sizes (d=2048, 32 heads of 64, FF 5632 with SiLU, seq 256, batch 1).
 
 Outlier inputs (``outliers=True``): pre-activations uniform in [-40, 40] (the exp/erf tails of
@@ -136,9 +137,12 @@ def attention_case(model, bh, s, d, rng, outliers=False) -> Case:
                 _model(chain, feeds, outs, [sc]), _model([fused], feeds, outs), feeds, outs)
 
 
-def conv_case(model, n, cin, c, hw, k, rng, outliers=False) -> Case:
-    """ConvBnReluGrad vs ReluGrad + BatchNormalizationGrad + ConvGrad (stride 1, 'same' pads)."""
+def conv_case(model, n, cin, c, hw, k, rng, outliers=False, stride=1) -> Case:
+    """ConvBnReluGrad vs ReluGrad + BatchNormalizationGrad + ConvGrad (pads k // 2: 'same' at
+    stride 1; at stride s the input is s*hw square and the output hw square, as in ResNet's
+    downsampling convs)."""
     p = k // 2
+    hin = hw * stride
     cv = rng.standard_normal((n, c, hw, hw))
     if outliers:
         cv = _big(rng, (n, c, hw, hw))
@@ -147,11 +151,12 @@ def conv_case(model, n, cin, c, hw, k, rng, outliers=False) -> Case:
     inv_std = 1.0 / np.sqrt(cv.var(axis=(0, 2, 3)) + 1e-5)
     y = np.maximum((cv - mean[None, :, None, None]) * inv_std[None, :, None, None], 0)
     feeds = {"dY": _f32(rng.standard_normal((n, c, hw, hw))), "Y": _f32(y),
-             "X": _f32(_big(rng, (n, cin, hw, hw)) if outliers else rng.standard_normal((n, cin, hw, hw))),
+             "X": _f32(_big(rng, (n, cin, hin, hin)) if outliers
+                       else rng.standard_normal((n, cin, hin, hin))),
              "W": _f32(rng.standard_normal((c, cin, k, k)) / np.sqrt(cin * k * k)),
              "Cv": _f32(cv), "gamma": _f32(np.ones(c)), "mean": _f32(mean),
              "inv_std": _f32(inv_std)}
-    attrs = dict(strides=[1, 1], pads=[p] * 4, dilations=[1, 1], group=1)
+    attrs = dict(strides=[stride, stride], pads=[p] * 4, dilations=[1, 1], group=1)
     chain = [helper.make_node("ReluGrad", ["dY", "Y"], ["dZ"], domain=MS),
              helper.make_node("BatchNormalizationGrad", ["dZ", "Cv", "gamma", "mean", "inv_std"],
                               ["dC", "dGamma", "dBeta"], domain=MS, epsilon=1e-5),
@@ -162,7 +167,9 @@ def conv_case(model, n, cin, c, hw, k, rng, outliers=False) -> Case:
                              domain=FUSED_DOMAIN, relu=1, **attrs)
     outs = ["dX", "dW", "dGamma", "dBeta"]
     return Case(model, "ConvBnReluGrad", "ConvBnReluGrad",
-                f"N={n} C={c} Cin={cin} {hw}x{hw} k={k}x{k}", _model(chain, feeds, outs),
+                f"N={n} C={c} Cin={cin} {hw}x{hw} k={k}x{k}"
+                + (f" stride {stride} (input {hin}x{hin})" if stride != 1 else ""),
+                _model(chain, feeds, outs),
                 _model([fused], feeds, outs), feeds, outs)
 
 
@@ -179,6 +186,8 @@ def real_shape_cases(seed: int = 0) -> list[Case]:
         name = f"ResNet-50 layer{stage} (64x64, batch 8)"
         cases.append(conv_case(name, 8, width, width, hw, 3, rng))
         cases.append(conv_case(name, 8, cin, width, hw, 1, rng))
+        if stage > 1:  # the stage's first block: its 3x3 conv halves the map (torchvision v1.5)
+            cases.append(conv_case(name, 8, width, width, hw, 3, rng, stride=2))
     for name, cfg, act in (("BERT-base (seq 128, batch 8)", BERT_BASE, "gelu"),
                            ("Llama-style, TinyLlama-1.1B sizes (seq 256, batch 1)", LLAMA_STYLE,
                             "silu")):

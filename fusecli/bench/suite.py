@@ -37,7 +37,7 @@ from onnx import helper
 
 from ..contracts import FUSED_DOMAIN, floor_bytes
 from .command import run_bench
-from .render import render
+from .render import render, splice
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH_SAMPLES = REPO / "build" / "bench-samples"
@@ -52,6 +52,7 @@ WEIGHT_SCALE = 16.0  # "outlier" steps: every weight matrix / conv kernel at 16x
 OP_MIN_TIME_S = 2.0
 STEP_MIN_TIME_S = 5.0  # the same for whole training steps
 MAX_SPREAD = 0.2  # a comparison with a wider interquartile range / median is measured again
+SECTIONS = ["ops", "e2e", "optimizer", "scaled", "outliers", "shapes", "real"]  # (a) .. (g)
 GEMM_OPS = {"Gemm", "MatMul", "FusedMatMul", "FusedGemm", "ConvGrad", "Conv", "ConvTranspose"}
 
 
@@ -341,6 +342,16 @@ class Ctx:
         return steadiest(lambda: run_bench(pa, pb, runs=runs or self.runs, warmup=self.warmup,
                                            threads=self.threads, feeds=feeds, peak_memory=False,
                                            runtime_python=python, min_time_s=OP_MIN_TIME_S))
+
+
+def _cpu_cols(res: dict) -> dict:
+    """The median process CPU time of each model's runs (bench_worker: all threads of the
+    worker process) and their ratio; wall time stays the headline, CPU time shows the work done
+    where load from elsewhere on the machine stretched the wall time."""
+    cu, cf = res["a"].get("cpu_median_ms"), res["b"].get("cpu_median_ms")
+    if not cu or not cf:
+        return {}
+    return {"cpu_unfused_ms": cu, "cpu_fused_ms": cf, "cpu_speedup": cu / cf}
 
 
 def _spread(res: dict) -> float:
@@ -694,7 +705,7 @@ def step_pairs(ctx: Ctx, entries: dict, fused_dir: Path, scale: float = 1.0) -> 
         rows.append({"sample": name, "family": entry["family"], "scale": scale,
                      "weights_scaled": n_scaled, "chains": len(recs), "unfused_ms": t_un,
                      "fused_ms": t_fu, "speedup": t_un / t_fu, "runtime": res["runtime"],
-                     "runs": res.get("runs"),
+                     "runs": res.get("runs"), **_cpu_cols(res),
                      "spread_unfused": (res["a"]["p75_ms"] - res["a"]["p25_ms"]) / t_un,
                      "spread_fused": (res["b"]["p75_ms"] - res["b"]["p25_ms"]) / t_fu})
     return rows
@@ -726,7 +737,7 @@ def case_benchmarks(ctx: Ctx, cases) -> list[dict]:
             continue
         t_un, t_fu = res["a"]["median_ms"], res["b"]["median_ms"]
         row.update(unfused_ms=t_un, fused_ms=t_fu, speedup=t_un / t_fu, runtime=res["runtime"],
-                   spread=max((res[k]["p75_ms"] - res[k]["p25_ms"]) / res[k]["median_ms"]
+                   **_cpu_cols(res), spread=max((res[k]["p75_ms"] - res[k]["p25_ms"]) / res[k]["median_ms"]
                               for k in ("a", "b")))
         rows.append(row)
     return rows
@@ -788,11 +799,20 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", default=None, help="also write the raw results here")
-    ap.add_argument("--skip", action="append", default=[],
-                    choices=["ops", "e2e", "scaled", "shapes", "outliers", "real", "optimizer"])
+    ap.add_argument("--skip", action="append", default=[], choices=SECTIONS)
+    ap.add_argument("--only", action="append", default=[], choices=SECTIONS,
+                    help="measure only these sections (repeatable); the rest are skipped")
+    ap.add_argument("--update", action="store_true",
+                    help="splice the measured sections (and their Summary lines) into the "
+                         "existing --out file, keeping its other sections as they are")
     args = ap.parse_args(argv)
+    if args.only:
+        args.skip = sorted(set(args.skip) | (set(SECTIONS) - set(args.only)))
+    if args.update and not Path(args.out).exists():
+        ap.error(f"--update: {args.out} does not exist")
     t0 = time.time()
-    entries = ensure_bench_samples()
+    need_samples = any(k not in args.skip for k in ("ops", "e2e", "scaled"))
+    entries = ensure_bench_samples() if need_samples else {}
     WORKDIR.mkdir(parents=True, exist_ok=True)
     fused_dir = BENCH_SAMPLES / "fused"
     fused_dir.mkdir(exist_ok=True)
@@ -829,7 +849,11 @@ def main(argv=None) -> int:
             "weight_scale": WEIGHT_SCALE}
     sections = {"ops": ops, "e2e": e2e, "scaled": scaled, "outliers": outliers, "shapes": shapes,
                 "real": real, "optimizer": opt}
-    Path(args.out).write_text(render(meta, **sections))
+    doc = render(meta, **sections)
+    if args.update:
+        measured = [k for k in SECTIONS if k not in args.skip]
+        doc = splice(Path(args.out).read_text(), doc, measured, meta)
+    Path(args.out).write_text(doc)
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, **sections}, indent=1, default=str))
     log(f"wrote {args.out} in {time.time() - t0:.0f} s")

@@ -58,6 +58,39 @@ static inline void add_row(float* __restrict__ d, const float* __restrict__ s, i
 #endif
 }
 
+// d[k] = s[2k] for k < n (a stride-2 convolution's im2col row): 16 outputs from two masked
+// loads and one two-source permute.
+static inline void copy_row_s2(float* __restrict__ d, const float* __restrict__ s, int64_t n) {
+#if defined(__AVX512F__)
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  for (int64_t k = 0; k < n; k += 16) {
+    const int64_t m = std::min<int64_t>(16, n - k), span = 2 * m - 1;  // source floats read
+    const __mmask16 ma = static_cast<__mmask16>(span >= 16 ? 0xffffu : (1u << span) - 1u);
+    const __mmask16 mb = static_cast<__mmask16>(span > 16 ? (1u << (span - 16)) - 1u : 0u);
+    const __m512 a = _mm512_maskz_loadu_ps(ma, s + 2 * k);
+    const __m512 b = _mm512_maskz_loadu_ps(mb, s + 2 * k + 16);
+    _mm512_mask_storeu_ps(d + k, static_cast<__mmask16>(m == 16 ? 0xffffu : (1u << m) - 1u),
+                          _mm512_permutex2var_ps(a, even, b));
+  }
+#else
+  for (int64_t k = 0; k < n; ++k) d[k] = s[2 * k];
+#endif
+}
+
+// Image-major <-> channel-major: dst[r][i*hw + p] = src[i*img + r*hw + p] (pack) and back
+// (unpack), rows [r0, r1), images [0, nb), dst rows `ld` floats apart. These move a chunk's
+// activations into the [rows, nb*hw] matrices of one GEMM and its results back.
+static void pack_rows(const float* src, int64_t img, int64_t nb, int64_t hw, float* dst,
+                      int64_t ld, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t i = 0; i < nb; ++i) copy_row(dst + r * ld + i * hw, src + i * img + r * hw, hw);
+}
+static void unpack_rows(const float* src, int64_t ld, int64_t nb, int64_t hw, float* dst,
+                        int64_t img, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t i = 0; i < nb; ++i) copy_row(dst + i * img + r * hw, src + r * ld + i * hw, hw);
+}
+
 // cols[(ci*kh + i)*kw + j][oh*wo + ow] = x[ci][oh*sh - pt + i*dh][ow*sw - pl + j*dw] (0 outside);
 // rows of the column matrix are `ld` floats apart (ld = ho*wo for one image's own matrix).
 static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t ld, int64_t c0, int64_t c1) {
@@ -80,6 +113,7 @@ static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t ld, i
           const float* srow = src + ih * g.win + off;
           std::fill(drow, drow + lo, 0.f);
           if (g.sw == 1) copy_row(drow + lo, srow + lo, hi - lo);
+          else if (g.sw == 2) copy_row_s2(drow + lo, srow + 2 * lo, hi - lo);
           else
             for (int64_t ow = lo; ow < hi; ++ow) drow[ow] = srow[ow * g.sw];
           std::fill(drow + hi, drow + g.wo, 0.f);
@@ -87,9 +121,49 @@ static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t ld, i
       }
 }
 
+// Where each (i, j) tap of a strided convolution lands in a 16-wide block of dX row lanes:
+// output column ow feeds iw = ow*sw - pl + j*dw, so a tap reaches every sw-th lane from its first
+// one on the grid; `idx` moves the column row's consecutive values onto those lanes.
+struct Col2imTap {
+  int64_t ow0 = 0;  // first output column of the block
+  uint16_t load = 0, lanes = 0;  // masks: values loaded from ow0 on; dX lanes written (0: none)
+  int32_t idx[16] = {};
+};
+struct Col2imPlan {
+  int64_t nblk = 0;  // 16-wide blocks of a dX row
+  std::vector<int64_t> oh;  // [hin * kh]: output row fed by (ih, i), -1 where none
+  std::vector<Col2imTap> taps;  // [nblk * kw]
+  explicit Col2imPlan(const ConvGeom& g) : nblk((g.win + 15) / 16), oh(g.hin * g.kh, -1),
+                                           taps(nblk * g.kw) {
+    for (int64_t ih = 0; ih < g.hin; ++ih)
+      for (int64_t i = 0; i < g.kh; ++i) {
+        const int64_t t = ih + g.pt - i * g.dh;  // = oh * sh
+        if (t >= 0 && t % g.sh == 0 && t / g.sh < g.ho) oh[ih * g.kh + i] = t / g.sh;
+      }
+    for (int64_t b = 0; b < nblk; ++b)
+      for (int64_t j = 0; j < g.kw; ++j) {
+        const int64_t n = std::min<int64_t>(16, g.win - b * 16);
+        const int64_t u0 = b * 16 + g.pl - j * g.dw;  // = ow * sw at lane 0
+        const int64_t l0 = u0 >= 0 ? (g.sw - u0 % g.sw) % g.sw : -u0;
+        if (l0 >= n) continue;
+        const int64_t ow0 = (u0 + l0) / g.sw;
+        if (ow0 >= g.wo) continue;
+        const int64_t cnt = std::min(g.wo - ow0, (n - 1 - l0) / g.sw + 1);
+        Col2imTap& t = taps[b * g.kw + j];
+        t.ow0 = ow0;
+        t.load = static_cast<uint16_t>((1u << cnt) - 1u);
+        for (int64_t k = 0; k < cnt; ++k) {
+          t.lanes |= static_cast<uint16_t>(1u << (l0 + k * g.sw));
+          t.idx[l0 + k * g.sw] = static_cast<int32_t>(k);
+        }
+      }
+  }
+};
+
 // dx[ci] = the sum of the columns' contributions (column rows `ld` floats apart, as in im2col);
 // dx points at channel 0 of the group, channels [c0, c1) are written.
-static void col2im(const float* cols, const ConvGeom& g, int64_t ld, float* dx, int64_t c0, int64_t c1) {
+static void col2im(const float* cols, const ConvGeom& g, int64_t ld, float* dx, int64_t c0, int64_t c1,
+                   const Col2imPlan* plan) {
 #if defined(__AVX512F__)
   if (g.sh == 1 && g.sw == 1) {
     // Unit stride: each dX row gathers its kh*kw contributions in a register (masked loads of
@@ -112,6 +186,33 @@ static void col2im(const float* cols, const ConvGeom& g, int64_t ld, float* dx, 
               const __mmask16 m = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
               const float* src = cols + ((ci * g.kh + i) * g.kw + j) * ld + oh * g.wo + iw0 - off;
               acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, src));
+            }
+          }
+          _mm512_mask_storeu_ps(dst + ih * g.win + iw0, static_cast<__mmask16>((1u << n) - 1u), acc);
+        }
+    }
+    return;
+  }
+  if (plan) {
+    // Any stride: the same register accumulation per 16-wide dX row block, with the taps'
+    // geometry from the plan (no divisions here): each (i, j) tap is a masked load of the column
+    // row's consecutive values, spread by a permute onto every sw-th lane from its first one.
+    for (int64_t ci = c0; ci < c1; ++ci) {
+      float* dst = dx + ci * g.hin * g.win;
+      for (int64_t ih = 0; ih < g.hin; ++ih)
+        for (int64_t b = 0; b < plan->nblk; ++b) {
+          const int64_t iw0 = b * 16, n = std::min<int64_t>(16, g.win - iw0);
+          __m512 acc = _mm512_setzero_ps();
+          for (int64_t i = 0; i < g.kh; ++i) {
+            const int64_t oh = plan->oh[ih * g.kh + i];
+            if (oh < 0) continue;
+            for (int64_t j = 0; j < g.kw; ++j) {
+              const Col2imTap& t = plan->taps[b * g.kw + j];
+              if (!t.lanes) continue;
+              const float* src = cols + ((ci * g.kh + i) * g.kw + j) * ld + oh * g.wo + t.ow0;
+              const __m512 v = _mm512_maskz_loadu_ps(t.load, src);
+              acc = _mm512_add_ps(acc, _mm512_maskz_permutexvar_ps(
+                                           t.lanes, _mm512_loadu_si512(t.idx), v));
             }
           }
           _mm512_mask_storeu_ps(dst + ih * g.win + iw0, static_cast<__mmask16>((1u << n) - 1u), acc);
@@ -234,7 +335,12 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   const bool one_image = nb_max == 1;
   // X (pointwise) and dX (pointwise dgrad, group 1) serve as the column matrices of one image
   const bool x_is_cols = pointwise && one_image && group == 1;
-  const bool dx_direct = pointwise && group == 1;  // dX[i] = W^T dC[i], batched, W broadcast
+  // dX[i] = W^T dC[i] batched over the chunk's images (W broadcast), straight into dX, where an
+  // image's map is wide enough for MLAS to run at speed (>= 64 columns) or the chunk is one
+  // image; else (deep layers with small maps: ResNet-50's layer3/4, 4x4 and 2x2) ONE GEMM
+  // W^T dC_g over all nb*HW columns of the chunk, unpacked into dX after: a per-image GEMM
+  // there has 4 or 16 columns and leaves most of each MLAS vector register idle.
+  const bool dx_direct = pointwise && group == 1 && (one_image || HW >= 64);
   const bool need_cols = (want_dw && !x_is_cols) || (want_dx && !dx_direct);
   std::unique_ptr<float[]> cols(need_cols ? new float[static_cast<size_t>(nb_max * col_sz)] : nullptr);
   std::unique_ptr<float[]> dcc(have_dc ? nullptr : new float[static_cast<size_t>(nb_max * C * HW)]);
@@ -242,9 +348,15 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   const bool many_chunks = nb_max < N;
   std::unique_ptr<float[]> dwt(want_dw && many_chunks ? new float[static_cast<size_t>(Cg * Kc)] : nullptr);
   const float rf = static_cast<float>(R);
+  std::unique_ptr<Col2imPlan> c2i_plan;
+#if defined(__AVX512F__)
+  if (want_dx && !pointwise && (g.sh != 1 || g.sw != 1) && g.sw <= 16)
+    c2i_plan.reset(new Col2imPlan(g));
+#endif
   if (want_dw && N == 0) std::fill(dw, dw + C * Kc, 0.f);
   for (int64_t n0 = 0; n0 < N; n0 += nb_max) {
     const int64_t nb = std::min(nb_max, N - n0), L = nb * HW;
+    const int64_t rows_grain = std::max<int64_t>(1, (1 << 14) / L);  // rows of a pack / unpack
     float* dcn = have_dc ? dc_out + n0 * C * HW : dcc.get();  // the chunk's dC, [nb, C, HW]
     // dC = gamma inv_std / R (R dZ - sum dZ - xhat sum(dZ xhat)) for the chunk's images
     parallel_for(nb * C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
@@ -262,13 +374,8 @@ void ConvKernel::Compute(OrtKernelContext* c) {
       // dC_g as [Cg, nb*HW]: a view of the chunk for one image, else gathered
       const float* dcg = dcn + gi * Cg * HW;
       if (!one_image && (want_dw || !dx_direct)) {
-        parallel_for(nb * Cg, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
-                     [&](int, int64_t u0, int64_t u1) {
-          for (int64_t u = u0; u < u1; ++u) {
-            const int64_t i = u / Cg, co = u % Cg;
-            const float* src = dcn + (i * C + gi * Cg + co) * HW;
-            std::copy(src, src + HW, dct.get() + co * L + i * HW);
-          }
+        parallel_for(Cg, rows_grain, [&](int, int64_t r0, int64_t r1) {
+          pack_rows(dcn + gi * Cg * HW, C * HW, nb, HW, dct.get(), L, r0, r1);
         });
         dcg = dct.get();
       }
@@ -276,7 +383,12 @@ void ConvKernel::Compute(OrtKernelContext* c) {
       auto x_img = [&](int64_t i) { return xp + ((n0 + i) * Cin + gi * g.cin_g) * Hin * Win; };
       if (want_dw) {
         const float* colp = x_img(0);
-        if (!x_is_cols) {  // cols[(ci*kh + ki)*kw + kj][i*HW + p]
+        if (pointwise && !x_is_cols) {  // cols[ci][i*HW + p] = X[i][ci][p]
+          parallel_for(g.cin_g, rows_grain, [&](int, int64_t r0, int64_t r1) {
+            pack_rows(x_img(0), Cin * HW, nb, HW, cols.get(), L, r0, r1);
+          });
+          colp = cols.get();
+        } else if (!x_is_cols) {  // cols[(ci*kh + ki)*kw + kj][i*HW + p]
           parallel_for(nb * g.cin_g, 1, [&](int, int64_t u0, int64_t u1) {
             for (int64_t u = u0; u < u1; ++u) {
               const int64_t i = u / g.cin_g, ci = u % g.cin_g;
@@ -301,11 +413,17 @@ void ConvKernel::Compute(OrtKernelContext* c) {
         }
         float* gcols = cols.get();
         mm.run(kc, true, false, 1, Kc, L, Cg, wg, dcg, gcols);  // W_g^T dC_g: [Kc, L]
+        if (pointwise) {  // dX[i][gi*cin_g + ci][p] = gcols[ci][i*HW + p]
+          parallel_for(g.cin_g, rows_grain, [&](int, int64_t r0, int64_t r1) {
+            unpack_rows(gcols, L, nb, HW, dx + (n0 * Cin + gi * g.cin_g) * HW, Cin * HW, r0, r1);
+          });
+          continue;
+        }
         parallel_for(nb * g.cin_g, 1, [&](int, int64_t u0, int64_t u1) {
           for (int64_t u = u0; u < u1; ++u) {
             const int64_t i = u / g.cin_g, ci = u % g.cin_g;
             float* dxg = dx + ((n0 + i) * Cin + gi * g.cin_g) * Hin * Win;  // the image's group
-            col2im(gcols + i * HW, g, L, dxg, ci, ci + 1);
+            col2im(gcols + i * HW, g, L, dxg, ci, ci + 1, c2i_plan.get());
           }
         });
       }

@@ -45,6 +45,14 @@ CONV_CASES = [
     (3, 64, 40, 40, 16, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # pointwise, chunks of 2
     (8, 64, 2, 2, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),    # deep channels, 2x2 maps
     (2, 3, 9, 21, 4, 3, 3, (1, 1), (2, 1, 0, 2), (2, 2), 1),     # unit stride, dilated, 21 wide
+    # pointwise with small maps: dX as ONE GEMM over the chunk's images, unpacked after
+    (8, 64, 2, 2, 32, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    (3, 4096, 4, 8, 8, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),   # same, chunks of 2 images
+    # ResNet's downsampling convs: 3x3 stride 2 and 1x1 stride 2, small maps
+    (8, 32, 4, 4, 32, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    (4, 16, 8, 8, 24, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),
+    (2, 4, 6, 40, 4, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),      # stride 2, rows over 16 wide
+    (2, 5, 12, 20, 6, 3, 3, (3, 3), (1, 2, 0, 1), (2, 1), 1),     # stride 3, dilated, odd pads
 ]
 CONV_OUTS = ["dX", "dW", "dBc", "dGamma", "dBeta"]
 
@@ -144,7 +152,7 @@ def test_conv_bn_relu_grad_vs_unfused_ortt_chain_and_same_so_in_ortt():
     op running in onnxruntime-training (same .so, API 16) and in this onnxruntime, and the
     kernel-call counter seen through ctypes in that process."""
     jobs, fused_here = [], []
-    for case in (CONV_CASES[1], CONV_CASES[2], CONV_CASES[6]):
+    for case in (CONV_CASES[1], CONV_CASES[2], CONV_CASES[6], CONV_CASES[13], CONV_CASES[15]):
         *dims, strides, pads, dilations, group = case
         ins = _conv_inputs(_rng("conv-ortt", case), *dims, strides, pads, dilations, group)
         jobs.append(dict(model=_conv_unfused_chain(ins, strides, pads, dilations, group),
