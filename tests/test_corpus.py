@@ -17,15 +17,14 @@ import pytest
 
 from conftest import REPO, run_cli
 
-from fusecli import FusionPass
+from fusecli import CANONICAL_PATTERNS, FusionPass
+from fusecli.contracts import FUSED_DOMAIN
 from fusecli.feeds import load_manifest
 from fusecli.verify import check_fusions
 
 CORPUS = REPO / "corpus"
 MANIFEST = load_manifest(CORPUS / "manifest.yaml")
-PATTERNS = ("linear_relu", "linear_gelu", "linear_silu", "sdpa", "conv_bn_relu", "layernorm",
-            "rmsnorm")
-FUSED_DOMAIN = "com.fusecli"
+PATTERNS = CANONICAL_PATTERNS  # the op contracts' patterns, in canonical order
 
 
 def _param(name: str):
