@@ -11,8 +11,8 @@
 namespace fusecli {
 
 // ---- activations --------------------------------------------------------------------------
-// Act and kActNames come from op_tables.h (domain.yaml's activations).
-Act parse_act(const std::string& s, bool allow_identity);
+// Act comes from op_tables.h (domain.yaml's activations); a kernel's Act attribute is read by
+// attr_act (op_kernel.h) through its generated OpAttrs.
 // out[i] = dy[i] * act'(x[i]) for a contiguous block (vectorized through Eigen arrays).
 void act_grad_block(Act act, const float* dy, const float* x, float* out, int64_t n);
 void half_to_float(const Ort::Float16_t* src, float* dst, int64_t n);

@@ -22,6 +22,12 @@ float attr_float(const OrtKernelInfo* info, const char* name, float dflt) {
   }
   return v;
 }
+Act attr_act(const OrtKernelInfo* info, const char* name, uint32_t allowed) {
+  const std::string s = attr_string(info, name, "");
+  for (int i = 0; i < FUSECLI_NUM_ACTS; ++i)
+    if (s == kActNames[i] && (allowed >> i & 1u)) return static_cast<Act>(i);
+  throw OpError("fusecli: unsupported activation '" + s + "'");
+}
 std::string attr_string(const OrtKernelInfo* info, const char* name, const std::string& dflt) {
   size_t size = 0;
   OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_string(info, name, nullptr, &size);

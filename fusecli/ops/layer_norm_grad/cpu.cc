@@ -7,35 +7,20 @@
 
 #include "cpu_activation.h"
 #include "cpu_eigen.h"
-#include "cpu_threads.h"
-#include "op_kernel.h"
+#include "cpu_kernel.h"
 
 namespace fusecli {
 namespace {
 
 // ================================ LayerNormGrad =============================================
-struct LnOp;
-struct LnKernel {
-  LnKernel(const OrtKernelInfo* info, const LnOp* op);
-  OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
-  void Compute(OrtKernelContext* c);
+struct LnKernel : CpuKernel<LnKernel, kLayerNormGrad> {  // attributes: axis
+  using CpuKernel::CpuKernel;
+  void Compute(Ort::KernelContext& ctx) {
+    if (half) Run<Ort::Float16_t>(ctx);
+    else Run<float>(ctx);
+  }
   template <typename T> void Run(Ort::KernelContext& ctx);
-  int64_t axis;
-  bool half;
 };
-struct LnOp : SigOp<LnOp, LnKernel, kLayerNormGrad> {
-  explicit LnOp(bool half) : SigOp(nullptr, half) {}
-};
-LnKernel::LnKernel(const OrtKernelInfo* info, const LnOp* op)
-    : axis(attr_int(info, "axis", -1)), half(op->half) {}
-
-void LnKernel::Compute(OrtKernelContext* c) {
-  PoolScope pool(c);
-  count_call(kLayerNormGrad);
-  Ort::KernelContext ctx(c);
-  if (half) Run<Ort::Float16_t>(ctx);
-  else Run<float>(ctx);
-}
 
 #if defined(__AVX512F__)
 // One float32 row of LayerNormGrad in two sweeps over L1-resident data: (1) xhat, g = dY gamma,
@@ -187,7 +172,7 @@ void LnKernel::Run(Ort::KernelContext& ctx) {
 }  // namespace
 
 void add_layer_norm_grad_cpu_ops(Ort::CustomOpDomain& domain) {
-  add_op<LnOp>(domain);
+  add_op<FusedOp<LnKernel>>(domain);
 }
 
 }  // namespace fusecli

@@ -4,35 +4,19 @@
 
 #include "cpu_activation.h"
 #include "cpu_eigen.h"
-#include "cpu_threads.h"
-#include "op_kernel.h"
+#include "cpu_kernel.h"
 
 namespace fusecli {
 namespace {
 
-struct RmsOp;
-struct RmsKernel {
-  RmsKernel(const OrtKernelInfo* info, const RmsOp* op);
-  OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
-  void Compute(OrtKernelContext* c);
+struct RmsKernel : CpuKernel<RmsKernel, kRMSNormGrad> {  // attributes: axis, epsilon
+  using CpuKernel::CpuKernel;
+  void Compute(Ort::KernelContext& ctx) {
+    if (half) Run<Ort::Float16_t>(ctx);
+    else Run<float>(ctx);
+  }
   template <typename T> void Run(Ort::KernelContext& ctx);
-  int64_t axis;
-  float epsilon;
-  bool half;
 };
-struct RmsOp : SigOp<RmsOp, RmsKernel, kRMSNormGrad> {
-  explicit RmsOp(bool half) : SigOp(nullptr, half) {}
-};
-RmsKernel::RmsKernel(const OrtKernelInfo* info, const RmsOp* op)
-    : axis(attr_int(info, "axis", -1)), epsilon(attr_float(info, "epsilon", 1e-5f)), half(op->half) {}
-
-void RmsKernel::Compute(OrtKernelContext* c) {
-  PoolScope pool(c);
-  count_call(kRMSNormGrad);
-  Ort::KernelContext ctx(c);
-  if (half) Run<Ort::Float16_t>(ctx);
-  else Run<float>(ctx);
-}
 
 #if defined(__AVX512F__)
 // 1/sqrt(mean(x^2) + eps) of one float32 row (when the graph does not save it).
@@ -181,7 +165,7 @@ void RmsKernel::Run(Ort::KernelContext& ctx) {
 }  // namespace
 
 void add_rms_norm_grad_cpu_ops(Ort::CustomOpDomain& domain) {
-  add_op<RmsOp>(domain);
+  add_op<FusedOp<RmsKernel>>(domain);
 }
 
 }  // namespace fusecli
