@@ -85,6 +85,14 @@ bool get_output(Ort::KernelContext& ctx, size_t i, const std::vector<int64_t>& s
   return true;
 }
 
+AxisRows rows_from_axis(const std::vector<int64_t>& shape, int64_t axis, const char* op) {
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  const int64_t ax = axis < 0 ? axis + rank : axis;
+  FUSECLI_CHECK(ax >= 0 && ax <= rank, std::string(op) + ": axis out of range");
+  const size_t a = static_cast<size_t>(ax);
+  return {a, prod(shape, 0, a), prod(shape, a)};
+}
+
 int64_t prod(const std::vector<int64_t>& v, size_t from, size_t to) {
   int64_t p = 1;
   for (size_t i = from; i < v.size() && i < to; ++i) p *= v[i];

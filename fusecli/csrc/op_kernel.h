@@ -85,6 +85,13 @@ T* output_or_null(Ort::KernelContext& ctx, size_t i, const std::vector<int64_t>&
 }
 
 int64_t prod(const std::vector<int64_t>& v, size_t from = 0, size_t to = SIZE_MAX);
+// A normalization over the trailing axes from `axis` (negative: from the end): M rows of N
+// values, M = prod(shape[:ax]), N = prod(shape[ax:]). Throws "<op>: axis out of range".
+struct AxisRows {
+  size_t ax;
+  int64_t M, N;
+};
+AxisRows rows_from_axis(const std::vector<int64_t>& shape, int64_t axis, const char* op);
 
 // ---- op base ------------------------------------------------------------------------------
 template <typename TOp, typename TKernel>

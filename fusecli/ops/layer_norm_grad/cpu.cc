@@ -5,7 +5,7 @@
 #include <immintrin.h>
 #endif
 
-#include "cpu_activation.h"
+#include "cpu_rows.h"
 #include "cpu_eigen.h"
 #include "cpu_kernel.h"
 
@@ -69,12 +69,10 @@ template <typename T>
 void LnKernel::Run(Ort::KernelContext& ctx) {
   In dy = get_input(ctx, 0), x = get_input(ctx, 1), gamma = get_input(ctx, 2);
   In mean = get_input(ctx, 3), rstd = get_input(ctx, 4), dr = get_input(ctx, 5);
-  const int64_t rank = static_cast<int64_t>(x.shape.size());
-  const int64_t ax = axis < 0 ? axis + rank : axis;
-  FUSECLI_CHECK(ax >= 0 && ax <= rank, "LayerNormGrad: axis out of range");
+  const AxisRows rows = rows_from_axis(x.shape, axis, "LayerNormGrad");
+  const size_t ax = rows.ax;
+  const int64_t M = rows.M, N = rows.N;
   FUSECLI_CHECK(dy.numel() == x.numel(), "LayerNormGrad: dY and X must have the same size");
-  const int64_t N = prod(x.shape, static_cast<size_t>(ax));
-  const int64_t M = prod(x.shape, 0, static_cast<size_t>(ax));
   FUSECLI_CHECK(!gamma.present || gamma.numel() == N,
                 "LayerNormGrad: gamma must have prod(shape[axis:]) elements");
   const std::vector<int64_t> pshape(x.shape.begin() + ax, x.shape.end());

@@ -10,10 +10,9 @@ struct LnKernel : CudaKernel<LnKernel, kLayerNormGrad> {  // attributes: axis
   void Compute(Ort::KernelContext& ctx) {
       In dy = get_input(ctx, 0), x = get_input(ctx, 1), gamma = get_input(ctx, 2);
       In mean = get_input(ctx, 3), rstd = get_input(ctx, 4), dr = get_input(ctx, 5);
-      const int64_t rank = static_cast<int64_t>(x.shape.size());
-      const int64_t ax = axis < 0 ? axis + rank : axis;
-      FUSECLI_CHECK(ax >= 0 && ax <= rank, "LayerNormGrad: axis out of range");
-      const int64_t N = prod(x.shape, static_cast<size_t>(ax)), M = prod(x.shape, 0, static_cast<size_t>(ax));
+      const AxisRows rows = rows_from_axis(x.shape, axis, "LayerNormGrad");
+      const size_t ax = rows.ax;
+      const int64_t M = rows.M, N = rows.N;
       FUSECLI_CHECK(dy.numel() == x.numel() && (!gamma.present || gamma.numel() == N) && mean.numel() == M &&
                         rstd.numel() == M && (!dr.present || dr.numel() == M * N),
                     "LayerNormGrad: shape mismatch");

@@ -2,7 +2,7 @@
 #include <cmath>
 #include <memory>
 
-#include "cpu_activation.h"
+#include "cpu_rows.h"
 #include "cpu_eigen.h"
 #include "cpu_kernel.h"
 
@@ -69,12 +69,10 @@ template <typename T>
 void RmsKernel::Run(Ort::KernelContext& ctx) {
   In dy = get_input(ctx, 0), x = get_input(ctx, 1), gamma = get_input(ctx, 2);
   In rstd = get_input(ctx, 3), dr = get_input(ctx, 4);
-  const int64_t rank = static_cast<int64_t>(x.shape.size());
-  const int64_t ax = axis < 0 ? axis + rank : axis;
-  FUSECLI_CHECK(ax >= 0 && ax <= rank, "RMSNormGrad: axis out of range");
+  const AxisRows rows = rows_from_axis(x.shape, axis, "RMSNormGrad");
+  const size_t ax = rows.ax;
+  const int64_t M = rows.M, N = rows.N;
   FUSECLI_CHECK(dy.numel() == x.numel(), "RMSNormGrad: dY and X must have the same size");
-  const int64_t N = prod(x.shape, static_cast<size_t>(ax));
-  const int64_t M = prod(x.shape, 0, static_cast<size_t>(ax));
   FUSECLI_CHECK(!gamma.present || gamma.numel() == N,
                 "RMSNormGrad: gamma must have prod(shape[axis:]) elements");
   FUSECLI_CHECK(!rstd.present || rstd.numel() == M, "RMSNormGrad: inv_rms needs one value per row");
