@@ -1,6 +1,7 @@
 # fusecli: everything a fresh Debian 12 machine needs is set up from here.
 #   make demo   - venv + install + custom-op library + optimize a shipped sample
 #   make test   - the same set-up, then the linters and the whole test suite
+#   make lint   - ruff (Python) and clang-format --dry-run (C++/CUDA); make format fixes the C++
 # The library is built by the package's build hook (setup.py -> scripts/build_lib.sh) when the
 # venv installs fusecli (editable); `make lib` reruns the same script after C++ edits.
 SHELL := /bin/bash
@@ -9,8 +10,10 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 ORTT_VENV := .venv-ortt
 LIB := fusecli/lib/libfusecli_ops.so
+# the C++/CUDA sources clang-format checks (.clang-format): shared code and every op folder
+CXX_SOURCES = $(shell find fusecli/csrc fusecli/ops -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | sort)
 
-.PHONY: demo test lint venv lib ortt-env samples corpus bench clean
+.PHONY: demo test lint format venv lib ortt-env samples corpus bench clean
 
 $(VENV)/.installed: pyproject.toml setup.py scripts/constraints.txt
 	$(PY) -m venv $(VENV)
@@ -36,6 +39,10 @@ demo: venv lib
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_SOURCES)
+
+format: venv
+	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
 test: venv lib ortt-env lint
 	$(VPY) -m pytest -q tests fusecli/ops

@@ -67,6 +67,7 @@ class OpContract:
     launchers: tuple[Launcher, ...]
     floor_bytes: dict
     math: str
+    order: int | None = None  # canonical position of its patterns (ascending across ops)
 
     def inplace_pairs(self) -> list[tuple[int, int]]:
         """(input index, output index) pairs, in the order the runtime should try them."""
@@ -81,16 +82,15 @@ class Contracts:
     version: int
     activations: tuple[str, ...]
     ops: dict[str, OpContract]
-    pattern_order: tuple[str, ...] = ()  # domain.yaml's canonical order
 
     @property
     def patterns(self) -> tuple[str, ...]:
-        """Every pattern a shipped rule may produce (the canonical pattern names), in
-        domain.yaml's canonical order (a pattern missing there comes last, in op-folder order;
-        tests/test_contracts.py requires every one to be listed)."""
-        found = [p for c in self.ops.values() for p in c.patterns]
-        return (tuple(p for p in self.pattern_order if p in found)
-                + tuple(p for p in found if p not in self.pattern_order))
+        """Every pattern a shipped rule may produce (the canonical pattern names), in the
+        canonical order: ops by their contract's `order`, each op's patterns in its list order
+        (an op without `order` last, in folder order; tests/test_contracts.py requires one)."""
+        big = float("inf")
+        ops = sorted(self.ops.values(), key=lambda c: big if c.order is None else c.order)
+        return tuple(p for c in ops for p in c.patterns)
 
 
 def _as_tuple(v) -> tuple:
@@ -111,7 +111,8 @@ def _op(folder: str, spec: dict) -> OpContract:
     return OpContract(spec["name"], folder, spec["summary"], tuple(spec["types"]),
                       tuple(spec.get("patterns") or ()), _ports(spec["inputs"]),
                       _ports(spec["outputs"]), dict(spec.get("attributes") or {}), launchers,
-                      dict(spec.get("floor_bytes") or {}), spec["math"])
+                      dict(spec.get("floor_bytes") or {}), spec["math"],
+                      None if spec.get("order") is None else int(spec["order"]))
 
 
 @functools.cache
@@ -122,8 +123,7 @@ def load_contracts(ops_dir: Path = OPS_DIR) -> Contracts:
     for path in sorted(ops_dir.glob(f"*/{CONTRACT_NAME}")):
         c = _op(path.parent.name, yaml.safe_load(path.read_text()))
         ops[c.name] = c
-    return Contracts(data["domain"], int(data["version"]), tuple(data["activations"]), ops,
-                     tuple(data.get("patterns") or ()))
+    return Contracts(data["domain"], int(data["version"]), tuple(data["activations"]), ops)
 
 
 FUSED_DOMAIN = load_contracts().domain

@@ -1,4 +1,4 @@
-"""fusecli bench (issue #4): the command on real samples of both families, its JSON contract,
+"""fusecli bench: the command on real samples of both families, its JSON contract,
 and the deep-graph generator used for the optimiser-speed benchmark."""
 
 from __future__ import annotations

@@ -69,6 +69,9 @@ def test_rmsnorm_models_fuse_no_layernorm(sample):
     _, counts = _fused(onnx.load(SAMPLES / f"{sample}.onnx"), rules)
     assert "layernorm" not in counts and "rmsnorm" not in counts
 
+# rules whose guard fixtures are here (tests/test_rules.py::test_every_rule_has_guard_fixtures)
+GUARD_FIXTURE_RULES = ("rmsnorm_ortt",)
+
 
 def test_rmsnorm_ortt_residual_guard():
     """SimplifiedLayerNormalizationGrad with its residual Sum: an outside reader of the norm's

@@ -29,6 +29,11 @@ RULES = load_rules()
 BY_NAME = {r.name: r for r in RULES}
 
 # rule -> (sample, instances fused by the rule when the rules up to it run)
+# rules whose guard fixtures are here (tests/test_rules.py::test_every_rule_has_guard_fixtures):
+# the tanh-GELU Linear variants, whose only intermediate is the output of the
+# act_gelu_tanh_grad_ortt stage
+GUARD_FIXTURE_RULES = ("linear_gelu_tanh_ortt_gemm", "linear_gelu_tanh_ortt_matmul")
+
 POSITIVE = {
     "act_gelu_tanh_grad_torch": ("torch_v_gelutanh", 2),
     "act_gelu_tanh_grad_ortt": ("ortt_v_gelutanh", 2),

@@ -12,13 +12,6 @@
 namespace fusecli {
 
 // ---- activations --------------------------------------------------------------------------
-Act parse_act(const std::string& s, bool allow_identity) {
-  for (int i = 0; i < FUSECLI_NUM_ACTS; ++i)
-    if (s == kActNames[i] && (allow_identity || static_cast<Act>(i) != Act::kIdentity))
-      return static_cast<Act>(i);
-  throw OpError("fusecli: unsupported activation '" + s + "'");
-}
-
 #if defined(__AVX512F__)
 namespace {
 // e^x on 16 lanes: n = round(x log2 e), r = x - n ln2 (ln2 split in two), degree-6 polynomial

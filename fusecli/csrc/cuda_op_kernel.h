@@ -21,6 +21,21 @@ inline void check_cuda(int err, const char* op) {
                   std::to_string(err));
 }
 
+// struct XKernel : CudaKernel<XKernel, kX> { using CudaKernel::CudaKernel;
+//                                            void Compute(Ort::KernelContext& ctx); };
+// registered with add_op<FusedOp<XKernel, true>>(domain) (kWithInplace: see SigOp).
+template <typename Derived, OpId Id>
+struct CudaKernel : KernelBase<Id> {
+  using KernelBase<Id>::KernelBase;
+  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
+    return guarded([&] {
+      count_call(Id);
+      Ort::KernelContext ctx(c);
+      static_cast<Derived*>(this)->Compute(ctx);
+    });
+  }
+};
+
 template <typename T> T* opt_out(Ort::KernelContext& ctx, size_t i, const std::vector<int64_t>& s) {
   bool present;
   return output_or_null<T>(ctx, i, s, &present);

@@ -9,6 +9,7 @@ their text changes:
   DIR/op_launchers.h  C prototypes of every op's CUDA launchers and the activation codes
   DIR/op_tables.h     op ids and names, port signatures, in-place pairs, float16 variants,
                       the Act enum
+  DIR/op_attrs.h      OpAttrs<k<Op>>: each op's attributes read with their contract defaults
   DIR/op_registry.cc  add_cpu_ops / add_cuda_ops: each op folder's registration functions
 """
 
@@ -60,6 +61,43 @@ def check(contracts) -> None:
                                  f"{port.type!r}; only bool is supported")
         if len(c.inplace_pairs()) > 4:
             raise SystemExit(f"{c.name}: at most 4 in-place pairs (struct Inplace)")
+        for name, spec in c.attributes.items():
+            _attr_member(c, name, spec, acts)  # raises on what op_attrs.h cannot express
+
+
+_SCALAR = {"int": ("int64_t", "attr_int"), "float": ("float", "attr_float"),
+           "ints": ("std::vector<int64_t>", "attr_ints"), "string": ("std::string", "attr_string")}
+
+
+def _attr_member(c, name: str, spec: dict, acts) -> tuple[str, str]:
+    """(C++ declaration, member initializer) of one attribute of OpAttrs<k<Op>>."""
+    kind, default, values = spec.get("type"), spec.get("default"), spec.get("values")
+    where = f"{c.folder}/contract.yaml: attribute {name}"
+    if kind not in _SCALAR:
+        raise SystemExit(f"{where}: type {kind!r} is not one of {sorted(_SCALAR)}")
+    ctype, reader = _SCALAR[kind]
+    if isinstance(default, str) and default in c.attributes and kind == "int":
+        prev = list(c.attributes)
+        if prev.index(default) > prev.index(name):
+            raise SystemExit(f"{where}: defaults to {default}, which must come before it")
+        dflt = f"static_cast<int64_t>({default})"  # another attribute (read before this one)
+    elif kind == "float":
+        dflt = f"{float(default or 0.0)!r}f"
+    elif kind == "int":
+        if default is None:
+            raise SystemExit(f"{where}: an int attribute needs a default")
+        dflt = str(int(default))
+    elif kind == "ints":
+        dflt = "{" + ", ".join(str(int(v)) for v in default or ()) + "}"
+    else:
+        dflt = '"' + str(default or "") + '"'
+    init = f"{reader}(info, \"{name}\", {dflt})"
+    if kind == "string" and values and set(values) <= set(acts):
+        mask = " | ".join(f"(1u << FUSECLI_ACT_{v.upper()})" for v in values)
+        return f"Act {name};", f"{name}(attr_act(info, \"{name}\", {mask}))"
+    if kind == "int" and values is not None and sorted(values) == [0, 1]:
+        return f"bool {name};", f"{name}({init} != 0)"
+    return f"{ctype} {name};", f"{name}({init})"
 
 
 def _mask(ports, pred) -> str:
@@ -140,6 +178,29 @@ def tables_h(contracts) -> str:
     return "\n".join(out)
 
 
+def attrs_h(contracts) -> str:
+    acts = set(contracts.activations)
+    out = [BANNER, "#pragma once", "", "#include <cstdint>", "#include <string>",
+           "#include <vector>", "", '#include "op_kernel.h"', "", "namespace fusecli {", "",
+           "// OpAttrs<k<Op>>(info): the op's attributes as its contract declares them (type,",
+           "// default; an activation string as Act, checked against the contract's values; an",
+           "// int with values [0, 1] as bool). Kernels derive from it (KernelBase in op_kernel.h).",
+           "template <OpId Id>", "struct OpAttrs;", ""]
+    for c in contracts.ops.values():
+        members = [_attr_member(c, n, s, acts) for n, s in c.attributes.items()]
+        out.append("template <>")
+        out.append(f"struct OpAttrs<k{c.name}> {{")
+        if members:
+            out.append("  explicit OpAttrs(const OrtKernelInfo* info)")
+            out.append("      : " + ",\n        ".join(init for _, init in members) + " {}")
+        else:
+            out.append("  explicit OpAttrs(const OrtKernelInfo*) {}")
+        out += [f"  {decl}" for decl, _ in members]
+        out += ["};", ""]
+    out += ["}  // namespace fusecli", ""]
+    return "\n".join(out)
+
+
 def registry_cc(contracts) -> str:
     ops = list(contracts.ops.values())
     out = [BANNER, '#include "op_kernel.h"', "", "namespace fusecli {", ""]
@@ -158,7 +219,7 @@ def registry_cc(contracts) -> str:
 def generate(contracts) -> dict[str, str]:
     check(contracts)
     return {"op_launchers.h": launchers_h(contracts), "op_tables.h": tables_h(contracts),
-            "op_registry.cc": registry_cc(contracts)}
+            "op_attrs.h": attrs_h(contracts), "op_registry.cc": registry_cc(contracts)}
 
 
 def main(argv=None) -> int:

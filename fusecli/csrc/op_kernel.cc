@@ -22,6 +22,12 @@ float attr_float(const OrtKernelInfo* info, const char* name, float dflt) {
   }
   return v;
 }
+Act attr_act(const OrtKernelInfo* info, const char* name, uint32_t allowed) {
+  const std::string s = attr_string(info, name, "");
+  for (int i = 0; i < FUSECLI_NUM_ACTS; ++i)
+    if (s == kActNames[i] && (allowed >> i & 1u)) return static_cast<Act>(i);
+  throw OpError("fusecli: unsupported activation '" + s + "'");
+}
 std::string attr_string(const OrtKernelInfo* info, const char* name, const std::string& dflt) {
   size_t size = 0;
   OrtStatus* st = Ort::GetApi().KernelInfoGetAttribute_string(info, name, nullptr, &size);
@@ -77,6 +83,14 @@ bool get_output(Ort::KernelContext& ctx, size_t i, const std::vector<int64_t>& s
   if (static_cast<OrtValue*>(v) == nullptr) return false;
   *data = v.GetTensorMutableRawData();
   return true;
+}
+
+AxisRows rows_from_axis(const std::vector<int64_t>& shape, int64_t axis, const char* op) {
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  const int64_t ax = axis < 0 ? axis + rank : axis;
+  FUSECLI_CHECK(ax >= 0 && ax <= rank, std::string(op) + ": axis out of range");
+  const size_t a = static_cast<size_t>(ax);
+  return {a, prod(shape, 0, a), prod(shape, a)};
 }
 
 int64_t prod(const std::vector<int64_t>& v, size_t from, size_t to) {

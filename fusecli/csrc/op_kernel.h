@@ -53,6 +53,11 @@ float attr_float(const OrtKernelInfo* info, const char* name, float dflt);
 std::string attr_string(const OrtKernelInfo* info, const char* name, const std::string& dflt);
 std::vector<int64_t> attr_ints(const OrtKernelInfo* info, const char* name,
                                const std::vector<int64_t>& dflt);
+// A string attribute naming an activation; `allowed`: bit i = activation code i may be used.
+Act attr_act(const OrtKernelInfo* info, const char* name, uint32_t allowed);
+// Each op's attributes with their contract defaults: OpAttrs<k<Op>> (op_attrs.h, generated).
+template <OpId Id>
+struct OpAttrs;
 
 // ---- tensors ------------------------------------------------------------------------------
 struct In {
@@ -80,6 +85,13 @@ T* output_or_null(Ort::KernelContext& ctx, size_t i, const std::vector<int64_t>&
 }
 
 int64_t prod(const std::vector<int64_t>& v, size_t from = 0, size_t to = SIZE_MAX);
+// A normalization over the trailing axes from `axis` (negative: from the end): M rows of N
+// values, M = prod(shape[:ax]), N = prod(shape[ax:]). Throws "<op>: axis out of range".
+struct AxisRows {
+  size_t ax;
+  int64_t M, N;
+};
+AxisRows rows_from_axis(const std::vector<int64_t>& shape, int64_t axis, const char* op);
 
 // ---- op base ------------------------------------------------------------------------------
 template <typename TOp, typename TKernel>
@@ -148,6 +160,24 @@ struct SigOp : OpBase<TOp, TKernel> {
   bool half;  // the float16 registration of an op that has one
 };
 
+// The kernel base of an op: its attributes as the contract declares them (OpAttrs<Id>, generated
+// into op_attrs.h) and which registration (float32 / float16) created it.
+template <OpId Id>
+struct KernelBase : OpAttrs<Id> {
+  static constexpr OpId kId = Id;
+  template <typename TOp>
+  KernelBase(const OrtKernelInfo* info, const TOp* op) : OpAttrs<Id>(info), half(op->half) {}
+  bool half;
+};
+
+// The registration of a kernel TKernel (a KernelBase<Id>) for the CPU (ep nullptr) or CUDA
+// execution provider; kWithInplace = false: no in-place pairs (see SigOp).
+template <typename TKernel, bool kCudaEp = false, bool kWithInplace = true>
+struct FusedOp : SigOp<FusedOp<TKernel, kCudaEp, kWithInplace>, TKernel, TKernel::kId, kWithInplace> {
+  using Base = SigOp<FusedOp<TKernel, kCudaEp, kWithInplace>, TKernel, TKernel::kId, kWithInplace>;
+  explicit FusedOp(bool half) : Base(kCudaEp ? "CUDAExecutionProvider" : nullptr, half) {}
+};
+
 // Adds an op's registrations to the domain: float32, and float16 when its contract lists it.
 template <typename TOp>
 void add_op(Ort::CustomOpDomain& domain) {
@@ -178,3 +208,5 @@ void add_cpu_ops(Ort::CustomOpDomain& domain);
 void add_cuda_ops(Ort::CustomOpDomain& domain);  // no-op in a CPU-only build
 
 }  // namespace fusecli
+
+#include "op_attrs.h"  // generated: OpAttrs<k<Op>> (needs the declarations above)

@@ -27,14 +27,28 @@ layer of a network (no dX) still has its backward chain and counts.
 """
 from __future__ import annotations
 
+import importlib.util
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
 
-PATTERN_KEYS = ("linear_relu", "linear_gelu", "linear_silu", "sdpa", "conv_bn_relu",
-                "layernorm", "rmsnorm")
+
+def _canonical_patterns() -> tuple[str, ...]:
+    """The op contracts' patterns in canonical order, read through fusecli/contracts.py loaded by
+    file path (the generator venvs have PyYAML, not fusecli)."""
+    path = Path(__file__).resolve().parents[2] / "fusecli" / "contracts.py"
+    spec = importlib.util.spec_from_file_location("fusecli_contracts_standalone", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look the module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod.load_contracts().patterns
+
+
+PATTERN_KEYS = _canonical_patterns()
 FAMILIES = ("ort-training", "torch-joint")
 BATCH = 2
 

@@ -21,14 +21,18 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent / "samples"))
 from write_manifest import entry_lines  # noqa: E402
 
-from fusecli import FusionPass  # noqa: E402
+from fusecli import CANONICAL_PATTERNS, FusionPass  # noqa: E402
 
 CORPUS = ROOT / "corpus"
 FRAGS = ROOT / "build" / "corpus"
-PATTERNS = ("linear_relu", "linear_gelu", "linear_silu", "sdpa", "conv_bn_relu", "layernorm",
-            "rmsnorm")
-SHORT = {"linear_relu": "relu", "linear_gelu": "gelu", "linear_silu": "silu", "sdpa": "sdpa",
-         "conv_bn_relu": "cbr", "layernorm": "ln", "rmsnorm": "rms"}
+PATTERNS = CANONICAL_PATTERNS  # the op contracts' patterns, in canonical order
+
+
+def column(pattern: str) -> str:
+    """A pattern's column in the coverage table (linear_gelu -> gelu)."""
+    return pattern.removeprefix("linear_")
+
+
 KEY_ORDER = ["file", "family", "architecture", "library", "description", "runtime", "loss",
              "loss_output", "gradient_outputs", "params", "expected", "expected_from",
              "known_gaps", "nodes", "ir_version", "random_nodes", "max_abs_grad_err_vs_torch",
@@ -86,7 +90,7 @@ def write_manifest(entries: dict[str, dict]) -> None:
 
 def table(entries: dict[str, dict], sizes: dict[str, tuple[int, int]]) -> str:
     head = ("| architecture | family | nodes before -> after | "
-            + " | ".join(SHORT[p] for p in PATTERNS) + " |")
+            + " | ".join(column(p) for p in PATTERNS) + " |")
     rows = [head, "|" + "---|" * (3 + len(PATTERNS))]
     for name, e in sorted(entries.items(), key=lambda kv: (kv[1]["architecture"],
                                                            kv[1]["family"])):

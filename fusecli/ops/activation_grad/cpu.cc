@@ -3,31 +3,18 @@
 
 #include "cpu_activation.h"
 #include "cpu_eigen.h"
-#include "cpu_threads.h"
-#include "op_kernel.h"
+#include "cpu_kernel.h"
 
 namespace fusecli {
 namespace {
 
 // ================================ ActivationGrad ============================================
-struct ActOp;
-struct ActKernel {
-  ActKernel(const OrtKernelInfo* info, const ActOp* op);
-  OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
-  void Compute(OrtKernelContext* c);
-  Act act;
-  bool half;
+struct ActKernel : CpuKernel<ActKernel, kActivationGrad> {  // attributes: activation
+  using CpuKernel::CpuKernel;
+  void Compute(Ort::KernelContext& ctx);
 };
-struct ActOp : SigOp<ActOp, ActKernel, kActivationGrad> {
-  explicit ActOp(bool half) : SigOp(nullptr, half) {}
-};
-ActKernel::ActKernel(const OrtKernelInfo* info, const ActOp* op)
-    : act(parse_act(attr_string(info, "activation", ""), false)), half(op->half) {}
 
-void ActKernel::Compute(OrtKernelContext* c) {
-  PoolScope pool(c);
-  count_call(kActivationGrad);
-  Ort::KernelContext ctx(c);
+void ActKernel::Compute(Ort::KernelContext& ctx) {
   In dy = get_input(ctx, 0), x = get_input(ctx, 1);
   FUSECLI_CHECK(dy.numel() == x.numel(), "ActivationGrad: dY and X must have the same size");
   bool present;
@@ -39,7 +26,7 @@ void ActKernel::Compute(OrtKernelContext* c) {
     const float* d = dy.ptr<float>();
     const float* v = x.ptr<float>();
     parallel_for(n, 1 << 15, [&](int, int64_t b, int64_t e) {
-      act_grad_block(act, d + b, v + b, out + b, e - b);
+      act_grad_block(activation, d + b, v + b, out + b, e - b);
     });
   } else {
     auto* out = output_or_null<Ort::Float16_t>(ctx, 0, dy.shape, &present);
@@ -54,7 +41,7 @@ void ActKernel::Compute(OrtKernelContext* c) {
         const int64_t len = std::min(kB, e - i);
         half_to_float(d + i, fd, len);
         half_to_float(v + i, fv, len);
-        act_grad_block(act, fd, fv, fd, len);
+        act_grad_block(activation, fd, fv, fd, len);
         float_to_half(fd, out + i, len);
       }
     });
@@ -64,7 +51,7 @@ void ActKernel::Compute(OrtKernelContext* c) {
 }  // namespace
 
 void add_activation_grad_cpu_ops(Ort::CustomOpDomain& domain) {
-  add_op<ActOp>(domain);
+  add_op<FusedOp<ActKernel>>(domain);
 }
 
 }  // namespace fusecli

@@ -6,13 +6,9 @@
 namespace fusecli {
 
 // ---- AttentionGrad -------------------------------------------------------------------------
-AttnAttrs::AttnAttrs(const OrtKernelInfo* info)
-    : scale_q(attr_float(info, "scale_q", 1.f)),
-      scale_k(attr_float(info, "scale_k", 1.f)),
-      k_transposed(attr_int(info, "k_transposed", 0) != 0),
-      dropout_ratio(attr_float(info, "dropout_ratio", 0.f)) {
-  FUSECLI_CHECK(dropout_ratio >= 0.f && dropout_ratio < 1.f,
-                "AttentionGrad: dropout_ratio must be in [0, 1), got " + std::to_string(dropout_ratio));
+void check_attn_attrs(const AttnAttrs& a) {
+  FUSECLI_CHECK(a.dropout_ratio >= 0.f && a.dropout_ratio < 1.f,
+                "AttentionGrad: dropout_ratio must be in [0, 1), got " + std::to_string(a.dropout_ratio));
 }
 
 static std::string dims_str(const int64_t* d, size_t n) {

@@ -7,12 +7,12 @@
 namespace fusecli {
 
 // ---- AttentionGrad: attributes and the shape checks shared by its CPU and CUDA kernels -----
-struct AttnAttrs {
-  explicit AttnAttrs(const OrtKernelInfo* info);
-  float scale_q, scale_k;  // the attributes; the optional q_scale / k_scale inputs multiply them
-  bool k_transposed;
-  float dropout_ratio;     // 0 <= r < 1 (checked); the kept probabilities were scaled 1/(1-r)
-};
+// The attributes (OpAttrs, generated from the contract: scale_q, scale_k, k_transposed,
+// dropout_ratio); the optional q_scale / k_scale inputs multiply the scales. The kept
+// probabilities were scaled 1/(1-r) by the forward dropout.
+using AttnAttrs = OpAttrs<kAttentionGrad>;
+// What the contract's types cannot say: 0 <= dropout_ratio < 1 (throws OpError).
+void check_attn_attrs(const AttnAttrs& a);
 // The op's eight inputs, read from the kernel context and validated against the attributes
 // (throws OpError), with the batched dimensions both kernels need. q_scale / k_scale are
 // checked to be scalars; reading their value is the kernel's (host or device memory).

@@ -8,21 +8,19 @@
 #include "attention_inputs.h"
 #include "cpu_eigen.h"
 #include "cpu_gemm.h"
-#include "cpu_threads.h"
+#include "cpu_kernel.h"
 
 namespace fusecli {
 namespace {
 
 // ================================= AttentionGrad ============================================
-struct AttnOp;
-struct AttnKernel : AttnAttrs {
-  AttnKernel(const OrtKernelInfo* info, const AttnOp*) : AttnAttrs(info), mm(info) {}
-  OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
-  void Compute(OrtKernelContext* c);
+struct AttnKernel : CpuKernel<AttnKernel, kAttentionGrad> {  // attributes: see AttnAttrs
+  template <typename TOp>
+  AttnKernel(const OrtKernelInfo* info, const TOp* op) : CpuKernel(info, op), mm(info) {
+    check_attn_attrs(*this);
+  }
+  void Compute(Ort::KernelContext& ctx);
   OrtMatMul mm;
-};
-struct AttnOp : SigOp<AttnOp, AttnKernel, kAttentionGrad> {
-  explicit AttnOp(bool half) : SigOp(nullptr, half) {}
 };
 
 // Runs of consecutive query items [b, b + n) that share the kv item `kv`.
@@ -94,10 +92,7 @@ void gemm_scatter(const OrtMatMul& mm, const OrtKernelContext* kc, const std::ve
   }
 }
 
-void AttnKernel::Compute(OrtKernelContext* c) {
-  PoolScope pool(c);
-  count_call(kAttentionGrad);
-  Ort::KernelContext ctx(c);
+void AttnKernel::Compute(Ort::KernelContext& ctx) {
   const AttnInputs in(ctx, *this);
   const In &dO = in.dO, &q = in.q, &k = in.k, &v = in.v, &p = in.p;
   const int64_t B = in.B, Sq = in.Sq, Sk = in.Sk, D = in.D, Dv = in.Dv;
@@ -195,7 +190,7 @@ void AttnKernel::Compute(OrtKernelContext* c) {
 }  // namespace
 
 void add_attention_grad_cpu_ops(Ort::CustomOpDomain& domain) {
-  add_op<AttnOp>(domain);
+  add_op<FusedOp<AttnKernel>>(domain);
 }
 
 }  // namespace fusecli

@@ -6,13 +6,12 @@
 namespace fusecli {
 namespace {
 
-struct AttnOp;
-struct AttnKernel : AttnAttrs {
-  AttnKernel(const OrtKernelInfo* info, const AttnOp*) : AttnAttrs(info) {}
-  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
-    return guarded([&] {
-      count_call(kAttentionGrad);
-      Ort::KernelContext ctx(c);
+struct AttnKernel : CudaKernel<AttnKernel, kAttentionGrad> {  // attributes: see AttnAttrs
+  template <typename TOp>
+  AttnKernel(const OrtKernelInfo* info, const TOp* op) : CudaKernel(info, op) {
+    check_attn_attrs(*this);
+  }
+  void Compute(Ort::KernelContext& ctx) {
       const AttnInputs in(ctx, *this);
       float sq_extra = 1.f, sk_extra = 1.f;  // run-time scales live on the device: read them
       if (in.qs.present) check_cuda(fusecli_read_scalar(ctx.GetGPUComputeStream(), in.qs.ptr<float>(), &sq_extra), "AttentionGrad");
@@ -27,17 +26,13 @@ struct AttnKernel : AttnAttrs {
                      in.kmap.nd, in.kmap.q, in.kmap.kv, in.vmap.kv, in.Sq, in.Sk, in.D, in.Dv,
                      scale_q * sq_extra, scale_k * sk_extra, 1.f / (1.f - dropout_ratio), k_transposed),
                  "AttentionGrad");
-    });
   }
-};
-struct AttnOp : SigOp<AttnOp, AttnKernel, kAttentionGrad> {
-  explicit AttnOp(bool half) : SigOp(kCuda, half) {}
 };
 
 }  // namespace
 
 void add_attention_grad_cuda_ops(Ort::CustomOpDomain& domain) {
-  add_op<AttnOp>(domain);
+  add_op<FusedOp<AttnKernel, true>>(domain);
 }
 
 }  // namespace fusecli

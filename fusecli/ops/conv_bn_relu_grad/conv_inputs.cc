@@ -4,18 +4,13 @@
 namespace fusecli {
 
 // ---- ConvBnReluGrad ------------------------------------------------------------------------
-ConvAttrs::ConvAttrs(const OrtKernelInfo* info)
-    : strides(attr_ints(info, "strides", {1, 1})),
-      pads(attr_ints(info, "pads", {0, 0, 0, 0})),
-      dilations(attr_ints(info, "dilations", {1, 1})),
-      group(attr_int(info, "group", 1)),
-      relu(attr_int(info, "relu", 1) != 0) {
-  FUSECLI_CHECK(strides.size() == 2 && pads.size() == 4 && dilations.size() == 2,
+void check_conv_attrs(const OpAttrs<kConvBnReluGrad>& a) {
+  FUSECLI_CHECK(a.strides.size() == 2 && a.pads.size() == 4 && a.dilations.size() == 2,
                 "ConvBnReluGrad: strides/dilations need 2 values, pads 4 (2-D convolutions only)");
-  FUSECLI_CHECK(group >= 1, "ConvBnReluGrad: group must be >= 1");
+  FUSECLI_CHECK(a.group >= 1, "ConvBnReluGrad: group must be >= 1");
 }
 
-ConvInputs::ConvInputs(Ort::KernelContext& ctx, const ConvAttrs& a)
+ConvInputs::ConvInputs(Ort::KernelContext& ctx, const OpAttrs<kConvBnReluGrad>& a)
     : dy(get_input(ctx, 0)), y(get_input(ctx, 1)), x(get_input(ctx, 2)), w(get_input(ctx, 3)),
       cv(get_input(ctx, 4)), gamma(get_input(ctx, 5)), mean(get_input(ctx, 6)),
       istd(get_input(ctx, 7)) {

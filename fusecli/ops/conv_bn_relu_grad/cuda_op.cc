@@ -6,13 +6,12 @@
 namespace fusecli {
 namespace {
 
-struct ConvOp;
-struct ConvKernel : ConvAttrs {
-  ConvKernel(const OrtKernelInfo* info, const ConvOp*) : ConvAttrs(info) {}
-  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
-    return guarded([&] {
-      count_call(kConvBnReluGrad);
-      Ort::KernelContext ctx(c);
+struct ConvKernel : CudaKernel<ConvKernel, kConvBnReluGrad> {  // attributes: see ConvAttrs
+  template <typename TOp>
+  ConvKernel(const OrtKernelInfo* info, const TOp* op) : CudaKernel(info, op) {
+    check_conv_attrs(*this);
+  }
+  void Compute(Ort::KernelContext& ctx) {
       const ConvInputs in(ctx, *this);
       const int64_t C = in.C;
       float* dx = opt_out<float>(ctx, 0, in.x.shape);
@@ -27,17 +26,13 @@ struct ConvKernel : ConvAttrs {
                      dg, db, dc, in.N, C, in.H, in.W, in.Cin, in.Hin, in.Win, in.kh, in.kw, strides[0], strides[1], pads[0], pads[1], pads[2], pads[3],
                      dilations[0], dilations[1], group, relu ? 1 : 0),
                  "ConvBnReluGrad");
-    });
   }
-};
-struct ConvOp : SigOp<ConvOp, ConvKernel, kConvBnReluGrad> {
-  explicit ConvOp(bool half) : SigOp(kCuda, half) {}
 };
 
 }  // namespace
 
 void add_conv_bn_relu_grad_cuda_ops(Ort::CustomOpDomain& domain) {
-  add_op<ConvOp>(domain);
+  add_op<FusedOp<ConvKernel, true>>(domain);
 }
 
 }  // namespace fusecli

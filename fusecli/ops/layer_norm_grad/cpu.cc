@@ -5,37 +5,22 @@
 #include <immintrin.h>
 #endif
 
-#include "cpu_activation.h"
+#include "cpu_rows.h"
 #include "cpu_eigen.h"
-#include "cpu_threads.h"
-#include "op_kernel.h"
+#include "cpu_kernel.h"
 
 namespace fusecli {
 namespace {
 
 // ================================ LayerNormGrad =============================================
-struct LnOp;
-struct LnKernel {
-  LnKernel(const OrtKernelInfo* info, const LnOp* op);
-  OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
-  void Compute(OrtKernelContext* c);
+struct LnKernel : CpuKernel<LnKernel, kLayerNormGrad> {  // attributes: axis
+  using CpuKernel::CpuKernel;
+  void Compute(Ort::KernelContext& ctx) {
+    if (half) Run<Ort::Float16_t>(ctx);
+    else Run<float>(ctx);
+  }
   template <typename T> void Run(Ort::KernelContext& ctx);
-  int64_t axis;
-  bool half;
 };
-struct LnOp : SigOp<LnOp, LnKernel, kLayerNormGrad> {
-  explicit LnOp(bool half) : SigOp(nullptr, half) {}
-};
-LnKernel::LnKernel(const OrtKernelInfo* info, const LnOp* op)
-    : axis(attr_int(info, "axis", -1)), half(op->half) {}
-
-void LnKernel::Compute(OrtKernelContext* c) {
-  PoolScope pool(c);
-  count_call(kLayerNormGrad);
-  Ort::KernelContext ctx(c);
-  if (half) Run<Ort::Float16_t>(ctx);
-  else Run<float>(ctx);
-}
 
 #if defined(__AVX512F__)
 // One float32 row of LayerNormGrad in two sweeps over L1-resident data: (1) xhat, g = dY gamma,
@@ -84,12 +69,10 @@ template <typename T>
 void LnKernel::Run(Ort::KernelContext& ctx) {
   In dy = get_input(ctx, 0), x = get_input(ctx, 1), gamma = get_input(ctx, 2);
   In mean = get_input(ctx, 3), rstd = get_input(ctx, 4), dr = get_input(ctx, 5);
-  const int64_t rank = static_cast<int64_t>(x.shape.size());
-  const int64_t ax = axis < 0 ? axis + rank : axis;
-  FUSECLI_CHECK(ax >= 0 && ax <= rank, "LayerNormGrad: axis out of range");
+  const AxisRows rows = rows_from_axis(x.shape, axis, "LayerNormGrad");
+  const size_t ax = rows.ax;
+  const int64_t M = rows.M, N = rows.N;
   FUSECLI_CHECK(dy.numel() == x.numel(), "LayerNormGrad: dY and X must have the same size");
-  const int64_t N = prod(x.shape, static_cast<size_t>(ax));
-  const int64_t M = prod(x.shape, 0, static_cast<size_t>(ax));
   FUSECLI_CHECK(!gamma.present || gamma.numel() == N,
                 "LayerNormGrad: gamma must have prod(shape[axis:]) elements");
   const std::vector<int64_t> pshape(x.shape.begin() + ax, x.shape.end());
@@ -187,7 +170,7 @@ void LnKernel::Run(Ort::KernelContext& ctx) {
 }  // namespace
 
 void add_layer_norm_grad_cpu_ops(Ort::CustomOpDomain& domain) {
-  add_op<LnOp>(domain);
+  add_op<FusedOp<LnKernel>>(domain);
 }
 
 }  // namespace fusecli

@@ -5,19 +5,14 @@
 namespace fusecli {
 namespace {
 
-struct LnOp;
-struct LnKernel {
-  LnKernel(const OrtKernelInfo* info, const LnOp* op);
-  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
-    return guarded([&] {
-      count_call(kLayerNormGrad);
-      Ort::KernelContext ctx(c);
+struct LnKernel : CudaKernel<LnKernel, kLayerNormGrad> {  // attributes: axis
+  using CudaKernel::CudaKernel;
+  void Compute(Ort::KernelContext& ctx) {
       In dy = get_input(ctx, 0), x = get_input(ctx, 1), gamma = get_input(ctx, 2);
       In mean = get_input(ctx, 3), rstd = get_input(ctx, 4), dr = get_input(ctx, 5);
-      const int64_t rank = static_cast<int64_t>(x.shape.size());
-      const int64_t ax = axis < 0 ? axis + rank : axis;
-      FUSECLI_CHECK(ax >= 0 && ax <= rank, "LayerNormGrad: axis out of range");
-      const int64_t N = prod(x.shape, static_cast<size_t>(ax)), M = prod(x.shape, 0, static_cast<size_t>(ax));
+      const AxisRows rows = rows_from_axis(x.shape, axis, "LayerNormGrad");
+      const size_t ax = rows.ax;
+      const int64_t M = rows.M, N = rows.N;
       FUSECLI_CHECK(dy.numel() == x.numel() && (!gamma.present || gamma.numel() == N) && mean.numel() == M &&
                         rstd.numel() == M && (!dr.present || dr.numel() == M * N),
                     "LayerNormGrad: shape mismatch");
@@ -42,21 +37,14 @@ struct LnKernel {
                                              static_cast<float*>(dx), static_cast<float*>(dg),
                                              static_cast<float*>(db), M, N);
       check_cuda(err, "LayerNormGrad");
-    });
   }
-  int64_t axis;
-  bool half;
 };
-// no in-place pairs on CUDA: ln_rows_kernel reads dY / dR through __restrict__ pointers
-struct LnOp : SigOp<LnOp, LnKernel, kLayerNormGrad, false> {
-  explicit LnOp(bool half) : SigOp(kCuda, half) {}
-};
-LnKernel::LnKernel(const OrtKernelInfo* info, const LnOp* op) : axis(attr_int(info, "axis", -1)), half(op->half) {}
 
 }  // namespace
 
 void add_layer_norm_grad_cuda_ops(Ort::CustomOpDomain& domain) {
-  add_op<LnOp>(domain);
+  // no in-place pairs on CUDA: ln_rows_kernel reads dY / dR through __restrict__ pointers
+  add_op<FusedOp<LnKernel, true, false>>(domain);
 }
 
 }  // namespace fusecli

@@ -4,34 +4,22 @@
 #include "cpu_activation.h"
 #include "cpu_eigen.h"
 #include "cpu_gemm.h"
-#include "cpu_threads.h"
-#include "op_kernel.h"
+#include "cpu_kernel.h"
 
 namespace fusecli {
 namespace {
 
 // ============================= LinearActivationGrad =========================================
-struct LinOp;
-struct LinKernel {
-  LinKernel(const OrtKernelInfo* info, const LinOp*)
-      : act(parse_act(attr_string(info, "activation", ""), true)),
-        trans_w(attr_int(info, "trans_w", 0) != 0),
-        trans_dw(attr_int(info, "trans_dw", trans_w ? 1 : 0) != 0),
-        mm(info) {}
-  OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
-  void Compute(OrtKernelContext* c);
-  Act act;
-  bool trans_w, trans_dw;  // layout of the W input / of the dW output ([K, N] when set)
+// attributes: activation, trans_w / trans_dw (layout of the W input / of the dW output: [K, N]
+// when set)
+struct LinKernel : CpuKernel<LinKernel, kLinearActivationGrad> {
+  template <typename TOp>
+  LinKernel(const OrtKernelInfo* info, const TOp* op) : CpuKernel(info, op), mm(info) {}
+  void Compute(Ort::KernelContext& ctx);
   OrtMatMul mm;
 };
-struct LinOp : SigOp<LinOp, LinKernel, kLinearActivationGrad> {
-  explicit LinOp(bool half) : SigOp(nullptr, half) {}
-};
 
-void LinKernel::Compute(OrtKernelContext* c) {
-  PoolScope pool(c);
-  count_call(kLinearActivationGrad);
-  Ort::KernelContext ctx(c);
+void LinKernel::Compute(Ort::KernelContext& ctx) {
   In dy = get_input(ctx, 0), x = get_input(ctx, 1), a = get_input(ctx, 2), w = get_input(ctx, 3);
   FUSECLI_CHECK(!dy.shape.empty() && !a.shape.empty(), "LinearActivationGrad: dY and A need rank >= 1");
   const int64_t N = dy.shape.back(), K = a.shape.back();
@@ -61,7 +49,7 @@ void LinKernel::Compute(OrtKernelContext* c) {
   bool have_dz_out;
   float* dz_out = output_or_null<float>(ctx, 3, dy.shape, &have_dz_out);
   const bool need_gemm = want_da || want_dw;
-  const bool store_dz = have_dz_out || (need_gemm && act != Act::kIdentity);
+  const bool store_dz = have_dz_out || (need_gemm && activation != Act::kIdentity);
   if (!want_da && !want_dw && !want_db && !have_dz_out) return;
 
   const float* dyp = dy.ptr<float>();
@@ -75,7 +63,7 @@ void LinKernel::Compute(OrtKernelContext* c) {
     return;
   }
   if (have_dz_out && dz_out == dyp) count_inplace(kLinearActivationGrad);
-  if (have_dz_out && act == Act::kIdentity && dz_out != dyp) std::copy(dyp, dyp + M * N, dz_out);
+  if (have_dz_out && activation == Act::kIdentity && dz_out != dyp) std::copy(dyp, dyp + M * N, dz_out);
   // One pass over (dY, X): dZ = dY * act'(X) in row tiles that stay in L1/L2 while dB's per-thread
   // partial sums read them back. dZ is stored only when a GEMM needs it or output 3 asks for it.
   std::unique_ptr<float[]> dz_buf(store_dz && !have_dz_out ? new float[static_cast<size_t>(M * N)]
@@ -88,14 +76,14 @@ void LinKernel::Compute(OrtKernelContext* c) {
     const int T = planned_threads(M, grain);
     std::vector<float> part(want_db ? static_cast<size_t>(T * N) : 0, 0.f);
     parallel_for(M, grain, [&](int t, int64_t r0, int64_t r1) {
-      std::unique_ptr<float[]> tmp(!store_dz && act != Act::kIdentity ? new float[tile_rows * N] : nullptr);
+      std::unique_ptr<float[]> tmp(!store_dz && activation != Act::kIdentity ? new float[tile_rows * N] : nullptr);
       MA acc(want_db ? part.data() + t * N : nullptr, want_db ? N : 0);
       for (int64_t i = r0; i < r1; i += tile_rows) {
         const int64_t rows = std::min(tile_rows, r1 - i);
         const float* src = dyp + i * N;
-        if (act != Act::kIdentity) {
+        if (activation != Act::kIdentity) {
           float* dst = store_dz ? dz_store + i * N : tmp.get();
-          act_grad_block(act, dyp + i * N, xp + i * N, dst, rows * N);
+          act_grad_block(activation, dyp + i * N, xp + i * N, dst, rows * N);
           src = dst;
         }
         if (want_db)
@@ -120,7 +108,7 @@ void LinKernel::Compute(OrtKernelContext* c) {
 }  // namespace
 
 void add_linear_activation_grad_cpu_ops(Ort::CustomOpDomain& domain) {
-  add_op<LinOp>(domain);
+  add_op<FusedOp<LinKernel>>(domain);
 }
 
 }  // namespace fusecli

@@ -1,21 +1,14 @@
 // LinearActivationGrad: onnxruntime CUDAExecutionProvider kernel (calls the C launcher in cuda.cu).
-#include "cpu_activation.h"
 #include "cuda_op_kernel.h"
 #include "op_launchers.h"
 
 namespace fusecli {
 namespace {
 
-struct LinOp;
-struct LinKernel {
-  LinKernel(const OrtKernelInfo* info, const LinOp*)
-      : act(parse_act(attr_string(info, "activation", ""), true)),
-        trans_w(attr_int(info, "trans_w", 0) != 0),
-        trans_dw(attr_int(info, "trans_dw", trans_w ? 1 : 0) != 0) {}
-  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
-    return guarded([&] {
-      count_call(kLinearActivationGrad);
-      Ort::KernelContext ctx(c);
+// attributes: activation, trans_w, trans_dw
+struct LinKernel : CudaKernel<LinKernel, kLinearActivationGrad> {
+  using CudaKernel::CudaKernel;
+  void Compute(Ort::KernelContext& ctx) {
       In dy = get_input(ctx, 0), x = get_input(ctx, 1), a = get_input(ctx, 2), w = get_input(ctx, 3);
       FUSECLI_CHECK(!dy.shape.empty() && !a.shape.empty() && (!w.present || w.shape.size() == 2),
                     "LinearActivationGrad: bad ranks");
@@ -31,21 +24,15 @@ struct LinKernel {
       float* dz = opt_out<float>(ctx, 3, dy.shape);
       check_cuda(fusecli_launch_linear_activation_grad(ctx.GetGPUComputeStream(), dy.ptr<float>(),
                      x.ptr<float>(), a.ptr<float>(), w.present ? w.ptr<float>() : nullptr, da, dw, db, dz,
-                     M, N, K, act_code(act), trans_w, trans_dw),
+                     M, N, K, act_code(activation), trans_w, trans_dw),
                  "LinearActivationGrad");
-    });
   }
-  Act act;
-  bool trans_w, trans_dw;
-};
-struct LinOp : SigOp<LinOp, LinKernel, kLinearActivationGrad> {
-  explicit LinOp(bool half) : SigOp(kCuda, half) {}
 };
 
 }  // namespace
 
 void add_linear_activation_grad_cuda_ops(Ort::CustomOpDomain& domain) {
-  add_op<LinOp>(domain);
+  add_op<FusedOp<LinKernel, true>>(domain);
 }
 
 }  // namespace fusecli

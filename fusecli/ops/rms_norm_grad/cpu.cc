@@ -2,37 +2,21 @@
 #include <cmath>
 #include <memory>
 
-#include "cpu_activation.h"
+#include "cpu_rows.h"
 #include "cpu_eigen.h"
-#include "cpu_threads.h"
-#include "op_kernel.h"
+#include "cpu_kernel.h"
 
 namespace fusecli {
 namespace {
 
-struct RmsOp;
-struct RmsKernel {
-  RmsKernel(const OrtKernelInfo* info, const RmsOp* op);
-  OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
-  void Compute(OrtKernelContext* c);
+struct RmsKernel : CpuKernel<RmsKernel, kRMSNormGrad> {  // attributes: axis, epsilon
+  using CpuKernel::CpuKernel;
+  void Compute(Ort::KernelContext& ctx) {
+    if (half) Run<Ort::Float16_t>(ctx);
+    else Run<float>(ctx);
+  }
   template <typename T> void Run(Ort::KernelContext& ctx);
-  int64_t axis;
-  float epsilon;
-  bool half;
 };
-struct RmsOp : SigOp<RmsOp, RmsKernel, kRMSNormGrad> {
-  explicit RmsOp(bool half) : SigOp(nullptr, half) {}
-};
-RmsKernel::RmsKernel(const OrtKernelInfo* info, const RmsOp* op)
-    : axis(attr_int(info, "axis", -1)), epsilon(attr_float(info, "epsilon", 1e-5f)), half(op->half) {}
-
-void RmsKernel::Compute(OrtKernelContext* c) {
-  PoolScope pool(c);
-  count_call(kRMSNormGrad);
-  Ort::KernelContext ctx(c);
-  if (half) Run<Ort::Float16_t>(ctx);
-  else Run<float>(ctx);
-}
 
 #if defined(__AVX512F__)
 // 1/sqrt(mean(x^2) + eps) of one float32 row (when the graph does not save it).
@@ -85,12 +69,10 @@ template <typename T>
 void RmsKernel::Run(Ort::KernelContext& ctx) {
   In dy = get_input(ctx, 0), x = get_input(ctx, 1), gamma = get_input(ctx, 2);
   In rstd = get_input(ctx, 3), dr = get_input(ctx, 4);
-  const int64_t rank = static_cast<int64_t>(x.shape.size());
-  const int64_t ax = axis < 0 ? axis + rank : axis;
-  FUSECLI_CHECK(ax >= 0 && ax <= rank, "RMSNormGrad: axis out of range");
+  const AxisRows rows = rows_from_axis(x.shape, axis, "RMSNormGrad");
+  const size_t ax = rows.ax;
+  const int64_t M = rows.M, N = rows.N;
   FUSECLI_CHECK(dy.numel() == x.numel(), "RMSNormGrad: dY and X must have the same size");
-  const int64_t N = prod(x.shape, static_cast<size_t>(ax));
-  const int64_t M = prod(x.shape, 0, static_cast<size_t>(ax));
   FUSECLI_CHECK(!gamma.present || gamma.numel() == N,
                 "RMSNormGrad: gamma must have prod(shape[axis:]) elements");
   FUSECLI_CHECK(!rstd.present || rstd.numel() == M, "RMSNormGrad: inv_rms needs one value per row");
@@ -181,7 +163,7 @@ void RmsKernel::Run(Ort::KernelContext& ctx) {
 }  // namespace
 
 void add_rms_norm_grad_cpu_ops(Ort::CustomOpDomain& domain) {
-  add_op<RmsOp>(domain);
+  add_op<FusedOp<RmsKernel>>(domain);
 }
 
 }  // namespace fusecli

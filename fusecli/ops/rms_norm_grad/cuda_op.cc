@@ -5,19 +5,14 @@
 namespace fusecli {
 namespace {
 
-struct RmsOp;
-struct RmsKernel {
-  RmsKernel(const OrtKernelInfo* info, const RmsOp* op);
-  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
-    return guarded([&] {
-      count_call(kRMSNormGrad);
-      Ort::KernelContext ctx(c);
+struct RmsKernel : CudaKernel<RmsKernel, kRMSNormGrad> {  // attributes: axis, epsilon
+  using CudaKernel::CudaKernel;
+  void Compute(Ort::KernelContext& ctx) {
       In dy = get_input(ctx, 0), x = get_input(ctx, 1), gamma = get_input(ctx, 2);
       In rstd = get_input(ctx, 3), dr = get_input(ctx, 4);
-      const int64_t rank = static_cast<int64_t>(x.shape.size());
-      const int64_t ax = axis < 0 ? axis + rank : axis;
-      FUSECLI_CHECK(ax >= 0 && ax <= rank, "RMSNormGrad: axis out of range");
-      const int64_t N = prod(x.shape, static_cast<size_t>(ax)), M = prod(x.shape, 0, static_cast<size_t>(ax));
+      const AxisRows rows = rows_from_axis(x.shape, axis, "RMSNormGrad");
+      const size_t ax = rows.ax;
+      const int64_t M = rows.M, N = rows.N;
       FUSECLI_CHECK(dy.numel() == x.numel() && (!gamma.present || gamma.numel() == N) &&
                         (!rstd.present || rstd.numel() == M) && (!dr.present || dr.numel() == M * N),
                     "RMSNormGrad: shape mismatch");
@@ -40,23 +35,14 @@ struct RmsKernel {
                                            dr.present ? dr.ptr<float>() : nullptr,
                                            static_cast<float*>(dx), static_cast<float*>(dg), M, N);
       check_cuda(err, "RMSNormGrad");
-    });
   }
-  int64_t axis;
-  float epsilon;
-  bool half;
 };
-// no in-place pairs on CUDA: rms_rows_kernel reads dY / dR through __restrict__ pointers
-struct RmsOp : SigOp<RmsOp, RmsKernel, kRMSNormGrad, false> {
-  explicit RmsOp(bool half) : SigOp(kCuda, half) {}
-};
-RmsKernel::RmsKernel(const OrtKernelInfo* info, const RmsOp* op)
-    : axis(attr_int(info, "axis", -1)), epsilon(attr_float(info, "epsilon", 1e-5f)), half(op->half) {}
 
 }  // namespace
 
 void add_rms_norm_grad_cuda_ops(Ort::CustomOpDomain& domain) {
-  add_op<RmsOp>(domain);
+  // no in-place pairs on CUDA: rms_rows_kernel reads dY / dR through __restrict__ pointers
+  add_op<FusedOp<RmsKernel, true, false>>(domain);
 }
 
 }  // namespace fusecli
