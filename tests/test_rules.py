@@ -34,6 +34,9 @@ SAMPLE_MODELS = {p.stem: onnx.load(p) for p in sorted(SAMPLES.glob("*.onnx"))}
 # variants the samples lack (a 3-D SiLU MLP in the ort-training spelling; torch-joint Linears
 # whose weight grad is A^T dZ: Hugging Face Conv1D [in, out] weights through addmm)
 SAMPLE_MODELS["synthetic_ortt_silu_3d"] = builders.ortt_linear_act_matmul("silu")
+# a 3-D Linear exported as Gemm on a 2-D Reshape (GPT-2's Conv1D), every ort-training activation
+for _act in ("relu", "gelu", "gelu_fast", "silu"):
+    SAMPLE_MODELS[f"synthetic_ortt_{_act}_gemm2d"] = builders.ortt_linear_act_gemm2d(_act)
 _BY_NAME = {r.name: r for r in RULES}
 for _act in ("relu", "gelu", "gelu_tanh", "silu"):
     SAMPLE_MODELS[f"synthetic_torch_{_act}_conv1d"] = builders.torch_linear_act(

@@ -26,6 +26,7 @@ from fusecli.rules import var_name
 from fusecli.verify import verify_models
 
 RULES = load_rules()
+CORPUS = SAMPLES.parent / "corpus"
 BY_NAME = {r.name: r for r in RULES}
 
 # rule -> (sample, instances fused by the rule when the rules up to it run)
@@ -35,6 +36,8 @@ POSITIVE = {
     "linear_gelu_tanh_torch": ("torch_v_gelutanh", 2),
     "linear_gelu_tanh_ortt_gemm": ("ortt_v_gelutanh", 1),
     "linear_gelu_tanh_ortt_matmul": ("ortt_v_gelutanh", 1),
+    # GPT-2's Conv1D (addmm) exported as Gemm on a 2-D Reshape (a corpus graph)
+    "linear_gelu_tanh_ortt_matmul_2d": ("ortt_gpt2", 2),
     "sdpa_torch_fill": ("torch_v_attn", 1),
     "sdpa_torch_plain": ("torch_v_attn", 2),
 }
@@ -51,6 +54,7 @@ WRONG_ATTR = {
     "linear_gelu_tanh_torch": ("tz", "perm", [0, 1]),
     "linear_gelu_tanh_ortt_gemm": ("wgrad", "transA", 0),
     "linear_gelu_tanh_ortt_matmul": ("wgrad", "transA", 0),
+    "linear_gelu_tanh_ortt_matmul_2d": ("dgrad", "transB", 0),
     "sdpa_torch_fill": ("vt", "perm", [1, 0, 2]),
     "sdpa_torch_plain": ("kt", "perm", [1, 0, 2]),
 }
@@ -64,6 +68,7 @@ WRONG_CONST = {
     "act_gelu_tanh_grad_ortt": ("cube_k", "c_k2", 0.05),
     "linear_gelu_tanh_ortt_gemm": ("bgrad", "axes", [1]),
     "linear_gelu_tanh_ortt_matmul": ("bgrad", "axes", [1]),
+    "linear_gelu_tanh_ortt_matmul_2d": ("bgrad", "axes", [1]),
     "sdpa_torch_fill": ("sm_sum", "axes_last", [0]),
     "sdpa_torch_plain": ("sm_sum", "axes_last", [0]),
 }
@@ -75,6 +80,7 @@ WRONG_DOMAIN = {
     "act_gelu_tanh_grad_ortt": "tgrad",
     "linear_gelu_tanh_ortt_gemm": "wgrad",
     "linear_gelu_tanh_ortt_matmul": "wgrad",
+    "linear_gelu_tanh_ortt_matmul_2d": "wgrad",
     "sdpa_torch_fill": "sm_mul",
     "sdpa_torch_plain": "sm_mul",
 }
@@ -86,6 +92,7 @@ INTERMEDIATE = {
     "act_gelu_tanh_grad_ortt": "g_v",
     "linear_gelu_tanh_ortt_gemm": "dZ",
     "linear_gelu_tanh_ortt_matmul": "dZ",
+    "linear_gelu_tanh_ortt_matmul_2d": "dZ2",
     "sdpa_torch_fill": "t3",
     "sdpa_torch_plain": "t3",
 }
@@ -95,7 +102,8 @@ _MODELS: dict[str, onnx.ModelProto] = {}
 
 def _sample(name):
     if name not in _MODELS:
-        _MODELS[name] = onnx.load(SAMPLES / f"{name}.onnx")
+        path = SAMPLES / f"{name}.onnx"
+        _MODELS[name] = onnx.load(path if path.exists() else CORPUS / f"{name}.onnx")
     return copy.deepcopy(_MODELS[name])
 
 
@@ -283,8 +291,6 @@ def test_explain_applies_the_earlier_stages():
     assert "perm" in hit[0]["detail"]
 
 
-CORPUS = SAMPLES.parent / "corpus"
-
 
 @pytest.mark.parametrize("graph,rule,ratio,bias", [
     ("ortt_bert", "sdpa_ortt_scores_plain", 0.1, False),
@@ -313,3 +319,17 @@ def test_attention_dropout_and_bias_ports(graph, rule, ratio, bias):
         assert (mask in drop_masks) == (ratio > 0) and (mask != "") == (ratio > 0)
         ds = n.output[3] if len(n.output) > 3 else ""
         assert (ds != "") == bias and (not ds or ds in readers)
+
+
+def test_chain_reached_by_several_variants_counts_once():
+    """ortt_gpt2's Conv1D Linear+GELU chains are reached by linear_gelu_tanh_ortt_matmul (which
+    fails: the 2-D view of dZ is read by the bias gradient) and fused by its _2d variant: the
+    pattern counts each chain once as detected, and a chain that fused reports no skip."""
+    m = _sample("ortt_gpt2")
+    fp = FusionPass()
+    fp.run(m)
+    ps = fp.stats.patterns["linear_gelu"]
+    assert (ps.detected, ps.fused, ps.skipped) == (2, 2, {})
+    assert fp.stats.rules["linear_gelu_tanh_ortt_matmul"].detected == 2
+    assert fp.stats.rules["linear_gelu_tanh_ortt_matmul_2d"].fused == 2
+    assert not [s for s in fp.stats.skips if s.pattern == "linear_gelu"]
