@@ -50,11 +50,12 @@ for _name in EXPORTS:
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 # attention spellings the samples lack, from the committed corpus of real architectures:
 # timm ViT (scale on Q only, no mask), GPT-2 (causal where + padding mask + dropout), BERT
-# (additive mask + dropout), Llama (repeat_kv grouped-query attention); listed last so that rules
-# the samples cover keep those fixtures
+# (additive mask + dropout), Llama (repeat_kv grouped-query attention), Llama through
+# F.scaled_dot_product_attention (NaN guard under a causal mask), GPT-Neo (causal where, no
+# dropout); listed last so that rules the samples cover keep those fixtures
 CORPUS = Path(__file__).parents[1] / "corpus"
 for _name in ("ortt_timm_vit", "ortt_gpt2", "ortt_llama", "torch_bert", "torch_gpt2",
-              "torch_llama"):
+              "torch_llama", "ortt_llama_sdpa", "torch_gpt_neo"):
     SAMPLE_MODELS[f"corpus_{_name}"] = onnx.load(CORPUS / f"{_name}.onnx")
 
 

@@ -38,6 +38,8 @@ POSITIVE = {
     "linear_gelu_tanh_ortt_matmul": ("ortt_v_gelutanh", 1),
     # GPT-2's Conv1D (addmm) exported as Gemm on a 2-D Reshape (a corpus graph)
     "linear_gelu_tanh_ortt_matmul_2d": ("ortt_gpt2", 2),
+    "sdpa_ortt_runtime_nanguard": ("ortt_llama_sdpa", 2),
+    "sdpa_torch_keep": ("torch_gpt_neo", 2),
     "sdpa_torch_fill": ("torch_v_attn", 1),
     "sdpa_torch_plain": ("torch_v_attn", 2),
 }
@@ -56,6 +58,7 @@ WRONG_ATTR = {
     "linear_gelu_tanh_ortt_matmul": ("wgrad", "transA", 0),
     "linear_gelu_tanh_ortt_matmul_2d": ("dgrad", "transB", 0),
     "sdpa_torch_fill": ("vt", "perm", [1, 0, 2]),
+    "sdpa_torch_keep": ("vt", "perm", [1, 0, 2]),
     "sdpa_torch_plain": ("kt", "perm", [1, 0, 2]),
 }
 
@@ -70,6 +73,8 @@ WRONG_CONST = {
     "linear_gelu_tanh_ortt_matmul": ("bgrad", "axes", [1]),
     "linear_gelu_tanh_ortt_matmul_2d": ("bgrad", "axes", [1]),
     "sdpa_torch_fill": ("sm_sum", "axes_last", [0]),
+    "sdpa_torch_keep": ("sm_sum", "axes_last", [0]),
+    "sdpa_ortt_runtime_nanguard": ("bwd_guard", "zb", 1.0),
     "sdpa_torch_plain": ("sm_sum", "axes_last", [0]),
 }
 
@@ -82,6 +87,8 @@ WRONG_DOMAIN = {
     "linear_gelu_tanh_ortt_matmul": "wgrad",
     "linear_gelu_tanh_ortt_matmul_2d": "wgrad",
     "sdpa_torch_fill": "sm_mul",
+    "sdpa_torch_keep": "sm_mul",
+    "sdpa_ortt_runtime_nanguard": "bwd_guard",
     "sdpa_torch_plain": "sm_mul",
 }
 
@@ -94,6 +101,8 @@ INTERMEDIATE = {
     "linear_gelu_tanh_ortt_matmul": "dZ",
     "linear_gelu_tanh_ortt_matmul_2d": "dZ2",
     "sdpa_torch_fill": "t3",
+    "sdpa_torch_keep": "t3",
+    "sdpa_ortt_runtime_nanguard": "dPg",
     "sdpa_torch_plain": "t3",
 }
 
@@ -333,3 +342,23 @@ def test_chain_reached_by_several_variants_counts_once():
     assert fp.stats.rules["linear_gelu_tanh_ortt_matmul"].detected == 2
     assert fp.stats.rules["linear_gelu_tanh_ortt_matmul_2d"].fused == 2
     assert not [s for s in fp.stats.skips if s.pattern == "linear_gelu"]
+
+
+def test_sdpa_nan_guard_needs_a_mask_with_no_fully_masked_row():
+    """F.scaled_dot_product_attention (TorchScript, ort-training) guards fully masked rows with
+    Where(IsNaN(P), 0, P). ortt_llama_sdpa's causal mask keeps every diagonal entry, so the guard
+    is the identity and both layers fuse; a mask that hides one whole row (P would be NaN there
+    and the original's SoftmaxGrad NaN) is refused at the mask, and explain says so."""
+    rule = "sdpa_ortt_runtime_nanguard"
+    model, rec, count = _first(rule)
+    assert count == 2
+    mask_name = rec.tensors["amask"]
+    init = next(t for t in model.graph.initializer if t.name == mask_name)
+    mask = numpy_helper.to_array(init).copy()
+    assert np.isneginf(mask).any() and np.isfinite(mask).any(axis=-1).all()
+    mask[..., 0, :] = -np.inf  # the first query row sees no key
+    init.CopyFrom(numpy_helper.from_array(mask, mask_name))
+    assert len(_fusions(copy.deepcopy(model), rule)) == 0
+    _, misses = _reasons(model, rule)
+    hit = [m for m in misses if m["rule"] == rule and m["reason"] == "constant"]
+    assert hit and "finite entry in every row" in hit[0]["detail"], misses
