@@ -199,6 +199,8 @@ class FusionPass:
         sizes = _tensor_bytes(graph)
         credit: dict[int, FusionRecord] = {}  # fused node uid -> its record (absorbed: popped)
         detected: set[tuple[str, int]] = set()
+        detected_chains: set[tuple[str, int]] = set()
+        fused_chains: set[tuple[str, int]] = set()
         skipped: dict[tuple[str, int], tuple[Rule, Failure]] = {}
         removed_inputs: set[str] = set()
         dirty = None                          # None: examine every anchor
@@ -218,21 +220,31 @@ class FusionPass:
                     if res.structural and k not in detected:
                         detected.add(k)
                         stats.rules[rule.name].detected += 1
-                        stats.patterns[rule.pattern].detected += 1
+                        # a chain reached by several variants of a pattern counts once
+                        if (rule.pattern, anchor.uid) not in detected_chains:
+                            detected_chains.add((rule.pattern, anchor.uid))
+                            stats.patterns[rule.pattern].detected += 1
                     self.check_kernel(res, index)
                     if res.match is None:
                         if res.structural and res.guard_failure is not None:
                             skipped[k] = (rule, res.guard_failure)
                         continue
                     skipped.pop(k, None)
+                    fused_chains.add((rule.pattern, anchor.uid))
                     fused = self._apply(index, res.match, credit, stats, sizes, removed_inputs)
                     touched.update(self._neighbourhood(index, fused))
             if not touched:
                 break
             dirty = touched
+        counted: set[tuple[str, int]] = set()
         for (_, uid), (rule, failure) in skipped.items():
-            ps = stats.patterns[rule.pattern]
-            ps.skipped[failure.reason] = ps.skipped.get(failure.reason, 0) + 1
+            chain = (rule.pattern, uid)
+            if chain in fused_chains:  # another variant of the pattern fused this chain
+                continue
+            if chain not in counted:   # a chain several variants failed on counts once
+                counted.add(chain)
+                ps = stats.patterns[rule.pattern]
+                ps.skipped[failure.reason] = ps.skipped.get(failure.reason, 0) + 1
             stats.skips.append(Skip(rule.name, rule.pattern, index.nodes[uid].name, failure))
         self._check_fused(index, credit)
         stats.fusions = list(credit.values())  # fusions that survive in the output graph

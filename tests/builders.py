@@ -212,6 +212,33 @@ def ortt_linear_act_matmul(act="silu", *, three_d=True, bias=True, first=False, 
     return model(nodes, inputs, outputs, inits)
 
 
+def ortt_linear_act_gemm2d(act="relu", *, bias=True, first=False, B=2, S=3, N=5, K=4):
+    """onnxruntime-training backward of a 3-D Linear exported as Gemm on a 2-D Reshape of its
+    input, W [in, out] (Hugging Face Conv1D through addmm, GPT-2's MLP), + activation: the
+    activation gradient (3-D) -> Reshape [-1, N] -> dZ2, which the bias ReduceSum(axes [0]), the
+    weight grad Gemm(A2, dZ2, transA=1) -> [K, N] and the input grad Gemm(dZ2, W, transB=1)
+    -> [B*S, K] all read; A2 is the forward's 2-D view of the input."""
+    op = ORTT_ACT_GRAD[act]
+    kw = {"alpha": 1.0} if act == "silu" else {}
+    nodes = [helper.make_node(op, ["dY", "X"], ["dZ"], name="act_grad", domain=MS, **kw),
+             helper.make_node("Reshape", ["dZ", "shape_dz"], ["dZ2"], name="flat_dz"),
+             helper.make_node("Gemm", ["A2", "dZ2"], ["dW"], name="wgrad", transA=1, transB=0,
+                              alpha=1.0, beta=0.0)]
+    inits = [const("shape_dz", [-1, N], np.int64)]
+    outputs = [vi("dW", [K, N])]
+    if bias:
+        inits.append(const("axes", [0], np.int64))
+        nodes.append(helper.make_node("ReduceSum", ["dZ2", "axes"], ["dB"], name="bgrad",
+                                      keepdims=0, noop_with_empty_axes=0))
+        outputs.append(vi("dB", [N]))
+    if not first:
+        nodes.append(helper.make_node("Gemm", ["dZ2", "W"], ["dA2"], name="dgrad", transA=0,
+                                      transB=1, alpha=1.0, beta=0.0))
+        outputs.append(vi("dA2", [B * S, K]))
+    inputs = [vi("dY", [B, S, N]), vi("X", [B, S, N]), vi("A2", [B * S, K]), vi("W", [K, N])]
+    return model(nodes, inputs, outputs, inits)
+
+
 def ortt_attention(*, kv_heads=2, heads=2, scale_op="Div", B=2, S=4, D=3, record_backward=False):
     """ort-training attention backward, softmax(Q K^T / c) V with K^T [B, Hkv, D, S] and
     V [B, Hkv, S, D] fed to the score/value MatMuls. With kv_heads=1 < heads (multi-query

@@ -34,6 +34,9 @@ SAMPLE_MODELS = {p.stem: onnx.load(p) for p in sorted(SAMPLES.glob("*.onnx"))}
 # variants the samples lack (a 3-D SiLU MLP in the ort-training spelling; torch-joint Linears
 # whose weight grad is A^T dZ: Hugging Face Conv1D [in, out] weights through addmm)
 SAMPLE_MODELS["synthetic_ortt_silu_3d"] = builders.ortt_linear_act_matmul("silu")
+# a 3-D Linear exported as Gemm on a 2-D Reshape (GPT-2's Conv1D), every ort-training activation
+for _act in ("relu", "gelu", "gelu_fast", "silu"):
+    SAMPLE_MODELS[f"synthetic_ortt_{_act}_gemm2d"] = builders.ortt_linear_act_gemm2d(_act)
 _BY_NAME = {r.name: r for r in RULES}
 for _act in ("relu", "gelu", "gelu_tanh", "silu"):
     SAMPLE_MODELS[f"synthetic_torch_{_act}_conv1d"] = builders.torch_linear_act(
@@ -47,11 +50,12 @@ for _name in EXPORTS:
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 # attention spellings the samples lack, from the committed corpus of real architectures:
 # timm ViT (scale on Q only, no mask), GPT-2 (causal where + padding mask + dropout), BERT
-# (additive mask + dropout), Llama (repeat_kv grouped-query attention); listed last so that rules
-# the samples cover keep those fixtures
+# (additive mask + dropout), Llama (repeat_kv grouped-query attention), Llama through
+# F.scaled_dot_product_attention (NaN guard under a causal mask), GPT-Neo (causal where, no
+# dropout); listed last so that rules the samples cover keep those fixtures
 CORPUS = Path(__file__).parents[1] / "corpus"
 for _name in ("ortt_timm_vit", "ortt_gpt2", "ortt_llama", "torch_bert", "torch_gpt2",
-              "torch_llama"):
+              "torch_llama", "ortt_llama_sdpa", "torch_gpt_neo"):
     SAMPLE_MODELS[f"corpus_{_name}"] = onnx.load(CORPUS / f"{_name}.onnx")
 
 

@@ -26,6 +26,7 @@ from fusecli.rules import var_name
 from fusecli.verify import verify_models
 
 RULES = load_rules()
+CORPUS = SAMPLES.parent / "corpus"
 BY_NAME = {r.name: r for r in RULES}
 
 # rule -> (sample, instances fused by the rule when the rules up to it run)
@@ -40,6 +41,10 @@ POSITIVE = {
     "linear_gelu_tanh_torch": ("torch_v_gelutanh", 2),
     "linear_gelu_tanh_ortt_gemm": ("ortt_v_gelutanh", 1),
     "linear_gelu_tanh_ortt_matmul": ("ortt_v_gelutanh", 1),
+    # GPT-2's Conv1D (addmm) exported as Gemm on a 2-D Reshape (a corpus graph)
+    "linear_gelu_tanh_ortt_matmul_2d": ("ortt_gpt2", 2),
+    "sdpa_ortt_runtime_nanguard": ("ortt_llama_sdpa", 2),
+    "sdpa_torch_keep": ("torch_gpt_neo", 2),
     "sdpa_torch_fill": ("torch_v_attn", 1),
     "sdpa_torch_plain": ("torch_v_attn", 2),
 }
@@ -56,7 +61,9 @@ WRONG_ATTR = {
     "linear_gelu_tanh_torch": ("tz", "perm", [0, 1]),
     "linear_gelu_tanh_ortt_gemm": ("wgrad", "transA", 0),
     "linear_gelu_tanh_ortt_matmul": ("wgrad", "transA", 0),
+    "linear_gelu_tanh_ortt_matmul_2d": ("dgrad", "transB", 0),
     "sdpa_torch_fill": ("vt", "perm", [1, 0, 2]),
+    "sdpa_torch_keep": ("vt", "perm", [1, 0, 2]),
     "sdpa_torch_plain": ("kt", "perm", [1, 0, 2]),
 }
 
@@ -69,7 +76,10 @@ WRONG_CONST = {
     "act_gelu_tanh_grad_ortt": ("cube_k", "c_k2", 0.05),
     "linear_gelu_tanh_ortt_gemm": ("bgrad", "axes", [1]),
     "linear_gelu_tanh_ortt_matmul": ("bgrad", "axes", [1]),
+    "linear_gelu_tanh_ortt_matmul_2d": ("bgrad", "axes", [1]),
     "sdpa_torch_fill": ("sm_sum", "axes_last", [0]),
+    "sdpa_torch_keep": ("sm_sum", "axes_last", [0]),
+    "sdpa_ortt_runtime_nanguard": ("bwd_guard", "zb", 1.0),
     "sdpa_torch_plain": ("sm_sum", "axes_last", [0]),
 }
 
@@ -80,7 +90,10 @@ WRONG_DOMAIN = {
     "act_gelu_tanh_grad_ortt": "tgrad",
     "linear_gelu_tanh_ortt_gemm": "wgrad",
     "linear_gelu_tanh_ortt_matmul": "wgrad",
+    "linear_gelu_tanh_ortt_matmul_2d": "wgrad",
     "sdpa_torch_fill": "sm_mul",
+    "sdpa_torch_keep": "sm_mul",
+    "sdpa_ortt_runtime_nanguard": "bwd_guard",
     "sdpa_torch_plain": "sm_mul",
 }
 
@@ -91,7 +104,10 @@ INTERMEDIATE = {
     "act_gelu_tanh_grad_ortt": "g_v",
     "linear_gelu_tanh_ortt_gemm": "dZ",
     "linear_gelu_tanh_ortt_matmul": "dZ",
+    "linear_gelu_tanh_ortt_matmul_2d": "dZ2",
     "sdpa_torch_fill": "t3",
+    "sdpa_torch_keep": "t3",
+    "sdpa_ortt_runtime_nanguard": "dPg",
     "sdpa_torch_plain": "t3",
 }
 
@@ -100,7 +116,8 @@ _MODELS: dict[str, onnx.ModelProto] = {}
 
 def _sample(name):
     if name not in _MODELS:
-        _MODELS[name] = onnx.load(SAMPLES / f"{name}.onnx")
+        path = SAMPLES / f"{name}.onnx"
+        _MODELS[name] = onnx.load(path if path.exists() else CORPUS / f"{name}.onnx")
     return copy.deepcopy(_MODELS[name])
 
 
@@ -288,8 +305,6 @@ def test_explain_applies_the_earlier_stages():
     assert "perm" in hit[0]["detail"]
 
 
-CORPUS = SAMPLES.parent / "corpus"
-
 
 @pytest.mark.parametrize("graph,rule,ratio,bias", [
     ("ortt_bert", "sdpa_ortt_scores_plain", 0.1, False),
@@ -318,3 +333,37 @@ def test_attention_dropout_and_bias_ports(graph, rule, ratio, bias):
         assert (mask in drop_masks) == (ratio > 0) and (mask != "") == (ratio > 0)
         ds = n.output[3] if len(n.output) > 3 else ""
         assert (ds != "") == bias and (not ds or ds in readers)
+
+
+def test_chain_reached_by_several_variants_counts_once():
+    """ortt_gpt2's Conv1D Linear+GELU chains are reached by linear_gelu_tanh_ortt_matmul (which
+    fails: the 2-D view of dZ is read by the bias gradient) and fused by its _2d variant: the
+    pattern counts each chain once as detected, and a chain that fused reports no skip."""
+    m = _sample("ortt_gpt2")
+    fp = FusionPass()
+    fp.run(m)
+    ps = fp.stats.patterns["linear_gelu"]
+    assert (ps.detected, ps.fused, ps.skipped) == (2, 2, {})
+    assert fp.stats.rules["linear_gelu_tanh_ortt_matmul"].detected == 2
+    assert fp.stats.rules["linear_gelu_tanh_ortt_matmul_2d"].fused == 2
+    assert not [s for s in fp.stats.skips if s.pattern == "linear_gelu"]
+
+
+def test_sdpa_nan_guard_needs_a_mask_with_no_fully_masked_row():
+    """F.scaled_dot_product_attention (TorchScript, ort-training) guards fully masked rows with
+    Where(IsNaN(P), 0, P). ortt_llama_sdpa's causal mask keeps every diagonal entry, so the guard
+    is the identity and both layers fuse; a mask that hides one whole row (P would be NaN there
+    and the original's SoftmaxGrad NaN) is refused at the mask, and explain says so."""
+    rule = "sdpa_ortt_runtime_nanguard"
+    model, rec, count = _first(rule)
+    assert count == 2
+    mask_name = rec.tensors["amask"]
+    init = next(t for t in model.graph.initializer if t.name == mask_name)
+    mask = numpy_helper.to_array(init).copy()
+    assert np.isneginf(mask).any() and np.isfinite(mask).any(axis=-1).all()
+    mask[..., 0, :] = -np.inf  # the first query row sees no key
+    init.CopyFrom(numpy_helper.from_array(mask, mask_name))
+    assert len(_fusions(copy.deepcopy(model), rule)) == 0
+    _, misses = _reasons(model, rule)
+    hit = [m for m in misses if m["rule"] == rule and m["reason"] == "constant"]
+    assert hit and "finite entry in every row" in hit[0]["detail"], misses

@@ -82,6 +82,8 @@ def _mask_without_vmap() -> None:
     from transformers.integrations.executorch import sdpa_mask_without_vmap
 
     mu.sdpa_mask = sdpa_mask_without_vmap
+    # attn_implementation "sdpa" looks its mask function up in this registry
+    mu.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["sdpa"] = sdpa_mask_without_vmap
 
 
 def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest: Path,
@@ -257,10 +259,15 @@ def main(argv: list[str]) -> int:
         for n in argv[1:]:
             build_raw(int(n), ROOT / "build" / "corpus-scale")
         return 0
+    global CORPUS, FRAGS
+    if argv[:1] == ["--out"]:  # gen.py --out DIR FAMILY [ARCH ...]: graphs and fragments in DIR
+        CORPUS = FRAGS = ROOT / argv[1]
+        argv = argv[2:]
     family, names = argv[0], argv[1:]
-    CORPUS.mkdir(exist_ok=True)
+    CORPUS.mkdir(parents=True, exist_ok=True)
     failed = []
-    for n in names or [a for a in ARCHS if family in ARCHS[a].families]:
+    for n in names or [a for a in ARCHS if family in ARCHS[a].families
+                       and not ARCHS[a].extra]:
         arch = ARCHS[n]
         if family not in arch.families:
             continue
