@@ -245,7 +245,8 @@ def render(meta, ops, e2e, optimizer, scaled=(), outliers=(), shapes=(), real=()
              "conv of the first block of layer2/3/4 (the stride-2 1x1 downsample conv has "
              "BatchNorm without ReLU after it: not this pattern, left unfused); BERT-base layer "
              "(d=768, 12 heads of 64, FF 3072, GELU, seq 128, batch 8); Llama-style layer at "
-             "TinyLlama-1.1B's sizes (d=2048, 32 heads of 64, FF 5632, SiLU, seq 256, batch 1).\n")
+             "TinyLlama-1.1B's sizes (d=2048, 32 heads of 64, FF 5632, SiLU, seq 256, batch 1). "
+             + CPU_NOTE + "\n")
     L.extend(_case_table(shapes))
     L.append("\n## (g) Real-size ResNet-50 training step\n")
     L.append("ResNet-50 in plain torch (torchvision's layout, `scripts/samples/models.py`), "

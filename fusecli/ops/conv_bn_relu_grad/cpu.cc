@@ -330,8 +330,12 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   const float* xp = x.ptr<float>();
   const float* wp = w.ptr<float>();
   const int64_t col_sz = Kc * HW;
-  const int64_t nb_max = std::min<int64_t>(
-      N, std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, std::max(col_sz, Cg * HW))));
+  // images per chunk: at most ~1 MiB of columns, in chunks of equal size (8 images in chunks
+  // of 7 would leave a one-image GEMM behind)
+  const int64_t nb_cap = std::max<int64_t>(
+      1, (int64_t(1) << 18) / std::max<int64_t>(1, std::max(col_sz, Cg * HW)));
+  const int64_t n_chunks = (N + nb_cap - 1) / nb_cap;
+  const int64_t nb_max = n_chunks ? (N + n_chunks - 1) / n_chunks : 0;
   const bool one_image = nb_max == 1;
   // X (pointwise) and dX (pointwise dgrad, group 1) serve as the column matrices of one image
   const bool x_is_cols = pointwise && one_image && group == 1;
@@ -356,7 +360,7 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   if (want_dw && N == 0) std::fill(dw, dw + C * Kc, 0.f);
   for (int64_t n0 = 0; n0 < N; n0 += nb_max) {
     const int64_t nb = std::min(nb_max, N - n0), L = nb * HW;
-    const int64_t rows_grain = std::max<int64_t>(1, (1 << 14) / L);  // rows of a pack / unpack
+    const int64_t rows_grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, L));
     float* dcn = have_dc ? dc_out + n0 * C * HW : dcc.get();  // the chunk's dC, [nb, C, HW]
     // dC = gamma inv_std / R (R dZ - sum dZ - xhat sum(dZ xhat)) for the chunk's images
     parallel_for(nb * C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
