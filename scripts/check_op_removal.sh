@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Demonstrates "one fused op = one folder": in a temporary copy of this checkout, delete one op
-# (default RMSNormGrad) with its folder, its rules, its own test module and the per-pattern counts
-# of its pattern in the sample / corpus manifests, then build the library and run the tests there.
+# (default RMSNormGrad) with its folder, its rules, its own test module, the samples that exist
+# only for its pattern and the per-pattern counts of its pattern in the sample / corpus
+# manifests, then build the library and run the tests there.
 # Nothing outside those names the op, so the build and the tests pass without it.
 #
 #   scripts/check_op_removal.sh                 RMSNormGrad, a CPU-only build, the core tests
@@ -52,6 +53,22 @@ for f in files:  # drop "<pattern>: N" lines; a count block left empty becomes {
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
         if m and len(nxt) - len(nxt.lstrip()) <= len(m.group(1)):
             lines[i] = ln + " {}"
+    if f.startswith("samples/"):  # a sample that exists only for this pattern is its sample
+        out, drop = [], False
+        for i, ln in enumerate(lines):
+            m = re.fullmatch(r"  (\w+):", ln)
+            if m:
+                block = lines[i + 1:]
+                end = next((k for k, x in enumerate(block) if re.fullmatch(r"  \w+:", x)),
+                           len(block))
+                drop = "    patterns: {}" in block[:end]
+                if drop:
+                    for path in Path("samples").glob(m.group(1) + ".*"):
+                        print(f"   sample {path} (only {pattern})")
+                        path.unlink()
+            if not drop:
+                out.append(ln)
+        lines = out
     Path(f).write_text("\n".join(lines) + "\n")
 PY
 

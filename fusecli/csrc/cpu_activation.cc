@@ -42,8 +42,8 @@ inline __m512 recip16(__m512 a) {
 inline __m512 gelu_grad16(__m512 v) {
   const __m512 one = _mm512_set1_ps(1.f);
   const __m512 e = exp16(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(-0.5f), v), v));
-  const __m512 t = recip16(_mm512_fmadd_ps(_mm512_set1_ps(0.3275911f * 0.70710678118654752f),
-                                           _mm512_abs_ps(v), one));
+  const __m512 t = recip16(
+      _mm512_fmadd_ps(_mm512_set1_ps(0.3275911f * 0.70710678118654752f), _mm512_abs_ps(v), one));
   __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(1.061405429f), t, _mm512_set1_ps(-1.453152027f));
   q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(1.421413741f));
   q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(-0.284496736f));

@@ -49,16 +49,24 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
         const int64_t len = s1 - s0;
         if (split_rows) {
           MMap Cb(c + s0 * ldc, len, n, Eigen::OuterStride<>(ldc));
-          if (!ta && !tb) gemm_block(A.middleRows(s0, len), B, alpha, beta, Cb);
-          else if (!ta && tb) gemm_block(A.middleRows(s0, len), B.transpose(), alpha, beta, Cb);
-          else if (ta && !tb) gemm_block(A.middleCols(s0, len).transpose(), B, alpha, beta, Cb);
-          else gemm_block(A.middleCols(s0, len).transpose(), B.transpose(), alpha, beta, Cb);
+          if (!ta && !tb)
+            gemm_block(A.middleRows(s0, len), B, alpha, beta, Cb);
+          else if (!ta && tb)
+            gemm_block(A.middleRows(s0, len), B.transpose(), alpha, beta, Cb);
+          else if (ta && !tb)
+            gemm_block(A.middleCols(s0, len).transpose(), B, alpha, beta, Cb);
+          else
+            gemm_block(A.middleCols(s0, len).transpose(), B.transpose(), alpha, beta, Cb);
         } else {
           MMap Cb(c + s0, m, len, Eigen::OuterStride<>(ldc));
-          if (!ta && !tb) gemm_block(A, B.middleCols(s0, len), alpha, beta, Cb);
-          else if (!ta && tb) gemm_block(A, B.middleRows(s0, len).transpose(), alpha, beta, Cb);
-          else if (ta && !tb) gemm_block(A.transpose(), B.middleCols(s0, len), alpha, beta, Cb);
-          else gemm_block(A.transpose(), B.middleRows(s0, len).transpose(), alpha, beta, Cb);
+          if (!ta && !tb)
+            gemm_block(A, B.middleCols(s0, len), alpha, beta, Cb);
+          else if (!ta && tb)
+            gemm_block(A, B.middleRows(s0, len).transpose(), alpha, beta, Cb);
+          else if (ta && !tb)
+            gemm_block(A.transpose(), B.middleCols(s0, len), alpha, beta, Cb);
+          else
+            gemm_block(A.transpose(), B.middleRows(s0, len).transpose(), alpha, beta, Cb);
         }
       },
       max_t);
@@ -95,8 +103,8 @@ OrtMatMul::OrtMatMul(const OrtKernelInfo* info) {
     mk(1, "transB", &tb, ORT_OP_ATTR_INT);
     mk(2, "alpha", &alpha, ORT_OP_ATTR_FLOAT);
     if (ok) {
-      OrtStatus* st = api.CreateOp(info, "FusedMatMul", "com.microsoft", 1, tnames, tvals, 1,
-                                   attrs, 3, 2, 1, &ops_[i]);
+      OrtStatus* st = api.CreateOp(info, "FusedMatMul", "com.microsoft", 1, tnames, tvals, 1, attrs,
+                                   3, 2, 1, &ops_[i]);
       if (st) {
         api.ReleaseStatus(st);
         ops_[i] = nullptr;
@@ -120,8 +128,8 @@ OrtMatMul::~OrtMatMul() {
 }
 
 void OrtMatMul::run(const OrtKernelContext* ctx, bool ta, bool tb, int64_t batch, int64_t m,
-                    int64_t n, int64_t k, const float* a, const float* b, float* c,
-                    bool a_batched, bool b_batched) const {
+                    int64_t n, int64_t k, const float* a, const float* b, float* c, bool a_batched,
+                    bool b_batched) const {
   if (batch <= 0 || m <= 0 || n <= 0) return;
   if (k <= 0) {
     std::fill(c, c + batch * m * n, 0.f);
@@ -142,15 +150,16 @@ void OrtMatMul::run(const OrtKernelContext* ctx, bool ta, bool tb, int64_t batch
     return m;
   }();
   auto shape = [&](int64_t r, int64_t cc, bool batched) {
-    return batch == 1 || !batched ? std::vector<int64_t>{r, cc} : std::vector<int64_t>{batch, r, cc};
+    return batch == 1 || !batched ? std::vector<int64_t>{r, cc}
+                                  : std::vector<int64_t>{batch, r, cc};
   };
   const auto sa = ta ? shape(k, m, a_batched) : shape(m, k, a_batched);
   const auto sb = tb ? shape(n, k, b_batched) : shape(k, n, b_batched);
   const auto sc = shape(m, n, true);
-  Ort::Value va = Ort::Value::CreateTensor<float>(mem, const_cast<float*>(a),
-                                                  (a_batched ? batch : 1) * m * k, sa.data(), sa.size());
-  Ort::Value vb = Ort::Value::CreateTensor<float>(mem, const_cast<float*>(b),
-                                                  (b_batched ? batch : 1) * k * n, sb.data(), sb.size());
+  Ort::Value va = Ort::Value::CreateTensor<float>(
+      mem, const_cast<float*>(a), (a_batched ? batch : 1) * m * k, sa.data(), sa.size());
+  Ort::Value vb = Ort::Value::CreateTensor<float>(
+      mem, const_cast<float*>(b), (b_batched ? batch : 1) * k * n, sb.data(), sb.size());
   Ort::Value vc = Ort::Value::CreateTensor<float>(mem, c, batch * m * n, sc.data(), sc.size());
   const OrtValue* ins[2] = {va, vb};
   OrtValue* outs[1] = {vc};

@@ -8,9 +8,9 @@ namespace fusecli {
 // ---- GEMM (row-major, Eigen inside, parallel over output rows) ----------------------------
 // C[m,n] = alpha * op(A) op(B) + beta * C ; op(A) is [m,k], op(B) is [k,n].
 // lda/ldb/ldc are row strides of the stored (untransposed) row-major matrices.
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-          int64_t ldc, int threads = 0);
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+          int threads = 0);
 
 // ---- GEMM through onnxruntime's own MatMul kernel (MLAS) ------------------------------------
 // Created once per kernel from its OrtKernelInfo (OrtApi::CreateOp, API >= 12: the com.microsoft

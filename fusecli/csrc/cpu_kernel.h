@@ -10,8 +10,7 @@ namespace fusecli {
 // struct XKernel : CpuKernel<XKernel, kX> { using CpuKernel::CpuKernel;
 //                                           void Compute(Ort::KernelContext& ctx); };
 // registered with add_op<FusedOp<XKernel>>(domain).
-template <typename Derived, OpId Id>
-struct CpuKernel : KernelBase<Id> {
+template <typename Derived, OpId Id> struct CpuKernel : KernelBase<Id> {
   using KernelBase<Id>::KernelBase;
   OrtStatusPtr ComputeV2(OrtKernelContext* c) {
     return guarded([&] {

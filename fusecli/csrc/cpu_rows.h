@@ -18,10 +18,10 @@ void half_to_float(const Ort::Float16_t* src, float* dst, int64_t n);
 void float_to_half(const float* src, Ort::Float16_t* dst, int64_t n);
 
 // A float32 view of n values: p itself (float32), or p converted into buf (float16).
-template <typename T>
-inline const float* row_as_float(const T* p, float* buf, int64_t n) {
+template <typename T> inline const float* row_as_float(const T* p, float* buf, int64_t n) {
   if constexpr (std::is_same<T, float>::value) {
-    (void)buf; (void)n;
+    (void)buf;
+    (void)n;
     return p;
   } else {
     half_to_float(p, buf, n);
@@ -39,14 +39,15 @@ inline float stat_at(const In& t, int64_t i) {
 // dx[0, n) = value(j, mask) per 16-float chunk (mask: the lanes inside the row), with
 // non-temporal stores when `stream` (large outputs: no read-for-ownership of dx's lines) and dx
 // is 64-byte aligned. The norms' second sweep.
-template <typename F>
-inline void store_row_avx512(float* dx, int64_t n, bool stream, F value) {
+template <typename F> inline void store_row_avx512(float* dx, int64_t n, bool stream, F value) {
   const bool nt = stream && (reinterpret_cast<uintptr_t>(dx) % 64 == 0);
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
     const __m512 o = value(j, static_cast<__mmask16>(0xFFFF));
-    if (nt) _mm512_stream_ps(dx + j, o);
-    else _mm512_storeu_ps(dx + j, o);
+    if (nt)
+      _mm512_stream_ps(dx + j, o);
+    else
+      _mm512_storeu_ps(dx + j, o);
   }
   if (j < n) {
     const __mmask16 tail = static_cast<__mmask16>((1u << (n - j)) - 1u);

@@ -29,7 +29,7 @@ int planned_threads(int64_t n, int64_t grain, int max_threads) {
 }
 
 namespace {
-const OrtApi* g_pool_api = nullptr;                   // serves KernelContext_ParallelFor
+const OrtApi* g_pool_api = nullptr;                     // serves KernelContext_ParallelFor
 thread_local const OrtKernelContext* tl_ctx = nullptr;  // the running kernel's context
 thread_local bool tl_in_chunk = false;                  // inside a parallel_for chunk
 
@@ -44,7 +44,9 @@ void run_chunk(void* data, size_t i) {
 }
 }  // namespace
 
-void set_pool_api(const OrtApi* api) { g_pool_api = api; }
+void set_pool_api(const OrtApi* api) {
+  g_pool_api = api;
+}
 
 #if defined(__SSE__) || defined(__x86_64__)
 constexpr unsigned kFtzDaz = 0x8040u;  // MXCSR bit 15 (flush to zero) | bit 6 (denormals are zero)
@@ -59,8 +61,12 @@ FlushDenormals::FlushDenormals() : saved_(0) {}
 FlushDenormals::~FlushDenormals() {}
 #endif
 
-PoolScope::PoolScope(const OrtKernelContext* ctx) : prev_(tl_ctx) { tl_ctx = ctx; }
-PoolScope::~PoolScope() { tl_ctx = prev_; }
+PoolScope::PoolScope(const OrtKernelContext* ctx) : prev_(tl_ctx) {
+  tl_ctx = ctx;
+}
+PoolScope::~PoolScope() {
+  tl_ctx = prev_;
+}
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn,
                   int max_threads) {

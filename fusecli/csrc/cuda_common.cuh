@@ -11,10 +11,10 @@
 #include "op_launchers.h"
 
 #define FUSECLI_EXPORT extern "C" __attribute__((visibility("default")))
-#define RETURN_IF_ERR(expr)             \
-  do {                                  \
-    cudaError_t e_ = (expr);            \
-    if (e_ != cudaSuccess) return e_;   \
+#define RETURN_IF_ERR(expr)           \
+  do {                                \
+    cudaError_t e_ = (expr);          \
+    if (e_ != cudaSuccess) return e_; \
   } while (0)
 
 namespace {
@@ -24,7 +24,8 @@ constexpr int kRelu = FUSECLI_ACT_RELU, kGelu = FUSECLI_ACT_GELU, kGeluTanh = FU
 
 __device__ __forceinline__ float act_grad(float dy, float x, int act) {
   switch (act) {
-    case kRelu: return x > 0.f ? dy : 0.f;
+    case kRelu:
+      return x > 0.f ? dy : 0.f;
     case kGelu: {
       const float cdf = 0.5f * (1.f + erff(x * 0.70710678118654752f));
       return dy * (cdf + x * expf(-0.5f * x * x) * 0.39894228040143268f);
@@ -39,15 +40,24 @@ __device__ __forceinline__ float act_grad(float dy, float x, int act) {
       const float s = 1.f / (1.f + expf(-x));
       return dy * s * (1.f + x * (1.f - s));
     }
-    default: return dy;
+    default:
+      return dy;
   }
 }
 
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_f(__half v) {
+  return __half2float(v);
+}
 template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
+template <> __device__ __forceinline__ __half from_f<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 int grid_for(int64_t n, int block, int max_blocks = 65535 * 4) {
   int64_t g = (n + block - 1) / block;
@@ -60,7 +70,8 @@ int sm_count() {
   if (!sms) {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms <= 0)
       sms = 80;
   }
   return sms;
@@ -78,7 +89,10 @@ __device__ __forceinline__ float2 block_sum2(float a, float b) {
   a = warp_sum(a);
   b = warp_sum(b);
   __syncthreads();  // previous use of sa/sb is finished
-  if (lane == 0) { sa[wid] = a; sb[wid] = b; }
+  if (lane == 0) {
+    sa[wid] = a;
+    sb[wid] = b;
+  }
   __syncthreads();
   a = lane < nw ? sa[lane] : 0.f;
   b = lane < nw ? sb[lane] : 0.f;
@@ -89,8 +103,8 @@ __device__ __forceinline__ float2 block_sum2(float a, float b) {
 
 // ---- elementwise activation grad ----------------------------------------------------------
 template <typename T>
-__global__ void act_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ out,
-                                int64_t n, int act) {
+__global__ void act_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                T* __restrict__ out, int64_t n, int act) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x)
     out[i] = from_f<T>(act_grad(to_f(dy[i]), to_f(x[i]), act));
@@ -106,19 +120,21 @@ __global__ void act_grad_kernel_f4(const float4* __restrict__ dy, const float4* 
   }
 }
 
-cudaError_t launch_act_f32(cudaStream_t s, const float* dy, const float* x, float* out, int64_t n, int act) {
+cudaError_t launch_act_f32(cudaStream_t s, const float* dy, const float* x, float* out, int64_t n,
+                           int act) {
   if (n <= 0) return cudaSuccess;
   const bool aligned = ((reinterpret_cast<uintptr_t>(dy) | reinterpret_cast<uintptr_t>(x) |
-                         reinterpret_cast<uintptr_t>(out)) & 15) == 0;
+                         reinterpret_cast<uintptr_t>(out)) &
+                        15) == 0;
   const int64_t n4 = aligned ? n / 4 : 0;
   if (n4 > 0)
-    act_grad_kernel_f4<<<grid_for(n4, 256), 256, 0, s>>>(
-        reinterpret_cast<const float4*>(dy), reinterpret_cast<const float4*>(x),
-        reinterpret_cast<float4*>(out), n4, act);
+    act_grad_kernel_f4<<<grid_for(n4, 256), 256, 0, s>>>(reinterpret_cast<const float4*>(dy),
+                                                         reinterpret_cast<const float4*>(x),
+                                                         reinterpret_cast<float4*>(out), n4, act);
   const int64_t done = n4 * 4;
   if (done < n)
-    act_grad_kernel<float><<<grid_for(n - done, 256), 256, 0, s>>>(dy + done, x + done, out + done,
-                                                                 n - done, act);
+    act_grad_kernel<float>
+        <<<grid_for(n - done, 256), 256, 0, s>>>(dy + done, x + done, out + done, n - done, act);
   return cudaGetLastError();
 }
 
@@ -126,9 +142,10 @@ cudaError_t launch_act_f32(cudaStream_t s, const float* dy, const float* x, floa
 constexpr int BM = 64, BN = 64, BK = 16;
 
 template <bool TA, bool TB>
-__global__ void __launch_bounds__(256) sgemm_kernel(int64_t m, int64_t n, int64_t k, float alpha,
-    const float* __restrict__ A, int64_t lda, int64_t sA, const float* __restrict__ B, int64_t ldb,
-    int64_t sB, float beta, float* __restrict__ C, int64_t ldc, int64_t sC) {
+__global__ void __launch_bounds__(256)
+    sgemm_kernel(int64_t m, int64_t n, int64_t k, float alpha, const float* __restrict__ A,
+                 int64_t lda, int64_t sA, const float* __restrict__ B, int64_t ldb, int64_t sB,
+                 float beta, float* __restrict__ C, int64_t ldc, int64_t sC) {
   __shared__ float As[BK][BM + 4];
   __shared__ float Bs[BK][BN + 4];
   A += blockIdx.z * sA;
@@ -142,13 +159,25 @@ __global__ void __launch_bounds__(256) sgemm_kernel(int64_t m, int64_t n, int64_
     for (int l = 0; l < 4; ++l) {
       const int idx = tid + l * 256;
       int ii, kk;
-      if (TA) { kk = idx / BM; ii = idx % BM; } else { ii = idx / BK; kk = idx % BK; }
+      if (TA) {
+        kk = idx / BM;
+        ii = idx % BM;
+      } else {
+        ii = idx / BK;
+        kk = idx % BK;
+      }
       const int64_t gi = row0 + ii, gk = k0 + kk;
       float va = 0.f;
       if (gi < m && gk < k) va = TA ? A[gk * lda + gi] : A[gi * lda + gk];
       As[kk][ii] = va;
       int jj;
-      if (TB) { jj = idx / BK; kk = idx % BK; } else { kk = idx / BN; jj = idx % BN; }
+      if (TB) {
+        jj = idx / BK;
+        kk = idx % BK;
+      } else {
+        kk = idx / BN;
+        jj = idx % BN;
+      }
       const int64_t gj = col0 + jj, gk2 = k0 + kk;
       float vb = 0.f;
       if (gj < n && gk2 < k) vb = TB ? B[gj * ldb + gk2] : B[gk2 * ldb + gj];
@@ -190,10 +219,18 @@ cudaError_t sgemm(cudaStream_t s, bool ta, bool tb, int64_t m, int64_t n, int64_
   dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
             static_cast<unsigned>(batch));
   if (grid.y > 65535 || grid.z > 65535) return cudaErrorInvalidConfiguration;
-  if (!ta && !tb) sgemm_kernel<false, false><<<grid, 256, 0, s>>>(m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC);
-  else if (!ta && tb) sgemm_kernel<false, true><<<grid, 256, 0, s>>>(m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC);
-  else if (ta && !tb) sgemm_kernel<true, false><<<grid, 256, 0, s>>>(m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC);
-  else sgemm_kernel<true, true><<<grid, 256, 0, s>>>(m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC);
+  if (!ta && !tb)
+    sgemm_kernel<false, false>
+        <<<grid, 256, 0, s>>>(m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC);
+  else if (!ta && tb)
+    sgemm_kernel<false, true>
+        <<<grid, 256, 0, s>>>(m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC);
+  else if (ta && !tb)
+    sgemm_kernel<true, false>
+        <<<grid, 256, 0, s>>>(m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC);
+  else
+    sgemm_kernel<true, true>
+        <<<grid, 256, 0, s>>>(m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC);
   return cudaGetLastError();
 }
 

@@ -13,7 +13,9 @@ namespace {
 constexpr const char* kCuda = "CUDAExecutionProvider";
 
 // The launcher code of an activation (op_launchers.h's FUSECLI_ACT_*).
-inline int act_code(Act a) { return static_cast<int>(a); }
+inline int act_code(Act a) {
+  return static_cast<int>(a);
+}
 
 inline void check_cuda(int err, const char* op) {
   if (err != 0)
@@ -24,8 +26,7 @@ inline void check_cuda(int err, const char* op) {
 // struct XKernel : CudaKernel<XKernel, kX> { using CudaKernel::CudaKernel;
 //                                            void Compute(Ort::KernelContext& ctx); };
 // registered with add_op<FusedOp<XKernel, true>>(domain) (kWithInplace: see SigOp).
-template <typename Derived, OpId Id>
-struct CudaKernel : KernelBase<Id> {
+template <typename Derived, OpId Id> struct CudaKernel : KernelBase<Id> {
   using KernelBase<Id>::KernelBase;
   OrtStatusPtr ComputeV2(OrtKernelContext* c) {
     return guarded([&] {

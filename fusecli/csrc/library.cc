@@ -13,11 +13,17 @@ namespace fusecli {
 static std::atomic<int64_t> g_calls[kNumOps];
 static std::atomic<int64_t> g_inplace[kNumOps];
 
-void count_call(OpId op) { g_calls[op].fetch_add(1, std::memory_order_relaxed); }
-void count_inplace(OpId op) { g_inplace[op].fetch_add(1, std::memory_order_relaxed); }
+void count_call(OpId op) {
+  g_calls[op].fetch_add(1, std::memory_order_relaxed);
+}
+void count_inplace(OpId op) {
+  g_inplace[op].fetch_add(1, std::memory_order_relaxed);
+}
 static const char* const kPhaseNames[kNumPhases] = {"AttentionGrad/softmax_ns"};
 static std::atomic<int64_t> g_phase_ns[kNumPhases];
-void add_phase_ns(PhaseId phase, int64_t ns) { g_phase_ns[phase].fetch_add(ns, std::memory_order_relaxed); }
+void add_phase_ns(PhaseId phase, int64_t ns) {
+  g_phase_ns[phase].fetch_add(ns, std::memory_order_relaxed);
+}
 
 }  // namespace fusecli
 

@@ -42,9 +42,9 @@ void add_phase_ns(PhaseId phase, int64_t ns);
 struct OpError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-#define FUSECLI_CHECK(cond, msg)                                                   \
-  do {                                                                             \
-    if (!(cond)) throw ::fusecli::OpError(std::string("fusecli: ") + (msg));       \
+#define FUSECLI_CHECK(cond, msg)                                             \
+  do {                                                                       \
+    if (!(cond)) throw ::fusecli::OpError(std::string("fusecli: ") + (msg)); \
   } while (0)
 
 // ---- attributes with defaults ---------------------------------------------------------------
@@ -56,8 +56,7 @@ std::vector<int64_t> attr_ints(const OrtKernelInfo* info, const char* name,
 // A string attribute naming an activation; `allowed`: bit i = activation code i may be used.
 Act attr_act(const OrtKernelInfo* info, const char* name, uint32_t allowed);
 // Each op's attributes with their contract defaults: OpAttrs<k<Op>> (op_attrs.h, generated).
-template <OpId Id>
-struct OpAttrs;
+template <OpId Id> struct OpAttrs;
 
 // ---- tensors ------------------------------------------------------------------------------
 struct In {
@@ -94,8 +93,7 @@ struct AxisRows {
 AxisRows rows_from_axis(const std::vector<int64_t>& shape, int64_t axis, const char* op);
 
 // ---- op base ------------------------------------------------------------------------------
-template <typename TOp, typename TKernel>
-struct OpBase : Ort::CustomOpBase<TOp, TKernel, true> {
+template <typename TOp, typename TKernel> struct OpBase : Ort::CustomOpBase<TOp, TKernel, true> {
   OpBase(const char* name, const char* ep) : name_(name), ep_(ep) {
     this->OrtCustomOp::version = kOrtApiVersion;
   }
@@ -162,8 +160,7 @@ struct SigOp : OpBase<TOp, TKernel> {
 
 // The kernel base of an op: its attributes as the contract declares them (OpAttrs<Id>, generated
 // into op_attrs.h) and which registration (float32 / float16) created it.
-template <OpId Id>
-struct KernelBase : OpAttrs<Id> {
+template <OpId Id> struct KernelBase : OpAttrs<Id> {
   static constexpr OpId kId = Id;
   template <typename TOp>
   KernelBase(const OrtKernelInfo* info, const TOp* op) : OpAttrs<Id>(info), half(op->half) {}
@@ -173,14 +170,14 @@ struct KernelBase : OpAttrs<Id> {
 // The registration of a kernel TKernel (a KernelBase<Id>) for the CPU (ep nullptr) or CUDA
 // execution provider; kWithInplace = false: no in-place pairs (see SigOp).
 template <typename TKernel, bool kCudaEp = false, bool kWithInplace = true>
-struct FusedOp : SigOp<FusedOp<TKernel, kCudaEp, kWithInplace>, TKernel, TKernel::kId, kWithInplace> {
+struct FusedOp
+    : SigOp<FusedOp<TKernel, kCudaEp, kWithInplace>, TKernel, TKernel::kId, kWithInplace> {
   using Base = SigOp<FusedOp<TKernel, kCudaEp, kWithInplace>, TKernel, TKernel::kId, kWithInplace>;
   explicit FusedOp(bool half) : Base(kCudaEp ? "CUDAExecutionProvider" : nullptr, half) {}
 };
 
 // Adds an op's registrations to the domain: float32, and float16 when its contract lists it.
-template <typename TOp>
-void add_op(Ort::CustomOpDomain& domain) {
+template <typename TOp> void add_op(Ort::CustomOpDomain& domain) {
   static TOp f32(false);
   domain.Add(&f32);
   if (kOpHasHalf[TOp::kId]) {
@@ -190,8 +187,7 @@ void add_op(Ort::CustomOpDomain& domain) {
 }
 
 // Wraps a kernel body into an OrtStatusPtr-returning ComputeV2.
-template <typename F>
-OrtStatusPtr guarded(F&& f) {
+template <typename F> OrtStatusPtr guarded(F&& f) {
   try {
     f();
     return nullptr;

@@ -12,7 +12,7 @@ FUSECLI_EXPORT int fusecli_launch_activation_grad_f16(void* stream, const void* 
   if (act < 0 || act > kSilu) return cudaErrorInvalidValue;
   if (n <= 0) return cudaSuccess;
   act_grad_kernel<__half><<<grid_for(n, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const __half*>(dy), static_cast<const __half*>(x), static_cast<__half*>(dx), n, act);
+      static_cast<const __half*>(dy), static_cast<const __half*>(x), static_cast<__half*>(dx), n,
+      act);
   return cudaGetLastError();
 }
-

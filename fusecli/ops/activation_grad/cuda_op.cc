@@ -8,15 +8,17 @@ namespace {
 struct ActKernel : CudaKernel<ActKernel, kActivationGrad> {  // attributes: activation
   using CudaKernel::CudaKernel;
   void Compute(Ort::KernelContext& ctx) {
-      In dy = get_input(ctx, 0), x = get_input(ctx, 1);
-      FUSECLI_CHECK(dy.numel() == x.numel(), "ActivationGrad: dY and X must have the same size");
-      void* out = opt_out<void>(ctx, 0, dy.shape);
-      if (!out) return;
-      void* s = ctx.GetGPUComputeStream();
-      check_cuda(half ? fusecli_launch_activation_grad_f16(s, dy.data, x.data, out, dy.numel(), act_code(activation))
-                      : fusecli_launch_activation_grad(s, dy.ptr<float>(), x.ptr<float>(),
-                                                       static_cast<float*>(out), dy.numel(), act_code(activation)),
-                 "ActivationGrad");
+    In dy = get_input(ctx, 0), x = get_input(ctx, 1);
+    FUSECLI_CHECK(dy.numel() == x.numel(), "ActivationGrad: dY and X must have the same size");
+    void* out = opt_out<void>(ctx, 0, dy.shape);
+    if (!out) return;
+    void* s = ctx.GetGPUComputeStream();
+    check_cuda(half ? fusecli_launch_activation_grad_f16(s, dy.data, x.data, out, dy.numel(),
+                                                         act_code(activation))
+                    : fusecli_launch_activation_grad(s, dy.ptr<float>(), x.ptr<float>(),
+                                                     static_cast<float*>(out), dy.numel(),
+                                                     act_code(activation)),
+               "ActivationGrad");
   }
 };
 

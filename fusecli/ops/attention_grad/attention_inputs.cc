@@ -7,8 +7,9 @@ namespace fusecli {
 
 // ---- AttentionGrad -------------------------------------------------------------------------
 void check_attn_attrs(const AttnAttrs& a) {
-  FUSECLI_CHECK(a.dropout_ratio >= 0.f && a.dropout_ratio < 1.f,
-                "AttentionGrad: dropout_ratio must be in [0, 1), got " + std::to_string(a.dropout_ratio));
+  FUSECLI_CHECK(
+      a.dropout_ratio >= 0.f && a.dropout_ratio < 1.f,
+      "AttentionGrad: dropout_ratio must be in [0, 1), got " + std::to_string(a.dropout_ratio));
 }
 
 static std::string dims_str(const int64_t* d, size_t n) {
@@ -46,8 +47,14 @@ static KvMap attn_kv_map(const std::vector<int64_t>& pshape, const In& t, int64_
 }
 
 AttnInputs::AttnInputs(Ort::KernelContext& ctx, const AttnAttrs& a)
-    : dO(get_input(ctx, 0)), q(get_input(ctx, 1)), k(get_input(ctx, 2)), v(get_input(ctx, 3)),
-      p(get_input(ctx, 4)), qs(get_input(ctx, 5)), ks(get_input(ctx, 6)), mask(get_input(ctx, 7)) {
+    : dO(get_input(ctx, 0)),
+      q(get_input(ctx, 1)),
+      k(get_input(ctx, 2)),
+      v(get_input(ctx, 3)),
+      p(get_input(ctx, 4)),
+      qs(get_input(ctx, 5)),
+      ks(get_input(ctx, 6)),
+      mask(get_input(ctx, 7)) {
   for (const In* t : {&dO, &q, &k, &v, &p})
     FUSECLI_CHECK(t->shape.size() >= 2, "AttentionGrad: every input needs rank >= 2");
   FUSECLI_CHECK((!qs.present || qs.numel() == 1) && (!ks.present || ks.numel() == 1),
@@ -65,9 +72,10 @@ AttnInputs::AttnInputs(Ort::KernelContext& ctx, const AttnAttrs& a)
   kmap = attn_kv_map(p.shape, k, k0, k1, "K");
   vmap = attn_kv_map(p.shape, v, Sk, Dv, "V");
   if (mask.present)
-    FUSECLI_CHECK(mask.shape == p.shape, "AttentionGrad: dropout_mask must be bool with P's shape " +
-                                             dims_str(p.shape.data(), r) + ", got " +
-                                             dims_str(mask.shape.data(), mask.shape.size()));
+    FUSECLI_CHECK(mask.shape == p.shape,
+                  "AttentionGrad: dropout_mask must be bool with P's shape " +
+                      dims_str(p.shape.data(), r) + ", got " +
+                      dims_str(mask.shape.data(), mask.shape.size()));
   else
     FUSECLI_CHECK(a.dropout_ratio == 0.f,
                   "AttentionGrad: dropout_ratio is set but the dropout_mask input is absent");

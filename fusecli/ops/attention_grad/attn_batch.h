@@ -20,9 +20,9 @@ namespace fusecli {
 constexpr int kAttnMaxBatchDims = 8;
 
 struct KvMap {
-  int nd = 0;                              // batch dims (0: one item)
-  int64_t q[kAttnMaxBatchDims] = {};       // query-side sizes
-  int64_t kv[kAttnMaxBatchDims] = {};      // K- or V-side sizes (each equal to q[j] or dividing it)
+  int nd = 0;                          // batch dims (0: one item)
+  int64_t q[kAttnMaxBatchDims] = {};   // query-side sizes
+  int64_t kv[kAttnMaxBatchDims] = {};  // K- or V-side sizes (each equal to q[j] or dividing it)
 
   FUSECLI_HD int64_t q_items() const {
     int64_t n = 1;

@@ -33,8 +33,10 @@ void kv_segments(const KvMap& m, int64_t b0, int64_t nb, std::vector<Seg>& out) 
   for (int64_t b = b0; b < b0 + nb;) {
     const int64_t e = std::min(b0 + nb, (b / L + 1) * L);
     const int64_t kv = m.kv_of(b);
-    if (!out.empty() && out.back().kv == kv) out.back().n += e - b;
-    else out.push_back({b, e - b, kv});
+    if (!out.empty() && out.back().kv == kv)
+      out.back().n += e - b;
+    else
+      out.push_back({b, e - b, kv});
     b = e;
   }
 }
@@ -69,7 +71,9 @@ void gemm_gather(const OrtMatMul& mm, const OrtKernelContext* kc, const std::vec
 void gemm_scatter(const OrtMatMul& mm, const OrtKernelContext* kc, const std::vector<Seg>& segs,
                   int64_t b0, int64_t rows, int64_t m, int64_t n, const float* a, const float* x,
                   float* out, std::vector<char>& touched, std::vector<float>& tmp) {
-  auto at = [&](const Seg& s, const float* base, int64_t per) { return base + (s.b - b0) * rows * per; };
+  auto at = [&](const Seg& s, const float* base, int64_t per) {
+    return base + (s.b - b0) * rows * per;
+  };
   bool fresh = true;
   for (const Seg& s : segs) fresh = fresh && !touched[s.kv];
   if (fresh && batchable(segs)) {
@@ -122,18 +126,22 @@ void AttnKernel::Compute(Ort::KernelContext& ctx) {
   const bool need_ds = want_dq || want_dk || want_ds;
   // dS is stored pre-multiplied by f (= scale_q unless dS is an output, or scale_q is 0 or not
   // finite), so dQ needs no extra pass and dK one only when scale_k != scale_q.
-  const float f = (!want_ds && std::fabs(scale_q) >= 1e-20f && std::fabs(scale_q) <= 1e20f) ? scale_q : 1.f;
+  const float f =
+      (!want_ds && std::fabs(scale_q) >= 1e-20f && std::fabs(scale_q) <= 1e20f) ? scale_q : 1.f;
   // Batch items go in chunks whose dS scratch (~2 MiB) stays in cache between the dP GEMM, the
   // softmax-backward pass and the dQ / dK GEMMs; each GEMM is one batched onnxruntime MatMul
   // (a run of query items sharing a kv item is one GEMM of its stacked rows; chunks hold whole
   // runs when one fits, so grouped K / V need no per-head copies).
   const int64_t item = Sq * Sk;
-  int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(B, (int64_t(1) << 19) / std::max<int64_t>(1, item)));
+  int64_t chunk =
+      std::max<int64_t>(1, std::min<int64_t>(B, (int64_t(1) << 19) / std::max<int64_t>(1, item)));
   const int64_t lk = std::max<int64_t>(1, km.run()), lv = std::max<int64_t>(1, vm.run());
   const int64_t runs = lk / std::gcd(lk, lv) * lv;
   if (runs <= chunk) chunk = chunk / runs * runs;
-  std::unique_ptr<float[]> ds(need_ds && !want_ds ? new float[static_cast<size_t>(chunk * item)] : nullptr);
-  std::unique_ptr<float[]> pd(maskp && want_dv ? new float[static_cast<size_t>(chunk * item)] : nullptr);
+  std::unique_ptr<float[]> ds(need_ds && !want_ds ? new float[static_cast<size_t>(chunk * item)]
+                                                  : nullptr);
+  std::unique_ptr<float[]> pd(maskp && want_dv ? new float[static_cast<size_t>(chunk * item)]
+                                               : nullptr);
   std::vector<char> k_touched(want_dk ? km.kv_items() : 0), v_touched(want_dv ? vm.kv_items() : 0);
   std::vector<float> tmp;
   std::vector<Seg> ksegs, vsegs;
@@ -152,7 +160,11 @@ void AttnKernel::Compute(Ort::KernelContext& ctx) {
       if (mb) {
         parallel_for(rows, grain, [&](int, int64_t r0, int64_t r1) {
           const int64_t o = r0 * Sk, len = (r1 - r0) * Sk;
-          MA(pd.get() + o, len) = CA(pb + o, len) * Eigen::Map<const Eigen::Array<uint8_t, Eigen::Dynamic, 1>>(mb + o, len).cast<float>() * keep;
+          MA(pd.get() + o, len) =
+              CA(pb + o, len) *
+              Eigen::Map<const Eigen::Array<uint8_t, Eigen::Dynamic, 1>>(mb + o, len)
+                  .cast<float>() *
+              keep;
         });
         pa = pd.get();
       }
@@ -167,21 +179,27 @@ void AttnKernel::Compute(Ort::KernelContext& ctx) {
       for (int64_t i = r0; i < r1; ++i) {
         MA d(dsb + i * Sk, Sk);
         CA pr(pb + i * Sk, Sk);
-        if (mb) d *= Eigen::Map<const Eigen::Array<uint8_t, Eigen::Dynamic, 1>>(mb + i * Sk, Sk).cast<float>() * keep;
+        if (mb)
+          d *= Eigen::Map<const Eigen::Array<uint8_t, Eigen::Dynamic, 1>>(mb + i * Sk, Sk)
+                   .cast<float>() *
+               keep;
         const float rs = (d * pr).sum();
         d = (f * pr) * (d - rs);
       }
     });
     add_phase_ns(kAttnSoftmaxPhase, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now() - t0).count());
+                                        std::chrono::steady_clock::now() - t0)
+                                        .count());
     if (want_dq) {  // dQ = dS K (K as [Sk, D])
       float* dqb = dq + b0 * Sq * D;
       gemm_gather(mm, kc, ksegs, b0, k_transposed, Sq, D, Sk, dsb, kp, dqb);
       if (scale_q != f) MA(dqb, rows * D) *= scale_q / f;
     }
     if (want_dk) {  // dK = sum_group dS^T Q ([Sk, D]) | Q^T dS ([D, Sk])
-      if (!k_transposed) gemm_scatter(mm, kc, ksegs, b0, Sq, Sk, D, dsb, qb, dk, k_touched, tmp);
-      else gemm_scatter(mm, kc, ksegs, b0, Sq, D, Sk, qb, dsb, dk, k_touched, tmp);
+      if (!k_transposed)
+        gemm_scatter(mm, kc, ksegs, b0, Sq, Sk, D, dsb, qb, dk, k_touched, tmp);
+      else
+        gemm_scatter(mm, kc, ksegs, b0, Sq, D, Sk, qb, dsb, dk, k_touched, tmp);
     }
   }
   if (want_dk && scale_k != f) MA(dk, k.numel()) *= scale_k / f;

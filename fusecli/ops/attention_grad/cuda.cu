@@ -4,8 +4,9 @@
 
 namespace {
 
-// ---- softmax backward rows: dP = dPd * mask * keep (no mask: dPd), dS = P * (dP - rowsum(dP * P)),
-// in place over dPd ----------------------------------------------------------------------------
+// ---- softmax backward rows: dP = dPd * mask * keep (no mask: dPd), dS = P * (dP - rowsum(dP *
+// P)), in place over dPd
+// ----------------------------------------------------------------------------
 __global__ void softmax_bwd_rows(float* __restrict__ dp, const float* __restrict__ p,
                                  const uint8_t* __restrict__ mask, float keep, int64_t cols) {
   const int64_t row = blockIdx.x;
@@ -39,8 +40,8 @@ __global__ void kv_expand(const float* __restrict__ in, float* __restrict__ out,
     out[i] = in[m.kv_of(i / per) * per + i % per];
 }
 // out[c] = sum over the g query items b of kv item c of in[b]
-__global__ void kv_group_sum(const float* __restrict__ in, float* __restrict__ out, fusecli::KvMap m,
-                             int64_t per, int64_t total, int64_t g) {
+__global__ void kv_group_sum(const float* __restrict__ in, float* __restrict__ out,
+                             fusecli::KvMap m, int64_t per, int64_t total, int64_t g) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t c = i / per, e = i % per;
@@ -109,11 +110,11 @@ FUSECLI_EXPORT int fusecli_read_scalar(void* stream, const float* p, float* out)
   return cudaStreamSynchronize(s);
 }
 
-FUSECLI_EXPORT int fusecli_launch_attention_grad(void* stream, const float* dO, const float* q,
-    const float* k, const float* v, const float* p, const uint8_t* mask, float* dq, float* dk,
-    float* dv, float* ds_out, int nd, const int64_t* qdims, const int64_t* kdims,
-    const int64_t* vdims, int64_t sq, int64_t sk, int64_t d, int64_t dvd, float scale_q,
-    float scale_k, float keep, int k_transposed) {
+FUSECLI_EXPORT int fusecli_launch_attention_grad(
+    void* stream, const float* dO, const float* q, const float* k, const float* v, const float* p,
+    const uint8_t* mask, float* dq, float* dk, float* dv, float* ds_out, int nd,
+    const int64_t* qdims, const int64_t* kdims, const int64_t* vdims, int64_t sq, int64_t sk,
+    int64_t d, int64_t dvd, float scale_q, float scale_k, float keep, int k_transposed) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   fusecli::KvMap km, vm;
   if (!make_kv_map(nd, qdims, kdims, &km) || !make_kv_map(nd, qdims, vdims, &vm))

@@ -11,8 +11,13 @@ void check_conv_attrs(const OpAttrs<kConvBnReluGrad>& a) {
 }
 
 ConvInputs::ConvInputs(Ort::KernelContext& ctx, const OpAttrs<kConvBnReluGrad>& a)
-    : dy(get_input(ctx, 0)), y(get_input(ctx, 1)), x(get_input(ctx, 2)), w(get_input(ctx, 3)),
-      cv(get_input(ctx, 4)), gamma(get_input(ctx, 5)), mean(get_input(ctx, 6)),
+    : dy(get_input(ctx, 0)),
+      y(get_input(ctx, 1)),
+      x(get_input(ctx, 2)),
+      w(get_input(ctx, 3)),
+      cv(get_input(ctx, 4)),
+      gamma(get_input(ctx, 5)),
+      mean(get_input(ctx, 6)),
       istd(get_input(ctx, 7)) {
   FUSECLI_CHECK(dy.shape.size() == 4 && x.shape.size() == 4 && w.shape.size() == 4,
                 "ConvBnReluGrad: dY, X and W must be 4-D");
@@ -27,10 +32,12 @@ ConvInputs::ConvInputs(Ort::KernelContext& ctx, const OpAttrs<kConvBnReluGrad>& 
                 "ConvBnReluGrad: channels not divisible by group");
   FUSECLI_CHECK(w.shape[0] == C && w.shape[1] == Cin / a.group,
                 "ConvBnReluGrad: W must be [C, Cin/group, kh, kw]");
-  const int64_t eho = (Hin + a.pads[0] + a.pads[2] - a.dilations[0] * (kh - 1) - 1) / a.strides[0] + 1;
-  const int64_t ewo = (Win + a.pads[1] + a.pads[3] - a.dilations[1] * (kw - 1) - 1) / a.strides[1] + 1;
-  FUSECLI_CHECK(eho == H && ewo == W, "ConvBnReluGrad: dY spatial size does not match the convolution");
+  const int64_t eho =
+      (Hin + a.pads[0] + a.pads[2] - a.dilations[0] * (kh - 1) - 1) / a.strides[0] + 1;
+  const int64_t ewo =
+      (Win + a.pads[1] + a.pads[3] - a.dilations[1] * (kw - 1) - 1) / a.strides[1] + 1;
+  FUSECLI_CHECK(eho == H && ewo == W,
+                "ConvBnReluGrad: dY spatial size does not match the convolution");
 }
-
 
 }  // namespace fusecli

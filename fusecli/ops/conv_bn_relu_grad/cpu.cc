@@ -17,7 +17,9 @@ namespace {
 struct ConvOp;
 struct ConvKernel : ConvAttrs {
   ConvKernel(const OrtKernelInfo* info, const ConvOp*) : ConvAttrs(info), mm(info) {}
-  OrtStatusPtr ComputeV2(OrtKernelContext* c) { return guarded([&] { Compute(c); }); }
+  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
+    return guarded([&] { Compute(c); });
+  }
   void Compute(OrtKernelContext* c);
   OrtMatMul mm;
 };
@@ -50,8 +52,8 @@ static inline void add_row(float* __restrict__ d, const float* __restrict__ s, i
     _mm512_storeu_ps(d + i, _mm512_add_ps(_mm512_loadu_ps(d + i), _mm512_loadu_ps(s + i)));
   if (i < n) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    _mm512_mask_storeu_ps(d + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i),
-                                                  _mm512_maskz_loadu_ps(m, s + i)));
+    _mm512_mask_storeu_ps(
+        d + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i), _mm512_maskz_loadu_ps(m, s + i)));
   }
 #else
   for (int64_t i = 0; i < n; ++i) d[i] += s[i];
@@ -80,8 +82,8 @@ static inline void copy_row_s2(float* __restrict__ d, const float* __restrict__ 
 // Image-major <-> channel-major: dst[r][i*hw + p] = src[i*img + r*hw + p] (pack) and back
 // (unpack), rows [r0, r1), images [0, nb), dst rows `ld` floats apart. These move a chunk's
 // activations into the [rows, nb*hw] matrices of one GEMM and its results back.
-static void pack_rows(const float* src, int64_t img, int64_t nb, int64_t hw, float* dst,
-                      int64_t ld, int64_t r0, int64_t r1) {
+static void pack_rows(const float* src, int64_t img, int64_t nb, int64_t hw, float* dst, int64_t ld,
+                      int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t i = 0; i < nb; ++i) copy_row(dst + r * ld + i * hw, src + i * img + r * hw, hw);
 }
@@ -93,7 +95,8 @@ static void unpack_rows(const float* src, int64_t ld, int64_t nb, int64_t hw, fl
 
 // cols[(ci*kh + i)*kw + j][oh*wo + ow] = x[ci][oh*sh - pt + i*dh][ow*sw - pl + j*dw] (0 outside);
 // rows of the column matrix are `ld` floats apart (ld = ho*wo for one image's own matrix).
-static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t ld, int64_t c0, int64_t c1) {
+static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t ld, int64_t c0,
+                   int64_t c1) {
   for (int64_t ci = c0; ci < c1; ++ci)
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
@@ -112,8 +115,10 @@ static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t ld, i
           }
           const float* srow = src + ih * g.win + off;
           std::fill(drow, drow + lo, 0.f);
-          if (g.sw == 1) copy_row(drow + lo, srow + lo, hi - lo);
-          else if (g.sw == 2) copy_row_s2(drow + lo, srow + 2 * lo, hi - lo);
+          if (g.sw == 1)
+            copy_row(drow + lo, srow + lo, hi - lo);
+          else if (g.sw == 2)
+            copy_row_s2(drow + lo, srow + 2 * lo, hi - lo);
           else
             for (int64_t ow = lo; ow < hi; ++ow) drow[ow] = srow[ow * g.sw];
           std::fill(drow + hi, drow + g.wo, 0.f);
@@ -125,16 +130,16 @@ static void im2col(const float* x, const ConvGeom& g, float* cols, int64_t ld, i
 // output column ow feeds iw = ow*sw - pl + j*dw, so a tap reaches every sw-th lane from its first
 // one on the grid; `idx` moves the column row's consecutive values onto those lanes.
 struct Col2imTap {
-  int64_t ow0 = 0;  // first output column of the block
+  int64_t ow0 = 0;               // first output column of the block
   uint16_t load = 0, lanes = 0;  // masks: values loaded from ow0 on; dX lanes written (0: none)
   int32_t idx[16] = {};
 };
 struct Col2imPlan {
-  int64_t nblk = 0;  // 16-wide blocks of a dX row
-  std::vector<int64_t> oh;  // [hin * kh]: output row fed by (ih, i), -1 where none
+  int64_t nblk = 0;             // 16-wide blocks of a dX row
+  std::vector<int64_t> oh;      // [hin * kh]: output row fed by (ih, i), -1 where none
   std::vector<Col2imTap> taps;  // [nblk * kw]
-  explicit Col2imPlan(const ConvGeom& g) : nblk((g.win + 15) / 16), oh(g.hin * g.kh, -1),
-                                           taps(nblk * g.kw) {
+  explicit Col2imPlan(const ConvGeom& g)
+      : nblk((g.win + 15) / 16), oh(g.hin * g.kh, -1), taps(nblk * g.kw) {
     for (int64_t ih = 0; ih < g.hin; ++ih)
       for (int64_t i = 0; i < g.kh; ++i) {
         const int64_t t = ih + g.pt - i * g.dh;  // = oh * sh
@@ -162,8 +167,8 @@ struct Col2imPlan {
 
 // dx[ci] = the sum of the columns' contributions (column rows `ld` floats apart, as in im2col);
 // dx points at channel 0 of the group, channels [c0, c1) are written.
-static void col2im(const float* cols, const ConvGeom& g, int64_t ld, float* dx, int64_t c0, int64_t c1,
-                   const Col2imPlan* plan) {
+static void col2im(const float* cols, const ConvGeom& g, int64_t ld, float* dx, int64_t c0,
+                   int64_t c1, const Col2imPlan* plan) {
 #if defined(__AVX512F__)
   if (g.sh == 1 && g.sw == 1) {
     // Unit stride: each dX row gathers its kh*kw contributions in a register (masked loads of
@@ -188,7 +193,8 @@ static void col2im(const float* cols, const ConvGeom& g, int64_t ld, float* dx, 
               acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, src));
             }
           }
-          _mm512_mask_storeu_ps(dst + ih * g.win + iw0, static_cast<__mmask16>((1u << n) - 1u), acc);
+          _mm512_mask_storeu_ps(dst + ih * g.win + iw0, static_cast<__mmask16>((1u << n) - 1u),
+                                acc);
         }
     }
     return;
@@ -211,11 +217,12 @@ static void col2im(const float* cols, const ConvGeom& g, int64_t ld, float* dx, 
               if (!t.lanes) continue;
               const float* src = cols + ((ci * g.kh + i) * g.kw + j) * ld + oh * g.wo + t.ow0;
               const __m512 v = _mm512_maskz_loadu_ps(t.load, src);
-              acc = _mm512_add_ps(acc, _mm512_maskz_permutexvar_ps(
-                                           t.lanes, _mm512_loadu_si512(t.idx), v));
+              acc = _mm512_add_ps(
+                  acc, _mm512_maskz_permutexvar_ps(t.lanes, _mm512_loadu_si512(t.idx), v));
             }
           }
-          _mm512_mask_storeu_ps(dst + ih * g.win + iw0, static_cast<__mmask16>((1u << n) - 1u), acc);
+          _mm512_mask_storeu_ps(dst + ih * g.win + iw0, static_cast<__mmask16>((1u << n) - 1u),
+                                acc);
         }
     }
     return;
@@ -251,10 +258,10 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   const ConvInputs in(ctx, *this);
   const In &dy = in.dy, &y = in.y, &x = in.x, &w = in.w, &cv = in.cv, &gamma = in.gamma,
            &mean = in.mean, &istd = in.istd;
-  const int64_t N = in.N, C = in.C, H = in.H, Wd = in.W, Cin = in.Cin, Hin = in.Hin,
-                Win = in.Win, kh = in.kh, kw = in.kw;
-  ConvGeom g{Cin / group, Hin, Win, kh, kw, H, Wd, strides[0], strides[1], pads[0], pads[1],
-             dilations[0], dilations[1]};
+  const int64_t N = in.N, C = in.C, H = in.H, Wd = in.W, Cin = in.Cin, Hin = in.Hin, Win = in.Win,
+                kh = in.kh, kw = in.kw;
+  ConvGeom g{Cin / group, Hin,        Win,     kh,      kw,           H,           Wd,
+             strides[0],  strides[1], pads[0], pads[1], dilations[0], dilations[1]};
 
   bool want_dx, want_dw, want_dbc, want_dg, want_db;
   float* dx = output_or_null<float>(ctx, 0, x.shape, &want_dx);
@@ -284,29 +291,29 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   std::vector<float> dgam(C), dbet(C), dbias(C), cfv(C), a0v(C), a1v(C);
   parallel_for(C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, N * HW)),
                [&](int, int64_t c0, int64_t c1) {
-    std::vector<float> dzb(relu ? HW : 0);  // one row of dZ, stays in L1
-    for (int64_t ch = c0; ch < c1; ++ch) {
-      const float mu = mp[ch], is = sp[ch];
-      double sdz = 0, sdzc = 0, scv = 0;
-      for (int64_t n = 0; n < N; ++n) {
-        const int64_t off = (n * C + ch) * HW;
-        CA d(dyp + off, HW), yy(yp + off, HW), cc(cvp + off, HW);
-        if (relu) MA(dzb.data(), HW) = (yy > 0.f).select(d, 0.f);
-        CA dz(relu ? dzb.data() : dyp + off, HW);
-        sdz += dz.sum();
-        sdzc += (dz * (cc - mu)).sum();
-        if (want_dbc) scv += cc.sum() - mu * static_cast<float>(HW);
-      }
-      const double sdzx = sdzc * is;  // sum dZ * xhat
-      const double coef = static_cast<double>(gp[ch]) * is / R;
-      dbet[ch] = static_cast<float>(sdz);
-      dgam[ch] = static_cast<float>(sdzx);
-      dbias[ch] = static_cast<float>(-coef * sdzx * scv * is);
-      cfv[ch] = static_cast<float>(coef);
-      a0v[ch] = static_cast<float>(sdz);
-      a1v[ch] = static_cast<float>(sdzx) * is;
-    }
-  });
+                 std::vector<float> dzb(relu ? HW : 0);  // one row of dZ, stays in L1
+                 for (int64_t ch = c0; ch < c1; ++ch) {
+                   const float mu = mp[ch], is = sp[ch];
+                   double sdz = 0, sdzc = 0, scv = 0;
+                   for (int64_t n = 0; n < N; ++n) {
+                     const int64_t off = (n * C + ch) * HW;
+                     CA d(dyp + off, HW), yy(yp + off, HW), cc(cvp + off, HW);
+                     if (relu) MA(dzb.data(), HW) = (yy > 0.f).select(d, 0.f);
+                     CA dz(relu ? dzb.data() : dyp + off, HW);
+                     sdz += dz.sum();
+                     sdzc += (dz * (cc - mu)).sum();
+                     if (want_dbc) scv += cc.sum() - mu * static_cast<float>(HW);
+                   }
+                   const double sdzx = sdzc * is;  // sum dZ * xhat
+                   const double coef = static_cast<double>(gp[ch]) * is / R;
+                   dbet[ch] = static_cast<float>(sdz);
+                   dgam[ch] = static_cast<float>(sdzx);
+                   dbias[ch] = static_cast<float>(-coef * sdzx * scv * is);
+                   cfv[ch] = static_cast<float>(coef);
+                   a0v[ch] = static_cast<float>(sdz);
+                   a1v[ch] = static_cast<float>(sdzx) * is;
+                 }
+               });
   if (want_dg) std::copy(dgam.begin(), dgam.end(), dgo);
   if (want_db) std::copy(dbet.begin(), dbet.end(), dbo);
   if (want_dbc) std::copy(dbias.begin(), dbias.end(), dbc);
@@ -332,8 +339,8 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   const int64_t col_sz = Kc * HW;
   // images per chunk: at most ~1 MiB of columns, in chunks of equal size (8 images in chunks
   // of 7 would leave a one-image GEMM behind)
-  const int64_t nb_cap = std::max<int64_t>(
-      1, (int64_t(1) << 18) / std::max<int64_t>(1, std::max(col_sz, Cg * HW)));
+  const int64_t nb_cap =
+      std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, std::max(col_sz, Cg * HW)));
   const int64_t n_chunks = (N + nb_cap - 1) / nb_cap;
   const int64_t nb_max = n_chunks ? (N + n_chunks - 1) / n_chunks : 0;
   const bool one_image = nb_max == 1;
@@ -346,11 +353,14 @@ void ConvKernel::Compute(OrtKernelContext* c) {
   // there has 4 or 16 columns and leaves most of each MLAS vector register idle.
   const bool dx_direct = pointwise && group == 1 && (one_image || HW >= 64);
   const bool need_cols = (want_dw && !x_is_cols) || (want_dx && !dx_direct);
-  std::unique_ptr<float[]> cols(need_cols ? new float[static_cast<size_t>(nb_max * col_sz)] : nullptr);
+  std::unique_ptr<float[]> cols(need_cols ? new float[static_cast<size_t>(nb_max * col_sz)]
+                                          : nullptr);
   std::unique_ptr<float[]> dcc(have_dc ? nullptr : new float[static_cast<size_t>(nb_max * C * HW)]);
-  std::unique_ptr<float[]> dct(one_image ? nullptr : new float[static_cast<size_t>(nb_max * Cg * HW)]);
+  std::unique_ptr<float[]> dct(one_image ? nullptr
+                                         : new float[static_cast<size_t>(nb_max * Cg * HW)]);
   const bool many_chunks = nb_max < N;
-  std::unique_ptr<float[]> dwt(want_dw && many_chunks ? new float[static_cast<size_t>(Cg * Kc)] : nullptr);
+  std::unique_ptr<float[]> dwt(want_dw && many_chunks ? new float[static_cast<size_t>(Cg * Kc)]
+                                                      : nullptr);
   const float rf = static_cast<float>(R);
   std::unique_ptr<Col2imPlan> c2i_plan;
 #if defined(__AVX512F__)
@@ -365,14 +375,17 @@ void ConvKernel::Compute(OrtKernelContext* c) {
     // dC = gamma inv_std / R (R dZ - sum dZ - xhat sum(dZ xhat)) for the chunk's images
     parallel_for(nb * C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
                  [&](int, int64_t j0, int64_t j1) {
-      for (int64_t j = j0; j < j1; ++j) {
-        const int64_t ch = j % C, off = (n0 * C + j) * HW;
-        CA d(dyp + off, HW), yy(yp + off, HW), cc(cvp + off, HW);
-        MA o(dcn + j * HW, HW);
-        if (relu) o = cfv[ch] * (rf * (yy > 0.f).select(d, 0.f) - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
-        else o = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
-      }
-    });
+                   for (int64_t j = j0; j < j1; ++j) {
+                     const int64_t ch = j % C, off = (n0 * C + j) * HW;
+                     CA d(dyp + off, HW), yy(yp + off, HW), cc(cvp + off, HW);
+                     MA o(dcn + j * HW, HW);
+                     if (relu)
+                       o = cfv[ch] *
+                           (rf * (yy > 0.f).select(d, 0.f) - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
+                     else
+                       o = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
+                   }
+                 });
     if (!want_dx && !want_dw) continue;
     for (int64_t gi = 0; gi < group; ++gi) {
       // dC_g as [Cg, nb*HW]: a view of the chunk for one image, else gathered

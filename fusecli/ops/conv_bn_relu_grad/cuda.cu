@@ -8,7 +8,8 @@ namespace {
 __global__ void bn_stats_kernel(const float* __restrict__ dy, const float* __restrict__ y,
                                 const float* __restrict__ cv, const float* __restrict__ mean,
                                 const float* __restrict__ istd, float* __restrict__ dgamma,
-                                float* __restrict__ dbeta, int64_t n, int64_t c, int64_t hw, int relu) {
+                                float* __restrict__ dbeta, int64_t n, int64_t c, int64_t hw,
+                                int relu) {
   const int64_t ch = blockIdx.x;
   const float mu = mean[ch], is = istd[ch];
   float s1 = 0.f, s2 = 0.f;
@@ -22,15 +23,20 @@ __global__ void bn_stats_kernel(const float* __restrict__ dy, const float* __res
     }
   }
   const float2 t = block_sum2(s1, s2);
-  if (threadIdx.x == 0) { dbeta[ch] = t.x; dgamma[ch] = t.y; }
+  if (threadIdx.x == 0) {
+    dbeta[ch] = t.x;
+    dgamma[ch] = t.y;
+  }
 }
 
-// dC = gamma inv_std / R (R dz - dbeta - xhat dgamma); dBc[c] = sum dC (one block per (channel, image-chunk)).
+// dC = gamma inv_std / R (R dz - dbeta - xhat dgamma); dBc[c] = sum dC (one block per (channel,
+// image-chunk)).
 __global__ void bn_dc_kernel(const float* dy, const float* __restrict__ y,
                              const float* __restrict__ cv, const float* __restrict__ gamma,
                              const float* __restrict__ mean, const float* __restrict__ istd,
                              const float* __restrict__ dgamma, const float* __restrict__ dbeta,
-                             float* dc, float* __restrict__ dbc, int64_t n, int64_t c,  // dc may be dy
+                             float* dc, float* __restrict__ dbc, int64_t n,
+                             int64_t c,  // dc may be dy
                              int64_t hw, int relu) {
   const int64_t ch = blockIdx.x;
   const float R = static_cast<float>(n * hw);
@@ -64,7 +70,8 @@ __global__ void im2col_kernel(const float* __restrict__ x, float* __restrict__ c
     const int64_t j = row % g.kw, i = (row / g.kw) % g.kh, ci = row / (g.kw * g.kh);
     const int64_t oh = p / g.wo, ow = p % g.wo;
     const int64_t ih = oh * g.sh - g.pt + i * g.dh, iw = ow * g.sw - g.pl + j * g.dw;
-    cols[idx] = (ih >= 0 && ih < g.hin && iw >= 0 && iw < g.win) ? x[(ci * g.hin + ih) * g.win + iw] : 0.f;
+    cols[idx] =
+        (ih >= 0 && ih < g.hin && iw >= 0 && iw < g.win) ? x[(ci * g.hin + ih) * g.win + iw] : 0.f;
   }
 }
 
@@ -94,13 +101,15 @@ __global__ void col2im_kernel(const float* __restrict__ cols, float* __restrict_
 
 }  // namespace
 
-FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(void* stream, const float* dy, const float* y,
-    const float* x, const float* w, const float* cv, const float* gamma, const float* mean,
-    const float* inv_std, float* dx, float* dw, float* dbc, float* dgamma, float* dbeta, float* dc_out, int64_t n,
-    int64_t c, int64_t h, int64_t wd, int64_t cin, int64_t hin, int64_t win, int64_t kh, int64_t kw,
-    int64_t stride_h, int64_t stride_w, int64_t pad_t, int64_t pad_l, int64_t pad_b, int64_t pad_r,
-    int64_t dil_h, int64_t dil_w, int64_t group, int relu) {
-  (void)pad_b; (void)pad_r;
+FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(
+    void* stream, const float* dy, const float* y, const float* x, const float* w, const float* cv,
+    const float* gamma, const float* mean, const float* inv_std, float* dx, float* dw, float* dbc,
+    float* dgamma, float* dbeta, float* dc_out, int64_t n, int64_t c, int64_t h, int64_t wd,
+    int64_t cin, int64_t hin, int64_t win, int64_t kh, int64_t kw, int64_t stride_h,
+    int64_t stride_w, int64_t pad_t, int64_t pad_l, int64_t pad_b, int64_t pad_r, int64_t dil_h,
+    int64_t dil_w, int64_t group, int relu) {
+  (void)pad_b;
+  (void)pad_r;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (group < 1 || c % group || cin % group) return cudaErrorInvalidValue;
   const int64_t hw = h * wd;
@@ -110,10 +119,13 @@ FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(void* stream, const float* d
   float* sg = ws_stats.f();
   float* sb = sg + c;
   if (c > 0) {
-    bn_stats_kernel<<<static_cast<unsigned>(c), 256, 0, s>>>(dy, y, cv, mean, inv_std, sg, sb, n, c, hw, relu);
+    bn_stats_kernel<<<static_cast<unsigned>(c), 256, 0, s>>>(dy, y, cv, mean, inv_std, sg, sb, n, c,
+                                                             hw, relu);
     RETURN_IF_ERR(cudaGetLastError());
-    if (dgamma) RETURN_IF_ERR(cudaMemcpyAsync(dgamma, sg, c * sizeof(float), cudaMemcpyDeviceToDevice, s));
-    if (dbeta) RETURN_IF_ERR(cudaMemcpyAsync(dbeta, sb, c * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    if (dgamma)
+      RETURN_IF_ERR(cudaMemcpyAsync(dgamma, sg, c * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    if (dbeta)
+      RETURN_IF_ERR(cudaMemcpyAsync(dbeta, sb, c * sizeof(float), cudaMemcpyDeviceToDevice, s));
   }
   if (!need_dc && !dbc) return cudaSuccess;
   float* dc = nullptr;
@@ -124,7 +136,8 @@ FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(void* stream, const float* d
     dc = ws_dc.f();
   }
   if (c > 0) {
-    bn_dc_kernel<<<static_cast<unsigned>(c), 256, 0, s>>>(dy, y, cv, gamma, mean, inv_std, sg, sb, dc, dbc, n, c, hw, relu);
+    bn_dc_kernel<<<static_cast<unsigned>(c), 256, 0, s>>>(dy, y, cv, gamma, mean, inv_std, sg, sb,
+                                                          dc, dbc, n, c, hw, relu);
     RETURN_IF_ERR(cudaGetLastError());
   }
   if (!dx && !dw) return cudaSuccess;
@@ -147,10 +160,10 @@ FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(void* stream, const float* d
       // cols_g[kc,hw] = W_g^T[kc,cg] dC_g[cg,hw], batched over groups; then col2im
       RETURN_IF_ERR(sgemm(s, true, false, kc, hw, cg, 1.f, w, kc, cg * kc, dcb, hw, cg * hw, 0.f,
                           cols, hw, kc * hw, group));
-      col2im_kernel<<<grid_for(cin * hin * win, 256), 256, 0, s>>>(cols, dx + b * cin * hin * win, g);
+      col2im_kernel<<<grid_for(cin * hin * win, 256), 256, 0, s>>>(cols, dx + b * cin * hin * win,
+                                                                   g);
       RETURN_IF_ERR(cudaGetLastError());
     }
   }
   return cudaGetLastError();
 }
-

@@ -16,8 +16,10 @@ namespace {
 struct LnKernel : CpuKernel<LnKernel, kLayerNormGrad> {  // attributes: axis
   using CpuKernel::CpuKernel;
   void Compute(Ort::KernelContext& ctx) {
-    if (half) Run<Ort::Float16_t>(ctx);
-    else Run<float>(ctx);
+    if (half)
+      Run<Ort::Float16_t>(ctx);
+    else
+      Run<float>(ctx);
   }
   template <typename T> void Run(Ort::KernelContext& ctx);
 };
@@ -44,12 +46,16 @@ static void ln_row_avx512(const float* d, const float* x, const float* gm, const
   const __mmask16 tail = static_cast<__mmask16>((1u << (N - j)) - 1u);
   if (j < N) {
     const __m512 vd = _mm512_maskz_loadu_ps(tail, d + j);
-    const __m512 xh = _mm512_maskz_mul_ps(tail, _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + j), vmu), vrs);
+    const __m512 xh =
+        _mm512_maskz_mul_ps(tail, _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + j), vmu), vrs);
     const __m512 g = _mm512_mul_ps(vd, _mm512_maskz_loadu_ps(tail, gm + j));
     s1 = _mm512_fmadd_ps(g, xh, s1);
     s2 = _mm512_add_ps(s2, g);
-    if (pg) _mm512_mask_storeu_ps(pg + j, tail, _mm512_fmadd_ps(vd, xh, _mm512_maskz_loadu_ps(tail, pg + j)));
-    if (pb) _mm512_mask_storeu_ps(pb + j, tail, _mm512_add_ps(vd, _mm512_maskz_loadu_ps(tail, pb + j)));
+    if (pg)
+      _mm512_mask_storeu_ps(pg + j, tail,
+                            _mm512_fmadd_ps(vd, xh, _mm512_maskz_loadu_ps(tail, pg + j)));
+    if (pb)
+      _mm512_mask_storeu_ps(pb + j, tail, _mm512_add_ps(vd, _mm512_maskz_loadu_ps(tail, pb + j)));
   }
   if (!dx) return;
   const float inv_n = 1.f / static_cast<float>(N);
@@ -57,7 +63,8 @@ static void ln_row_avx512(const float* d, const float* x, const float* gm, const
   const __m512 c2 = _mm512_set1_ps(_mm512_reduce_add_ps(s2) * inv_n);
   store_row_avx512(dx, N, stream, [&](int64_t jj, __mmask16 m) {
     const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + jj), vmu), vrs);
-    const __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, d + jj), _mm512_maskz_loadu_ps(m, gm + jj));
+    const __m512 g =
+        _mm512_mul_ps(_mm512_maskz_loadu_ps(m, d + jj), _mm512_maskz_loadu_ps(m, gm + jj));
     __m512 o = _mm512_mul_ps(vrs, _mm512_sub_ps(_mm512_sub_ps(g, c2), _mm512_mul_ps(xh, c1)));
     if (dr) o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(m, dr + jj));
     return o;
@@ -65,8 +72,7 @@ static void ln_row_avx512(const float* d, const float* x, const float* gm, const
 }
 #endif
 
-template <typename T>
-void LnKernel::Run(Ort::KernelContext& ctx) {
+template <typename T> void LnKernel::Run(Ort::KernelContext& ctx) {
   In dy = get_input(ctx, 0), x = get_input(ctx, 1), gamma = get_input(ctx, 2);
   In mean = get_input(ctx, 3), rstd = get_input(ctx, 4), dr = get_input(ctx, 5);
   const AxisRows rows = rows_from_axis(x.shape, axis, "LayerNormGrad");
@@ -76,9 +82,11 @@ void LnKernel::Run(Ort::KernelContext& ctx) {
   FUSECLI_CHECK(!gamma.present || gamma.numel() == N,
                 "LayerNormGrad: gamma must have prod(shape[axis:]) elements");
   const std::vector<int64_t> pshape(x.shape.begin() + ax, x.shape.end());
-  FUSECLI_CHECK(mean.numel() == M && rstd.numel() == M, "LayerNormGrad: mean/inv_std need one value per row");
-  FUSECLI_CHECK((mean.type == kF32 || mean.type == kF16) && (rstd.type == kF32 || rstd.type == kF16),
-                "LayerNormGrad: mean/inv_std must be float32 or float16");
+  FUSECLI_CHECK(mean.numel() == M && rstd.numel() == M,
+                "LayerNormGrad: mean/inv_std need one value per row");
+  FUSECLI_CHECK(
+      (mean.type == kF32 || mean.type == kF16) && (rstd.type == kF32 || rstd.type == kF16),
+      "LayerNormGrad: mean/inv_std must be float32 or float16");
   FUSECLI_CHECK(!dr.present || dr.numel() == M * N, "LayerNormGrad: dR must have the shape of dY");
 
   bool want_dx, want_dg, want_db;
@@ -95,7 +103,8 @@ void LnKernel::Run(Ort::KernelContext& ctx) {
     return;
   }
   std::vector<float> gam_buf(static_cast<size_t>(N), 1.f);
-  const float* gam = gamma.present ? row_as_float(gamma.ptr<T>(), gam_buf.data(), N) : gam_buf.data();
+  const float* gam =
+      gamma.present ? row_as_float(gamma.ptr<T>(), gam_buf.data(), N) : gam_buf.data();
   const T* dyp = dy.ptr<T>();
   const T* xp = x.ptr<T>();
   const T* drp = dr.present ? dr.ptr<T>() : nullptr;
@@ -109,47 +118,55 @@ void LnKernel::Run(Ort::KernelContext& ctx) {
   const bool stream = want_dx && M * N * static_cast<int64_t>(sizeof(T)) >= (int64_t(16) << 20) &&
                       std::getenv("FUSECLI_NO_STREAM") == nullptr;
   (void)stream;
-  parallel_for(M, grain, [&](int t, int64_t r0, int64_t r1) {
-    const bool conv = !std::is_same<T, float>::value;
-    std::vector<float> xh(N), g(N), out(N);
-    std::vector<float> bdy(conv ? N : 0), bx(conv ? N : 0), bdr(conv && drp ? N : 0);
-    MA pg(reduce ? part.data() + (2 * t) * N : nullptr, reduce ? N : 0);
-    MA pb(reduce ? part.data() + (2 * t + 1) * N : nullptr, reduce ? N : 0);
-    MA xhv(xh.data(), N), gv(g.data(), N), ov(out.data(), N);
-    CA gm(gam, N);
+  parallel_for(
+      M, grain,
+      [&](int t, int64_t r0, int64_t r1) {
+        const bool conv = !std::is_same<T, float>::value;
+        std::vector<float> xh(N), g(N), out(N);
+        std::vector<float> bdy(conv ? N : 0), bx(conv ? N : 0), bdr(conv && drp ? N : 0);
+        MA pg(reduce ? part.data() + (2 * t) * N : nullptr, reduce ? N : 0);
+        MA pb(reduce ? part.data() + (2 * t + 1) * N : nullptr, reduce ? N : 0);
+        MA xhv(xh.data(), N), gv(g.data(), N), ov(out.data(), N);
+        CA gm(gam, N);
 #if defined(__AVX512F__)
-    if constexpr (std::is_same<T, float>::value) {
-      for (int64_t r = r0; r < r1; ++r)
-        ln_row_avx512(dyp + r * N, xp + r * N, gam, drp ? drp + r * N : nullptr,
-                      want_dx ? dx + r * N : nullptr, want_dg ? pg.data() : nullptr,
-                      want_db ? pb.data() : nullptr, N, stat_at(mean, r), stat_at(rstd, r), stream);
-      if (stream) _mm_sfence();
-      return;
-    }
-#endif
-    for (int64_t r = r0; r < r1; ++r) {
-      const float mu = stat_at(mean, r), rs = stat_at(rstd, r);
-      CA d(row_as_float(dyp + r * N, bdy.data(), N), N);
-      CA xv(row_as_float(xp + r * N, bx.data(), N), N);
-      xhv = (xv - mu) * rs;
-      gv = d * gm;
-      if (want_dg) pg += d * xhv;  // before dX is written: dX may be in dY's buffer
-      if (want_db) pb += d;
-      if (want_dx) {
-        const float c1 = (gv * xhv).sum() * inv_n;
-        const float c2 = gv.sum() * inv_n;
         if constexpr (std::is_same<T, float>::value) {
-          MA o(dx + r * N, N);
-          if (drp) o = rs * (gv - c2 - xhv * c1) + CA(drp + r * N, N);
-          else o = rs * (gv - c2 - xhv * c1);
-        } else {
-          if (drp) ov = rs * (gv - c2 - xhv * c1) + CA(row_as_float(drp + r * N, bdr.data(), N), N);
-          else ov = rs * (gv - c2 - xhv * c1);
-          float_to_half(out.data(), dx + r * N, N);
+          for (int64_t r = r0; r < r1; ++r)
+            ln_row_avx512(dyp + r * N, xp + r * N, gam, drp ? drp + r * N : nullptr,
+                          want_dx ? dx + r * N : nullptr, want_dg ? pg.data() : nullptr,
+                          want_db ? pb.data() : nullptr, N, stat_at(mean, r), stat_at(rstd, r),
+                          stream);
+          if (stream) _mm_sfence();
+          return;
         }
-      }
-    }
-  }, nt);
+#endif
+        for (int64_t r = r0; r < r1; ++r) {
+          const float mu = stat_at(mean, r), rs = stat_at(rstd, r);
+          CA d(row_as_float(dyp + r * N, bdy.data(), N), N);
+          CA xv(row_as_float(xp + r * N, bx.data(), N), N);
+          xhv = (xv - mu) * rs;
+          gv = d * gm;
+          if (want_dg) pg += d * xhv;  // before dX is written: dX may be in dY's buffer
+          if (want_db) pb += d;
+          if (want_dx) {
+            const float c1 = (gv * xhv).sum() * inv_n;
+            const float c2 = gv.sum() * inv_n;
+            if constexpr (std::is_same<T, float>::value) {
+              MA o(dx + r * N, N);
+              if (drp)
+                o = rs * (gv - c2 - xhv * c1) + CA(drp + r * N, N);
+              else
+                o = rs * (gv - c2 - xhv * c1);
+            } else {
+              if (drp)
+                ov = rs * (gv - c2 - xhv * c1) + CA(row_as_float(drp + r * N, bdr.data(), N), N);
+              else
+                ov = rs * (gv - c2 - xhv * c1);
+              float_to_half(out.data(), dx + r * N, N);
+            }
+          }
+        }
+      },
+      nt);
   if (reduce) {
     std::vector<float> sg(N, 0.f), sb(N, 0.f);
     MA sgv(sg.data(), N), sbv(sb.data(), N);

@@ -9,8 +9,9 @@ namespace {
 template <typename T, typename S>
 __global__ void ln_rows_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                const T* __restrict__ gamma, const S* __restrict__ mean,
-                               const S* __restrict__ istd, const T* __restrict__ dr, T* __restrict__ dx,
-                               float* __restrict__ pg, float* __restrict__ pb, int64_t m, int64_t n) {
+                               const S* __restrict__ istd, const T* __restrict__ dr,
+                               T* __restrict__ dx, float* __restrict__ pg, float* __restrict__ pb,
+                               int64_t m, int64_t n) {
   const float inv_n = 1.f / static_cast<float>(n);
   float* my_g = pg ? pg + blockIdx.x * n : nullptr;
   float* my_b = pb ? pb + blockIdx.x * n : nullptr;
@@ -45,7 +46,8 @@ __global__ void ln_rows_kernel(const T* __restrict__ dy, const T* __restrict__ x
 
 template <typename T, typename S>
 cudaError_t launch_ln(cudaStream_t s, const T* dy, const T* x, const T* gamma, const S* mean,
-                      const S* istd, const T* dr, T* dx, T* dgamma, T* dbeta, int64_t m, int64_t n) {
+                      const S* istd, const T* dr, T* dx, T* dgamma, T* dbeta, int64_t m,
+                      int64_t n) {
   if (m <= 0 || n <= 0) {
     if (n > 0) {
       if (dgamma) RETURN_IF_ERR(cudaMemsetAsync(dgamma, 0, n * sizeof(T), s));
@@ -67,7 +69,8 @@ cudaError_t launch_ln(cudaStream_t s, const T* dy, const T* x, const T* gamma, c
     if (dgamma) pg = ws.f();
     if (dbeta) pb = ws.f() + grid * n;
   }
-  ln_rows_kernel<T, S><<<static_cast<unsigned>(grid), block, 0, s>>>(dy, x, gamma, mean, istd, dr, dx, pg, pb, m, n);
+  ln_rows_kernel<T, S><<<static_cast<unsigned>(grid), block, 0, s>>>(dy, x, gamma, mean, istd, dr,
+                                                                     dx, pg, pb, m, n);
   RETURN_IF_ERR(cudaGetLastError());
   const dim3 rb(32, 8);
   const unsigned rg = static_cast<unsigned>((n + 31) / 32);
@@ -79,15 +82,19 @@ cudaError_t launch_ln(cudaStream_t s, const T* dy, const T* x, const T* gamma, c
 }  // namespace
 
 FUSECLI_EXPORT int fusecli_launch_layer_norm_grad(void* stream, const float* dy, const float* x,
-    const float* gamma, const float* mean, const float* inv_std, const float* dr, float* dx,
-    float* dgamma, float* dbeta, int64_t m, int64_t n) {
+                                                  const float* gamma, const float* mean,
+                                                  const float* inv_std, const float* dr, float* dx,
+                                                  float* dgamma, float* dbeta, int64_t m,
+                                                  int64_t n) {
   return launch_ln<float, float>(static_cast<cudaStream_t>(stream), dy, x, gamma, mean, inv_std, dr,
                                  dx, dgamma, dbeta, m, n);
 }
 
 FUSECLI_EXPORT int fusecli_launch_layer_norm_grad_f16(void* stream, const void* dy, const void* x,
-    const void* gamma, const void* mean, const void* inv_std, int stats_f16, const void* dr, void* dx,
-    void* dgamma, void* dbeta, int64_t m, int64_t n) {
+                                                      const void* gamma, const void* mean,
+                                                      const void* inv_std, int stats_f16,
+                                                      const void* dr, void* dx, void* dgamma,
+                                                      void* dbeta, int64_t m, int64_t n) {
   auto H = [](const void* p) { return static_cast<const __half*>(p); };
   auto HM = [](void* p) { return static_cast<__half*>(p); };
   cudaStream_t s = static_cast<cudaStream_t>(stream);

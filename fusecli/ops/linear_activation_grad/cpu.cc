@@ -21,7 +21,8 @@ struct LinKernel : CpuKernel<LinKernel, kLinearActivationGrad> {
 
 void LinKernel::Compute(Ort::KernelContext& ctx) {
   In dy = get_input(ctx, 0), x = get_input(ctx, 1), a = get_input(ctx, 2), w = get_input(ctx, 3);
-  FUSECLI_CHECK(!dy.shape.empty() && !a.shape.empty(), "LinearActivationGrad: dY and A need rank >= 1");
+  FUSECLI_CHECK(!dy.shape.empty() && !a.shape.empty(),
+                "LinearActivationGrad: dY and A need rank >= 1");
   const int64_t N = dy.shape.back(), K = a.shape.back();
   const int64_t M = N ? dy.numel() / N : 0;
   FUSECLI_CHECK(x.numel() == dy.numel(), "LinearActivationGrad: X and dY must have the same size");
@@ -29,11 +30,14 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
   if (w.present) {
     FUSECLI_CHECK(w.shape.size() == 2, "LinearActivationGrad: W must be 2-D");
     if (!trans_w)
-      FUSECLI_CHECK(w.shape[0] == N && w.shape[1] == K, "LinearActivationGrad: W must be [N, K] (trans_w=0)");
+      FUSECLI_CHECK(w.shape[0] == N && w.shape[1] == K,
+                    "LinearActivationGrad: W must be [N, K] (trans_w=0)");
     else
-      FUSECLI_CHECK(w.shape[0] == K && w.shape[1] == N, "LinearActivationGrad: W must be [K, N] (trans_w=1)");
+      FUSECLI_CHECK(w.shape[0] == K && w.shape[1] == N,
+                    "LinearActivationGrad: W must be [K, N] (trans_w=1)");
   }
-  const std::vector<int64_t> w_shape = trans_dw ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K};
+  const std::vector<int64_t> w_shape =
+      trans_dw ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K};
   std::vector<int64_t> da_shape = a.shape;
   da_shape.back() = K;
 
@@ -63,11 +67,12 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
     return;
   }
   if (have_dz_out && dz_out == dyp) count_inplace(kLinearActivationGrad);
-  if (have_dz_out && activation == Act::kIdentity && dz_out != dyp) std::copy(dyp, dyp + M * N, dz_out);
+  if (have_dz_out && activation == Act::kIdentity && dz_out != dyp)
+    std::copy(dyp, dyp + M * N, dz_out);
   // One pass over (dY, X): dZ = dY * act'(X) in row tiles that stay in L1/L2 while dB's per-thread
   // partial sums read them back. dZ is stored only when a GEMM needs it or output 3 asks for it.
   std::unique_ptr<float[]> dz_buf(store_dz && !have_dz_out ? new float[static_cast<size_t>(M * N)]
-                                                              : nullptr);
+                                                           : nullptr);
   float* dz_store = have_dz_out ? dz_out : dz_buf.get();
   const float* dz = store_dz ? dz_store : dyp;
   if (store_dz || want_db) {
@@ -75,21 +80,25 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
     const int64_t grain = std::max<int64_t>(tile_rows, (1 << 15) / std::max<int64_t>(1, N));
     const int T = planned_threads(M, grain);
     std::vector<float> part(want_db ? static_cast<size_t>(T * N) : 0, 0.f);
-    parallel_for(M, grain, [&](int t, int64_t r0, int64_t r1) {
-      std::unique_ptr<float[]> tmp(!store_dz && activation != Act::kIdentity ? new float[tile_rows * N] : nullptr);
-      MA acc(want_db ? part.data() + t * N : nullptr, want_db ? N : 0);
-      for (int64_t i = r0; i < r1; i += tile_rows) {
-        const int64_t rows = std::min(tile_rows, r1 - i);
-        const float* src = dyp + i * N;
-        if (activation != Act::kIdentity) {
-          float* dst = store_dz ? dz_store + i * N : tmp.get();
-          act_grad_block(activation, dyp + i * N, xp + i * N, dst, rows * N);
-          src = dst;
-        }
-        if (want_db)
-          for (int64_t r = 0; r < rows; ++r) acc += CA(src + r * N, N);
-      }
-    }, T);
+    parallel_for(
+        M, grain,
+        [&](int t, int64_t r0, int64_t r1) {
+          std::unique_ptr<float[]> tmp(
+              !store_dz && activation != Act::kIdentity ? new float[tile_rows * N] : nullptr);
+          MA acc(want_db ? part.data() + t * N : nullptr, want_db ? N : 0);
+          for (int64_t i = r0; i < r1; i += tile_rows) {
+            const int64_t rows = std::min(tile_rows, r1 - i);
+            const float* src = dyp + i * N;
+            if (activation != Act::kIdentity) {
+              float* dst = store_dz ? dz_store + i * N : tmp.get();
+              act_grad_block(activation, dyp + i * N, xp + i * N, dst, rows * N);
+              src = dst;
+            }
+            if (want_db)
+              for (int64_t r = 0; r < rows; ++r) acc += CA(src + r * N, N);
+          }
+        },
+        T);
     if (want_db) {
       MA out(db, N);
       out = CA(part.data(), N);
@@ -100,8 +109,10 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
   if (want_da)  // dA[M,K] = dZ[M,N] W[N,K]  |  dZ W^T with W stored [K,N]
     mm.run(kc, false, trans_w, 1, M, K, N, dz, wp, da);
   if (want_dw) {
-    if (!trans_dw) mm.run(kc, true, false, 1, N, K, M, dz, ap, dw);  // dW[N,K] = dZ^T A
-    else mm.run(kc, true, false, 1, K, N, M, ap, dz, dw);           // dW[K,N] = A^T dZ
+    if (!trans_dw)
+      mm.run(kc, true, false, 1, N, K, M, dz, ap, dw);  // dW[N,K] = dZ^T A
+    else
+      mm.run(kc, true, false, 1, K, N, M, ap, dz, dw);  // dW[K,N] = A^T dZ
   }
 }
 

@@ -12,8 +12,10 @@ namespace {
 struct RmsKernel : CpuKernel<RmsKernel, kRMSNormGrad> {  // attributes: axis, epsilon
   using CpuKernel::CpuKernel;
   void Compute(Ort::KernelContext& ctx) {
-    if (half) Run<Ort::Float16_t>(ctx);
-    else Run<float>(ctx);
+    if (half)
+      Run<Ort::Float16_t>(ctx);
+    else
+      Run<float>(ctx);
   }
   template <typename T> void Run(Ort::KernelContext& ctx);
 };
@@ -47,7 +49,8 @@ static void rms_row_avx512(const float* d, const float* x, const float* gm, cons
     const __m512 xh = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), vrs);
     const __m512 g = gm ? _mm512_mul_ps(vd, _mm512_maskz_loadu_ps(m, gm + j)) : vd;
     s1 = _mm512_fmadd_ps(g, xh, s1);
-    if (pg) _mm512_mask_storeu_ps(pg + j, m, _mm512_fmadd_ps(vd, xh, _mm512_maskz_loadu_ps(m, pg + j)));
+    if (pg)
+      _mm512_mask_storeu_ps(pg + j, m, _mm512_fmadd_ps(vd, xh, _mm512_maskz_loadu_ps(m, pg + j)));
   };
   int64_t j = 0;
   for (; j + 16 <= N; j += 16) sweep1(j, 0xFFFF);
@@ -65,8 +68,7 @@ static void rms_row_avx512(const float* d, const float* x, const float* gm, cons
 }
 #endif
 
-template <typename T>
-void RmsKernel::Run(Ort::KernelContext& ctx) {
+template <typename T> void RmsKernel::Run(Ort::KernelContext& ctx) {
   In dy = get_input(ctx, 0), x = get_input(ctx, 1), gamma = get_input(ctx, 2);
   In rstd = get_input(ctx, 3), dr = get_input(ctx, 4);
   const AxisRows rows = rows_from_axis(x.shape, axis, "RMSNormGrad");
@@ -111,52 +113,64 @@ void RmsKernel::Run(Ort::KernelContext& ctx) {
   const bool stream = want_dx && M * N * static_cast<int64_t>(sizeof(T)) >= (int64_t(16) << 20) &&
                       std::getenv("FUSECLI_NO_STREAM") == nullptr;
   (void)stream;
-  parallel_for(M, grain, [&](int t, int64_t r0, int64_t r1) {
-    MA pg(want_dg ? part.data() + t * N : nullptr, want_dg ? N : 0);
+  parallel_for(
+      M, grain,
+      [&](int t, int64_t r0, int64_t r1) {
+        MA pg(want_dg ? part.data() + t * N : nullptr, want_dg ? N : 0);
 #if defined(__AVX512F__)
-    if constexpr (std::is_same<T, float>::value) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* xr = xp + r * N;
-        const float rs = rstd.present ? stat_at(rstd, r) : inv_rms_avx512(xr, N, eps);
-        rms_row_avx512(dyp + r * N, xr, gam, drp ? drp + r * N : nullptr,
-                       want_dx ? dx + r * N : nullptr, want_dg ? pg.data() : nullptr, N, rs, stream);
-      }
-      if (stream) _mm_sfence();
-      return;
-    }
-#endif
-    const bool conv = !std::is_same<T, float>::value;
-    std::vector<float> xh(N), g(N), out(N);
-    std::vector<float> bdy(conv ? N : 0), bx(conv ? N : 0), bdr(conv && drp ? N : 0);
-    MA xhv(xh.data(), N), gv(g.data(), N), ov(out.data(), N);
-    for (int64_t r = r0; r < r1; ++r) {
-      CA d(row_as_float(dyp + r * N, bdy.data(), N), N);
-      const float* xrow = row_as_float(xp + r * N, bx.data(), N);
-      const float rs = row_rs(r, xrow);
-      xhv = CA(xrow, N) * rs;
-      if (gam) gv = d * CA(gam, N);
-      else gv = d;
-      if (want_dg) pg += d * xhv;  // before dX is written: dX may be in dY's buffer
-      if (want_dx) {
-        const float c1 = (gv * xhv).sum() * inv_n;
         if constexpr (std::is_same<T, float>::value) {
-          MA o(dx + r * N, N);
-          if (drp) o = rs * (gv - xhv * c1) + CA(drp + r * N, N);
-          else o = rs * (gv - xhv * c1);
-        } else {
-          if (drp) ov = rs * (gv - xhv * c1) + CA(row_as_float(drp + r * N, bdr.data(), N), N);
-          else ov = rs * (gv - xhv * c1);
-          float_to_half(out.data(), dx + r * N, N);
+          for (int64_t r = r0; r < r1; ++r) {
+            const float* xr = xp + r * N;
+            const float rs = rstd.present ? stat_at(rstd, r) : inv_rms_avx512(xr, N, eps);
+            rms_row_avx512(dyp + r * N, xr, gam, drp ? drp + r * N : nullptr,
+                           want_dx ? dx + r * N : nullptr, want_dg ? pg.data() : nullptr, N, rs,
+                           stream);
+          }
+          if (stream) _mm_sfence();
+          return;
         }
-      }
-    }
-  }, nt);
+#endif
+        const bool conv = !std::is_same<T, float>::value;
+        std::vector<float> xh(N), g(N), out(N);
+        std::vector<float> bdy(conv ? N : 0), bx(conv ? N : 0), bdr(conv && drp ? N : 0);
+        MA xhv(xh.data(), N), gv(g.data(), N), ov(out.data(), N);
+        for (int64_t r = r0; r < r1; ++r) {
+          CA d(row_as_float(dyp + r * N, bdy.data(), N), N);
+          const float* xrow = row_as_float(xp + r * N, bx.data(), N);
+          const float rs = row_rs(r, xrow);
+          xhv = CA(xrow, N) * rs;
+          if (gam)
+            gv = d * CA(gam, N);
+          else
+            gv = d;
+          if (want_dg) pg += d * xhv;  // before dX is written: dX may be in dY's buffer
+          if (want_dx) {
+            const float c1 = (gv * xhv).sum() * inv_n;
+            if constexpr (std::is_same<T, float>::value) {
+              MA o(dx + r * N, N);
+              if (drp)
+                o = rs * (gv - xhv * c1) + CA(drp + r * N, N);
+              else
+                o = rs * (gv - xhv * c1);
+            } else {
+              if (drp)
+                ov = rs * (gv - xhv * c1) + CA(row_as_float(drp + r * N, bdr.data(), N), N);
+              else
+                ov = rs * (gv - xhv * c1);
+              float_to_half(out.data(), dx + r * N, N);
+            }
+          }
+        }
+      },
+      nt);
   if (want_dg) {
     std::vector<float> sg(N, 0.f);
     MA sgv(sg.data(), N);
     for (int t = 0; t < nt; ++t) sgv += CA(part.data() + t * N, N);
-    if constexpr (std::is_same<T, float>::value) std::copy(sg.begin(), sg.end(), dg);
-    else float_to_half(sg.data(), dg, N);
+    if constexpr (std::is_same<T, float>::value)
+      std::copy(sg.begin(), sg.end(), dg);
+    else
+      float_to_half(sg.data(), dg, N);
   }
 }
 

@@ -62,7 +62,8 @@ cudaError_t launch_rms(cudaStream_t s, const T* dy, const T* x, const T* gamma, 
     RETURN_IF_ERR(cudaMemsetAsync(ws.p, 0, bytes, s));
     pg = ws.f();
   }
-  rms_rows_kernel<T, S><<<static_cast<unsigned>(grid), block, 0, s>>>(dy, x, gamma, istd, eps, dr, dx, pg, m, n);
+  rms_rows_kernel<T, S>
+      <<<static_cast<unsigned>(grid), block, 0, s>>>(dy, x, gamma, istd, eps, dr, dx, pg, m, n);
   RETURN_IF_ERR(cudaGetLastError());
   if (dgamma) {
     const dim3 rb(32, 8);
@@ -74,15 +75,17 @@ cudaError_t launch_rms(cudaStream_t s, const T* dy, const T* x, const T* gamma, 
 }  // namespace
 
 FUSECLI_EXPORT int fusecli_launch_rms_norm_grad(void* stream, const float* dy, const float* x,
-    const float* gamma, const float* inv_rms, float epsilon, const float* dr, float* dx,
-    float* dgamma, int64_t m, int64_t n) {
+                                                const float* gamma, const float* inv_rms,
+                                                float epsilon, const float* dr, float* dx,
+                                                float* dgamma, int64_t m, int64_t n) {
   return launch_rms<float, float>(static_cast<cudaStream_t>(stream), dy, x, gamma, inv_rms, epsilon,
                                   dr, dx, dgamma, m, n);
 }
 
 FUSECLI_EXPORT int fusecli_launch_rms_norm_grad_f16(void* stream, const void* dy, const void* x,
-    const void* gamma, const void* inv_rms, int stats_f16, float epsilon, const void* dr, void* dx,
-    void* dgamma, int64_t m, int64_t n) {
+                                                    const void* gamma, const void* inv_rms,
+                                                    int stats_f16, float epsilon, const void* dr,
+                                                    void* dx, void* dgamma, int64_t m, int64_t n) {
   auto H = [](const void* p) { return static_cast<const __half*>(p); };
   auto HM = [](void* p) { return static_cast<__half*>(p); };
   cudaStream_t s = static_cast<cudaStream_t>(stream);
