@@ -5,11 +5,11 @@ families through the corpus exporters):
 - expand (transformers' repeat_kv: Unsqueeze -> Expand -> Reshape) and, in torch-joint,
   repeat_interleave (exported the same way): the *_gqa variants take K/V before the repeat and
   sum dK/dV over each group inside AttentionGrad;
-- K/V broadcast inside the MatMuls (q viewed [B, Hkv, g, S, D]), ort-training: the gradients'
-  ReduceSum (keepdims=0) + Reshape back to K/V's shape are absorbed, the op sums the group;
+- K/V broadcast inside the MatMuls (q viewed [B, Hkv, g, S, D]): ort-training's ReduceSum
+  (keepdims=0) + Reshape back to K/V's shape, torch-joint's expanded bmm views and their
+  Reshape -> ReduceSum(keepdims=1) [-> Transpose] are absorbed, the op sums the group;
 - the rest fuses the attention on the repeated K/V and leaves the repeat's backward (the group
-  sum) outside: ort-training's repeat_interleave (Unsqueeze -> Tile -> Reshape), torch-joint's
-  broadcast (expanded bmm views), and Tile (`x.repeat(1, g, 1, 1)`: head h uses kv head
+  sum) outside: ort-training's repeat_interleave (Unsqueeze -> Tile -> Reshape), and Tile (`x.repeat(1, g, 1, 1)`: head h uses kv head
   h % Hkv, not the contract's h // g, so it can never be summed inside).
 
 Every fused graph must verify against the original in its runtime, and every fusion must match
@@ -39,8 +39,8 @@ CASES = {
     "torch_gqa_expand_kv2": ("sdpa_torch_plain_gqa", True),
     "torch_gqa_expand_kv1": ("sdpa_torch_plain_gqa", True),
     "torch_gqa_interleave_kv2": ("sdpa_torch_plain_gqa", True),
-    "torch_gqa_bcast_kv2": ("sdpa_torch_plain", False),
-    "torch_gqa_bcast_kv1": ("sdpa_torch_plain", False),
+    "torch_gqa_bcast_kv2": ("sdpa_torch_plain_bcast", True),
+    "torch_gqa_bcast_kv1": ("sdpa_torch_plain_bcast", True),
     "torch_gqa_tile_kv2": ("sdpa_torch_plain", False),
 }
 

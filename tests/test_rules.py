@@ -57,6 +57,8 @@ CORPUS = Path(__file__).parents[1] / "corpus"
 for _name in ("ortt_timm_vit", "ortt_gpt2", "ortt_llama", "torch_bert", "torch_gpt2",
               "torch_llama", "ortt_llama_sdpa", "torch_gpt_neo"):
     SAMPLE_MODELS[f"corpus_{_name}"] = onnx.load(CORPUS / f"{_name}.onnx")
+# K/V broadcast inside the MatMuls, torch-joint (tests/data/make_gqa.py)
+SAMPLE_MODELS["gqa_torch_bcast"] = onnx.load(DATA / "gqa" / "torch_gqa_bcast_kv2.onnx")
 
 
 def _upto(rule_name):
