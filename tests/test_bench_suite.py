@@ -101,3 +101,26 @@ def test_render_reports_every_section_and_judges_the_targets():
             "0.50 | 10.0% |") in doc
     assert "|  | ortt_cnn | ConvBnReluGrad (c) | ERROR: x |" in doc
     assert "| ort-training | LayerNormGrad | [4, 8] | 0.500 | 0.250 | 2.00 |" in doc
+
+
+def _opt_row(graph, nodes, family="torch-joint", ok=True):
+    return {"graph": graph, "family": family, "nodes": nodes, "copies": 1, "load_s": 0.1,
+            "pass_s": 1.0, "save_s": 0.1, "total_s": 1.2, "cpu_s": 1.1, "cli_s": 2.0,
+            "us_per_node": 1.2e6 / nodes, "fused": 7, "expected": 7, "counts_ok": ok}
+
+
+def test_optimizer_section_is_re_rendered_in_place():
+    doc = R.render(_meta(), [], [], [_opt_row("deep_5k.onnx", 5000)],
+                   scaled=[_step("ortt_mlp", 1.1, 16)])
+    before, after = doc.split(R.OPT_HEADING)[0], doc.split("## (d)")[1]
+    meta = {"opt_repeats": 3, "opt_note": "Section (c) re-measured alone."}
+    new = R.replace_optimizer_section(
+        doc, meta, [_opt_row("deep_5k.onnx", 5000),
+                    _opt_row("torch_llama_raw_L44.onnx", 31236, "torch-joint (raw export)",
+                             ok=False)])
+    assert new.split(R.OPT_HEADING)[0] == before and new.split("## (d)")[1] == after
+    section = new.split(R.OPT_HEADING)[1].split("## (d)")[0]
+    assert "Section (c) re-measured alone." in section
+    assert "| torch-joint (raw export) | torch_llama_raw_L44.onnx | 31236 |" in section
+    assert section.count("MISMATCH") == 1 and "deep_5k.onnx" in section
+    assert new.count(R.OPT_HEADING) == 1

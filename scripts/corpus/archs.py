@@ -27,6 +27,7 @@ layer of a network (no dX) still has its backward chain and counts.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -148,6 +149,9 @@ class Arch:
     input_ranges: dict[str, list[int]] = field(default_factory=dict)  # int inputs: [lo, hi)
     dropout: bool = False        # the model trains with dropout (random masks, seeded in ONNX)
     count_notes: str = ""
+    # torch-joint only: torch.onnx.export(..., dynamo=True, optimize=optimize); False keeps the
+    # raw export (constants as small subgraphs, detach/clone as Identity, no-op views)
+    optimize: bool = True
 
 
 class Wrap(nn.Module):
@@ -371,3 +375,16 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          count_notes="0 of everything: Conv2dNormActivation uses ReLU6 (not ReLU), the "
          "projection convs are Conv+BN without activation, the classifier Linear has none"),
 ]}
+
+
+# --- raw exports ----------------------------------------------------------------------------
+# The export setting people use for big models: torch.onnx.export(..., dynamo=True,
+# optimize=False) (the exporter's optimizer is superlinear in the graph size). Its constants
+# stay small constant subgraphs (scalar_tensor arithmetic, Cast, CastLike to a run-time tensor,
+# Expand of a Shape), torch's detach/clone stay Identity nodes and views that change nothing
+# stay Reshape/Expand nodes. The same Llama architecture as `llama`, exported raw.
+ARCHS["llama_raw"] = dataclasses.replace(
+    _decoder("llama_raw", "Llama", 2, "2 KV heads (GQA via repeat_kv), RMSNorm, rotary, SwiGLU "
+             "MLP (silu(gate) * up), scores (q@k^T) * scaling; RAW dynamo export "
+             "(optimize=False): constant subgraphs, Identity detach/clone, no-op views"),
+    families=("torch-joint",), optimize=False)
