@@ -351,7 +351,8 @@ class FusionPass:
         graph = model.graph
         # pass-through nodes (bypassed in the index) that the result still reads come back;
         # the others go, and their inputs may be dead constants now
-        index.restore_bypassed(index.alive_nodes())
+        index.restore_bypassed(index.alive_nodes(),
+                               renamable=lambda n: n.domain == FUSED_DOMAIN)
         for n in index.bypassed:
             removed_inputs.update(t for t in n.proto.input if t)
         # Nodes that computed a constant (a Constant node or a constant subgraph) whose only

@@ -169,11 +169,14 @@ class GraphIndex:
             self.bypassed.append(node)
         return len(self.bypassed) - n_before
 
-    def restore_bypassed(self, alive: list[GNode]) -> list[GNode]:
+    def restore_bypassed(self, alive: list[GNode], renamable=lambda node: False
+                         ) -> list[GNode]:
         """Put back the bypassed nodes whose output a node of ``alive`` (or a put-back node)
         still reads by its proto. A put-back node keeps its place unless its input's producer
         now comes later (a fused node may produce it): then it moves between that producer and
-        its first reader. Returns the nodes put back."""
+        its first reader. Where the input is an output of a ``renamable`` producer (a fused
+        node) that nothing else reads, that output takes the pass-through node's output name
+        instead (same value) and the node stays out. Returns the nodes put back."""
         if not self.bypassed:
             return []
         first_reader: dict[str, float] = {}  # tensor -> upper bound of its first reader's key
@@ -192,6 +195,27 @@ class GraphIndex:
                 if t and first_reader.get(t, math.inf) > hi:
                     first_reader[t] = hi
         back.reverse()  # graph order: a put-back node's producer is placed before it
+        reads: dict[str, int] = {}
+        for n in alive:
+            for t in (*n.proto.input, *n.implicit):
+                reads[t] = reads.get(t, 0) + 1
+        for n in back:
+            for t in n.proto.input:
+                reads[t] = reads.get(t, 0) + 1
+        kept = []
+        for node in back:
+            src, out = node.proto.input[0], node.outputs[0]
+            p = self.producer.get(src)
+            if (p is not None and p.alive and renamable(p) and reads.get(src) == 1
+                    and src not in self.graph_outputs):
+                i = p.outputs.index(src)
+                p.outputs[i] = out
+                p.proto.output[i] = out
+                del self.producer[src]
+                self.producer[out] = p
+                continue
+            kept.append(node)
+        back = kept
         for node in back:
             lo = max((p.key for t in node.proto.input if t and (p := self.producer.get(t))),
                      default=-math.inf)
