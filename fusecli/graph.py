@@ -27,7 +27,7 @@ _SAME_DTYPE = frozenset({
 
 class GNode:
     __slots__ = ("uid", "proto", "op", "domain", "inputs", "outputs", "key", "alive", "_attrs",
-                 "implicit")
+                 "implicit", "has_subgraphs")
 
     def __init__(self, uid: int, proto: onnx.NodeProto, key: float):
         self.uid = uid
@@ -40,6 +40,7 @@ class GNode:
         self.alive = True
         self._attrs = None
         self.implicit: list[str] = []  # outer-scope tensors read inside subgraph attributes
+        self.has_subgraphs = False
 
     @property
     def name(self) -> str:
@@ -104,6 +105,7 @@ class GraphIndex:
         node = GNode(len(self.nodes), proto, key)
         self.nodes.append(node)
         for _, g in subgraphs(proto):
+            node.has_subgraphs = True
             node.implicit.extend(sorted(outer_names(g)))
         for t in node.inputs + node.implicit:
             if t:
@@ -352,8 +354,19 @@ class GraphIndex:
     def _model_names(self) -> set[str]:
         """Every tensor and node name the graph held when indexed, subgraphs included."""
         if self._all_names is None:
-            self._all_names = set()
-            stack = [self.graph]
+            # the main graph's node and tensor names from the index (every node ever indexed:
+            # a bypassed node's consumers read its input now, its output is among its outputs),
+            # not read again from the protos; subgraphs walked from their nodes
+            g = self.graph
+            names = set(self.names)
+            for n in self.nodes:
+                names.update(n.inputs)
+                names.update(n.outputs)
+            names.update(v.name for v in (*g.input, *g.output, *g.value_info))
+            names.update(t.name for t in g.initializer)
+            names.update(t.values.name for t in g.sparse_initializer)
+            self._all_names = names
+            stack = [sub for n in self.nodes if n.has_subgraphs for _, sub in subgraphs(n.proto)]
             while stack:
                 g = stack.pop()
                 self._all_names.update(v.name for v in (*g.input, *g.output, *g.value_info))
