@@ -34,8 +34,10 @@ _OTHER = {"Constant", "Cast", "CastLike", "Reshape", "Expand", "Shape", "Size", 
           "ConstantOfShape", "Unsqueeze", "Squeeze", "Concat", "Gather", "Range", "Transpose",
           "Slice", "Where", "Flatten"}
 FOLDABLE = frozenset(_UNARY) | frozenset(_BINARY) | _OTHER
-# inputs that are read for their value (Shape reads only its input's recorded shape)
-_NO_VALUE_INPUTS = {"Shape": (0,), "Size": (0,)}
+# inputs that are not read for their value: Shape and Size read only their input's static shape,
+# CastLike only its second input's element type (torch's dynamo export spells `full_like` /
+# `ones_like` as Expand(CastLike(c, x), Shape(x)) of a run-time x: a constant all the same)
+_NO_VALUE_INPUTS = {"Shape": (0,), "Size": (0,), "CastLike": (1,)}
 
 
 def pending_input(node, cache) -> str | None:
@@ -124,7 +126,7 @@ def _reshape(a: np.ndarray, target, allowzero: int) -> np.ndarray | None:
     return None if full is None else full.reshape(shape)
 
 
-def _evaluate(node, vals, shape_of):  # noqa: C901 - one branch per op, flat
+def _evaluate(node, vals, shape_of, dtype_of):  # noqa: C901 - one branch per op, flat
     op, at = node.op, node.attrs
     a = vals[0] if vals else None
     if op == "Constant":
@@ -143,7 +145,8 @@ def _evaluate(node, vals, shape_of):  # noqa: C901 - one branch per op, flat
         dtype = helper.tensor_dtype_to_np_dtype(at["to"])
         return _broadcast(compact(a).astype(dtype), a.shape)
     if op == "CastLike":
-        return _broadcast(compact(a).astype(vals[1].dtype), a.shape)
+        dtype = vals[1].dtype if vals[1] is not None else dtype_of(node.inputs[1])
+        return None if dtype is None else _broadcast(compact(a).astype(dtype), a.shape)
     if op == "Where":
         return _elementwise(np.where, vals[:3])
     if op == "Shape":
@@ -208,12 +211,13 @@ def _evaluate(node, vals, shape_of):  # noqa: C901 - one branch per op, flat
     return None
 
 
-def evaluate(node, cache, shape_of) -> list[np.ndarray | None] | None:
-    """The node's output values (first output only for the folded ops), or None."""
+def evaluate(node, cache, shape_of, dtype_of=lambda t: None) -> list[np.ndarray | None] | None:
+    """The node's output values (first output only for the folded ops), or None.
+    ``shape_of(t)``: t's static dims (None: unknown); ``dtype_of(t)``: its NumPy dtype or None."""
     vals = [cache.get(t) if t else None for t in node.inputs]
     try:
         with np.errstate(all="ignore"):
-            out = _evaluate(node, vals, shape_of)
+            out = _evaluate(node, vals, shape_of, dtype_of)
     except Exception:  # noqa: BLE001 - a node that does not evaluate is simply not a constant
         return None
     if out is None:

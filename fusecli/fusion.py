@@ -6,6 +6,7 @@ match into one fused node (in the index) -> write the node list back -> drop wha
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -117,23 +118,24 @@ class Stats:
         }
 
 
-def _tensor_bytes(graph: onnx.GraphProto) -> dict[str, int | None]:
-    """Static byte sizes of tensors whose type and shape are fully known."""
-    out: dict[str, int | None] = {}
-    for vi in list(graph.value_info) + list(graph.input) + list(graph.output):
-        t = vi.type.tensor_type
-        if not t.elem_type or not t.HasField("shape"):
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
-        if any(d is None for d in dims):
-            out[vi.name] = None
-            continue
-        try:
-            size = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
-        except (KeyError, TypeError):
-            continue
-        out[vi.name] = int(np.prod(dims, dtype=np.int64)) * size
-    return out
+def tensor_bytes(index: GraphIndex, name: str) -> int | None:
+    """Static byte size of a tensor whose element type and shape are recorded and fully known
+    (value_info, graph inputs/outputs), else None. Looked up per tensor (only the fused chains'
+    intermediates are ever asked for), not for the whole graph up front."""
+    tp = index.type_of(name)
+    if tp is None:
+        return None
+    t = tp.tensor_type
+    if not t.elem_type or not t.HasField("shape"):
+        return None
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+    if any(d is None for d in dims):
+        return None
+    try:
+        size = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
+    except (KeyError, TypeError):
+        return None
+    return int(np.prod(dims, dtype=np.int64)) * size
 
 
 _TYPE_NAMES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}
@@ -192,11 +194,22 @@ class FusionPass:
 
     # -- public ----------------------------------------------------------------------------
     def run(self, model: onnx.ModelProto) -> int:
+        # The pass makes hundreds of thousands of small objects (index entries, bindings) and
+        # frees them itself; the cyclic collector's passes over them were ~15% of a run.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run(model)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _run(self, model: onnx.ModelProto) -> int:
         self.stats = stats = Stats(self.all_rules)
         graph = model.graph
         stats.nodes_before = len(graph.node)
         index = GraphIndex(graph)
-        sizes = _tensor_bytes(graph)
+        index.bypass_passthrough()
         credit: dict[int, FusionRecord] = {}  # fused node uid -> its record (absorbed: popped)
         detected: set[tuple[str, int]] = set()
         detected_chains: set[tuple[str, int]] = set()
@@ -211,7 +224,7 @@ class FusionPass:
                 anchors = [n for op in spec.ops for d in spec.alt(op).domains
                            for n in index.candidates(op, d)]
                 anchors.sort(key=lambda n: n.key)
-                matcher = Matcher(index, rule)
+                matcher = Matcher(index, rule, explain=False)
                 for anchor in anchors:
                     if not anchor.alive or (dirty is not None and anchor.uid not in dirty):
                         continue
@@ -231,7 +244,7 @@ class FusionPass:
                         continue
                     skipped.pop(k, None)
                     fused_chains.add((rule.pattern, anchor.uid))
-                    fused = self._apply(index, res.match, credit, stats, sizes, removed_inputs)
+                    fused = self._apply(index, res.match, credit, stats, removed_inputs)
                     touched.update(self._neighbourhood(index, fused))
             if not touched:
                 break
@@ -305,7 +318,7 @@ class FusionPass:
             out.update(c.uid for c in index.consumers.get(t, []))
         return out
 
-    def _apply(self, index: GraphIndex, m: Match, credit, stats: Stats, sizes,
+    def _apply(self, index: GraphIndex, m: Match, credit, stats: Stats,
                removed_inputs: set[str]) -> GNode:
         rule = m.rule
         proto = m.proto  # ports and attributes, made by the matcher
@@ -335,7 +348,7 @@ class FusionPass:
         stats.buffers_eliminated += len(m.intermediates)
         if stats.bytes_eliminated is not None:
             for t in m.intermediates:
-                b = sizes.get(t)
+                b = tensor_bytes(index, t)
                 if b is None:
                     stats.bytes_eliminated = None
                     break
@@ -348,9 +361,15 @@ class FusionPass:
     @staticmethod
     def _write_back(model: onnx.ModelProto, index: GraphIndex, removed_inputs: set[str]) -> None:
         graph = model.graph
+        # pass-through nodes (bypassed in the index) that the result still reads come back;
+        # the others go, and their inputs may be dead constants now
+        index.restore_bypassed(index.alive_nodes(),
+                               renamable=lambda n: n.domain == FUSED_DOMAIN)
+        for n in index.bypassed:
+            removed_inputs.update(t for t in n.proto.input if t)
         # Nodes that computed a constant (a Constant node or a constant subgraph) whose only
         # consumers were fused away are dead now, and so, in turn, are their constant inputs.
-        work = list(removed_inputs)
+        work = sorted(removed_inputs)
         while work:
             p = index.producer.get(work.pop())
             if (p is None or not p.alive or p.domain != "" or p.implicit
@@ -362,7 +381,7 @@ class FusionPass:
             work.extend(t for t in p.inputs if t)
             removed_inputs.update(t for t in p.inputs if t)
         alive = index.alive_nodes()
-        used = {t for n in alive for t in n.inputs + n.implicit if t} | index.graph_outputs
+        used = {t for n in alive for t in (*n.proto.input, *n.implicit) if t} | index.graph_outputs
         produced = {t for n in alive for t in n.outputs if t}
         del graph.node[:]
         graph.node.extend(n.proto for n in alive)

@@ -7,6 +7,7 @@ tensors involved, so a pass over tens of thousands of nodes stays linear (onnx-g
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import numpy as np
@@ -16,9 +17,17 @@ from onnx import helper, numpy_helper
 from . import constfold
 
 
+# standard ops whose output has the element type of their first input
+_SAME_DTYPE = frozenset({
+    "Identity", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log", "Sigmoid", "Tanh", "Erf",
+    "Relu", "Softmax", "LogSoftmax", "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min",
+    "Reshape", "Expand", "Transpose", "Unsqueeze", "Squeeze", "Flatten", "Concat", "Slice",
+    "Gather", "MatMul", "Gemm", "ReduceSum", "ReduceMean", "Dropout"})
+
+
 class GNode:
     __slots__ = ("uid", "proto", "op", "domain", "inputs", "outputs", "key", "alive", "_attrs",
-                 "implicit")
+                 "implicit", "has_subgraphs")
 
     def __init__(self, uid: int, proto: onnx.NodeProto, key: float):
         self.uid = uid
@@ -31,6 +40,7 @@ class GNode:
         self.alive = True
         self._attrs = None
         self.implicit: list[str] = []  # outer-scope tensors read inside subgraph attributes
+        self.has_subgraphs = False
 
     @property
     def name(self) -> str:
@@ -86,6 +96,7 @@ class GraphIndex:
         self._const_cache: dict[str, np.ndarray | None] = {}
         self._types: dict[str, onnx.TypeProto] | None = None
         self._shapes = None
+        self.bypassed: list[GNode] = []  # pass-through nodes taken out of the index
         for i, proto in enumerate(graph.node):
             self._add(proto, float(i))
 
@@ -94,6 +105,7 @@ class GraphIndex:
         node = GNode(len(self.nodes), proto, key)
         self.nodes.append(node)
         for _, g in subgraphs(proto):
+            node.has_subgraphs = True
             node.implicit.extend(sorted(outer_names(g)))
         for t in node.inputs + node.implicit:
             if t:
@@ -123,6 +135,104 @@ class GraphIndex:
             if t and self.producer.get(t) is node:
                 del self.producer[t]
         self.by_op[(node.domain, node.op)].pop(node.uid, None)
+
+    # -- pass-through nodes ----------------------------------------------------------------
+    def bypass_passthrough(self) -> int:
+        """Take the nodes that pass their input through unchanged out of the index: Identity
+        (torch's detach/clone/alias in a raw dynamo export, onnxruntime-training's gradient
+        Identity), and an Expand or Reshape whose output has its input's static shape. Their
+        consumers read the input instead (in the index only: the protos are untouched), so
+        rules see the dataflow without them. ``restore_bypassed`` puts back, at write-back, the
+        ones whose output some node of the result still reads. A node whose output is a graph
+        output or is read inside a subgraph stays. Returns the number taken out."""
+        n_before = len(self.bypassed)
+        for node in list(self.nodes):
+            if not node.alive or node.domain != "" or len(node.outputs) != 1:
+                continue
+            src, out = (node.inputs or [""])[0], node.outputs[0]
+            if not src or not out or src == out or out in self.graph_outputs:
+                continue
+            if node.op == "Identity":
+                pass
+            elif node.op in ("Expand", "Reshape"):
+                a, b = self._static_shape(src), self._static_shape(out)
+                if a is None or a != b:
+                    continue
+            else:
+                continue
+            users = self.consumers.get(out, [])
+            if any(out in c.implicit for c in users):
+                continue
+            for c in users:
+                c.inputs = [src if t == out else t for t in c.inputs]
+            moved = self.consumers.pop(out, [])
+            self.consumers[src].extend(moved)
+            self.remove_node(node)
+            self.bypassed.append(node)
+        return len(self.bypassed) - n_before
+
+    def restore_bypassed(self, alive: list[GNode], renamable=lambda node: False
+                         ) -> list[GNode]:
+        """Put back the bypassed nodes whose output a node of ``alive`` (or a put-back node)
+        still reads by its proto. A put-back node keeps its place unless its input's producer
+        now comes later (a fused node may produce it): then it moves between that producer and
+        its first reader. Where the input is an output of a ``renamable`` producer (a fused
+        node) that nothing else reads, that output takes the pass-through node's output name
+        instead (same value) and the node stays out. Returns the nodes put back."""
+        if not self.bypassed:
+            return []
+        first_reader: dict[str, float] = {}  # tensor -> upper bound of its first reader's key
+        for n in alive:
+            for t in n.proto.input:
+                if t and first_reader.get(t, math.inf) > n.key:
+                    first_reader[t] = n.key
+        back, bound = [], {}
+        for node in sorted(self.bypassed, key=lambda n: -n.key):
+            hi = first_reader.get(node.outputs[0])
+            if hi is None:
+                continue
+            back.append(node)
+            bound[node.uid] = hi
+            for t in node.proto.input:
+                if t and first_reader.get(t, math.inf) > hi:
+                    first_reader[t] = hi
+        back.reverse()  # graph order: a put-back node's producer is placed before it
+        reads: dict[str, int] = {}
+        for n in alive:
+            for t in (*n.proto.input, *n.implicit):
+                reads[t] = reads.get(t, 0) + 1
+        for n in back:
+            for t in n.proto.input:
+                reads[t] = reads.get(t, 0) + 1
+        kept = []
+        for node in back:
+            src, out = node.proto.input[0], node.outputs[0]
+            p = self.producer.get(src)
+            if (p is not None and p.alive and renamable(p) and reads.get(src) == 1
+                    and src not in self.graph_outputs):
+                i = p.outputs.index(src)
+                p.outputs[i] = out
+                p.proto.output[i] = out
+                del self.producer[src]
+                self.producer[out] = p
+                continue
+            kept.append(node)
+        back = kept
+        for node in back:
+            lo = max((p.key for t in node.proto.input if t and (p := self.producer.get(t))),
+                     default=-math.inf)
+            hi = bound[node.uid]
+            if not lo < node.key < hi:
+                node.key = (lo + hi) / 2.0 if hi != math.inf else lo + 0.5
+            node.alive = True
+            node.inputs = list(node.proto.input)
+            for t in node.inputs:
+                if t:
+                    self.consumers[t].append(node)
+            self.producer[node.outputs[0]] = node
+            self.by_op[(node.domain, node.op)][node.uid] = node
+        self.bypassed = [n for n in self.bypassed if not n.alive]
+        return back
 
     # -- queries -------------------------------------------------------------------------
     def alive_nodes(self) -> list[GNode]:
@@ -157,13 +267,47 @@ class GraphIndex:
             pending = None if prod is None else constfold.pending_input(prod, cache)
             if pending:
                 return pending
-            values = constfold.evaluate(prod, cache, self.shape) if pending == "" else None
+            values = (constfold.evaluate(prod, cache, self._static_shape, self._np_dtype)
+                      if pending == "" else None)
             for i, out in enumerate(prod.outputs if prod is not None else ()):
                 if out:
                     cache[out] = values[i] if values is not None and i < len(values) else None
             return None
 
         return memoised(name, cache, step)
+
+    def _static_shape(self, name: str) -> list[int] | None:
+        """Static dims of a tensor, recorded or inferred (None when any dim is not static)."""
+        dims = self.shapes.shape(name)
+        if dims is None or not all(isinstance(d, int) for d in dims):
+            return None
+        return dims
+
+    def _np_dtype(self, name: str, depth: int = 8):
+        """NumPy dtype of a tensor: recorded, else a Cast's target or the type of the first
+        input of its producer (elementwise spellings keep it), a few producers back."""
+        for _ in range(depth):
+            t = self.type_of(name)
+            elem = t.tensor_type.elem_type if t is not None else 0
+            if not elem:
+                prod = self.producer.get(name)
+                if prod is None or not prod.inputs or not prod.inputs[0]:
+                    return None
+                if prod.op == "Cast" and "to" in prod.attrs:
+                    elem = int(prod.attrs["to"])
+                elif prod.op == "CastLike" and len(prod.inputs) > 1:
+                    name = prod.inputs[1]
+                    continue
+                elif prod.domain == "" and prod.op in _SAME_DTYPE:
+                    name = prod.inputs[0]
+                    continue
+                else:
+                    return None
+            try:
+                return helper.tensor_dtype_to_np_dtype(elem)
+            except (KeyError, TypeError):
+                return None
+        return None
 
     @property
     def shapes(self):
@@ -210,8 +354,19 @@ class GraphIndex:
     def _model_names(self) -> set[str]:
         """Every tensor and node name the graph held when indexed, subgraphs included."""
         if self._all_names is None:
-            self._all_names = set()
-            stack = [self.graph]
+            # the main graph's node and tensor names from the index (every node ever indexed:
+            # a bypassed node's consumers read its input now, its output is among its outputs),
+            # not read again from the protos; subgraphs walked from their nodes
+            g = self.graph
+            names = set(self.names)
+            for n in self.nodes:
+                names.update(n.inputs)
+                names.update(n.outputs)
+            names.update(v.name for v in (*g.input, *g.output, *g.value_info))
+            names.update(t.name for t in g.initializer)
+            names.update(t.values.name for t in g.sparse_initializer)
+            self._all_names = names
+            stack = [sub for n in self.nodes if n.has_subgraphs for _, sub in subgraphs(n.proto)]
             while stack:
                 g = stack.pop()
                 self._all_names.update(v.name for v in (*g.input, *g.output, *g.value_info))

@@ -233,9 +233,13 @@ def replacement_ports(m: Match) -> tuple[list[str], list[str]]:
 class Matcher:
     """Matches one rule against a GraphIndex."""
 
-    def __init__(self, index: GraphIndex, rule: Rule, check_shapes: bool = True):
+    def __init__(self, index: GraphIndex, rule: Rule, check_shapes: bool = True,
+                 explain: bool = True):
         self.g = index
         self.rule = rule
+        # False (FusionPass): a node of the wrong op type is not recorded as a failure (only
+        # explain reads those: MatchResult.deepest / node_failures); the match is the same
+        self.explain = explain
         # False only for rule drafts, whose replacement ports are placeholders
         self.check_shapes = check_shapes
 
@@ -290,7 +294,7 @@ class Matcher:
                     return m
         if spec.optional:
             return self._absent(i, spec, nodes, tensors, captures)
-        if not cands:
+        if not cands and self.explain:
             self._fail(len(nodes), nodes, spec.id, "no_candidate",
                        self._no_candidate_detail(spec, tensors))
         return None
@@ -355,8 +359,10 @@ class Matcher:
     def _bind(self, i, spec: NodeSpec, node: GNode, nodes, tensors, captures):
         depth = len(nodes)
         if node.op not in spec.ops:
-            self._fail(depth, nodes, spec.id, "op_type",
-                       f"node {node.name} is {node.op}, rule wants {'|'.join(spec.ops)}", node)
+            if self.explain:
+                self._fail(depth, nodes, spec.id, "op_type",
+                           f"node {node.name} is {node.op}, rule wants {'|'.join(spec.ops)}",
+                           node)
             return
         alt = spec.alt(node.op)
         domains = alt.domains

@@ -301,6 +301,19 @@ def _node_ids(order) -> list[str]:
     return out
 
 
+def _passes_through(index, n) -> bool:
+    """Identity, or a Reshape/Expand that keeps its input's static shape (what
+    GraphIndex.bypass_passthrough takes out of FusionPass's index)."""
+    if n.domain != "" or len(n.outputs) != 1 or not n.inputs or not n.inputs[0]:
+        return False
+    if n.op == "Identity":
+        return True
+    if n.op in ("Reshape", "Expand"):
+        a = index._static_shape(n.inputs[0])
+        return a is not None and a == index._static_shape(n.outputs[0])
+    return False
+
+
 def _node_entry(n, nid: str, tensors: _Variables) -> dict:
     ins = list(n.inputs)
     while ins and ins[-1] == "":
@@ -481,6 +494,11 @@ def draft_rule(model: onnx.ModelProto, node_names: list[str], name: str,
 
     tensors = _Variables(index, picked)
     entries = [_node_entry(n, nid, tensors) for n, nid in zip(order, _node_ids(order))]
+    for e, n in zip(entries[1:], order[1:]):
+        # FusionPass takes pass-through nodes out of its index (graph.bypass_passthrough): the
+        # draft lists them as optional pass-throughs, so it matches with or without them
+        if _passes_through(index, n) and n.inputs[0] in tensors.produced:
+            e["optional"] = "passthrough"
     tensors.sort_outputs(order)
     if not tensors.outputs:
         raise FuseError("nothing the selection computes is used outside it (no consumer outside "

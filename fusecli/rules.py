@@ -80,6 +80,17 @@ def _construct_mapping(loader, node, deep=False):
 
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
+# The shipped rules (fusecli's own files, not user input) are parsed with libyaml where PyYAML
+# has it: ~8x faster than the pure-Python bounded loader (0.3 s of every run). A user's rule
+# file always goes through _LineLoader's bounds.
+_ShippedLoader = None
+if getattr(yaml, "__with_libyaml__", False):
+    class _ShippedLoader(yaml.CSafeLoader):  # noqa: N801 - a Loader class
+        pass
+
+    _ShippedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                                   _construct_mapping)
+
 
 def _line(obj, key=None):
     if isinstance(obj, _LineDict):
@@ -559,9 +570,10 @@ def _check_dataflow(src, nodes: tuple[NodeSpec, ...], replace: Replacement, tens
                             "op cannot consume its own intermediate", None)
 
 
-def parse_rules(text: str, source: str) -> list[Rule]:
-    """Every rule a rule file defines: one, or one per entry of its ``variants``."""
-    raw = _load_yaml(text, source)
+def parse_rules(text: str, source: str, shipped: bool = False) -> list[Rule]:
+    """Every rule a rule file defines: one, or one per entry of its ``variants``.
+    ``shipped``: one of fusecli's own rule files (parsed with libyaml where available)."""
+    raw = _load_yaml(text, source, shipped)
     return [_build_rule(body, source, text) for body in _expand(raw, source)]
 
 
@@ -573,9 +585,10 @@ def parse_rule(text: str, source: str) -> Rule:
     return rules[0]
 
 
-def _load_yaml(text: str, source: str):
+def _load_yaml(text: str, source: str, shipped: bool = False):
+    loader = _ShippedLoader if shipped and _ShippedLoader is not None else _LineLoader
     try:
-        raw = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+        raw = yaml.load(text, Loader=loader)  # noqa: S506 - SafeLoader subclasses
     except yaml.constructor.ConstructorError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
         raise RuleError(source, f"not allowed in a rule file: {exc.problem} (rules are plain "
@@ -735,7 +748,8 @@ def load_rules(paths=None) -> list[Rule]:
 
     Rules come back in application order: ascending ``order``, then name.
     """
-    if paths is None or (isinstance(paths, (list, tuple)) and not paths):
+    shipped = paths is None or (isinstance(paths, (list, tuple)) and not paths)
+    if shipped:
         paths = [DEFAULT_RULES_DIR]
     elif isinstance(paths, (str, Path)):
         paths = [paths]
@@ -746,7 +760,7 @@ def load_rules(paths=None) -> list[Rule]:
             raise RuleError(str(p), "no such rule file or folder")
         for f in _rule_files(p):
             text = read_text(f, lambda msg, f=f: RuleError(str(f), msg))
-            for rule in parse_rules(text, str(f)):
+            for rule in parse_rules(text, str(f), shipped):
                 if rule.name in seen:
                     raise RuleError(str(f), f"rule name '{rule.name}' is also used by "
                                     f"{seen[rule.name]}")

@@ -24,7 +24,7 @@ from .contracts import infer_output_types
 from .graph import memoised
 
 _SAME_AS_INPUT0 = {
-    "Identity", "Cast", "Neg", "Sqrt", "Reciprocal", "Relu", "Erf", "Tanh", "Sigmoid", "Exp",
+    "Identity", "Cast", "CastLike", "Neg", "Sqrt", "Reciprocal", "Relu", "Erf", "Tanh", "Sigmoid", "Exp",
     "Log", "Abs", "Softmax", "LogSoftmax", "Gelu", "FastGelu", "QuickGelu", "Dropout",
     "ReluGrad", "GeluGrad", "FastGeluGrad", "QuickGeluGrad", "TanhGrad", "SigmoidGrad",
     "SoftmaxGrad_13", "SoftmaxGrad", "ActivationGrad",

@@ -163,3 +163,24 @@ def test_bench_worker_reports_process_cpu_time(tmp_path):
         assert res[k]["cpu_median_ms"] > 0 and res[k]["median_ms"] > 0
     cols = _cpu_cols(res)
     assert cols["cpu_speedup"] == cols["cpu_unfused_ms"] / cols["cpu_fused_ms"]
+
+
+def _opt_row(graph, nodes, family="torch-joint", ok=True):
+    return {"graph": graph, "family": family, "nodes": nodes, "copies": 1, "load_s": 0.1,
+            "pass_s": 1.0, "save_s": 0.1, "total_s": 1.2, "cpu_s": 1.1, "cli_s": 2.0,
+            "us_per_node": 1.2e6 / nodes, "fused": 7, "expected": 7, "counts_ok": ok}
+
+
+def test_update_re_renders_the_optimizer_section_with_the_raw_export_row():
+    old = R.render(_meta(), [], [], [_opt_row("deep_5k.onnx", 5000)],
+                   scaled=[_step("ortt_mlp", 1.1, 16)])
+    meta = {**_meta(), "date": "later"}
+    new = R.render(meta, [], [], [_opt_row("deep_5k.onnx", 5000),
+                                  _opt_row("torch_llama_raw_L44.onnx", 31236,
+                                           "torch-joint (raw export)", ok=False)])
+    doc = R.splice(old, new, ["optimizer"], meta)
+    section = doc.split(R.OPT_HEADING)[1].split("## (d)")[0]
+    assert "| torch-joint (raw export) | torch_llama_raw_L44.onnx | 31236 |" in section
+    assert section.count("MISMATCH") == 1 and "deep_5k.onnx" in section
+    assert doc.count(R.OPT_HEADING) == 1
+    assert doc.split("## (d)")[1] == old.split("## (d)")[1]  # (d) kept from the old run

@@ -215,3 +215,55 @@ def test_silu_one_as_an_expand_to_the_activation_shape():
 def test_synthetic_ortt_linear_with_subgraph_axes():
     m = _as_constant_subgraphs(builders.ortt_linear_act("gelu"))
     assert FusionPass().run(m) == 1
+
+
+def _ones_like_nodes(p, like):
+    """torch's raw dynamo spelling of `ones_like(like)` (the SiLU gradient's `1` in a
+    torch.onnx.export(..., dynamo=True, optimize=False) graph): full_like through an
+    empty_like, each an Expand of a CastLike to the run-time tensor's type, to its Shape."""
+    return [_c(p + "zero", 0, np.int64),
+            helper.make_node("CastLike", [p + "zero", like], [p + "z"]),
+            helper.make_node("Shape", [like], [p + "sh"]),
+            helper.make_node("Expand", [p + "z", p + "sh"], [p + "empty"]),
+            _c(p + "one", 1, np.int64),
+            helper.make_node("CastLike", [p + "one", p + "empty"], [p + "v"]),
+            helper.make_node("Shape", [p + "empty"], [p + "sh2"]),
+            helper.make_node("Expand", [p + "v", p + "sh2"], [p + "ones"])]
+
+
+def test_castlike_to_a_runtime_tensor_is_a_constant():
+    x = helper.make_tensor_value_info("x", F, [2, 3])
+    ix = _index(_ones_like_nodes("a.", "x"), inputs=[x])
+    v = ix.const_value("a.ones")
+    assert v.dtype == np.float32 and v.shape == (2, 3) and v.strides == (0, 0)
+    assert float(v.flat[0]) == 1.0
+    assert ix.const_value("x") is None  # the tensor it is cast like stays a run-time value
+    # the element type of a tensor with no recorded type, followed back through its producer
+    s = helper.make_node("Sigmoid", ["x"], ["s"])
+    ix2 = _index([s] + _ones_like_nodes("b.", "s"), inputs=[x])
+    assert ix2.const_value("b.ones").dtype == np.float32
+    # an unknown element type: not a constant (never guessed)
+    y = helper.make_tensor_value_info("y", 0, None)
+    ix3 = _index([_c("one", 1, np.int64), helper.make_node("CastLike", ["one", "y"], ["c"])],
+                 inputs=[y])
+    assert ix3.const_value("c") is None
+
+
+def test_silu_one_as_raw_ones_like_fuses_and_computes_the_same():
+    m = onnx.load(SAMPLES / "torch_mlp.onnx")
+    g = m.graph
+    subs = [n for n in g.node if n.op_type == "Sub"
+            and any(c.op_type == "Sigmoid" and c.output[0] == n.input[1] for c in g.node)]
+    assert subs
+    for k, sub in enumerate(subs):
+        nodes = _ones_like_nodes(f"raw{k}.", sub.input[1])
+        sub.input[0] = nodes[-1].output[0]
+        at = list(g.node).index(sub)
+        for j, n in enumerate(nodes):
+            g.node.insert(at + j, n)
+    unfused = copy.deepcopy(m)
+    assert _fused(m) == _fused(onnx.load(SAMPLES / "torch_mlp.onnx"))
+    assert not any(n.output[0].startswith("raw") for n in m.graph.node)  # no dead leftovers
+    feeds = make_feeds(unfused, manifest_entry_for(SAMPLES / "torch_mlp.onnx"))
+    for w, got in zip(_run(unfused, feeds), _run(m, feeds)):
+        np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)

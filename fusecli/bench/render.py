@@ -109,6 +109,35 @@ CPU_NOTE = ("Speed-up = unfused / fused median wall time (the headline). CPU ms 
             "does not stretch the way it stretches wall time.")
 
 
+OPT_HEADING = "## (c) Optimiser speed on deep graphs"
+
+
+def optimizer_section(meta, opt) -> list[str]:
+    """Section (c): lines from its heading up to (not including) the next section."""
+    L = [f"\n{OPT_HEADING}\n"]
+    L.append("Deep graphs from `fusecli.bench.deepgraph` (copies of the shipped samples chained "
+             "through their losses), and a raw `torch.onnx.export(..., dynamo=True, "
+             "optimize=False)` training graph of a Llama-style model (`scripts/corpus/gen.py "
+             "--raw 44`: 44 layers at the corpus size; constants as small subgraphs, Identity "
+             "detach/clone, no-op views; expected counts from the model code). In-process load + "
+             "FusionPass (rules loaded included) + save, median of "
+             f"{meta['opt_repeats']} runs (CPU s: the process's CPU time for the same, the "
+             "steadier number on a shared machine); CLI = wall time of the real `fusecli "
+             "optimize` console script (Python start-up and imports included).\n")
+    if meta.get("opt_note"):
+        L.append(meta["opt_note"] + "\n")
+    L.append("| family | graph | nodes | load s | match+rewrite s | save s | total s | CPU s "
+             "| µs/node | CLI wall s | fused / expected |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in opt:
+        cpu = f"{r['cpu_s']:.3f}" if r.get("cpu_s") is not None else "–"
+        L.append(f"| {r['family']} | {r['graph']} | {r['nodes']} | {r['load_s']:.3f} | "
+                 f"{r['pass_s']:.3f} | {r['save_s']:.3f} | {r['total_s']:.3f} | {cpu} | "
+                 f"{r['us_per_node']:.1f} | {r['cli_s']:.2f} | {r['fused']} / {r['expected']}"
+                 f"{'' if r['counts_ok'] else ' MISMATCH'} |")
+    return L
+
+
 def render(meta, ops, e2e, optimizer, scaled=(), outliers=(), shapes=(), real=()) -> str:
     opt = optimizer
     L = []
@@ -209,19 +238,7 @@ def render(meta, ops, e2e, optimizer, scaled=(), outliers=(), shapes=(), real=()
                      f"{r['profile_fused']}"
                      + (f" ({r['profile_unmatched_nodes']} chain nodes renamed by onnxruntime's "
                         "optimizer, not attributed)" if r['profile_unmatched_nodes'] else ""))
-    L.append("\n## (c) Optimiser speed on deep graphs\n")
-    L.append("Deep graphs from `fusecli.bench.deepgraph` (copies of the shipped samples chained "
-             "through their losses). In-process load + FusionPass.run + save, median of "
-             f"{meta['opt_repeats']} runs; CLI = wall time of the real `fusecli optimize` console "
-             "script (Python start-up and imports included).\n")
-    L.append("| family | graph | nodes | load s | match+rewrite s | save s | total s | µs/node "
-             "| CLI wall s | fused / expected |")
-    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    for r in opt:
-        L.append(f"| {r['family']} | {r['graph']} | {r['nodes']} | {r['load_s']:.3f} | "
-                 f"{r['pass_s']:.3f} | {r['save_s']:.3f} | {r['total_s']:.3f} | "
-                 f"{r['us_per_node']:.1f} | {r['cli_s']:.2f} | {r['fused']} / {r['expected']}"
-                 f"{'' if r['counts_ok'] else ' MISMATCH'} |")
+    L.extend(optimizer_section(meta, opt))
     scale = f"{meta['weight_scale']:g}"
     L.append(f"\n## (d) Training steps with weights at {scale}x their scale\n")
     L.append(f"The samples of (b) with every weight (each parameter of rank >= 2: weight matrices, "

@@ -764,51 +764,83 @@ def case_benchmarks(ctx: Ctx, cases) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
+RAW_LAYERS = 44  # the raw-export row of (c): a Llama-style model of 44 layers, ~31k nodes
+
+
+def raw_export_graph(layers: int = RAW_LAYERS) -> dict | None:
+    """The raw `torch.onnx.export(..., dynamo=True, optimize=False)` Llama-style training graph
+    of (c) (not committed: scripts/corpus/gen.py --raw writes it, with its expected counts from
+    the model code, under build/corpus-scale with the corpus generator's torch venv). None when
+    neither the graph nor that venv is there."""
+    ddir = REPO / "build" / "corpus-scale"
+    meta = ddir / f"torch_llama_raw_L{layers}.json"
+    if not meta.exists():
+        py = REPO / "build" / "venv-corpus-torch" / "bin" / "python"
+        if not py.exists():
+            log("(c) raw export: no build/venv-corpus-torch (make corpus creates it); row left out")
+            return None
+        log(f"(c) exporting the raw L{layers} graph (torch dynamo, optimize=False)")
+        subprocess.run([str(py), str(REPO / "scripts" / "corpus" / "gen.py"), "--raw",
+                        str(layers)], check=True, capture_output=True)
+    info = json.loads(meta.read_text())
+    exp = {k: v for k, v in info["expected"].items() if v}
+    return {"path": str(ddir / info["file"]), "family": "torch-joint (raw export)",
+            "nodes": info["nodes"], "copies": 1, "expected": exp,
+            "expected_total": sum(exp.values())}
+
+
 def optimizer_benchmarks(repeats: int = 3) -> list[dict]:
-    from ..fusion import FusionPass
-    from ..modelio import load_model, save_model
     from .deepgraph import FAMILIES, SIZES, write_deep_graphs
 
     ddir = REPO / "build" / "deep-graphs"
     infos = write_deep_graphs(ddir, SIZES, tuple(FAMILIES))
+    raw = raw_export_graph()
+    return [optimizer_row(info, repeats) for info in infos + ([raw] if raw else [])]
+
+
+def optimizer_row(info: dict, repeats: int = 3) -> dict:
+    """load + FusionPass (rules loaded included) + save in process, median of ``repeats``
+    (wall and CPU seconds), and the wall time of the `fusecli optimize` console script."""
+    from ..fusion import FusionPass
+    from ..modelio import load_model, save_model
+
     fusecli = Path(sys.executable).parent / "fusecli"
-    rows = []
-    for info in infos:
-        log(f"(c) {Path(info['path']).name}")
-        path = Path(info["path"])
-        out = path.with_suffix(".fused.onnx")
-        phases = {"load": [], "pass": [], "save": [], "total": []}
-        fused = None
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            m = load_model(path)
-            t1 = time.perf_counter()
-            fp = FusionPass()
-            fp.run(m)
-            t2 = time.perf_counter()
-            save_model(m, out, path)
-            t3 = time.perf_counter()
-            for k, v in zip(("load", "pass", "save", "total"), (t1 - t0, t2 - t1, t3 - t2, t3 - t0)):
-                phases[k].append(v)
-            fused = {k: v.fused for k, v in fp.stats.patterns.items()}
-        cli = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            proc = subprocess.run([str(fusecli), "optimize", str(path), "-o", str(out), "-q",
-                                   "--json"], capture_output=True, text=True)
-            cli.append(time.perf_counter() - t0)
-            if proc.returncode != 0:
-                cli = [float("nan")]
-                break
-        exp = {k: v for k, v in info["expected"].items()}
-        med = {k: statistics.median(v) for k, v in phases.items()}
-        rows.append({"graph": path.name, "family": info["family"], "nodes": info["nodes"],
-                     "copies": info["copies"], **{f"{k}_s": v for k, v in med.items()},
-                     "cli_s": statistics.median(cli),
-                     "us_per_node": med["total"] / info["nodes"] * 1e6,
-                     "fused": sum(fused.values()), "expected": info["expected_total"],
-                     "counts_ok": all(fused.get(k, 0) == v for k, v in exp.items())})
-    return rows
+    log(f"(c) {Path(info['path']).name}")
+    path = Path(info["path"])
+    out = path.with_suffix(".fused.onnx")
+    phases = {"load": [], "pass": [], "save": [], "total": [], "cpu": []}
+    fused = None
+    for _ in range(repeats):
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        m = load_model(path)
+        t1 = time.perf_counter()
+        fp = FusionPass()
+        fp.run(m)
+        t2 = time.perf_counter()
+        save_model(m, out, path)
+        t3 = time.perf_counter()
+        phases["cpu"].append(time.process_time() - c0)
+        for k, v in zip(("load", "pass", "save", "total"), (t1 - t0, t2 - t1, t3 - t2, t3 - t0)):
+            phases[k].append(v)
+        fused = {k: v.fused for k, v in fp.stats.patterns.items()}
+    cli = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        proc = subprocess.run([str(fusecli), "optimize", str(path), "-o", str(out), "-q",
+                               "--json"], capture_output=True, text=True)
+        cli.append(time.perf_counter() - t0)
+        if proc.returncode != 0:
+            cli = [float("nan")]
+            break
+    exp = dict(info["expected"])
+    med = {k: statistics.median(v) for k, v in phases.items()}
+    return {"graph": path.name, "family": info["family"], "nodes": info["nodes"],
+            "copies": info["copies"], **{f"{k}_s": v for k, v in med.items()},
+            "cli_s": statistics.median(cli),
+            "us_per_node": med["total"] / info["nodes"] * 1e6,
+            "fused": sum(fused.values()), "expected": info["expected_total"],
+            "counts_ok": all(fused.get(k, 0) == v for k, v in exp.items())}
 
 
 # ---------------------------------------------------------------------------------------------

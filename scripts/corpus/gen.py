@@ -16,6 +16,7 @@ with dropout then computes the same thing in every fresh session (what `verify` 
 from __future__ import annotations
 
 import copy
+import functools
 import io
 import json
 import sys
@@ -207,7 +208,8 @@ def build(family: str, arch: Arch) -> None:
     torch.manual_seed(0)
     model, inputs = make(arch, family)
     expected = derive_counts(model, tuple(inputs.values()), arch.attention)
-    builder = build_ortt if family == "ort-training" else build_torch
+    builder = (build_ortt if family == "ort-training"
+               else functools.partial(build_torch, optimize=arch.optimize))
     if arch.dropout:
         # torch and onnxruntime draw different dropout masks: check this exporter path against
         # torch autograd on a twin whose dropout probabilities are 0 (same graph otherwise)
@@ -250,8 +252,14 @@ def build_raw(layers: int, dest: Path) -> None:
     model.arg_names = tuple(inputs)
     dest.mkdir(parents=True, exist_ok=True)
     name = f"torch_llama_raw_L{layers}"
+    expected = derive_counts(model, tuple(inputs.values()), arch.attention)
     res = build_torch(arch, model, inputs, name, dest, False, optimize=False)
-    print(f"{dest / name}.onnx: {len(res['model'].graph.node)} nodes", flush=True)
+    nodes = len(res["model"].graph.node)
+    # read by the benchmark suite's optimiser table (fusecli/bench/suite.py)
+    (dest / f"{name}.json").write_text(json.dumps(
+        {"file": f"{name}.onnx", "layers": layers, "nodes": nodes, "expected": expected,
+         "versions": _versions()}, indent=1))
+    print(f"{dest / name}.onnx: {nodes} nodes, expected {expected}", flush=True)
 
 
 def main(argv: list[str]) -> int:
