@@ -774,7 +774,7 @@ def raw_export_graph(layers: int = RAW_LAYERS) -> dict | None:
     neither the graph nor that venv is there."""
     ddir = REPO / "build" / "corpus-scale"
     meta = ddir / f"torch_llama_raw_L{layers}.json"
-    if not meta.exists():
+    if not (meta.exists() and meta.with_suffix(".onnx").exists()):
         py = REPO / "build" / "venv-corpus-torch" / "bin" / "python"
         if not py.exists():
             log("(c) raw export: no build/venv-corpus-torch (make corpus creates it); row left out")
