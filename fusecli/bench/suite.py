@@ -867,7 +867,7 @@ def main(argv=None) -> int:
     entries = ensure_bench_samples() if need_samples else {}
     WORKDIR.mkdir(parents=True, exist_ok=True)
     fused_dir = BENCH_SAMPLES / "fused"
-    fused_dir.mkdir(exist_ok=True)
+    fused_dir.mkdir(parents=True, exist_ok=True)
     log("measuring copy bandwidth")
     bw = copy_bandwidth(args.threads)
     from .shapes import outlier_cases, real_shape_cases
