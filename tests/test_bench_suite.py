@@ -140,10 +140,14 @@ def test_update_splices_only_the_measured_sections_and_their_summary_lines():
     assert "| ort-training | ortt_mlp | 2 | 4 (x16) | 11.00 | 10.00 | 1.100x |" in doc
     assert doc.count("## (f)") == 1 and doc.count("## (g)") == 1 and doc.count("## (e)") == 1
     assert "- Re-measured by `--update` on later" in doc.split("## Summary")[0]
-    # splicing again replaces the note instead of stacking a second one
-    again = R.splice(doc, new, ["shapes"], meta)
+    # splicing the same sections again replaces the note instead of stacking a second one
+    again = R.splice(doc, new, ["shapes", "real"], meta)
     assert again.count("Re-measured by `--update`") == 1
     assert again.split("## (f)")[1] == doc.split("## (f)")[1]
+    # re-measuring only (f) keeps the note of the run that (g) still comes from
+    partial = R.splice(doc, new, ["shapes"], {**meta, "date": "latest"})
+    notes = [ln for ln in partial.splitlines() if ln.startswith("- Re-measured by `--update`")]
+    assert len(notes) == 2 and "on later" in notes[0] and "on latest" in notes[1]
 
 
 def test_bench_worker_reports_process_cpu_time(tmp_path):

@@ -6,6 +6,8 @@ by ``--json``) and returns the Markdown document; it measures nothing.
 
 from __future__ import annotations
 
+import re
+
 
 def _ms(v):
     return "–" if v is None else f"{v:.3f}" if v < 10 else f"{v:.2f}" if v < 100 else f"{v:.1f}"
@@ -305,6 +307,14 @@ def _summary_line(line: str, new_summary: list[str], letters: list[str]) -> str:
     return line
 
 
+def _note_superseded(line: str, letters: list[str]) -> bool:
+    """A "Re-measured by `--update`" preamble note all of whose sections are measured again."""
+    if not line.startswith("- Re-measured by `--update`"):
+        return False
+    secs = re.findall(r"\(([a-g])\)", line.split(" and their Summary")[0])
+    return set(secs) <= set(letters)
+
+
 def splice(old: str, new: str, measured: list[str], meta: dict) -> str:
     """`old` with the sections of `measured` (suite section keys) and their Summary lines taken
     from `new` (a document rendered from this run), and a note in the preamble saying which
@@ -321,7 +331,7 @@ def splice(old: str, new: str, measured: list[str], meta: dict) -> str:
         elif head == "## Summary":
             lines = [_summary_line(ln, new_summary, letters) for ln in lines]
         elif head is None:
-            lines = [ln for ln in lines if not ln.startswith("- Re-measured by `--update`")]
+            lines = [ln for ln in lines if not _note_superseded(ln, letters)]
             bullets = [i for i, ln in enumerate(lines) if ln.startswith("- ")]
             at = bullets[-1] + 1 if bullets else len(lines)
             secs = ", ".join(f"({ltr})" for ltr in letters)
@@ -329,7 +339,7 @@ def splice(old: str, new: str, measured: list[str], meta: dict) -> str:
                 f"- Re-measured by `--update` on {meta['date']}, in {meta['elapsed_s']:.0f} s: "
                 f"section(s) {secs} and their Summary lines (copy bandwidth of that run "
                 f"{meta['bw']['used'] / 1e9:.2f} GB/s); the other sections are from the run "
-                "above."] + lines[at:]
+                "above (or from the earlier re-measurements listed)."] + lines[at:]
         out.append("\n".join(lines))
     for ltr in letters:  # measured sections the old document did not have
         if ltr not in done and ltr in fresh:
