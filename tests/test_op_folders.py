@@ -28,10 +28,6 @@ OP_NAMES = set(CONTRACTS.ops)
 PATTERNS = set(CANONICAL_PATTERNS)
 CXX = ("*.cc", "*.h", "*.cu", "*.cuh")
 
-# Files that may still hold a hand-written registration (SigOp<...> instead of FusedOp<Kernel>):
-# shrink-only. conv_bn_relu_grad/cpu.cc is being rewritten on another branch; move it to
-# CpuKernel<ConvKernel, kConvBnReluGrad> + FusedOp<ConvKernel> there and drop it from here.
-LEGACY_REGISTRATION = {"fusecli/ops/conv_bn_relu_grad/cpu.cc"}
 # A literal list/tuple/set/dict holding this many op names or pattern names is a copy of the
 # registry (a test that asserts a few specific results names fewer).
 COPY_THRESHOLD = 4
@@ -58,16 +54,7 @@ def test_every_op_folder_registers_through_the_generated_registry():
                          ("cuda_op.cc", f"add_{op.folder}_cuda_ops")):
             text = (folder / file).read_text()
             assert re.search(rf"void {fn}\(Ort::CustomOpDomain& domain\)", text), (op.name, file)
-            rel = f"fusecli/ops/{op.folder}/{file}"
-            if rel not in LEGACY_REGISTRATION:
-                assert "add_op<FusedOp<" in text and "SigOp<" not in text, rel
-
-
-def test_legacy_registration_list_only_shrinks():
-    for rel in LEGACY_REGISTRATION:
-        path = REPO / rel
-        assert path.is_file() and "SigOp<" in path.read_text(), \
-            f"{rel} no longer needs its exemption: remove it from LEGACY_REGISTRATION"
+            assert "add_op<FusedOp<" in text and "SigOp<" not in text, (op.name, file)
 
 
 @pytest.mark.parametrize("op", OPS, ids=lambda c: c.name)

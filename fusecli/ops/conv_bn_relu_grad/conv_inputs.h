@@ -9,9 +9,6 @@ namespace fusecli {
 // The attributes (OpAttrs, generated from the contract: strides, pads, dilations, group, relu)
 // and what their types cannot say (check_conv_attrs: 2-D only, group >= 1; throws OpError).
 void check_conv_attrs(const OpAttrs<kConvBnReluGrad>& a);
-struct ConvAttrs : OpAttrs<kConvBnReluGrad> {
-  explicit ConvAttrs(const OrtKernelInfo* info) : OpAttrs(info) { check_conv_attrs(*this); }
-};
 // The op's eight inputs, read from the kernel context and validated against the attributes
 // (throws OpError), with the dimensions both kernels need.
 struct ConvInputs {

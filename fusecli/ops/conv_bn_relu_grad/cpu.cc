@@ -6,6 +6,7 @@
 #endif
 
 #include "conv_inputs.h"
+#include "cpu_kernel.h"
 #include "cpu_eigen.h"
 #include "cpu_gemm.h"
 #include "cpu_threads.h"
@@ -14,17 +15,13 @@ namespace fusecli {
 namespace {
 
 // ================================= ConvBnReluGrad ===========================================
-struct ConvOp;
-struct ConvKernel : ConvAttrs {
-  ConvKernel(const OrtKernelInfo* info, const ConvOp*) : ConvAttrs(info), mm(info) {}
-  OrtStatusPtr ComputeV2(OrtKernelContext* c) {
-    return guarded([&] { Compute(c); });
+struct ConvKernel : CpuKernel<ConvKernel, kConvBnReluGrad> {  // attributes: see conv_inputs.h
+  template <typename TOp>
+  ConvKernel(const OrtKernelInfo* info, const TOp* op) : CpuKernel(info, op), mm(info) {
+    check_conv_attrs(*this);
   }
-  void Compute(OrtKernelContext* c);
+  void Compute(Ort::KernelContext& ctx);
   OrtMatMul mm;
-};
-struct ConvOp : SigOp<ConvOp, ConvKernel, kConvBnReluGrad> {
-  explicit ConvOp(bool half) : SigOp(nullptr, half) {}
 };
 
 struct ConvGeom {
@@ -251,10 +248,7 @@ static void col2im(const float* cols, const ConvGeom& g, int64_t ld, float* dx, 
   }
 }
 
-void ConvKernel::Compute(OrtKernelContext* c) {
-  PoolScope pool(c);
-  count_call(kConvBnReluGrad);
-  Ort::KernelContext ctx(c);
+void ConvKernel::Compute(Ort::KernelContext& ctx) {
   const ConvInputs in(ctx, *this);
   const In &dy = in.dy, &y = in.y, &x = in.x, &w = in.w, &cv = in.cv, &gamma = in.gamma,
            &mean = in.mean, &istd = in.istd;
@@ -451,7 +445,7 @@ void ConvKernel::Compute(OrtKernelContext* c) {
 }  // namespace
 
 void add_conv_bn_relu_grad_cpu_ops(Ort::CustomOpDomain& domain) {
-  add_op<ConvOp>(domain);
+  add_op<FusedOp<ConvKernel>>(domain);
 }
 
 }  // namespace fusecli

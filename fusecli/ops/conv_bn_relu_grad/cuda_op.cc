@@ -6,7 +6,7 @@
 namespace fusecli {
 namespace {
 
-struct ConvKernel : CudaKernel<ConvKernel, kConvBnReluGrad> {  // attributes: see ConvAttrs
+struct ConvKernel : CudaKernel<ConvKernel, kConvBnReluGrad> {  // attributes: see conv_inputs.h
   template <typename TOp>
   ConvKernel(const OrtKernelInfo* info, const TOp* op) : CudaKernel(info, op) {
     check_conv_attrs(*this);
