@@ -22,4 +22,21 @@ template <typename Derived, OpId Id> struct CpuKernel : KernelBase<Id> {
   }
 };
 
+// A kernel registered for float and float16 (its contract's `half`): Compute runs
+// Derived::Run<float> or Derived::Run<Ort::Float16_t>.
+//   struct XKernel : TypedCpuKernel<XKernel, kX> {
+//     using TypedCpuKernel::TypedCpuKernel;
+//     template <typename T> void Run(Ort::KernelContext& ctx);
+//   };
+template <typename Derived, OpId Id> struct TypedCpuKernel : CpuKernel<Derived, Id> {
+  using CpuKernel<Derived, Id>::CpuKernel;
+  void Compute(Ort::KernelContext& ctx) {
+    auto* self = static_cast<Derived*>(this);
+    if (this->half)
+      self->template Run<Ort::Float16_t>(ctx);
+    else
+      self->template Run<float>(ctx);
+  }
+};
+
 }  // namespace fusecli

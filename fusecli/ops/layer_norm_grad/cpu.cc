@@ -13,14 +13,8 @@ namespace fusecli {
 namespace {
 
 // ================================ LayerNormGrad =============================================
-struct LnKernel : CpuKernel<LnKernel, kLayerNormGrad> {  // attributes: axis
-  using CpuKernel::CpuKernel;
-  void Compute(Ort::KernelContext& ctx) {
-    if (half)
-      Run<Ort::Float16_t>(ctx);
-    else
-      Run<float>(ctx);
-  }
+struct LnKernel : TypedCpuKernel<LnKernel, kLayerNormGrad> {  // attributes: axis
+  using TypedCpuKernel::TypedCpuKernel;
   template <typename T> void Run(Ort::KernelContext& ctx);
 };
 

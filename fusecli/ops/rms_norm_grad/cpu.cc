@@ -9,14 +9,8 @@
 namespace fusecli {
 namespace {
 
-struct RmsKernel : CpuKernel<RmsKernel, kRMSNormGrad> {  // attributes: axis, epsilon
-  using CpuKernel::CpuKernel;
-  void Compute(Ort::KernelContext& ctx) {
-    if (half)
-      Run<Ort::Float16_t>(ctx);
-    else
-      Run<float>(ctx);
-  }
+struct RmsKernel : TypedCpuKernel<RmsKernel, kRMSNormGrad> {  // attributes: axis, epsilon
+  using TypedCpuKernel::TypedCpuKernel;
   template <typename T> void Run(Ort::KernelContext& ctx);
 };
 
