@@ -126,8 +126,6 @@ def optimizer_section(meta, opt) -> list[str]:
              f"{meta['opt_repeats']} runs (CPU s: the process's CPU time for the same, the "
              "steadier number on a shared machine); CLI = wall time of the real `fusecli "
              "optimize` console script (Python start-up and imports included).\n")
-    if meta.get("opt_note"):
-        L.append(meta["opt_note"] + "\n")
     L.append("| family | graph | nodes | load s | match+rewrite s | save s | total s | CPU s "
              "| µs/node | CLI wall s | fused / expected |")
     L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
