@@ -147,16 +147,6 @@ def _kind_matches(arr: np.ndarray, kind: str, data_shape=None) -> tuple[bool, st
     if kind == "large_negative":
         ok = arr.size == 1 and arr.dtype.kind == "f" and float(flat[0]) <= -1e4
         return ok, f"{shown}, rule wants a mask fill value <= -1e4 (or -inf)"
-    if kind == "row_finite":
-        # an additive score mask under which no softmax row can be fully masked: no NaN or
-        # +inf, and a finite entry in every row (a causal mask keeps its diagonal)
-        if arr.dtype.kind != "f" or arr.ndim < 1 or arr.shape[-1] == 0:
-            return False, f"{shown}, rule wants a float mask with a finite entry in every row"
-        fin = np.isfinite(arr)
-        ok = (not np.isnan(arr).any() and not np.isposinf(arr).any()
-              and bool(fin.any(axis=-1).all()))
-        return ok, (f"{shown}, rule wants an additive mask with a finite entry in every row (no "
-                    "fully masked row, no NaN or +inf)")
     if kind == "vector_shape":
         ok = ints and arr.ndim == 1 and flat.size == 1 and flat[0] > 0
         return ok, f"{shown}, rule wants a 1-D shape [n]"

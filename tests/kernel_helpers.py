@@ -53,7 +53,9 @@ def assert_close(got, ref, rtol=2e-4, atol_scale=2e-4, what=""):
     ref = np.asarray(ref)
     assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
     assert got.dtype == ref.dtype, f"{what}: dtype {got.dtype} != {ref.dtype}"
-    scale = max(1.0, float(np.abs(ref.astype(np.float64)).max(initial=0.0)))
+    # NaN entries must sit where the reference has them (assert_allclose's equal_nan); the
+    # tolerance scales with the largest finite value
+    scale = max(1.0, float(np.nanmax(np.abs(ref.astype(np.float64)), initial=0.0)))
     np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64), rtol=rtol,
                                atol=atol_scale * scale, err_msg=what)
 
@@ -192,12 +194,14 @@ def act_grad_subgraph(b: Builder, dy, x, act):
 
 
 def attention_grad_subgraph(b: Builder, do, q, k, v, p, qb, kb, vb, k_transposed, scale_q, scale_k,
-                            q_scale=None, k_scale=None, mask=None, ratio=0.0):
+                            q_scale=None, k_scale=None, mask=None, ratio=0.0, nan_guard=False):
     """AttentionGrad's contract from standard ops; returns (dQ, dK, dV, dS). q, k, v, p are
     (name, shape) pairs, do a name; qb / kb / vb the batch dims of P, K, V. K / V are expanded to
     the query heads (Reshape + Expand + Reshape, as repeat_kv), then MatMuls, the
     softmax-gradient decomposition, the dropout mask as a Cast + Mul, and the group sums as a
-    Reshape + ReduceSum."""
+    Reshape + ReduceSum. nan_guard: F.scaled_dot_product_attention's guard, V sees
+    Where(IsNaN(P), 0, P) and its gradient goes through Where(IsNaN(P), 0, .), the softmax
+    gradient reads the unguarded P."""
     nb = len(qb)
     perm = list(range(nb)) + [nb + 1, nb]
 
@@ -223,11 +227,15 @@ def attention_grad_subgraph(b: Builder, do, q, k, v, p, qb, kb, vb, k_transposed
     keep = None
     if mask is not None:
         keep = b.mul(b.op("Cast", mask, to=TensorProto.FLOAT), b.const(1.0 / (1.0 - ratio)))
-    pd = p[0] if keep is None else b.mul(p[0], keep)
+    nan = b.op("IsNaN", p[0]) if nan_guard else None
+    pg = p[0] if nan is None else b.op("Where", nan, b.const(0.0), p[0])
+    pd = pg if keep is None else b.mul(pg, keep)
     rdv = group_sum(b.op("MatMul", b.op("Transpose", pd, perm=perm), do), vb_full, v[1])
     dp = b.op("MatMul", do, b.op("Transpose", expand(v[0], vb_full, sk, dv), perm=perm))
     if keep is not None:
         dp = b.mul(dp, keep)
+    if nan is not None:
+        dp = b.op("Where", nan, b.const(0.0), dp)
     rs = b.op("ReduceSum", b.mul(dp, p[0]), b.ints([-1]), keepdims=1)
     ds = b.mul(p[0], b.sub(dp, rs))
     rank_k = len(k[1])

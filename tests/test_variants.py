@@ -349,21 +349,39 @@ def test_chain_reached_by_several_variants_counts_once():
     assert not [s for s in fp.stats.skips if s.pattern == "linear_gelu"]
 
 
-def test_sdpa_nan_guard_needs_a_mask_with_no_fully_masked_row():
+def test_sdpa_nan_guard_reproduces_fully_masked_rows(tmp_path):
     """F.scaled_dot_product_attention (TorchScript, ort-training) guards fully masked rows with
-    Where(IsNaN(P), 0, P). ortt_llama_sdpa's causal mask keeps every diagonal entry, so the guard
-    is the identity and both layers fuse; a mask that hides one whole row (P would be NaN there
-    and the original's SoftmaxGrad NaN) is refused at the mask, and explain says so."""
+    Where(IsNaN(P), 0, P). ortt_phi_sdpa computes its additive mask at run time (causal +
+    padding); both layers fuse with nan_guard=1. With key 0 of the first sequence padded, its
+    first query row sees no key: the original's softmax is NaN there, the guard zeroes that row
+    before V and SoftmaxGrad keeps the NaN in the score gradient. The fused graph has NaN in
+    exactly the same output elements and the same finite values everywhere else."""
+    from fusecli.feeds import make_feeds
+    from fusecli.library import library_path
+    from fusecli.verify import manifest_entry_for, pick_runtime, run_in_runtime
+
     rule = "sdpa_ortt_runtime_nanguard"
-    model, rec, count = _first(rule)
-    assert count == 2
-    mask_name = rec.tensors["amask"]
-    init = next(t for t in model.graph.initializer if t.name == mask_name)
-    mask = numpy_helper.to_array(init).copy()
-    assert np.isneginf(mask).any() and np.isfinite(mask).any(axis=-1).all()
-    mask[..., 0, :] = -np.inf  # the first query row sees no key
-    init.CopyFrom(numpy_helper.from_array(mask, mask_name))
-    assert len(_fusions(copy.deepcopy(model), rule)) == 0
-    _, misses = _reasons(model, rule)
-    hit = [m for m in misses if m["rule"] == rule and m["reason"] == "constant"]
-    assert hit and "finite entry in every row" in hit[0]["detail"], misses
+    path = CORPUS / "ortt_phi_sdpa.onnx"
+    model = _sample("ortt_phi_sdpa")
+    fused = copy.deepcopy(model)
+    fp = FusionPass()
+    fp.run(fused)
+    assert fp.stats.rules[rule].fused == 2
+    attn = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
+    assert [helper.get_attribute_value(a) for n in attn for a in n.attribute
+            if a.name == "nan_guard"] == [1, 1]
+    feeds = make_feeds(model, manifest_entry_for(path))
+    feeds["attention_mask"][0, 0] = 0  # the first sequence's key 0 is padding
+    onnx.save(fused, tmp_path / "fused.onnx")
+    python = pick_runtime(model)
+    ref, _ = run_in_runtime(path, feeds, python, library=library_path())
+    got, _ = run_in_runtime(tmp_path / "fused.onnx", feeds, python, library=library_path())
+    nan_outputs = [k for k, v in ref.items() if np.isnan(v).any()]
+    assert nan_outputs and len(nan_outputs) < len(ref)  # the padded row is NaN, not everything
+    for name, r in ref.items():
+        g = got[name]
+        assert np.array_equal(np.isnan(g), np.isnan(r)), name
+        fin = ~np.isnan(r)
+        np.testing.assert_allclose(g[fin], r[fin], rtol=1e-4,
+                                   atol=1e-5 * max(1.0, float(np.abs(r[fin]).max(initial=0))),
+                                   err_msg=name)

@@ -116,8 +116,9 @@ def _kv_dims(q_batch, t):
 
 
 def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, want=(1, 1, 1),
-                   mask=None, ratio=0.0):
-    """want: dQ, dK, dV (and dS when it has 4 items); mask: bool tensor of P's shape or None.
+                   mask=None, ratio=0.0, nan_guard=0):
+    """want: dQ, dK, dV (and dS when it has 4 items); mask: bool tensor of P's shape or None;
+    nan_guard: the contract's attribute (dV reads P's NaN entries as 0).
     K and V may have fewer batch rows than P (grouped / multi-query attention)."""
     import torch
     qb = tuple(p.shape[:-2])
@@ -129,7 +130,7 @@ def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, wan
     m = None if mask is None else mask.to(torch.bool).contiguous()
     call("fusecli_launch_attention_grad", stream(), ptr(do), ptr(q), ptr(k), ptr(v), ptr(p), ptr(m),
          *(ptr(o) for o in outs), len(qb), *dims, sq, sk, d, dv_dim, scale_q, scale_k,
-         1.0 / (1.0 - ratio), k_transposed)
+         1.0 / (1.0 - ratio), k_transposed, nan_guard)
     return outs[:len(want)]
 
 
@@ -212,7 +213,7 @@ def ref_linear(dy, x, a, w, act, trans_w):
     return da, dw, dz.sum(0)
 
 
-def ref_attention(do, q, k, v, p, sq_, sk_, kt, mask=None, ratio=0.0):
+def ref_attention(do, q, k, v, p, sq_, sk_, kt, mask=None, ratio=0.0, nan_guard=0):
     """AttentionGrad's contract in torch: K / V expanded to P's batch dims (query index i of a
     dim reads kv index i // (Hq / Hkv)), dK / dV summed back over each group; (dQ, dK, dV, dS)."""
     qb = tuple(p.shape[:-2])
@@ -233,7 +234,8 @@ def ref_attention(do, q, k, v, p, sq_, sk_, kt, mask=None, ratio=0.0):
 
     keep = 1.0 if mask is None else mask.to(p.dtype) / (1.0 - ratio)
     k_sd = expand(k.transpose(-1, -2) if kt else k)
-    dv = group_sum((p * keep).transpose(-1, -2) @ do, v)
+    pg = p.nan_to_num(nan=0.0, posinf=float("inf"), neginf=float("-inf")) if nan_guard else p
+    dv = group_sum((pg * keep).transpose(-1, -2) @ do, v)
     dp = (do @ expand(v).transpose(-1, -2)) * keep
     ds = p * (dp - (dp * p).sum(-1, keepdim=True))
     dq = sq_ * (ds @ k_sd)

@@ -147,6 +147,28 @@ def test_attention_grad_optional_outputs_with_groups_and_dropout(want):
     _check_requested(want, got, ref, 5e-4)
 
 
+@pytest.mark.parametrize("nan_guard", [0, 1])
+@pytest.mark.parametrize("dropout", [0, 1])
+def test_attention_grad_nan_rows(nan_guard, dropout):
+    """Fully masked (NaN) rows of P: nan_guard=1 reads them as 0 for dV only; dS, dQ and dK keep
+    the NaN where the reference has it."""
+    do, q, k, v = _rand(2, 4, 9, 6), _rand(2, 4, 9, 8), _rand(2, 2, 13, 8), _rand(2, 2, 13, 6)
+    p = torch.softmax(torch.randn(2, 4, 9, 13, device="cuda"), -1)
+    p[0, 1, 3] = float("nan")
+    p[1, :, 0] = float("nan")
+    mask = torch.rand(2, 4, 9, 13, device="cuda") >= 0.2 if dropout else None
+    ratio = 0.2 if dropout else 0.0
+    got = L.attention_grad(do, q, k, v, p, 0.5, 0.5, 0, (1, 1, 1, 1), mask, ratio, nan_guard)
+    ref = L.ref_attention(do.double(), q.double(), k.double(), v.double(), p.double(), 0.5, 0.5, 0,
+                          mask, ratio, nan_guard)
+    for g, r, nm in zip(got, ref, "dQ dK dV dS".split()):
+        r = r.to(g.dtype)
+        scale = max(1.0, r.nan_to_num(0.0).abs().max().item())
+        torch.testing.assert_close(g, r, rtol=5e-4, atol=5e-4 * scale, equal_nan=True,
+                                   msg=lambda m: f"{nm}: {m}")
+    assert bool(torch.isfinite(got[2]).all()) == bool(nan_guard)
+
+
 def test_attention_grad_rejects_dims_outside_the_group_rule():
     do, q, v = _rand(2, 4, 9, 6), _rand(2, 4, 9, 8), _rand(2, 4, 13, 6)
     p = torch.softmax(torch.randn(2, 4, 9, 13, device="cuda"), -1)

@@ -140,8 +140,9 @@ void AttnKernel::Compute(Ort::KernelContext& ctx) {
   if (runs <= chunk) chunk = chunk / runs * runs;
   std::unique_ptr<float[]> ds(need_ds && !want_ds ? new float[static_cast<size_t>(chunk * item)]
                                                   : nullptr);
-  std::unique_ptr<float[]> pd(maskp && want_dv ? new float[static_cast<size_t>(chunk * item)]
-                                               : nullptr);
+  const bool guard = nan_guard != 0;  // dV reads P's NaN entries (fully masked rows) as 0
+  std::unique_ptr<float[]> pd(
+      (maskp || guard) && want_dv ? new float[static_cast<size_t>(chunk * item)] : nullptr);
   std::vector<char> k_touched(want_dk ? km.kv_items() : 0), v_touched(want_dv ? vm.kv_items() : 0);
   std::vector<float> tmp;
   std::vector<Seg> ksegs, vsegs;
@@ -155,16 +156,20 @@ void AttnKernel::Compute(Ort::KernelContext& ctx) {
     const float* pb = pp + b0 * item;
     const uint8_t* mb = maskp ? maskp + b0 * item : nullptr;
     const int64_t rows = nb * Sq;
-    if (want_dv) {  // dV = sum_group Pd^T dO
+    if (want_dv) {  // dV = sum_group Pd^T dO; Pd = Pg * mask * keep, Pg = P (NaN -> 0: guard)
       const float* pa = pb;
-      if (mb) {
+      if (mb || guard) {
         parallel_for(rows, grain, [&](int, int64_t r0, int64_t r1) {
           const int64_t o = r0 * Sk, len = (r1 - r0) * Sk;
-          MA(pd.get() + o, len) =
-              CA(pb + o, len) *
-              Eigen::Map<const Eigen::Array<uint8_t, Eigen::Dynamic, 1>>(mb + o, len)
-                  .cast<float>() *
-              keep;
+          MA out(pd.get() + o, len);
+          if (guard)
+            out = CA(pb + o, len).isNaN().select(0.f, CA(pb + o, len));
+          else
+            out = CA(pb + o, len);
+          if (mb)
+            out *= Eigen::Map<const Eigen::Array<uint8_t, Eigen::Dynamic, 1>>(mb + o, len)
+                       .cast<float>() *
+                   keep;
         });
         pa = pd.get();
       }

@@ -23,12 +23,17 @@ __global__ void softmax_bwd_rows(float* __restrict__ dp, const float* __restrict
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) d[j] = pr[j] * (d[j] - tot);
 }
 
-// out = p * mask * keep (the dropped probabilities Pd)
-__global__ void dropout_apply(const float* __restrict__ p, const uint8_t* __restrict__ mask,
-                              float keep, float* __restrict__ out, int64_t n) {
+// out = Pg * mask * keep (the probabilities V saw: Pg = P, or P with NaN read as 0 under
+// nan_guard; no mask: Pg)
+__global__ void guarded_dropout_apply(const float* __restrict__ p, const uint8_t* __restrict__ mask,
+                                      float keep, int nan_guard, float* __restrict__ out,
+                                      int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x)
-    out[i] = p[i] * static_cast<float>(mask[i]) * keep;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float v = p[i];
+    if (nan_guard && isnan(v)) v = 0.f;
+    out[i] = mask ? v * static_cast<float>(mask[i]) * keep : v;
+  }
 }
 
 // ---- grouped K / V (attn_batch.h) when the kv items are not consumed in runs, in order ------
@@ -114,7 +119,8 @@ FUSECLI_EXPORT int fusecli_launch_attention_grad(
     void* stream, const float* dO, const float* q, const float* k, const float* v, const float* p,
     const uint8_t* mask, float* dq, float* dk, float* dv, float* ds_out, int nd,
     const int64_t* qdims, const int64_t* kdims, const int64_t* vdims, int64_t sq, int64_t sk,
-    int64_t d, int64_t dvd, float scale_q, float scale_k, float keep, int k_transposed) {
+    int64_t d, int64_t dvd, float scale_q, float scale_k, float keep, int k_transposed,
+    int nan_guard) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   fusecli::KvMap km, vm;
   if (!make_kv_map(nd, qdims, kdims, &km) || !make_kv_map(nd, qdims, vdims, &vm))
@@ -129,9 +135,10 @@ FUSECLI_EXPORT int fusecli_launch_attention_grad(
   Scratch ws_pd(s), ws(s);
   if (dv) {  // dV = sum_group Pd^T dO
     const float* pa = p;
-    if (mask) {
+    if (mask || nan_guard) {
       RETURN_IF_ERR(ws_pd.alloc(static_cast<size_t>(n_p) * sizeof(float)));
-      dropout_apply<<<grid_for(n_p, 256), 256, 0, s>>>(p, mask, keep, ws_pd.f(), n_p);
+      guarded_dropout_apply<<<grid_for(n_p, 256), 256, 0, s>>>(p, mask, keep, nan_guard, ws_pd.f(),
+                                                               n_p);
       RETURN_IF_ERR(cudaGetLastError());
       pa = ws_pd.f();
     }

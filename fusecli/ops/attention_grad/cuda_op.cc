@@ -30,7 +30,7 @@ struct AttnKernel : CudaKernel<AttnKernel, kAttentionGrad> {  // attributes: see
             ctx.GetGPUComputeStream(), in.dO.ptr<float>(), in.q.ptr<float>(), in.k.ptr<float>(),
             in.v.ptr<float>(), in.p.ptr<float>(), mask, dq, dk, dv, ds, in.kmap.nd, in.kmap.q,
             in.kmap.kv, in.vmap.kv, in.Sq, in.Sk, in.D, in.Dv, scale_q * sq_extra,
-            scale_k * sk_extra, 1.f / (1.f - dropout_ratio), k_transposed),
+            scale_k * sk_extra, 1.f / (1.f - dropout_ratio), k_transposed, nan_guard),
         "AttentionGrad");
   }
 };

@@ -47,7 +47,7 @@ def _group_sum(t, q_batch, kv_batch):
 
 
 def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, q_scale=None,
-                   k_scale=None, dropout_mask=None, dropout_ratio=0.0):
+                   k_scale=None, dropout_mask=None, dropout_ratio=0.0, nan_guard=0):
     """Returns (dQ, dK, dV, dS) as the contract defines them (grouped K / V, dropout)."""
     qb, (sq, sk) = p.shape[:-2], p.shape[-2:]
     d, dvd = q.shape[-1], v.shape[-1]
@@ -67,7 +67,7 @@ def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, q_s
         keep = 1.0
     else:
         keep = dropout_mask.astype(np.float64) / (1.0 - float(dropout_ratio))
-    pd = p64 * keep
+    pd = (np.where(np.isnan(p64), 0.0, p64) if nan_guard else p64) * keep  # what V saw
     dv = _group_sum(np.swapaxes(pd, -1, -2) @ do64, qb, vb)
     dp = (do64 @ np.swapaxes(_expand(v64, qb, vb), -1, -2)) * keep
     ds = p64 * (dp - (dp * p64).sum(axis=-1, keepdims=True))
@@ -86,8 +86,8 @@ def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, q_s
 class Reference(OpRun):
 
     def _run(self, do, q, k, v, p, q_scale=None, k_scale=None, dropout_mask=None, scale_q=1.0,
-             scale_k=1.0, k_transposed=0, dropout_ratio=0.0):
+             scale_k=1.0, k_transposed=0, dropout_ratio=0.0, nan_guard=0):
         return _fit(self, attention_grad(do, q, k, v, p, 1.0 if scale_q is None else scale_q,
                                          1.0 if scale_k is None else scale_k,
                                          k_transposed or 0, q_scale, k_scale, dropout_mask,
-                                         dropout_ratio or 0.0))
+                                         dropout_ratio or 0.0, nan_guard or 0))

@@ -200,6 +200,48 @@ def test_attention_grad_vs_unfused(case, k_transposed, dropout):
         assert_close(g, r, what=f"{case} {nm}")
 
 
+def _nan_rows(rng, p):
+    """P with some whole rows NaN: the softmax of a fully masked score row (a padded query's
+    every key masked), as F.scaled_dot_product_attention computes it before its NaN guard."""
+    p = p.copy()
+    rows = p.reshape(-1, p.shape[-1])
+    rows[rng.random(rows.shape[0]) < 0.25] = np.nan
+    rows[0] = np.nan
+    return p
+
+
+@pytest.mark.parametrize("case", ["plain", "gqa", "mqa"])
+@pytest.mark.parametrize("dropout", [0, 1])
+@pytest.mark.parametrize("nan_guard", [0, 1])
+def test_attention_grad_nan_rows(case, dropout, nan_guard):
+    """P with fully masked (NaN) rows, against the reference and the unfused subgraph in
+    onnxruntime (optimizations off): nan_guard=1 is F.scaled_dot_product_attention's guard
+    Where(IsNaN(P), 0, P) before V (dV stays finite, the unfused Where(IsNaN(P), 0, dP) and
+    SoftmaxGrad keep NaN in dS, dQ, dK exactly where the original has it); nan_guard=0 lets the
+    NaN reach dV too, as the plain softmax backward does."""
+    rng = _rng("attn-nan", case, dropout, nan_guard)
+    do, q, k, v, p, mask = _gqa_inputs(rng, case, 0, dropout)
+    p = _nan_rows(rng, p)
+    qb, kb, vb = GQA_CASES[case][:3]
+    ratio = 0.2 if dropout else 0.0
+    attrs = dict(scale_q=0.25, scale_k=0.25, dropout_ratio=ratio, nan_guard=nan_guard)
+    got = _attn_run(do, q, k, v, p, mask, **attrs)
+    ref = attention_grad(do, q, k, v, p, 0.25, 0.25, 0, None, None, mask, ratio, nan_guard)
+    b = Builder()
+    t = {nm: (b.input(nm, a), a.shape) for nm, a in zip(["dO", "Q", "K", "V", "P"],
+                                                         (do, q, k, v, p))}
+    outs = attention_grad_subgraph(b, t["dO"][0], t["Q"], t["K"], t["V"], t["P"], qb, kb, vb, 0,
+                                   0.25, 0.25, None, None,
+                                   None if mask is None else b.input("mask", mask), ratio,
+                                   nan_guard=bool(nan_guard))
+    unfused = b.run(list(outs))
+    for g, r, u, nm in zip(got, ref, unfused, "dQ dK dV dS".split()):
+        assert_close(r, u, what=f"reference vs unfused {nm}")
+        assert_close(g, r, what=f"{case} {nm}")
+    assert np.isnan(got[3]).any() and np.isnan(got[0]).any()  # the NaN rows reach dS and dQ
+    assert np.isfinite(got[2]).all() == bool(nan_guard)  # dV: finite exactly under the guard
+
+
 @pytest.mark.parametrize("kshape,vshape,match", [
     ((2, 3, 13, 8), (2, 4, 13, 6), "K's batch dims \\[2, 3\\] must equal or divide P's \\[2, 4\\]"),
     ((2, 2, 13, 8), (4, 4, 13, 6), "V's batch dims \\[4, 4\\] must equal or divide P's"),
