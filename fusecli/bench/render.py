@@ -149,7 +149,9 @@ def render(meta, ops, e2e, optimizer, scaled=(), outliers=(), shapes=(), real=()
              "inter-op thread, spinning off, ORT_ENABLE_ALL, CPU execution provider.")
     L.append(f"- Each comparison: both models in one process, {meta['warmup']} warm-up runs each, "
              f"then at least {meta['runs']} interleaved runs (A B, B A, ...), more until "
-             f"{meta['op_min_time_s']:g} s (a fused-op comparison) or {meta['step_min_time_s']:g} s (a training "
+             f"{meta['op_min_time_s']:g} s (a fused-op comparison; "
+             f"{meta.get('case_min_time_s', meta['op_min_time_s']):g} s for the synthetic cases of "
+             f"(e) and (f)) or {meta['step_min_time_s']:g} s (a training "
              f"step) have passed; medians. A comparison whose interquartile range exceeded "
              f"{meta['max_spread']:.0%} of its median (load from elsewhere on this shared machine) was "
              "measured again, up to 3 times, and the steadiest kept. In-place gradient "

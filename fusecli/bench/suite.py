@@ -51,6 +51,9 @@ WEIGHT_SCALE = 16.0  # "outlier" steps: every weight matrix / conv kernel at 16x
 # per-op comparisons run at least --runs interleaved pairs and keep going for this long, so a
 # 0.1 ms op gets hundreds of samples instead of 20 (medians of 20 had 10-50% interquartile range)
 OP_MIN_TIME_S = 2.0
+# a synthetic (e)/(f) case: a GEMM-bound one (80 ms a run at Llama sizes) would get only --runs
+# pairs in 2 s, and a 1-2% difference would sit inside the noise of 20 medians
+CASE_MIN_TIME_S = 10.0
 STEP_MIN_TIME_S = 5.0  # the same for whole training steps
 MAX_SPREAD = 0.2  # a comparison with a wider interquartile range / median is measured again
 SECTIONS = ["ops", "e2e", "optimizer", "scaled", "outliers", "shapes", "real"]  # (a) .. (g)
@@ -357,11 +360,12 @@ class Ctx:
         return p
 
     def pair(self, a: onnx.ModelProto, b: onnx.ModelProto, feeds: dict, stem: str,
-             runs: int | None = None, python: str | None = None) -> dict:
+             runs: int | None = None, python: str | None = None,
+             min_time_s: float = OP_MIN_TIME_S) -> dict:
         pa, pb = self.save(a, stem + "_a"), self.save(b, stem + "_b")
         return steadiest(lambda: run_bench(pa, pb, runs=runs or self.runs, warmup=self.warmup,
                                            threads=self.threads, feeds=feeds, peak_memory=False,
-                                           runtime_python=python, min_time_s=OP_MIN_TIME_S))
+                                           runtime_python=python, min_time_s=min_time_s))
 
 
 def _cpu_cols(res: dict) -> dict:
@@ -749,7 +753,8 @@ def case_benchmarks(ctx: Ctx, cases) -> list[dict]:
             row["max_rel_diff"] = max(
                 float(np.abs(got[o].astype(np.float64) - ref[o]).max()
                       / max(float(np.abs(ref[o]).max()), 1e-30)) for o in c.outputs)
-            res = ctx.pair(c.unfused, c.fused, c.feeds, f"case_{c.op}", python=python)
+            res = ctx.pair(c.unfused, c.fused, c.feeds, f"case_{c.op}", python=python,
+                           min_time_s=CASE_MIN_TIME_S)
         except Exception as exc:  # noqa: BLE001
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
             rows.append(row)
@@ -897,6 +902,7 @@ def main(argv=None) -> int:
             "machine": machine(), "threads": args.threads, "runs": args.runs,
             "warmup": args.warmup, "bw": bw, "runtimes": ", ".join(runtimes) or "n/a",
             "opt_repeats": 3, "op_min_time_s": OP_MIN_TIME_S,
+            "case_min_time_s": CASE_MIN_TIME_S,
             "step_min_time_s": STEP_MIN_TIME_S, "max_spread": MAX_SPREAD,
             "weight_scale": WEIGHT_SCALE}
     sections = {"ops": ops, "e2e": e2e, "scaled": scaled, "outliers": outliers, "shapes": shapes,
