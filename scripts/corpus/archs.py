@@ -237,7 +237,9 @@ def _decoder(name: str, kind: str, kv_heads: int, desc: str, inputs=_ids, is_ext
              families=FAMILIES, **extra) -> "Arch":
     ranges = {"input_ids": [0, VOCAB]}
     if inputs is not _ids:
-        ranges["attention_mask"] = [0, 2]
+        # SDPA: feeds without padding (see phi_sdpa: a random 0/1 mask can hide every key of
+        # a query row, whose gradient the original graph computes as NaN: verify cannot judge)
+        ranges["attention_mask"] = [1, 2] if extra.get("attn") == "sdpa" else [0, 2]
     return Arch(
         name, "transformers", f"{kind}Model (causal decoder), 2 layers, hidden 32, 4 heads, "
         + desc, decoder_model(kind, kv_heads, **extra), inputs, attention=(f"{kind}Attention",),
@@ -411,7 +413,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
              + ", no padding mask (is_causal)", families=_ORTT, attn="sdpa"),
     _decoder("llama_sdpa_pad", "Llama", 2, "2 KV heads (GQA via repeat_kv), RMSNorm, SwiGLU "
              "MLP, " + _SDPA + ", padding mask (a 4-D mask passed to SDPA)", inputs=_ids_mask,
-             families=_ORTT, is_extra=True, attn="sdpa"),
+             families=_ORTT, attn="sdpa"),
     Arch("phi_sdpa", "transformers",
          "PhiModel (causal decoder, parallel attention + MLP), 2 layers, hidden 32, 4 heads, "
          "partial rotary 0.5, gelu_new MLP, " + _SDPA + ", padding mask",
