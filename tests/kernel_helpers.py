@@ -169,10 +169,18 @@ class Builder:
         return sess.run(list(outputs), self.feeds)
 
 
-def act_grad_subgraph(b: Builder, dy, x, act):
-    """dY * act'(X) from standard ops."""
+def act_grad_subgraph(b: Builder, dy, x, act, alpha=1.0):
+    """dY * act'(alpha X) from standard ops: the gradient of act(alpha x) / alpha (silu at
+    alpha != 1, QuickGELU x sigmoid(alpha x), as autograd decomposes it: the product rule
+    dY s + (dY x) s (1 - s) alpha, s = Sigmoid(alpha x))."""
     if act == "identity":
         return dy
+    if act == "silu" and alpha != 1.0:
+        s = b.op("Sigmoid", b.mul(x, b.const(alpha)))
+        dsig = b.mul(b.mul(dy, x), b.mul(s, b.sub(b.const(1.0), s)))
+        return b.add(b.mul(dy, s), b.mul(dsig, b.const(alpha)))
+    if alpha != 1.0:
+        x = b.mul(x, b.const(alpha))
     if act == "relu":
         return b.op("Where", b.op("Greater", x, b.const(0.0)), dy, b.const(0.0))
     if act == "gelu":

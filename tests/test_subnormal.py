@@ -45,14 +45,15 @@ def _gradients(rng, shape):
     return dy.astype(F32)
 
 
-@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("act,alpha", [(a, 1.0) for a in ACTS] + [("silu", 1.702)])  # QuickGELU
 @pytest.mark.parametrize("n", [4096, 1 << 18])  # one thread; split over the pool's threads
-def test_activation_grad_on_subnormal_producing_inputs(act, n):
+def test_activation_grad_on_subnormal_producing_inputs(act, alpha, n):
     rng = _rng("act-subnormal", act, n)
     x, dy = _outliers(rng, (n,)), _gradients(rng, (n,))
-    (dx,) = run_fused("ActivationGrad", [("dY", dy), ("X", x)], [("dX", F32)], activation=act)
+    (dx,) = run_fused("ActivationGrad", [("dY", dy), ("X", x)], [("dX", F32)], activation=act,
+                      alpha=alpha)
     with np.errstate(over="ignore", under="ignore"):
-        ref = activation_grad(dy.astype(np.float64), x.astype(np.float64), act)
+        ref = activation_grad(dy.astype(np.float64), x.astype(np.float64), act, alpha)
     assert np.isfinite(dx).all()
     err = np.abs(dx.astype(np.float64) - ref)
     # relative to the gradient's own size (act' <= 1.13), plus what flushing may drop
@@ -61,8 +62,9 @@ def test_activation_grad_on_subnormal_producing_inputs(act, n):
     assert (err <= bound).all(), f"{act}: |error| {err[worst]:.3g} at x={x[worst]!r} dy={dy[worst]!r}"
 
 
-@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu"])
-def test_linear_activation_grad_with_outlier_pre_activations(act):
+@pytest.mark.parametrize("act,alpha", [("gelu", 1.0), ("gelu_tanh", 1.0), ("silu", 1.0),
+                                       ("silu", 1.702)])
+def test_linear_activation_grad_with_outlier_pre_activations(act, alpha):
     """X as a layer with N(0,1) weights produces (std ~ sqrt(fan-in) ~ 22, |x| up to ~90) and
     small upstream gradients: dA, dW, dB against the reference."""
     rng = _rng("lin-subnormal", act)
@@ -72,9 +74,9 @@ def test_linear_activation_grad_with_outlier_pre_activations(act):
     dy = _gradients(rng, (m, n))
     a, w = rand(rng, (m, k)), rand(rng, (n, k))
     got = run_fused("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", w)],
-                    [("dA", F32), ("dW", F32), ("dB", F32)], activation=act)
+                    [("dA", F32), ("dW", F32), ("dB", F32)], activation=act, alpha=alpha)
     with np.errstate(over="ignore", under="ignore"):
-        ref = linear_activation_grad(dy, x, a, w, act, 0)
+        ref = linear_activation_grad(dy, x, a, w, act, 0, alpha=alpha)
     for g, r, nm in zip(got, ref, ["dA", "dW", "dB"]):
         assert np.isfinite(g).all(), nm
         assert_close(g, r, what=nm)

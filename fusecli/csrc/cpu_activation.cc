@@ -75,7 +75,24 @@ void act_grad16(const float* dy, const float* x, float* out, int64_t n) {
 }  // namespace
 #endif
 
-void act_grad_block(Act act, const float* dy, const float* x, float* out, int64_t n) {
+namespace {
+void act_grad_unscaled(Act act, const float* dy, const float* x, float* out, int64_t n);
+}  // namespace
+
+void act_grad_block(Act act, float alpha, const float* dy, const float* x, float* out, int64_t n) {
+  if (alpha == 1.f || act == Act::kIdentity) return act_grad_unscaled(act, dy, x, out, n);
+  // act'(alpha x): the scaled inputs in L1-sized blocks (out may be dy itself, never x)
+  constexpr int64_t kBlock = 1024;
+  alignas(64) float xs[kBlock];
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t len = std::min(kBlock, n - i0);
+    for (int64_t i = 0; i < len; ++i) xs[i] = alpha * x[i0 + i];
+    act_grad_unscaled(act, dy + i0, xs, out + i0, len);
+  }
+}
+
+namespace {
+void act_grad_unscaled(Act act, const float* dy, const float* x, float* out, int64_t n) {
 #if defined(__AVX512F__)
   if (act == Act::kGelu) return act_grad16<gelu_grad16>(dy, x, out, n);
   if (act == Act::kSilu) return act_grad16<silu_grad16>(dy, x, out, n);
@@ -116,6 +133,7 @@ void act_grad_block(Act act, const float* dy, const float* x, float* out, int64_
     }
   }
 }
+}  // namespace
 
 void half_to_float(const Ort::Float16_t* src, float* dst, int64_t n) {
   Eigen::Map<Eigen::Array<float, Eigen::Dynamic, 1>>(dst, n) =

@@ -104,37 +104,38 @@ __device__ __forceinline__ float2 block_sum2(float a, float b) {
 // ---- elementwise activation grad ----------------------------------------------------------
 template <typename T>
 __global__ void act_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                T* __restrict__ out, int64_t n, int act) {
+                                T* __restrict__ out, int64_t n, int act, float alpha) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x)
-    out[i] = from_f<T>(act_grad(to_f(dy[i]), to_f(x[i]), act));
+    out[i] = from_f<T>(act_grad(to_f(dy[i]), alpha * to_f(x[i]), act));
 }
 
 __global__ void act_grad_kernel_f4(const float4* __restrict__ dy, const float4* __restrict__ x,
-                                   float4* __restrict__ out, int64_t n4, int act) {
+                                   float4* __restrict__ out, int64_t n4, int act, float alpha) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4;
        i += (int64_t)gridDim.x * blockDim.x) {
     const float4 d = dy[i], v = x[i];
-    out[i] = make_float4(act_grad(d.x, v.x, act), act_grad(d.y, v.y, act), act_grad(d.z, v.z, act),
-                         act_grad(d.w, v.w, act));
+    out[i] = make_float4(act_grad(d.x, alpha * v.x, act), act_grad(d.y, alpha * v.y, act),
+                         act_grad(d.z, alpha * v.z, act), act_grad(d.w, alpha * v.w, act));
   }
 }
 
+// dY * act'(alpha X): the gradient of the activation at input scale alpha, act(alpha x) / alpha
 cudaError_t launch_act_f32(cudaStream_t s, const float* dy, const float* x, float* out, int64_t n,
-                           int act) {
+                           int act, float alpha) {
   if (n <= 0) return cudaSuccess;
   const bool aligned = ((reinterpret_cast<uintptr_t>(dy) | reinterpret_cast<uintptr_t>(x) |
                          reinterpret_cast<uintptr_t>(out)) &
                         15) == 0;
   const int64_t n4 = aligned ? n / 4 : 0;
   if (n4 > 0)
-    act_grad_kernel_f4<<<grid_for(n4, 256), 256, 0, s>>>(reinterpret_cast<const float4*>(dy),
-                                                         reinterpret_cast<const float4*>(x),
-                                                         reinterpret_cast<float4*>(out), n4, act);
+    act_grad_kernel_f4<<<grid_for(n4, 256), 256, 0, s>>>(
+        reinterpret_cast<const float4*>(dy), reinterpret_cast<const float4*>(x),
+        reinterpret_cast<float4*>(out), n4, act, alpha);
   const int64_t done = n4 * 4;
   if (done < n)
-    act_grad_kernel<float>
-        <<<grid_for(n - done, 256), 256, 0, s>>>(dy + done, x + done, out + done, n - done, act);
+    act_grad_kernel<float><<<grid_for(n - done, 256), 256, 0, s>>>(dy + done, x + done, out + done,
+                                                                   n - done, act, alpha);
   return cudaGetLastError();
 }
 

@@ -73,11 +73,11 @@ def call(name, *args):
 
 # --- convenience wrappers (allocate outputs with torch) ----------------------------------------
 
-def activation_grad(dy, x, act):
+def activation_grad(dy, x, act, alpha=1.0):
     import torch
     out = torch.empty_like(dy)
     name = "fusecli_launch_activation_grad" + ("_f16" if dy.dtype == torch.float16 else "")
-    call(name, stream(), ptr(dy), ptr(x), ptr(out), dy.numel(), ACT[act])
+    call(name, stream(), ptr(dy), ptr(x), ptr(out), dy.numel(), ACT[act], alpha)
     return out
 
 
@@ -92,7 +92,8 @@ def _workspace(dy, mode):
     return dy, (torch.empty_like(dy) if mode == "out" else None)
 
 
-def linear_activation_grad(dy, x, a, w, act, trans_w=0, want=(1, 1, 1), trans_dw=None, dz=None):
+def linear_activation_grad(dy, x, a, w, act, trans_w=0, want=(1, 1, 1), trans_dw=None, dz=None,
+                           alpha=1.0):
     """dz: None (no dZ output), "out" (a separate dZ tensor) or "inplace" (dZ written over a
     copy of dY, as onnxruntime's in-place plan does); with dz the result has a 4th item."""
     import torch
@@ -105,7 +106,7 @@ def linear_activation_grad(dy, x, a, w, act, trans_w=0, want=(1, 1, 1), trans_dw
     db = torch.empty(n, device=dy.device, dtype=dy.dtype) if want[2] else None
     dy, dz_t = _workspace(dy, dz)
     call("fusecli_launch_linear_activation_grad", stream(), ptr(dy), ptr(x), ptr(a), ptr(w),
-         ptr(da), ptr(dw), ptr(db), ptr(dz_t), m, n, k, ACT[act], trans_w, trans_dw)
+         ptr(da), ptr(dw), ptr(db), ptr(dz_t), m, n, k, ACT[act], alpha, trans_w, trans_dw)
     return (da, dw, db) if dz is None else (da, dw, db, dz_t)
 
 

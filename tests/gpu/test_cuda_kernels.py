@@ -63,6 +63,49 @@ def test_activation_grad(act, dtype, shape):
     _close(got, ref, 2e-4 if dt == torch.float32 else 1e-2, act)
 
 
+def _quick_gelu_grad(dy, x, alpha):
+    """dY * d/dx [x sigmoid(alpha x)] by torch autograd (float64): independent of the formula."""
+    xg = x.detach().clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(xg * torch.sigmoid(alpha * xg), xg, dy)
+    return g
+
+
+@pytest.mark.parametrize("alpha", [1.702, 1.0, 0.5])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", [(3,), (17,), (1023, 1025)])
+def test_activation_grad_silu_alpha(alpha, dtype, shape):
+    """silu at input scale alpha, x sigmoid(alpha x) (QuickGELU at 1.702), pre-activations up
+    to |x| = 40 (the sigmoid saturates: e^-68 underflows far below float16)."""
+    dt = getattr(torch, dtype)
+    dy = _rand(*shape, dtype=dt)
+    x = (torch.rand(*shape, device="cuda", dtype=torch.float64) * 80 - 40).to(dt)
+    got = L.activation_grad(dy, x, "silu", alpha)
+    ref = _quick_gelu_grad(dy.double(), x.double(), alpha)
+    _close(got, ref, 2e-4 if dt == torch.float32 else 1e-2, f"silu alpha={alpha}")
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_activation_grad_alpha_is_the_input_scale(act):
+    """Every activation at alpha is act'(alpha x)."""
+    dy, x = _rand(5, 33), _rand(5, 33, scale=2.0)
+    got = L.activation_grad(dy, x, act, 0.75)
+    _close(got, L.ref_act_grad(dy.double(), 0.75 * x.double(), act), 2e-4, act)
+
+
+@pytest.mark.parametrize("trans_w", [0, 1])
+@pytest.mark.parametrize("dz", [None, "inplace"])
+def test_linear_activation_grad_quick_gelu(trans_w, dz):
+    dy, x, a = _rand(2, 37, 65), _rand(2, 37, 65, scale=4.0), _rand(2, 37, 24)
+    w = _rand(*((24, 65) if trans_w else (65, 24)), scale=0.3)
+    got = L.linear_activation_grad(dy, x, a, w, "silu", trans_w, dz=dz, alpha=1.702)
+    dz_ref = _quick_gelu_grad(dy.double(), x.double(), 1.702)
+    ref = L.ref_linear(dz_ref, x.double(), a.double(), w.double(), "identity", trans_w)
+    for g, r, nm in zip(got, ref, "dA dW dB".split()):
+        _close(g, r, 5e-4, nm)
+    if dz:
+        _close(got[3], dz_ref, 2e-4, "dZ")
+
+
 @pytest.mark.parametrize("act", ACTS + ["identity"])
 @pytest.mark.parametrize("trans_w", [0, 1])
 @pytest.mark.parametrize("lead,n,k", [((1,), 1, 1), ((3,), 17, 5), ((2, 3), 17, 33), ((512,), 257, 384)])

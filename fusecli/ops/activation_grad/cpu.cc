@@ -9,7 +9,7 @@ namespace fusecli {
 namespace {
 
 // ================================ ActivationGrad ============================================
-struct ActKernel : CpuKernel<ActKernel, kActivationGrad> {  // attributes: activation
+struct ActKernel : CpuKernel<ActKernel, kActivationGrad> {  // attributes: activation, alpha
   using CpuKernel::CpuKernel;
   void Compute(Ort::KernelContext& ctx);
 };
@@ -26,7 +26,7 @@ void ActKernel::Compute(Ort::KernelContext& ctx) {
     const float* d = dy.ptr<float>();
     const float* v = x.ptr<float>();
     parallel_for(n, 1 << 15, [&](int, int64_t b, int64_t e) {
-      act_grad_block(activation, d + b, v + b, out + b, e - b);
+      act_grad_block(activation, alpha, d + b, v + b, out + b, e - b);
     });
   } else {
     auto* out = output_or_null<Ort::Float16_t>(ctx, 0, dy.shape, &present);
@@ -41,7 +41,7 @@ void ActKernel::Compute(Ort::KernelContext& ctx) {
         const int64_t len = std::min(kB, e - i);
         half_to_float(d + i, fd, len);
         half_to_float(v + i, fv, len);
-        act_grad_block(activation, fd, fv, fd, len);
+        act_grad_block(activation, alpha, fd, fv, fd, len);
         float_to_half(fd, out + i, len);
       }
     });

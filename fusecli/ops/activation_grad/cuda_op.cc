@@ -5,7 +5,7 @@
 namespace fusecli {
 namespace {
 
-struct ActKernel : CudaKernel<ActKernel, kActivationGrad> {  // attributes: activation
+struct ActKernel : CudaKernel<ActKernel, kActivationGrad> {  // attributes: activation, alpha
   using CudaKernel::CudaKernel;
   void Compute(Ort::KernelContext& ctx) {
     In dy = get_input(ctx, 0), x = get_input(ctx, 1);
@@ -14,10 +14,10 @@ struct ActKernel : CudaKernel<ActKernel, kActivationGrad> {  // attributes: acti
     if (!out) return;
     void* s = ctx.GetGPUComputeStream();
     check_cuda(half ? fusecli_launch_activation_grad_f16(s, dy.data, x.data, out, dy.numel(),
-                                                         act_code(activation))
+                                                         act_code(activation), alpha)
                     : fusecli_launch_activation_grad(s, dy.ptr<float>(), x.ptr<float>(),
                                                      static_cast<float*>(out), dy.numel(),
-                                                     act_code(activation)),
+                                                     act_code(activation), alpha),
                "ActivationGrad");
   }
 };

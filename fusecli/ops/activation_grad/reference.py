@@ -19,9 +19,12 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return np.vectorize(math.erf, otypes=[np.float64])(x)
 
 
-def activation_grad(dy: np.ndarray, x: np.ndarray, activation: str) -> np.ndarray:
+def activation_grad(dy: np.ndarray, x: np.ndarray, activation: str,
+                    alpha: float = 1.0) -> np.ndarray:
+    """dY * act'(alpha X): the gradient of the activation at input scale alpha,
+    act(alpha x) / alpha (silu at alpha = 1.702 is QuickGELU, x sigmoid(1.702 x))."""
     d = dy.astype(np.float64)
-    v = x.astype(np.float64)
+    v = float(alpha) * x.astype(np.float64)
     if activation == "relu":
         out = d * (v > 0)
     elif activation == "gelu":
@@ -42,5 +45,5 @@ def activation_grad(dy: np.ndarray, x: np.ndarray, activation: str) -> np.ndarra
 
 class Reference(OpRun):
 
-    def _run(self, dy, x, activation=None):
-        return _fit(self, (activation_grad(dy, x, _s(activation)),))
+    def _run(self, dy, x, activation=None, alpha=1.0):
+        return _fit(self, (activation_grad(dy, x, _s(activation), alpha),))

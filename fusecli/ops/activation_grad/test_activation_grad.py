@@ -35,8 +35,43 @@ def test_activation_grad_vs_unfused(act):
     assert_close(dx, ref, what=act)
 
 
-@pytest.mark.parametrize("act", ACTS)
-def test_activation_grad_accuracy_on_a_dense_grid(act):
+def _wide(rng, shape, dtype=F32):
+    """Pre-activations up to |x| = 40 (QuickGELU's sigmoid(1.702 x) saturates: e^-68), the
+    saturation edges included."""
+    x = rng.uniform(-40.0, 40.0, shape)
+    edges = [0.0, -40.0, 40.0, -9.3, 9.3, -13.3, 13.3, -24.0, 24.0]
+    x.reshape(-1)[: min(x.size, len(edges))] = edges[: x.size]
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("alpha", [1.702, 0.5])
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("shape", [(1,), (17,), (2, 3, 17), (256, 1023)])
+def test_activation_grad_silu_alpha_vs_reference(alpha, dtype, shape):
+    """silu at input scale alpha: x sigmoid(alpha x), QuickGELU at alpha = 1.702."""
+    rng = _rng("act-alpha", alpha, str(dtype), shape)
+    dy, x = rand(rng, shape, dtype), _wide(rng, shape, dtype)
+    (dx,) = run_fused("ActivationGrad", [("dY", dy), ("X", x)], [("dX", dtype)],
+                      activation="silu", alpha=alpha)
+    assert_close(dx, activation_grad(dy, x, "silu", alpha), **tol(dtype), what=f"{alpha} {shape}")
+
+
+@pytest.mark.parametrize("act,alpha", [("silu", 1.702), ("silu", 1.0), ("gelu", 0.75),
+                                       ("relu", 2.0)])
+def test_activation_grad_alpha_vs_unfused(act, alpha):
+    """alpha against the standard-ONNX chain (QuickGELU: the decomposition torch exports)."""
+    rng = _rng("act-alpha-unfused", act, alpha)
+    dy, x = rand(rng, (7, 129)), _wide(rng, (7, 129))
+    (dx,) = run_fused("ActivationGrad", [("dY", dy), ("X", x)], [("dX", F32)], activation=act,
+                      alpha=alpha)
+    b = Builder()
+    out = act_grad_subgraph(b, b.input("dY", dy), b.input("X", x), act, alpha)
+    (ref,) = b.run([out])
+    assert_close(dx, ref, what=f"{act} alpha={alpha}")
+
+
+@pytest.mark.parametrize("act,alpha", [(a, 1.0) for a in ACTS] + [("silu", 1.702), ("gelu", 0.75)])
+def test_activation_grad_accuracy_on_a_dense_grid(act, alpha):
     """The vectorized exp / erf / reciprocal approximations (and the masked tail: an odd length)
     against the float64 formula on a dense grid reaching the saturated tails. Errors are absolute
     (dY = 1, act' <= 1.13): 1 ulp near 1 is 1.2e-7. gelu_tanh keeps float32's cancellation in
@@ -44,9 +79,10 @@ def test_activation_grad_accuracy_on_a_dense_grid(act):
     x = np.concatenate([np.linspace(-12.0, 12.0, 240_007), [-87.5, -40.0, 40.0, 87.5, 1e6, -1e6]])
     x = x.astype(F32)
     dy = np.ones_like(x)
-    (dx,) = run_fused("ActivationGrad", [("dY", dy), ("X", x)], [("dX", F32)], activation=act)
+    (dx,) = run_fused("ActivationGrad", [("dY", dy), ("X", x)], [("dX", F32)], activation=act,
+                      alpha=alpha)
     with np.errstate(over="ignore"):  # exp(1e6) in the float64 silu formula
-        ref = activation_grad(dy.astype(np.float64), x.astype(np.float64), act)
+        ref = activation_grad(dy.astype(np.float64), x.astype(np.float64), act, alpha)
     err = np.abs(dx.astype(np.float64) - ref)
     worst = int(np.argmax(err))
     assert err.max() <= (5e-6 if act == "gelu_tanh" else 6e-7), f"{act}: |error| {err.max():.3g} at x={x[worst]!r}"

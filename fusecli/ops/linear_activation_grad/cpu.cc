@@ -10,8 +10,8 @@ namespace fusecli {
 namespace {
 
 // ============================= LinearActivationGrad =========================================
-// attributes: activation, trans_w / trans_dw (layout of the W input / of the dW output: [K, N]
-// when set)
+// attributes: activation, alpha (its input scale), trans_w / trans_dw (layout of the W input / of
+// the dW output: [K, N] when set)
 struct LinKernel : CpuKernel<LinKernel, kLinearActivationGrad> {
   template <typename TOp>
   LinKernel(const OrtKernelInfo* info, const TOp* op) : CpuKernel(info, op), mm(info) {}
@@ -91,7 +91,7 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
             const float* src = dyp + i * N;
             if (activation != Act::kIdentity) {
               float* dst = store_dz ? dz_store + i * N : tmp.get();
-              act_grad_block(activation, dyp + i * N, xp + i * N, dst, rows * N);
+              act_grad_block(activation, alpha, dyp + i * N, xp + i * N, dst, rows * N);
               src = dst;
             }
             if (want_db)

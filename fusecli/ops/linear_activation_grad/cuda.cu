@@ -5,22 +5,22 @@ FUSECLI_EXPORT int fusecli_launch_linear_activation_grad(void* stream, const flo
                                                          const float* x, const float* a,
                                                          const float* w, float* da, float* dw,
                                                          float* db, float* dz_out, int64_t m,
-                                                         int64_t n, int64_t k, int act, int trans_w,
-                                                         int trans_dw) {
+                                                         int64_t n, int64_t k, int act, float alpha,
+                                                         int trans_w, int trans_dw) {
   if (act < 0 || act > kIdentity) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   Scratch ws(s);
   const float* dz = dy;
   if (dz_out && m * n > 0) {  // dZ asked for (possibly in dY's own buffer: elementwise, safe)
     if (act != kIdentity)
-      RETURN_IF_ERR(launch_act_f32(s, dy, x, dz_out, m * n, act));
+      RETURN_IF_ERR(launch_act_f32(s, dy, x, dz_out, m * n, act, alpha));
     else if (dz_out != dy)
       RETURN_IF_ERR(
           cudaMemcpyAsync(dz_out, dy, m * n * sizeof(float), cudaMemcpyDeviceToDevice, s));
     dz = dz_out;
   } else if (act != kIdentity && (da || dw || db) && m * n > 0) {
     RETURN_IF_ERR(ws.alloc(static_cast<size_t>(m * n) * sizeof(float)));
-    RETURN_IF_ERR(launch_act_f32(s, dy, x, ws.f(), m * n, act));
+    RETURN_IF_ERR(launch_act_f32(s, dy, x, ws.f(), m * n, act, alpha));
     dz = ws.f();
   }
   if (db) {

@@ -5,7 +5,7 @@
 namespace fusecli {
 namespace {
 
-// attributes: activation, trans_w, trans_dw
+// attributes: activation, alpha, trans_w, trans_dw
 struct LinKernel : CudaKernel<LinKernel, kLinearActivationGrad> {
   using CudaKernel::CudaKernel;
   void Compute(Ort::KernelContext& ctx) {
@@ -27,7 +27,7 @@ struct LinKernel : CudaKernel<LinKernel, kLinearActivationGrad> {
     check_cuda(fusecli_launch_linear_activation_grad(
                    ctx.GetGPUComputeStream(), dy.ptr<float>(), x.ptr<float>(), a.ptr<float>(),
                    w.present ? w.ptr<float>() : nullptr, da, dw, db, dz, M, N, K,
-                   act_code(activation), trans_w, trans_dw),
+                   act_code(activation), alpha, trans_w, trans_dw),
                "LinearActivationGrad");
   }
 };

@@ -11,10 +11,10 @@ from ..reference import _fit, _s
 
 
 def linear_activation_grad(dy, x, a, w=None, activation: str = "relu", trans_w: int = 0,
-                           trans_dw: int | None = None):
+                           trans_dw: int | None = None, alpha: float = 1.0):
     n = dy.shape[-1]
     k = a.shape[-1]
-    dz = activation_grad(dy, x, activation).astype(np.float64).reshape(-1, n)
+    dz = activation_grad(dy, x, activation, alpha).astype(np.float64).reshape(-1, n)
     a2 = a.astype(np.float64).reshape(-1, k)
     if w is None:
         da = None
@@ -31,6 +31,6 @@ def linear_activation_grad(dy, x, a, w=None, activation: str = "relu", trans_w: 
 
 class Reference(OpRun):
 
-    def _run(self, dy, x, a, w=None, activation=None, trans_w=0, trans_dw=None):
+    def _run(self, dy, x, a, w=None, activation=None, alpha=1.0, trans_w=0, trans_dw=None):
         return _fit(self, linear_activation_grad(dy, x, a, w, _s(activation), trans_w or 0,
-                                                 trans_dw))
+                                                 trans_dw, alpha))

@@ -152,3 +152,43 @@ def test_linear_activation_grad_vs_unfused(act, trans_w):
     ref = b.run([rda, rdw, rdb])
     for g, r, nm in zip((da, dw, db), ref, "dA dW dB".split()):
         assert_close(g, r, what=nm)
+
+
+@pytest.mark.parametrize("trans_w", [0, 1])
+@pytest.mark.parametrize("lead,n,k", [((3,), 17, 5), ((2, 3), 17, 33), ((384,), 257, 320)])
+def test_linear_activation_grad_quick_gelu_vs_reference(trans_w, lead, n, k):
+    """silu at alpha = 1.702, QuickGELU x sigmoid(1.702 x), pre-activations up to |x| = 40."""
+    rng = _rng("lin-qgelu", trans_w, lead, n, k)
+    dy, _, a, w = _lin_inputs(rng, lead, n, k, trans_w)
+    x = rng.uniform(-40.0, 40.0, dy.shape).astype(F32)
+    got = run_fused("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", w)],
+                    [("dA", F32), ("dW", F32), ("dB", F32), ("dZ", F32)], activation="silu",
+                    alpha=1.702, trans_w=trans_w)
+    ref = linear_activation_grad(dy, x, a, w, "silu", trans_w, alpha=1.702)
+    for g, r, nm in zip(got, ref, "dA dW dB dZ".split()):
+        assert_close(g, r, what=nm)
+
+
+@pytest.mark.parametrize("trans_w", [0, 1])
+def test_linear_activation_grad_quick_gelu_vs_unfused(trans_w):
+    """Against the standard-ONNX chain of x sigmoid(1.702 x) (as autograd decomposes it) and the
+    Linear's gradient GEMMs, pre-activations up to |x| = 40."""
+    rng = _rng("lin-qgelu-unfused", trans_w)
+    lead, n, k = (4, 33), 65, 47
+    dy, _, a, w = _lin_inputs(rng, lead, n, k, trans_w)
+    x = rng.uniform(-40.0, 40.0, dy.shape).astype(F32)
+    da, dw, db = run_fused("LinearActivationGrad", [("dY", dy), ("X", x), ("A", a), ("W", w)],
+                           [("dA", F32), ("dW", F32), ("dB", F32)], activation="silu",
+                           alpha=1.702, trans_w=trans_w)
+    b = Builder()
+    dz = act_grad_subgraph(b, b.input("dY", dy), b.input("X", x), "silu", 1.702)
+    dz2 = b.op("Reshape", dz, b.ints([-1, n]))
+    a2 = b.op("Reshape", b.input("A", a), b.ints([-1, k]))
+    wn = b.input("W", w)
+    rda = b.op("Gemm", dz2, wn, transB=trans_w)
+    rdw = b.op("Gemm", a2, dz2, transA=1) if trans_w else b.op("Gemm", dz2, a2, transA=1)
+    rda = b.op("Reshape", rda, b.ints([*lead, k]))
+    rdb = b.op("ReduceSum", dz2, b.ints([0]), keepdims=0)
+    ref = b.run([rda, rdw, rdb])
+    for g, r, nm in zip((da, dw, db), ref, "dA dW dB".split()):
+        assert_close(g, r, what=nm)
