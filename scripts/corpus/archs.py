@@ -225,6 +225,23 @@ def _hf(config_cls: str, model_cls: str, pick=lambda o: o[0], attn: str = "eager
     return build
 
 
+def _frozen_patch(build: Callable[[str], nn.Module], path: str) -> Callable[[str], nn.Module]:
+    """torch-joint: the patch-embedding conv frozen (its backward does not export)."""
+    def b(family: str) -> nn.Module:
+        net = build(family)
+        if family == "torch-joint":
+            mod = net
+            for part in path.split("."):
+                mod = getattr(mod, part)
+            mod.requires_grad_(False)
+        return net
+    return b
+
+
+def _seq_plus_pooled(o):
+    return o[0] + o[1][:, None, :]  # last hidden state + the pooled vector (post-norm trained)
+
+
 def decoder_model(kind: str, kv_heads: int, layers: int = LAYERS, **extra) -> Callable:
     """A Llama-family causal decoder (LlamaModel, MistralModel, Qwen2Model...) at the corpus
     size: hidden 32, 4 query heads, `kv_heads` key/value heads, SwiGLU FF 64."""
@@ -465,6 +482,14 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          count_notes="layernorm 5 = per layer ln_1 and ln_2 + ln_f; sdpa 2 = one "
          "GPTNeoSelfAttention per layer; linear_gelu 2 = mlp.c_fc -> NewGELUActivation per "
          "layer"),
+    Arch("clip_vision", "transformers",
+         "CLIPVisionModel, 8x8 image, patch 4, hidden 32, 2 layers, 4 heads, quick_gelu MLP "
+         "(x * sigmoid(1.702 x)), pre_layrnorm, q_proj * scale; torch-joint: patch conv frozen",
+         _frozen_patch(_hf("CLIPVisionConfig", "CLIPVisionModel", pick=_seq_plus_pooled, hidden_size=HID,
+                           intermediate_size=FF, num_hidden_layers=LAYERS,
+                           num_attention_heads=HEADS, image_size=8, patch_size=4,
+                           hidden_act="quick_gelu"), "net.vision_model.embeddings.patch_embedding"),
+         _image(8), attention=("CLIPAttention",), extra=True),
     Arch("timm_resnet", "timm",
          "timm ResNet with the ResNet-18 topology (BasicBlock x [2,2,2,2], 7x7 stem Conv+BN+"
          "ReLU (64 channels), max-pool, 1x1 Conv+BN downsample shortcuts without ReLU) at stage "
