@@ -101,6 +101,9 @@ def check_attr(node: GNode, name: str, c: AttrConstraint) -> tuple[bool, object,
     if c.absent:
         return (not present, None, f"attribute {name} must be absent, found {_norm(value)!r}")
     if not present and c.has_absent_or:
+        if c.has_not and _values_equal(c.absent_or, c.not_):
+            return False, None, f"attribute {name} is absent (= {c.absent_or!r}), rule wants " \
+                f"any value but {c.not_!r}"
         return True, c.absent_or, ""
     effective = value if present else _schema_default(node, name)
     shown = _norm(effective) if present else f"absent (default {_norm(effective)!r})"
@@ -111,6 +114,8 @@ def check_attr(node: GNode, name: str, c: AttrConstraint) -> tuple[bool, object,
     if c.one_of is not None:
         if effective is None or not any(_values_equal(effective, w) for w in c.one_of):
             return False, None, f"attribute {name} = {shown}, rule wants one of {list(c.one_of)}"
+    if c.has_not and (effective is None or _values_equal(effective, c.not_)):
+        return False, None, f"attribute {name} = {shown}, rule wants any value but {c.not_!r}"
     if c.capture and effective is None:
         return False, None, f"attribute {name} is absent and has no default to capture"
     return True, _norm(effective), ""

@@ -34,7 +34,7 @@ CONST_FUNCS = {
     "rsqrt": lambda x: 1.0 / np.sqrt(x),
     "negate": lambda x: -x,
 }
-_ATTR_CONSTRAINT_KEYS = {"equals", "one_of", "absent_or", "absent", "capture"}
+_ATTR_CONSTRAINT_KEYS = {"equals", "one_of", "absent_or", "absent", "capture", "not"}
 _NODE_KEYS = {"id", "op", "domain", "inputs", "outputs", "attrs", "commutative", "optional",
               "keep", "repeat"}
 MAX_REPEAT = 8
@@ -111,6 +111,8 @@ class AttrConstraint:
     has_absent_or: bool = False
     absent: bool = False
     capture: str | None = None
+    not_: object = None
+    has_not: bool = False
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,7 @@ def _check_node_attr_types(src, nid, ops, domains, attrs, line_of) -> None:
             for op in ops:
                 types |= schemas.get(op, {}).get(name, set())
         values = ([c.equals] if c.has_equals else []) + list(c.one_of or ()) + (
-            [c.absent_or] if c.has_absent_or else [])
+            [c.absent_or] if c.has_absent_or else []) + ([c.not_] if c.has_not else [])
         for v in values:
             _check_attr_value(src, f"node '{nid}' attribute '{name}' (of {'/'.join(ops)})", v,
                               types, line_of(name))
@@ -271,7 +273,8 @@ def _parse_attr_constraint(src, node_id, name, value, line) -> AttrConstraint:
         equals=value.get("equals"), has_equals="equals" in value,
         one_of=tuple(value["one_of"]) if "one_of" in value else None,
         absent_or=value.get("absent_or"), has_absent_or="absent_or" in value,
-        absent=bool(value.get("absent", False)), capture=cap)
+        absent=bool(value.get("absent", False)), capture=cap,
+        not_=value.get("not"), has_not="not" in value)
 
 
 def _parse_ports(src, node_id, key, raw, line) -> tuple[str, ...]:
@@ -612,8 +615,8 @@ def _load_yaml(text: str, source: str, shipped: bool = False):
 
 def _substitute(obj, values: dict, src: str, line, used: set):
     """``obj`` with every ``$name`` string replaced by the parameter's value (any YAML value;
-    as a list item, a list value is spliced in and null is dropped) and every ``${name}``
-    inside a string by the value's text."""
+    as a list item, a list value is spliced in and null is dropped; as a mapping value, null
+    drops the key) and every ``${name}`` inside a string by the value's text."""
     def lookup(name):
         if name not in values:
             raise RuleError(src, f"unknown parameter '{name}'; this file's parameters are "
@@ -630,7 +633,10 @@ def _substitute(obj, values: dict, src: str, line, used: set):
         out = _LineDict()
         out.line, out.key_lines = _line(obj), dict(getattr(obj, "key_lines", {}))
         for k, v in obj.items():
-            out[k] = _substitute(v, values, src, _line(obj, k), used)
+            sv = _substitute(v, values, src, _line(obj, k), used)
+            if sv is None and isinstance(v, str) and _WHOLE_PARAM_RE.match(v):
+                continue  # `key: $p` with p null: the key is left out
+            out[k] = sv
         return out
     if isinstance(obj, list):
         out = []
@@ -723,6 +729,10 @@ def _build_rule(raw, source: str, text: str) -> Rule:
     nodes = tuple(spec for i, n in enumerate(raw["nodes"]) for spec in _parse_node(source, n, i))
     tensors = _parse_tensors(source, raw.get("tensors"))
     captures = {c.capture for n in nodes for c in n.attrs.values() if c.capture}
+    for n in nodes:  # captured by every op alternative of a node
+        alt_caps = [{c.capture for c in a.attrs.values() if c.capture} for a in n.alts.values()]
+        if alt_caps:
+            captures |= set.intersection(*alt_caps)
     replace = _parse_replace(source, raw["replace"], captures, set(tensors))
     _check_dataflow(source, nodes, replace, tensors)
     optional_ids = {n.id for n in nodes if n.optional}

@@ -14,9 +14,11 @@ F = TensorProto.FLOAT
 
 
 # onnxruntime-training's activation-gradient ops (gelu_fast: FastGeluGrad, the backward of the
-# FastGelu that ORT's pre-gradient fusion makes of Hugging Face's gelu_new)
+# FastGelu that ORT's pre-gradient fusion makes of Hugging Face's gelu_new; quick_gelu:
+# QuickGeluGrad{alpha=1.702}, the backward of CLIP's x * sigmoid(1.702 x), silu: alpha=1)
 ORTT_ACT_GRAD = {"relu": "ReluGrad", "gelu": "GeluGrad", "silu": "QuickGeluGrad",
-                 "gelu_fast": "FastGeluGrad"}
+                 "gelu_fast": "FastGeluGrad", "quick_gelu": "QuickGeluGrad"}
+ORTT_ACT_ATTRS = {"silu": {"alpha": 1.0}, "quick_gelu": {"alpha": 1.702}}
 
 
 def vi(name, shape, dtype=F):
@@ -46,7 +48,7 @@ def ortt_linear_act(act="relu", *, first=False, bias=True, identity=True, M=6, N
            | "wrong_domain" (activation grad in the default domain)
     """
     op = ORTT_ACT_GRAD[act]
-    kw = {"alpha": 1.0} if act == "silu" else {}
+    kw = ORTT_ACT_ATTRS.get(act, {})
     domain = "" if extra == "wrong_domain" else MS
     nodes = [helper.make_node(op, ["dY", "X"], ["dZ"], name="act_grad", domain=domain, **kw)]
     outputs = [vi("dW", [N, K])]
@@ -177,7 +179,7 @@ def ortt_linear_act_matmul(act="silu", *, three_d=True, bias=True, first=False, 
     transformer MLP (3-D, FusedMatMul, Reshape to 2-D for the weight grad) or a 2-D bias-free
     layer (Gemm with transB=1 for the input grad)."""
     op = ORTT_ACT_GRAD[act]
-    kw = {"alpha": 1.0} if act == "silu" else {}
+    kw = ORTT_ACT_ATTRS.get(act, {})
     lead = [B, S] if three_d else [B * S]
     nodes = [helper.make_node(op, ["dY", "X"], ["dZ"], name="act_grad", domain=MS, **kw)]
     inits = []
@@ -219,7 +221,7 @@ def ortt_linear_act_gemm2d(act="relu", *, bias=True, first=False, B=2, S=3, N=5,
     weight grad Gemm(A2, dZ2, transA=1) -> [K, N] and the input grad Gemm(dZ2, W, transB=1)
     -> [B*S, K] all read; A2 is the forward's 2-D view of the input."""
     op = ORTT_ACT_GRAD[act]
-    kw = {"alpha": 1.0} if act == "silu" else {}
+    kw = ORTT_ACT_ATTRS.get(act, {})
     nodes = [helper.make_node(op, ["dY", "X"], ["dZ"], name="act_grad", domain=MS, **kw),
              helper.make_node("Reshape", ["dZ", "shape_dz"], ["dZ2"], name="flat_dz"),
              helper.make_node("Gemm", ["A2", "dZ2"], ["dW"], name="wgrad", transA=1, transB=0,
@@ -284,11 +286,11 @@ def ortt_attention(*, kv_heads=2, heads=2, scale_op="Div", B=2, S=4, D=3, record
     return m
 
 
-def chain_from_rule(rule, prefix, bind):
+def chain_from_rule(rule, prefix, bind, consts=None):
     """The nodes and constant initializers of a rule's pattern, written as a graph: each rule
     node becomes a node of its first op (inputs in the listed order), each constrained constant
-    an initializer with the rule's value, each other variable a tensor named prefix + variable
-    unless ``bind`` names it. Used to write the torch-joint activation-gradient chains (their
+    an initializer with the rule's value (or ``consts[var]``, e.g. for a `kind: scalar`), each
+    other variable a tensor named prefix + variable unless ``bind`` names it. Used to write the torch-joint activation-gradient chains (their
     rules ARE the exporter's formula) into synthetic fixtures."""
     from fusecli.rules import var_name
 
@@ -304,7 +306,7 @@ def chain_from_rule(rule, prefix, bind):
                                       [t(v) for v in spec.outputs], name=prefix + spec.id,
                                       domain=spec.alt(spec.ops[0]).domains[0], **attrs))
     for var, ts in rule.tensors.items():
-        inits.append(const(t(var), ts.const))
+        inits.append(const(t(var), (consts or {}).get(var, ts.const)))
     # a rule lists nodes in matching order; a graph needs them in dataflow order
     produced = {i.name for i in inits} | set(bind.values())
     ordered, pending = [], list(nodes)
@@ -320,7 +322,7 @@ def chain_from_rule(rule, prefix, bind):
 
 
 def torch_linear_act(act_rule, *, layout="linear", three_d=False, bias=True, first=False,
-                     B=2, S=3, N=5, K=4):
+                     B=2, S=3, N=5, K=4, act_consts=None):
     """torch-joint backward of Linear + activation: the activation gradient in standard ops
     (written from ``act_rule``, an act_*_grad_torch rule), then
       layout "linear":  dW = MatMul(Transpose(dZ), A) [N, K]; dA = MatMul(dZ, W), W [N, K]
@@ -328,10 +330,12 @@ def torch_linear_act(act_rule, *, layout="linear", three_d=False, bias=True, fir
                         W [K, N] (Hugging Face Conv1D through addmm)
       layout "at_t":    dW = Transpose(MatMul(Transpose(A), dZ)) [N, K]; dA = MatMul(dZ, W)
     bias grad ReduceSum(dZ, [0], keepdims=1) -> Reshape [N]. 3-D: dY/X [B, S, N] and dZ
-    reshaped to [-1, N]; A is the 2-D view [B*S, K] the forward multiplied."""
+    reshaped to [-1, N]; A is the 2-D view [B*S, K] the forward multiplied. act_consts: values
+    of the activation chain's constants the rule does not fix (QuickGELU's scale c)."""
     M = B * S
     lead = [B, S] if three_d else [M]
-    nodes, inits = chain_from_rule(act_rule, "act.", {"dY": "dY", "X": "X", "dZ": "dZ"})
+    nodes, inits = chain_from_rule(act_rule, "act.", {"dY": "dY", "X": "X", "dZ": "dZ"},
+                                   act_consts)
     dz = "dZ"
     if three_d:
         inits.append(const("shape_dz", [-1, N], np.int64))

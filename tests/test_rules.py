@@ -35,19 +35,29 @@ SAMPLE_MODELS = {p.stem: onnx.load(p) for p in sorted(SAMPLES.glob("*.onnx"))}
 # whose weight grad is A^T dZ: Hugging Face Conv1D [in, out] weights through addmm)
 SAMPLE_MODELS["synthetic_ortt_silu_3d"] = builders.ortt_linear_act_matmul("silu")
 # a 3-D Linear exported as Gemm on a 2-D Reshape (GPT-2's Conv1D), every ort-training activation
-for _act in ("relu", "gelu", "gelu_fast", "silu"):
+for _act in ("relu", "gelu", "gelu_fast", "silu", "quick_gelu"):
     SAMPLE_MODELS[f"synthetic_ortt_{_act}_gemm2d"] = builders.ortt_linear_act_gemm2d(_act)
 _BY_NAME = {r.name: r for r in RULES}
 for _act in ("relu", "gelu", "gelu_tanh", "silu"):
     SAMPLE_MODELS[f"synthetic_torch_{_act}_conv1d"] = builders.torch_linear_act(
         _BY_NAME[f"act_{_act}_grad_torch"], layout="conv1d", three_d=True)
 # real torch 2.13 exports (tests/data/make_torch_gelu_new.py): gelu_new written with torch.pow
-# after nn.Linear, and the GPT-2 MLP (Hugging Face Conv1D through addmm, gelu_new)
+# after nn.Linear, and the GPT-2 MLP (Hugging Face Conv1D through addmm, gelu_new); QuickGELU
+# x * sigmoid(1.702 x) between two nn.Linear (CLIP's MLP) in both families, 3-D and (ort-training
+# Gemm) 2-D, and x * sigmoid(x) written by hand (tests/data/make_quick_gelu.py)
 DATA = Path(__file__).parent / "data"
 EXPORTS = {"torch_gelu_new": {"linear_gelu_tanh_torch": 1},
-           "torch_conv1d_gelu_new": {"linear_gelu_tanh_torch_at": 1}}
+           "torch_conv1d_gelu_new": {"linear_gelu_tanh_torch_at": 1},
+           "ortt_quick_gelu": {"linear_quick_gelu_ortt_matmul": 1},
+           "ortt_quick_gelu_2d": {"linear_quick_gelu_ortt_gemm": 1},
+           "torch_quick_gelu": {"linear_quick_gelu_torch": 1},
+           "torch_silu_product": {"linear_silu_torch": 1}}
 for _name in EXPORTS:
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
+# (after the real exports, which are the QuickGELU stage's fixture)
+# QuickGELU x * sigmoid(1.702 x) behind a Conv1D (no real export has that layout)
+SAMPLE_MODELS["synthetic_torch_quick_gelu_conv1d"] = builders.torch_linear_act(
+    _BY_NAME["act_silu_scaled_grad_torch"], layout="conv1d", three_d=True, act_consts={"c": 1.702})
 # attention spellings the samples lack, from the committed corpus of real architectures:
 # timm ViT (scale on Q only, no mask), GPT-2 (causal where + padding mask + dropout), BERT
 # (additive mask + dropout), Llama (repeat_kv grouped-query attention), Llama through
@@ -551,21 +561,127 @@ def test_torch_linear_layouts_fuse_and_compute_the_same(act, layout, trans, vari
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
 
 
-@pytest.mark.parametrize("act,activation", [("relu", "relu"), ("gelu", "gelu"),
-                                            ("gelu_fast", "gelu_tanh"), ("silu", "silu")])
-@pytest.mark.parametrize("build", ["ortt_linear_act", "ortt_linear_act_matmul"])
-def test_ortt_activation_spellings_fuse_and_compute_the_same(act, activation, build, tmp_path):
+@pytest.mark.parametrize("c,stage,pattern", [(1.702, "act_silu_scaled_grad_torch", "linear_gelu"),
+                                             (0.5, "act_silu_scaled_grad_torch", "linear_gelu"),
+                                             (1.0, "act_silu_product_grad_torch", "linear_silu")])
+@pytest.mark.parametrize("layout", ["linear", "conv1d", "at_t"])
+@pytest.mark.parametrize("variant", [{}, {"three_d": True}, {"first": True}])
+def test_torch_quick_gelu_fuses_and_computes_the_same(c, stage, pattern, layout, variant):
+    """x * sigmoid(c x) in torch-joint's product-rule backward (QuickGELU at c = 1.702, any
+    scalar c; c = 1 without the scale: x * sigmoid(x) by hand, SiLU): one LinearActivationGrad
+    {silu, alpha=c} that computes what the unfused graph computes."""
+    m = builders.torch_linear_act(_BY_NAME[stage], layout=layout, act_consts={"c": c},
+                                  **variant)
+    fused = copy.deepcopy(m)
+    fp = FusionPass()
+    assert fp.run(fused) == 1
+    assert fp.stats.patterns[pattern].fused == 1
+    [node] = [n for n in fused.graph.node if n.domain == "com.fusecli"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["activation"] == b"silu"
+    assert attrs.get("alpha", 1.0) == pytest.approx(c)
+    feeds = _feeds(m)
+    feeds["X"] *= 10.0  # pre-activations up to |x| ~ 40: the sigmoid saturates
+    want, got = _run_ort(m, feeds), _run_ort(fused, feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
+
+
+def _quick_gelu_scales(m):
+    """The forward scale Mul(X, c) and the backward Mul(., c) of a QuickGELU chain."""
+    return [n for n in m.graph.node if n.name in ("act.fwd_scale", "act.bwd_scale")]
+
+
+@pytest.mark.parametrize("case,reason", [("bwd_other_value", "dataflow"),
+                                         ("bwd_not_constant", "dataflow"),
+                                         ("fwd_missing", "no_candidate"),
+                                         ("fwd_not_scalar", "constant")])
+def test_torch_quick_gelu_scale_guards(case, reason):
+    """The stage rule needs the SAME scalar constant c on the forward Mul(x, c) (the sigmoid's
+    input) and on the backward Mul: another value, a run-time tensor, a missing forward scale
+    (the sigmoid reads x itself: the backward's extra factor is not a SiLU derivative) or a
+    non-scalar c is left unfused, and explain names the reason."""
+    m = builders.torch_linear_act(_BY_NAME["act_silu_scaled_grad_torch"],
+                                  act_consts={"c": 1.702})
+    fwd, bwd = _quick_gelu_scales(m)
+    c_name = fwd.input[1]
+    if case == "bwd_other_value":
+        m.graph.initializer.append(numpy_helper.from_array(np.asarray(2.0, np.float32), "c2"))
+        bwd.input[1] = "c2"
+    elif case == "bwd_not_constant":
+        m.graph.input.append(helper.make_tensor_value_info("c_rt", onnx.TensorProto.FLOAT, []))
+        bwd.input[1] = "c_rt"
+    elif case == "fwd_missing":
+        sig = next(n for n in m.graph.node if n.op_type == "Sigmoid")
+        sig.input[0] = "X"
+        m.graph.node.remove(fwd)
+    else:
+        init = next(i for i in m.graph.initializer if i.name == c_name)
+        init.CopyFrom(numpy_helper.from_array(np.full((5,), 1.702, np.float32), c_name))
+    fp = FusionPass()
+    assert fp.run(copy.deepcopy(m)) == 0
+    assert fp.stats.patterns["linear_gelu"].fused == 0
+    misses = explain_model(m, FusionPass(rules=_upto("act_silu_scaled_grad_torch")),
+                           include_shallow=True)
+    mine = [x for x in misses if x["rule"] == "act_silu_scaled_grad_torch"]
+    assert [x["reason"] for x in mine] == [reason], mine
+
+
+@pytest.mark.parametrize("alpha,rule", [(1.0, "linear_silu_ortt_gemm"),
+                                        (1.702, "linear_quick_gelu_ortt_gemm"),
+                                        (0.5, "linear_quick_gelu_ortt_gemm")])
+def test_ortt_quick_gelu_grad_alpha_picks_the_pattern(alpha, rule):
+    """QuickGeluGrad{alpha=1} is SiLU (linear_silu), any other alpha QuickGELU (linear_gelu,
+    alpha taken by the fused op); the quick_gelu rule refuses alpha = 1 (explain says so)."""
+    m = builders.ortt_linear_act("silu")
+    node = next(n for n in m.graph.node if n.op_type == "QuickGeluGrad")
+    next(a for a in node.attribute if a.name == "alpha").f = alpha
+    fp = FusionPass()
+    assert fp.run(copy.deepcopy(m)) == 1
+    assert [f.rule for f in fp.stats.fusions] == [rule]
+    if alpha == 1.0:
+        misses = explain_model(m, FusionPass(rules=_upto("linear_quick_gelu_ortt_gemm")),
+                               include_shallow=True)
+        [miss] = [x for x in misses if x["rule"] == "linear_quick_gelu_ortt_gemm"]
+        assert miss["reason"] == "attribute" and "any value but 1.0" in miss["detail"], miss
+
+
+def test_activation_grad_with_alpha_is_not_fused_as_unscaled():
+    """A LinearActivationGrad rule takes an ActivationGrad only at alpha 1, except QuickGELU
+    (silu at alpha != 1): ActivationGrad{gelu, alpha=0.5} is left alone, never fused as gelu."""
+    m = builders.torch_linear_act(_BY_NAME["act_gelu_grad_torch"])
+    fp = FusionPass(rules=_upto("act_silu_grad_torch"))
+    fp.run(m)
+    [ag] = [n for n in m.graph.node if n.op_type == "ActivationGrad"]
+    ag.attribute.append(helper.make_attribute("alpha", 0.5))
+    fp = FusionPass()
+    assert fp.run(m) == 0
+    assert [n.op_type for n in m.graph.node if n.domain == "com.fusecli"] == ["ActivationGrad"]
+
+
+@pytest.mark.parametrize("act,activation,pattern", [
+    ("relu", "relu", "linear_relu"), ("gelu", "gelu", "linear_gelu"),
+    ("gelu_fast", "gelu_tanh", "linear_gelu"), ("silu", "silu", "linear_silu"),
+    ("quick_gelu", "silu", "linear_gelu")])
+@pytest.mark.parametrize("build", ["ortt_linear_act", "ortt_linear_act_matmul",
+                                   "ortt_linear_act_gemm2d"])
+def test_ortt_activation_spellings_fuse_and_compute_the_same(act, activation, pattern, build,
+                                                             tmp_path):
     """onnxruntime-training's activation gradients (FastGeluGrad: gelu_new after ORT's
-    pre-gradient FastGelu fusion, the same tanh formula; QuickGeluGrad{alpha=1}: SiLU), Gemm
-    and MatMul layouts; the fused graph runs in onnxruntime-training with the same results."""
+    pre-gradient FastGelu fusion, the same tanh formula; QuickGeluGrad{alpha=1}: SiLU;
+    QuickGeluGrad{alpha=1.702}: QuickGELU, a GELU approximation, silu at input scale alpha),
+    Gemm and MatMul layouts; the fused graph runs in onnxruntime-training with the same results."""
     from fusecli.verify import verify_models
 
     m = getattr(builders, build)(act)
     fused = copy.deepcopy(m)
-    assert FusionPass().run(fused) == 1
+    fp = FusionPass()
+    assert fp.run(fused) == 1
+    assert fp.stats.patterns[pattern].fused == 1
     [node] = [n for n in fused.graph.node if n.domain == "com.fusecli"]
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["activation"].decode() == activation
+    assert attrs.get("alpha", 1.0) == pytest.approx(1.702 if act == "quick_gelu" else 1.0)
     src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
     onnx.save(m, src)
     onnx.save(fused, out)
@@ -633,6 +749,55 @@ def test_variants_expand_with_substitution_and_splicing():
     assert [s.id for s in rules[1].nodes][-1] == "tail"
     crossed = _lang("{cross: [[{act: relu}, {act: gelu}], [{op: [ReluGrad]}]]}")
     assert [r.name for r in crossed] == ["t_relu_chain", "t_gelu_chain"]
+
+
+_ALPHA_RULE = """
+name: t_${tag}
+pattern: activation_grad
+order: 1
+params: {alpha: null}
+variants:
+  - {tag: plain, grad: [{op: QuickGeluGrad, domain: com.microsoft, attrs: {alpha: 1.0}}]}
+  - {tag: scaled, alpha: {attr: a},
+     grad: [{op: QuickGeluGrad, domain: com.microsoft, attrs: {alpha: {not: 1.0, capture: a}}}]}
+nodes:
+  - id: grad
+    op: $grad
+    inputs: [dY, X]
+    outputs: [dZ]
+replace:
+  op: ActivationGrad
+  inputs: [dY, X]
+  outputs: [dZ]
+  attrs: {activation: silu, alpha: $alpha}
+"""
+
+
+def test_null_parameter_drops_a_key_and_alternatives_capture():
+    """`key: $p` with p null leaves the key out (the plain variant writes no alpha); a capture
+    made by every op alternative of a node is usable in replace.attrs; `not` refuses a value."""
+    from fusecli.errors import RuleError
+    from fusecli.rules import parse_rules
+
+    rules = parse_rules(_ALPHA_RULE, "<alpha>")
+    assert [r.name for r in rules] == ["t_plain", "t_scaled"]
+    assert "alpha" not in rules[0].replace.attrs
+    assert rules[1].replace.attrs["alpha"] == ("attr", "a")
+    for alpha, name in [(1.0, "t_plain"), (1.702, "t_scaled"), (0.5, "t_scaled")]:
+        m = builders.model([helper.make_node("QuickGeluGrad", ["dY", "X"], ["dZ"],
+                                             domain="com.microsoft", alpha=alpha)],
+                           [builders.vi(t, [3, 4]) for t in ("dY", "X")],
+                           [builders.vi("dZ", [3, 4])])
+        fp = FusionPass(rules=rules)
+        assert fp.run(m) == 1
+        assert [f.rule for f in fp.stats.fusions] == [name]
+        attrs = {a.name: helper.get_attribute_value(a) for a in m.graph.node[0].attribute}
+        assert attrs.get("alpha", 1.0) == pytest.approx(alpha)
+    one_alt = _ALPHA_RULE.replace("domain: com.microsoft, attrs: {alpha: {not",
+                                  "domain: com.microsoft}, {op: GeluGrad, domain: com.microsoft,"
+                                  " attrs: {alpha: {not")
+    with pytest.raises(RuleError, match="no attribute captured as 'a'"):
+        parse_rules(one_alt, "<alpha>")
 
 
 @pytest.mark.parametrize("variants,message", [
