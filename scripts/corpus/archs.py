@@ -80,7 +80,8 @@ def _act_kind(m: nn.Module) -> str | None:
         return "relu"
     if isinstance(m, nn.GELU) or name in ("GELUActivation", "NewGELUActivation", "GELUTanh",
                                           "FastGELUActivation", "GELUPytorchTanh",
-                                          "PytorchGELUTanh", "QuickGELUActivation"):
+                                          "PytorchGELUTanh", "QuickGELUActivation",
+                                          "BloomGelu", "GELU"):  # GELU: timm.layers' own
         return "gelu"
     if isinstance(m, nn.SiLU) or name == "SiLUActivation":
         return "silu"
@@ -492,3 +493,183 @@ ARCHS["llama_raw"] = dataclasses.replace(
              "MLP (silu(gate) * up), scores (q@k^T) * scaling; RAW dynamo export "
              "(optimize=False): constant subgraphs, Identity detach/clone, no-op views"),
     families=("torch-joint",), optimize=False)
+
+
+# --- sweep: architectures the corpus does not commit (extra=True) ---------------------------------
+# Spellings the committed corpus lacks, generated on demand into a scratch folder
+# (`gen.py --out build/sweep FAMILY NAME`) to find where the rules miss before users do.
+# SWEEP.md records what fusecli fuses on each of them and why a gap is a gap.
+
+def _tv_resnet50(family: str) -> nn.Module:
+    from torchvision.models.resnet import Bottleneck, ResNet
+
+    # torchvision's Bottleneck (1x1 -> 3x3 -> 1x1, ONE shared nn.ReLU(inplace=True) module per
+    # block, stride on the 3x3), one block per stage, width_per_group 16 (inner widths 16..128,
+    # outputs 256..2048 as ResNet-50)
+    return ResNet(Bottleneck, [1, 1, 1, 1], num_classes=4, width_per_group=16).train()
+
+
+def _timm_convnext(family: str) -> nn.Module:
+    from timm.models.convnext import ConvNeXt
+
+    # conv_mlp=False: the block's norm is timm's LayerNorm on NHWC (after a permute) and its MLP
+    # is Linear -> nn.GELU -> Linear; stem / downsample norms are LayerNorm2d (permute inside);
+    # layer scale gamma (ls_init_value 0.5 instead of 1e-6, so that branch gradients are not ~0)
+    return ConvNeXt(depths=(1, 1, 1, 1), dims=(8, 8, 16, 16), num_classes=4, conv_mlp=False,
+                    ls_init_value=0.5).train()
+
+
+def _tv_efficientnet(family: str) -> nn.Module:
+    from torchvision.models.efficientnet import EfficientNet, MBConvConfig
+
+    setting = [MBConvConfig(1, 3, 1, 8, 8, 1, 1.0, 1.0), MBConvConfig(4, 3, 2, 8, 16, 1, 1.0, 1.0)]
+    return EfficientNet(setting, dropout=0.0, stochastic_depth_prob=0.0, num_classes=4,
+                        last_channel=32).train()
+
+
+def _opt(family: str) -> nn.Module:
+    net = _hf("OPTConfig", "OPTModel", vocab_size=VOCAB, hidden_size=HID,
+              num_hidden_layers=LAYERS, ffn_dim=FF, num_attention_heads=HEADS,
+              word_embed_proj_dim=HID, max_position_embeddings=16, dropout=0.0,
+              attention_dropout=0.0, activation_function="relu", enable_bias=True,
+              layerdrop=0.0)(family)
+    if family == "torch-joint":
+        # OPTDecoder's train-mode LayerDrop draws `torch.rand([]) < layerdrop` per layer, a
+        # data-dependent branch aot_export cannot trace; with layerdrop 0 it never drops, so the
+        # decoder alone (not its layers) is put in eval mode, which skips the draw
+        net.net.decoder.training = False
+    return net
+
+
+def _gptj(family: str) -> nn.Module:
+    net = _hf("GPTJConfig", "GPTJModel", vocab_size=VOCAB, n_positions=16, n_embd=HID,
+              n_layer=LAYERS, n_head=HEADS, rotary_dim=4, n_inner=FF,
+              activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
+              attn_pdrop=0.0)(family)
+    if family == "torch-joint":
+        # GPTJAttention keeps its sin/cos table as a plain tensor attribute, a real tensor that
+        # aot_export's fake-tensor tracing refuses: make it (and scale_attn) non-persistent buffers
+        for blk in net.net.h:
+            pos = blk.attn.embed_positions
+            del blk.attn.embed_positions
+            blk.attn.register_buffer("embed_positions", pos, persistent=False)
+            scale = blk.attn.scale_attn  # sqrt(head_dim), a plain tensor as well
+            del blk.attn.scale_attn
+            blk.attn.register_buffer("scale_attn", scale, persistent=False)
+    return net
+
+
+def _frozen_patch(build: Callable[[str], nn.Module], path: str) -> Callable[[str], nn.Module]:
+    """torch-joint: the patch-embedding conv frozen (its backward does not export)."""
+    def b(family: str) -> nn.Module:
+        net = build(family)
+        if family == "torch-joint":
+            mod = net
+            for part in path.split("."):
+                mod = getattr(mod, part)
+            mod.requires_grad_(False)
+        return net
+    return b
+
+
+def _seq_plus_pooled(o):
+    return o[0] + o[1][:, None, :]  # last hidden state + the pooled vector (post-norm trained)
+
+
+_IDS_R = {"input_ids": [0, VOCAB]}
+_MASK_R = {"input_ids": [0, VOCAB], "attention_mask": [0, 2]}
+
+for _a in [
+    Arch("electra", "transformers",
+         "ElectraModel (encoder, post-LN), embedding 16 -> embeddings_project Linear(16->32), "
+         "2 layers, 4 heads, no dropout, padding mask, erf-GELU FFN",
+         _hf("ElectraConfig", "ElectraModel", vocab_size=VOCAB, embedding_size=16,
+             hidden_size=HID, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             intermediate_size=FF, max_position_embeddings=16, type_vocab_size=1,
+             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+         _ids_mask, attention=("ElectraSelfAttention",), input_ranges=_MASK_R, extra=True),
+    Arch("albert", "transformers",
+         "AlbertModel: embedding 16 -> Linear(16->32), ONE shared layer applied twice, 4 heads, "
+         "no dropout, padding mask, gelu_new FFN, pooler Linear+Tanh",
+         _hf("AlbertConfig", "AlbertModel", pick=lambda o: o[0] + o[1][:, None, :],
+             vocab_size=VOCAB, embedding_size=16, hidden_size=HID, num_hidden_layers=LAYERS,
+             num_attention_heads=HEADS, intermediate_size=FF, max_position_embeddings=16,
+             type_vocab_size=1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+             hidden_act="gelu_new"),
+         _ids_mask, attention=("AlbertAttention", "AlbertSdpaAttention"),
+         input_ranges=_MASK_R, extra=True),
+    Arch("opt", "transformers",
+         "OPTModel (causal decoder, pre-LN), 2 layers, hidden 32, 4 heads, q_proj(x) * scaling "
+         "before q@k^T, ReLU FFN (fc1 -> ReLU -> fc2), padding mask",
+         _opt,
+         _ids_mask, attention=("OPTAttention",), input_ranges=_MASK_R, extra=True),
+    Arch("bloom", "transformers",
+         "BloomModel (causal decoder), 2 layers, hidden 32, 4 heads, ALiBi bias through "
+         "baddbmm(alibi, q, k^T, beta, alpha), fused query_key_value Linear, BloomGelu "
+         "(tanh-GELU, custom autograd backward), word-embedding LayerNorm, padding mask",
+         _hf("BloomConfig", "BloomModel", vocab_size=VOCAB, hidden_size=HID, n_layer=LAYERS,
+             n_head=HEADS, hidden_dropout=0.0, attention_dropout=0.0),
+         _ids_mask, attention=("BloomAttention",), input_ranges=_MASK_R, extra=True),
+    Arch("gptj", "transformers",
+         "GPTJModel (causal decoder, parallel attention + MLP from one ln_1), 2 layers, n_embd "
+         "32, 4 heads, rotary_dim 4 (interleaved rotary), q/k in float32, score / sqrt(dh), "
+         "gelu_new MLP, causal where-mask",
+         _gptj,
+         _ids, attention=("GPTJAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("gemma", "transformers",
+         "GemmaModel (causal decoder), 2 layers, hidden 32, 4 heads / 1 KV head, head_dim 8, "
+         "GemmaRMSNorm (float32, x * (1 + w)), gelu_pytorch_tanh gated MLP, embeddings * "
+         "sqrt(hidden)",
+         _hf("GemmaConfig", "GemmaModel", vocab_size=VOCAB, hidden_size=HID,
+             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             num_key_value_heads=1, head_dim=8, max_position_embeddings=16,
+             hidden_activation="gelu_pytorch_tanh"),
+         _ids, attention=("GemmaAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("stablelm", "transformers",
+         "StableLmModel (causal decoder), 2 layers, hidden 32, 4 heads, nn.LayerNorm (not "
+         "RMSNorm), partial rotary 0.25, q/k/v bias, SwiGLU MLP",
+         _hf("StableLmConfig", "StableLmModel", vocab_size=VOCAB, hidden_size=HID,
+             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             num_key_value_heads=HEADS, max_position_embeddings=16, partial_rotary_factor=0.25,
+             use_qkv_bias=True, hidden_dropout=0.0, attention_dropout=0.0),
+         _ids, attention=("StableLmAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("clip_vision", "transformers",
+         "CLIPVisionModel, 8x8 image, patch 4, hidden 32, 2 layers, 4 heads, quick_gelu MLP "
+         "(x * sigmoid(1.702 x)), pre_layrnorm, q_proj * scale; torch-joint: patch conv frozen",
+         _frozen_patch(_hf("CLIPVisionConfig", "CLIPVisionModel", pick=_seq_plus_pooled, hidden_size=HID,
+                           intermediate_size=FF, num_hidden_layers=LAYERS,
+                           num_attention_heads=HEADS, image_size=8, patch_size=4,
+                           hidden_act="quick_gelu"), "net.vision_model.embeddings.patch_embedding"),
+         _image(8), attention=("CLIPAttention",), extra=True),
+    Arch("beit", "transformers",
+         "BeitModel, 8x8 image, patch 4, hidden 32, 2 layers, 4 heads, per-layer relative-"
+         "position bias (table gathered by an index buffer) added to the scores, layer scale, "
+         "mean-pooling LayerNorm; torch-joint: patch conv frozen",
+         _frozen_patch(_hf("BeitConfig", "BeitModel", pick=_seq_plus_pooled, image_size=8, patch_size=4,
+                           hidden_size=HID, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                           intermediate_size=FF, use_relative_position_bias=True,
+                           layer_scale_init_value=0.1, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0, drop_path_rate=0.0),
+                       "net.embeddings.patch_embeddings.projection"),
+         _image(8), attention=("BeitSelfAttention", "BeitSdpaSelfAttention"), extra=True),
+    # CNNs are ort-training only: torch-joint's dynamo export has no ONNX function for
+    # aten.convolution_backward (ResNet, EfficientNet) / prims.as_strided_scatter (ConvNeXt).
+    # BEiT runs in neither family: ort-training's graph has ResizeGrad (the relative-position
+    # table is F.interpolate'd), which onnxruntime-training 1.19.2's CPU provider lacks;
+    # torch-joint: BeitRelativePositionBias lru-caches its index tensor from the eager call,
+    # a real tensor inside aot_export's fake-tensor trace.
+    Arch("tv_resnet50", "torchvision",
+         "torchvision ResNet with Bottleneck blocks [1,1,1,1] (ResNet-50 block, one shared "
+         "inplace ReLU per block), width_per_group 16, 32x32 image",
+         _tv_resnet50, _image(32), extra=True, families=_ORTT),
+    Arch("timm_convnext", "timm",
+         "timm ConvNeXt depths (1,1,1,1) dims (8,8,16,16), conv_mlp=False: depthwise 7x7 conv, permute "
+         "to NHWC, timm LayerNorm, Linear -> nn.GELU -> Linear, layer scale; LayerNorm2d in the "
+         "stem / downsample / head, 32x32 image",
+         _timm_convnext, _image(32), extra=True, families=_ORTT),
+    Arch("tv_efficientnet", "torchvision",
+         "torchvision EfficientNet (negative): MBConv blocks, Conv+BN+SiLU, squeeze-excitation "
+         "(1x1 convs, SiLU, Sigmoid), 2 stages, 16x16 image",
+         _tv_efficientnet, _image(16), extra=True, families=_ORTT),
+]:
+    ARCHS[_a.name] = _a
