@@ -44,8 +44,11 @@ for _act in ("relu", "gelu", "gelu_tanh", "silu"):
 # real torch 2.13 exports (tests/data/make_torch_gelu_new.py): gelu_new written with torch.pow
 # after nn.Linear, and the GPT-2 MLP (Hugging Face Conv1D through addmm, gelu_new)
 DATA = Path(__file__).parent / "data"
+# and BLOOM's GELU (tests/data/make_torch_bloom_gelu.py: a custom autograd.Function whose
+# hand-written backward shares the forward's tanh) after nn.Linear
 EXPORTS = {"torch_gelu_new": {"linear_gelu_tanh_torch": 1},
-           "torch_conv1d_gelu_new": {"linear_gelu_tanh_torch_at": 1}}
+           "torch_conv1d_gelu_new": {"linear_gelu_tanh_torch_at": 1},
+           "torch_bloom_gelu": {"linear_gelu_tanh_torch": 1}}
 for _name in EXPORTS:
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 # attention spellings the samples lack, from the committed corpus of real architectures:
