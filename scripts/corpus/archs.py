@@ -15,7 +15,7 @@ From that dataflow:
     are not counted (a Linear followed by Tanh is no linear_gelu).
   conv_bn_relu: an nn.ReLU whose input is the output of a BatchNorm2d whose input is the output
     of a Conv2d (a Conv->BN shortcut without ReLU, or Conv->BN->ReLU6, does not count).
-  layernorm: every nn.LayerNorm call.
+  layernorm: every nn.LayerNorm call (and of the LayerNorm modules in LAYERNORM_MODULES).
   rmsnorm: every call of an RMSNorm module (LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm,
     T5LayerNorm: x * rsqrt(mean(x^2) + eps) * weight, no mean subtraction, no bias).
   sdpa: every call of the architecture's attention module (the module that computes
@@ -88,6 +88,11 @@ def _act_kind(m: nn.Module) -> str | None:
     return None
 
 
+# LayerNorms that are no nn.LayerNorm: OLMo's parameter-free F.layer_norm(x, shape, None, None),
+# Cohere's hand-written mean/variance LayerNorm with a weight and no bias
+LAYERNORM_MODULES = ("OlmoLayerNorm", "CohereLayerNorm")
+
+
 def _is_linear(m: nn.Module) -> bool:
     return isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"
 
@@ -141,7 +146,7 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...]) -
             bn_in = input_of.get(id(src), [])
             if bn_in and isinstance(made_by.get(bn_in[0]), nn.Conv2d):
                 counts["conv_bn_relu"] += 1
-        if isinstance(mod, nn.LayerNorm):
+        if isinstance(mod, nn.LayerNorm) or type(mod).__name__ in LAYERNORM_MODULES:
             counts["layernorm"] += 1
         if _is_rmsnorm(mod):
             counts["rmsnorm"] += 1
@@ -265,6 +270,14 @@ def _swin(family: str) -> nn.Module:
               drop_path_rate=0.0, add_pooling_layer=False)(family)
     if family == "torch-joint":
         net.net.embeddings.patch_embeddings.projection.requires_grad_(False)
+    return net
+
+
+def _t5_gated(family: str) -> nn.Module:
+    net = _hf("T5Config", "T5EncoderModel", vocab_size=VOCAB, d_model=HID, d_kv=8, d_ff=FF,
+              num_layers=LAYERS, num_heads=HEADS, dropout_rate=0.0,
+              relative_attention_num_buckets=8, feed_forward_proj="gated-gelu")(family)
+    del net.net.shared
     return net
 
 
@@ -548,14 +561,14 @@ def _gptj(family: str) -> nn.Module:
               attn_pdrop=0.0)(family)
     if family == "torch-joint":
         # GPTJAttention keeps its sin/cos table as a plain tensor attribute, a real tensor that
-        # aot_export's fake-tensor tracing refuses: make it (and scale_attn) non-persistent buffers
+        # aot_export's fake-tensor tracing refuses: make it a non-persistent buffer
         for blk in net.net.h:
             pos = blk.attn.embed_positions
             del blk.attn.embed_positions
             blk.attn.register_buffer("embed_positions", pos, persistent=False)
-            scale = blk.attn.scale_attn  # sqrt(head_dim), a plain tensor as well
-            del blk.attn.scale_attn
-            blk.attn.register_buffer("scale_attn", scale, persistent=False)
+            # scale_attn (sqrt(head_dim)) is a plain 0-d tensor as well: a Python float (a
+            # buffer would be a graph input, which no rule can take for a constant scale)
+            blk.attn.scale_attn = float(blk.attn.scale_attn)
     return net
 
 
@@ -671,5 +684,45 @@ for _a in [
          "torchvision EfficientNet (negative): MBConv blocks, Conv+BN+SiLU, squeeze-excitation "
          "(1x1 convs, SiLU, Sigmoid), 2 stages, 16x16 image",
          _tv_efficientnet, _image(16), extra=True, families=_ORTT),
+]:
+    ARCHS[_a.name] = _a
+
+for _a in [
+    Arch("qwen3", "transformers",
+         "Qwen3Model (causal decoder), 2 layers, hidden 32, 4 heads / 2 KV heads, head_dim 8, "
+         "per-head q_norm / k_norm RMSNorm on [B, S, H, D] before rotary, SwiGLU MLP",
+         _hf("Qwen3Config", "Qwen3Model", vocab_size=VOCAB, hidden_size=HID,
+             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             num_key_value_heads=2, head_dim=8, max_position_embeddings=16),
+         _ids, attention=("Qwen3Attention",), input_ranges=_IDS_R, extra=True),
+    Arch("olmo", "transformers",
+         "OlmoModel (causal decoder), 2 layers, hidden 32, 4 heads, OlmoLayerNorm (F.layer_norm "
+         "without weight or bias, in float32), SwiGLU MLP",
+         _hf("OlmoConfig", "OlmoModel", vocab_size=VOCAB, hidden_size=HID, intermediate_size=FF,
+             num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+             max_position_embeddings=16, pad_token_id=1),
+         _ids, attention=("OlmoAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("cohere", "transformers",
+         "CohereModel (causal decoder, parallel attention + MLP from one norm), 2 layers, "
+         "hidden 32, 4 heads, CohereLayerNorm (hand-written mean/variance, weight, no bias, "
+         "float32), interleaved rotary, SwiGLU MLP, logit_scale",
+         _hf("CohereConfig", "CohereModel", vocab_size=VOCAB, hidden_size=HID,
+             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             num_key_value_heads=HEADS, max_position_embeddings=16, pad_token_id=1),
+         _ids, attention=("CohereAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("deberta_v2", "transformers",
+         "DebertaV2Model (encoder), 2 layers, hidden 32, 4 heads, disentangled attention "
+         "(c2p + p2c relative-position terms gathered into the scores, scale 1/sqrt(3 dh)), "
+         "padding mask through masked_fill, erf-GELU FFN",
+         _hf("DebertaV2Config", "DebertaV2Model", vocab_size=VOCAB, hidden_size=HID,
+             num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
+             max_position_embeddings=16, type_vocab_size=0, relative_attention=True,
+             pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16,
+             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+         _ids_mask, attention=("DisentangledSelfAttention",), input_ranges=_MASK_R, extra=True),
+    Arch("t5_gated", "transformers",
+         "T5EncoderModel as t5 with the T5 v1.1 gated-gelu FFN (wi_0 -> gelu_new, times wi_1)",
+         lambda fam: _t5_gated(fam), _ids, attention=("T5Attention",),
+         input_ranges=_IDS_R, extra=True),
 ]:
     ARCHS[_a.name] = _a
