@@ -20,6 +20,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
+import builders
 from fusecli import FusionPass, load_rules
 from fusecli.explain import explain_model
 from fusecli.verify import verify_models
@@ -108,67 +109,8 @@ def test_bloom_gelu_negative_intermediate_consumed_outside():
 
 # --- sdpa_ortt_scores_plain: attention on a 3-D [B*H, S, S] view (BLOOM, DeBERTa-v2) ---------
 
-MS = "com.microsoft"
-
-
 def _vi(name, shape):
     return helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape)
-
-
-def ortt_attention_3d(*, dropout=False, p_rows=None, B=2, H=2, S=4, D=3):
-    """BLOOM's ort-training spelling: S3 = MatMul(Q3, K3^T) [B*H, S, S] -> Mul(c) -> Reshape
-    [B, H, S, S] -> Add(mask) -> Softmax -> [Dropout ->] Reshape [B*H, S, S] -> MatMul(., V3);
-    backward FusedMatMul(dO, V3) -> Reshape -> [DropoutGrad ->] SoftmaxGrad_13 -> Identity (the
-    mask Add) -> Reshape -> Mul(c) -> FusedMatMul x2. p_rows: view P as [B*H, p_rows, S*S //
-    p_rows] instead (its rows are no softmax rows; V3 then has S*S // p_rows rows)."""
-    bh = B * H
-    pr = S if p_rows is None else p_rows
-    pc = S * S // pr
-    c = float(1 / np.sqrt(D))
-    mm = dict(domain=MS, alpha=1.0)
-    p_in = "Pd" if dropout else "P0"
-    dp_out = "dPd" if dropout else "dP0"
-    nodes = [
-        helper.make_node("MatMul", ["Q", "Kt"], ["S3"], name="qk"),
-        helper.make_node("Mul", ["S3", "c"], ["S3s"], name="fwd_scale"),
-        helper.make_node("Reshape", ["S3s", "shape4"], ["S4"], name="fwd_view_s"),
-        helper.make_node("Add", ["S4", "mask"], ["Sm"], name="fwd_mask"),
-        helper.make_node("Softmax", ["Sm"], ["P0"], axis=-1, name="softmax"),
-        helper.make_node("Reshape", [p_in, "shape_p"], ["P3"], name="fwd_view_p"),
-        helper.make_node("MatMul", ["P3", "V"], ["O"], name="pv"),
-        helper.make_node("FusedMatMul", ["P3", "dO"], ["dV"], transA=1, transB=0, name="dv", **mm),
-        helper.make_node("FusedMatMul", ["dO", "V"], ["dP3"], transA=0, transB=1, name="dp", **mm),
-        helper.make_node("Reshape", ["dP3", "shape4"], [dp_out], name="bwd_view_p"),
-        helper.make_node("SoftmaxGrad_13", ["dP0", "P0"], ["dS0"], axis=-1, domain=MS, name="sg"),
-        helper.make_node("Identity", ["dS0"], ["dS4"], name="bwd_mask"),
-        helper.make_node("Reshape", ["dS4", "shape3"], ["dS3"], name="bwd_view_s"),
-        helper.make_node("Mul", ["dS3", "c"], ["dS"], name="bwd_scale"),
-        helper.make_node("FusedMatMul", ["dS", "Kt"], ["dQ"], transA=0, transB=1, name="dq", **mm),
-        helper.make_node("FusedMatMul", ["Q", "dS"], ["dKt"], transA=1, transB=0, name="dk", **mm),
-    ]
-    inits = [numpy_helper.from_array(np.float32(c), "c"),
-             numpy_helper.from_array(np.array([B, H, S, S], np.int64), "shape4"),
-             numpy_helper.from_array(np.array([bh, S, S], np.int64), "shape3"),
-             numpy_helper.from_array(np.array([bh, pr, pc], np.int64), "shape_p")]
-    if dropout:
-        nodes.insert(5, helper.make_node("Dropout", ["P0", "ratio", "train"], ["Pd", "dmask"],
-                                         name="drop", seed=1))
-        nodes.insert(11, helper.make_node("DropoutGrad", ["dPd", "dmask", "ratio", "train"],
-                                          ["dP0"], domain=MS, name="drop_grad"))
-        inits += [numpy_helper.from_array(np.float32(0.1), "ratio"),
-                  numpy_helper.from_array(np.array(True), "train")]
-    q, kt, v = [bh, S, D], [bh, D, S], [bh, pc, D]
-    g = helper.make_graph(
-        nodes, "attn3d",
-        [_vi("Q", q), _vi("Kt", kt), _vi("V", v), _vi("mask", [B, 1, 1, S]),
-         _vi("dO", [bh, pr, D])],
-        [_vi("O", [bh, pr, D]), _vi("dQ", q), _vi("dKt", kt), _vi("dV", v)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
-                                            helper.make_opsetid(MS, 1)])
-    m.ir_version = 9
-    m.graph.value_info.extend([_vi("S3", [bh, S, S]), _vi("S4", [B, H, S, S]),
-                               _vi("P0", [B, H, S, S]), _vi("P3", [bh, pr, pc])])
-    return m
 
 
 def _sdpa(model):
@@ -178,7 +120,7 @@ def _sdpa(model):
 
 
 def test_attention_on_3d_view_fuses_and_verifies(tmp_path):
-    m = ortt_attention_3d()
+    m = builders.ortt_attention_3d()
     fused = copy.deepcopy(m)
     assert _sdpa(fused).fused == 1
     [node] = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
@@ -195,7 +137,7 @@ def test_attention_on_3d_view_fuses_and_verifies(tmp_path):
 def test_attention_on_3d_view_with_dropout_before_the_view_is_not_fused():
     # Softmax -> Dropout -> Reshape: the viewed tensor is the dropped P, which the op may not
     # take as P (and the mask is in the other layout): refused
-    m = ortt_attention_3d(dropout=True)
+    m = builders.ortt_attention_3d(dropout=True)
     assert _sdpa(copy.deepcopy(m)).fused == 0
     misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_plain"]))
     assert any(x["rule"] == "sdpa_ortt_scores_plain" for x in misses), misses
@@ -203,16 +145,65 @@ def test_attention_on_3d_view_with_dropout_before_the_view_is_not_fused():
 
 def test_attention_on_a_view_that_breaks_the_softmax_rows_is_not_fused():
     # P viewed as [B*H, 8, 2]: its rows are no softmax rows; the shape guard refuses
-    m = ortt_attention_3d(p_rows=8)
+    m = builders.ortt_attention_3d(p_rows=8)
     stats = _sdpa(copy.deepcopy(m))
     assert stats.fused == 0
     assert stats.skipped == {"shape_mismatch": 1}, stats.skipped
 
 
 def test_attention_on_3d_view_extra_consumer_of_the_viewed_gradient_is_not_fused():
-    m = ortt_attention_3d()
+    m = builders.ortt_attention_3d()
     m.graph.node.append(helper.make_node("Identity", ["dP0"], ["peek"], name="peek"))
     m.graph.output.append(_vi("peek", None))
     assert _sdpa(copy.deepcopy(m)).fused == 0
     misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_plain"]))
+    assert any(x["reason"] == "intermediate_consumed_outside" for x in misses), misses
+
+
+# --- sdpa_ortt_scores_fill: masked_fill with the scale on the scores (MPT) ----------------
+
+def test_scores_fill_fuses_and_verifies(tmp_path):
+    m = builders.ortt_attention_fill()
+    fused = copy.deepcopy(m)
+    fp = FusionPass()
+    fp.run(fused)
+    assert [f.rule for f in fp.stats.fusions] == ["sdpa_ortt_scores_fill"]
+    [node] = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["scale_q"] == pytest.approx(1 / np.sqrt(3), rel=1e-6)
+    assert attrs["scale_k"] == pytest.approx(1 / np.sqrt(3), rel=1e-6)
+    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
+    onnx.save(m, src)
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+@pytest.mark.parametrize("kw,var", [
+    # the fill value is no large negative: P is not 0 where the backward Where zeroes dS
+    ({"ninf": -1.0}, "ninf"),
+    # the backward Where writes something else than 0
+    ({"zero": 1.0}, "zero"),
+])
+def test_scores_fill_negative_wrong_constant(kw, var):
+    m = builders.ortt_attention_fill(**kw)
+    assert _sdpa(copy.deepcopy(m)).fused == 0
+    misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_fill"]))
+    assert any(x["reason"] == "constant" and f"({var})" in x["detail"] for x in misses), misses
+
+
+def test_scores_fill_negative_backward_mask_is_not_the_forward_mask():
+    # the backward zeroes where another mask says: no proof that P is 0 there
+    m = builders.ortt_attention_fill(bwd_mask="mask_all")
+    assert _sdpa(copy.deepcopy(m)).fused == 0
+    misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_fill"]))
+    assert any(x["rule"] == "sdpa_ortt_scores_fill" for x in misses), misses
+
+
+def test_scores_fill_negative_extra_consumer():
+    m = builders.ortt_attention_fill()
+    m.graph.node.append(helper.make_node("Identity", ["dSb"], ["peek"], name="peek"))
+    m.graph.output.append(_vi("peek", None))
+    assert _sdpa(copy.deepcopy(m)).fused == 0
+    misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_fill"]))
     assert any(x["reason"] == "intermediate_consumed_outside" for x in misses), misses
