@@ -48,7 +48,9 @@ DATA = Path(__file__).parent / "data"
 # hand-written backward shares the forward's tanh) after nn.Linear
 EXPORTS = {"torch_gelu_new": {"linear_gelu_tanh_torch": 1},
            "torch_conv1d_gelu_new": {"linear_gelu_tanh_torch_at": 1},
-           "torch_bloom_gelu": {"linear_gelu_tanh_torch": 1}}
+           "torch_bloom_gelu": {"linear_gelu_tanh_torch": 1},
+           # nn.LayerNorm(bias=False) (tests/data/make_torch_layernorm_nobias.py): no dBeta
+           "torch_layernorm_nobias": {"layernorm_torch": 1}}
 for _name in EXPORTS:
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 # attention spellings the samples lack, from the committed corpus of real architectures:

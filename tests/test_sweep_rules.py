@@ -207,3 +207,52 @@ def test_scores_fill_negative_extra_consumer():
     assert _sdpa(copy.deepcopy(m)).fused == 0
     misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_fill"]))
     assert any(x["reason"] == "intermediate_consumed_outside" for x in misses), misses
+
+
+# --- layernorm_torch: dBeta optional (LayerNorm without bias: MPT, nn.LayerNorm(bias=False)) ---
+
+SAMPLES = Path(__file__).parents[1] / "samples"
+
+
+def _ln_records(model):
+    fp = FusionPass(rules=_upto("layernorm_torch"))
+    fp.run(model)
+    return [f for f in fp.stats.fusions if f.rule == "layernorm_torch"]
+
+
+def test_layernorm_without_bias_fuses_and_verifies(tmp_path):
+    m = onnx.load(DATA / "torch_layernorm_nobias.onnx")
+    fused = copy.deepcopy(m)
+    [rec] = _ln_records(fused)
+    assert "dbeta" not in rec.nodes
+    [node] = [n for n in fused.graph.node if n.op_type == "LayerNormGrad"]
+    outs = [*node.output, "", "", ""]
+    assert outs[1] and outs[2] == ""  # dGamma, no dBeta
+    out = tmp_path / "fused.onnx"
+    onnx.save(fused, out)
+    report = verify_models(DATA / "torch_layernorm_nobias.onnx", out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+def test_layernorm_with_bias_still_takes_dbeta():
+    m = onnx.load(SAMPLES / "torch_block.onnx")
+    recs = _ln_records(m)
+    assert recs and all("dbeta" in r.nodes for r in recs)
+
+
+def test_layernorm_dbeta_over_the_wrong_axes_is_left_outside():
+    # the bias gradient summed over the LAST axis is no dBeta: the optional node does not take
+    # it (the LayerNorm still fuses, without dBeta; the ReduceSum stays and computes its value)
+    m = onnx.load(SAMPLES / "torch_block.onnx")
+    rec = _ln_records(copy.deepcopy(m))[0]
+    node = next(n for n in m.graph.node if n.name == rec.nodes["dbeta"])
+    axes = next(t for t in m.graph.initializer if t.name == node.input[1])
+    rank_last = np.asarray([-1], dtype=numpy_helper.to_array(axes).dtype)
+    m.graph.initializer.append(numpy_helper.from_array(rank_last, "axes_last_mutated"))
+    node.input[1] = "axes_last_mutated"
+    recs = _ln_records(copy.deepcopy(m))
+    mine = [r for r in recs if r.nodes.get("xc") == rec.nodes["xc"]]
+    assert mine and "dbeta" not in mine[0].nodes
+    fp = FusionPass()
+    fp.run(m)
+    assert node.name in {n.name for n in m.graph.node}
