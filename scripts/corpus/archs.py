@@ -726,3 +726,88 @@ for _a in [
          input_ranges=_IDS_R, extra=True),
 ]:
     ARCHS[_a.name] = _a
+
+
+def _bart(family: str) -> nn.Module:
+    net = _hf("BartConfig", "BartModel", vocab_size=VOCAB, d_model=HID, encoder_layers=1,
+              decoder_layers=1, encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+              encoder_ffn_dim=FF, decoder_ffn_dim=FF, max_position_embeddings=16, dropout=0.0,
+              attention_dropout=0.0, activation_dropout=0.0, activation_function="gelu",
+              pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+              encoder_layerdrop=0.0, decoder_layerdrop=0.0)(family)
+    if family == "torch-joint":  # train-mode LayerDrop draws torch.rand([]): see _opt
+        net.net.encoder.training = False
+        net.net.decoder.training = False
+        # the tied embedding is registered three times (shared, encoder / decoder embed_tokens):
+        # aot_export reports the aliases as parameters without gradient; untied here (the
+        # decoder gets a copy: its own embedding, not the attention spellings, changes)
+        import copy
+
+        del net.net.shared
+        net.net.decoder.embed_tokens = copy.deepcopy(net.net.encoder.embed_tokens)
+    return net
+
+
+def _tv_regnet(family: str) -> nn.Module:
+    from torchvision.models.regnet import BlockParams, RegNet
+
+    # RegNetX-style: stem Conv+BN+ReLU, ResBottleneckBlock (1x1 Conv+BN+ReLU, 3x3 grouped
+    # Conv+BN+ReLU, 1x1 Conv+BN, residual add, ReLU), 2 stages of widths 8 / 16
+    params = BlockParams(depths=[1, 1], widths=[8, 16], group_widths=[8, 8],
+                         bottleneck_multipliers=[1.0, 1.0], strides=[2, 2])
+    return RegNet(params, num_classes=4, stem_width=8).train()
+
+
+def _tv_densenet(family: str) -> nn.Module:
+    from torchvision.models import DenseNet
+
+    # pre-activation dense layers: norm1 (reads a concat) -> relu1 -> conv1 (1x1) -> norm2 ->
+    # relu2 -> conv2: conv1 -> norm2 -> relu2 and the stem conv0 -> norm0 -> relu0 count
+    return DenseNet(growth_rate=4, block_config=(2, 2), num_init_features=8, bn_size=2,
+                    num_classes=4).train()
+
+
+for _a in [
+    Arch("bart", "transformers",
+         "BartModel (encoder-decoder), 1+1 layers, d_model 32, 4 heads: encoder self-attention "
+         "(padding mask), decoder causal self-attention and CROSS-attention (queries from the "
+         "decoder, keys/values from the encoder: Sq = 6 != Sk = 8), q_proj * scaling, erf-GELU "
+         "FFN, post-LN, layernorm_embedding",
+         _bart,
+         lambda: {"input_ids": torch.randint(3, VOCAB, (BATCH, SEQ)),
+                  "decoder_input_ids": torch.randint(3, VOCAB, (BATCH, 6))},
+         attention=("BartAttention",),
+         input_ranges={"input_ids": [3, VOCAB], "decoder_input_ids": [3, VOCAB]}, extra=True),
+    Arch("gpt_neox", "transformers",
+         "GPTNeoXModel (Pythia; causal decoder, parallel residual), 2 layers, hidden 32, 4 "
+         "heads, fused query_key_value Linear, partial rotary 0.25, erf-GELU MLP",
+         _hf("GPTNeoXConfig", "GPTNeoXModel", vocab_size=VOCAB, hidden_size=HID,
+             num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
+             max_position_embeddings=16, rotary_pct=0.25, hidden_dropout=0.0,
+             attention_dropout=0.0, hidden_act="gelu"),
+         _ids, attention=("GPTNeoXAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("falcon", "transformers",
+         "FalconModel (Falcon-7B style: multi-query attention, one KV head, parallel attention "
+         "+ MLP from one input_layernorm, rotary), 2 layers, hidden 32, 4 heads, eager "
+         "attention, nn.GELU MLP",
+         _hf("FalconConfig", "FalconModel", vocab_size=VOCAB, hidden_size=HID,
+             num_hidden_layers=LAYERS, num_attention_heads=HEADS, multi_query=True,
+             parallel_attn=True, new_decoder_architecture=False, alibi=False, bias=False,
+             hidden_dropout=0.0, attention_dropout=0.0, max_position_embeddings=16),
+         _ids, attention=("FalconAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("mpt", "transformers",
+         "MptModel (causal decoder), 2 layers, d_model 32, 4 heads, ALiBi bias, fused Wqkv, "
+         "LayerNorm WITHOUT bias (norm_1.bias = None), nn.GELU MLP without biases",
+         _hf("MptConfig", "MptModel", vocab_size=VOCAB, d_model=HID, n_heads=HEADS,
+             n_layers=LAYERS, expansion_ratio=2, max_seq_len=16),
+         _ids, attention=("MptAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("tv_regnet", "torchvision",
+         "torchvision RegNet (X-style ResBottleneckBlock, grouped 3x3 convs), 2 stages of "
+         "widths 8 / 16, 32x32 image",
+         _tv_regnet, _image(32), families=_ORTT, extra=True),
+    Arch("tv_densenet", "torchvision",
+         "torchvision DenseNet (pre-activation BN -> ReLU -> Conv dense layers, concats), "
+         "growth 4, blocks (2, 2), 32x32 image",
+         _tv_densenet, _image(32), families=_ORTT, extra=True),
+]:
+    ARCHS[_a.name] = _a
