@@ -383,6 +383,45 @@ def ortt_attention_fill(*, ninf=-3.4028234663852886e38, zero=0.0, bwd_mask="mask
     return m
 
 
+def ortt_layernorm_centred(*, B=2, S=3, N=8, mean_of="X", mean_axes=(-1,), sln_axis=-1,
+                           sum_axes=(-1,), residual=True):
+    """onnxruntime-training's LayerNorm without bias (MPT, ModernBERT): forward
+    c = Sub(X, ReduceMean(X, [-1], keepdims=1)) -> SimplifiedLayerNormalization(c, gamma);
+    backward SimplifiedLayerNormalizationGrad -> (dc, dGamma), the Sub's gradient Identity(dc)
+    and ReduceSum(dc, [-1]) -> Neg -> Scale(Size(X) / Size(.)) -> Expand(Shape(X)), summed
+    (with a residual gradient dR). mean_of / mean_axes / sln_axis / sum_axes spell it wrong."""
+    x = [B, S, N]
+    nodes = [
+        helper.make_node("ReduceMean", [mean_of], ["mean"], axes=list(mean_axes), keepdims=1,
+                         name="mean"),
+        helper.make_node("Sub", ["X", "mean"], ["c"], name="centre"),
+        helper.make_node("SimplifiedLayerNormalization", ["c", "gamma"], ["Y", "inv_std"],
+                         axis=-1, epsilon=1e-5, name="sln"),
+        helper.make_node("SimplifiedLayerNormalizationGrad", ["dY", "c", "gamma", "inv_std"],
+                         ["dc", "dGamma"], axis=sln_axis, epsilon=1e-5, domain=MS,
+                         name="sln_grad"),
+        helper.make_node("Identity", ["dc"], ["dX1"], name="sub_grad_id"),
+        helper.make_node("ReduceSum", ["dc", "axes_r"], ["rs"], keepdims=1, name="sub_grad_sum"),
+        helper.make_node("Neg", ["rs"], ["dmean"], name="sub_grad_neg"),
+        helper.make_node("Size", ["dmean"], ["size_g"], name="size_g"),
+        helper.make_node("Size", ["X"], ["size_x"], name="size_x"),
+        helper.make_node("Div", ["size_x", "size_g"], ["ratio"], name="ratio"),
+        helper.make_node("Scale", ["dmean", "ratio"], ["scaled"], scale_down=1, domain=MS,
+                         name="mean_grad_scale"),
+        helper.make_node("Shape", ["X"], ["shape_x"], name="shape_x"),
+        helper.make_node("Expand", ["scaled", "shape_x"], ["dX2"], name="mean_grad_expand"),
+        helper.make_node("Sum", ["dX1", "dX2", "dR"] if residual else ["dX1", "dX2"], ["dX"],
+                         name="sum"),
+    ]
+    rng = np.random.default_rng(0)
+    inputs = [vi("X", x), vi("X2", x), vi("dY", x)] + ([vi("dR", x)] if residual else [])
+    m = model(nodes, inputs, [vi("Y", x), vi("dX", x), vi("dGamma", [N])],
+              [const("gamma", rng.uniform(0.5, 1.5, N)),
+               const("axes_r", list(sum_axes), np.int64)])
+    m.graph.value_info.extend([vi("mean", [B, S, 1]), vi("c", x), vi("inv_std", [B, S, 1])])
+    return m
+
+
 def chain_from_rule(rule, prefix, bind):
     """The nodes and constant initializers of a rule's pattern, written as a graph: each rule
     node becomes a node of its first op (inputs in the listed order), each constrained constant

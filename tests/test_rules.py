@@ -66,6 +66,8 @@ for _name in ("ortt_timm_vit", "ortt_gpt2", "ortt_llama", "torch_bert", "torch_g
 SAMPLE_MODELS["gqa_torch_bcast"] = onnx.load(DATA / "gqa" / "torch_gqa_bcast_kv2.onnx")
 # masked_fill with the scale on the scores and an additive bias (MPT's ort-training spelling)
 SAMPLE_MODELS["synthetic_ortt_attention_fill"] = builders.ortt_attention_fill()
+# a LayerNorm without bias, ort-training: Sub(mean) + SimplifiedLayerNormalization
+SAMPLE_MODELS["synthetic_ortt_layernorm_centred"] = builders.ortt_layernorm_centred()
 
 
 def _upto(rule_name):

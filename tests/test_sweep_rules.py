@@ -256,3 +256,55 @@ def test_layernorm_dbeta_over_the_wrong_axes_is_left_outside():
     fp = FusionPass()
     fp.run(m)
     assert node.name in {n.name for n in m.graph.node}
+
+
+# --- layernorm_ortt_centred: LayerNorm without bias, ort-training (MPT, ModernBERT) ---------
+
+def _centred(model):
+    fp = FusionPass()
+    fp.run(model)
+    return fp.stats
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_layernorm_centred_fuses_and_verifies(residual, tmp_path):
+    m = builders.ortt_layernorm_centred(residual=residual)
+    fused = copy.deepcopy(m)
+    stats = _centred(fused)
+    assert [f.rule for f in stats.fusions] == ["layernorm_ortt_centred"]
+    assert stats.patterns["rmsnorm"].fused == 0
+    [node] = [n for n in fused.graph.node if n.op_type == "LayerNormGrad"]
+    assert list(node.input[:5]) == ["dY", "X", "gamma", "mean", "inv_std"]
+    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
+    onnx.save(m, src)
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+@pytest.mark.parametrize("kw,reason", [
+    # c = X - mean(another tensor): no LayerNorm (rmsnorm_ortt still fuses the RMSNorm of c)
+    ({"mean_of": "X2"}, None),
+    # the mean over the middle axis, or the normalisation over more than the last axis
+    ({"mean_axes": (1,)}, "attribute"),
+    ({"sln_axis": 1}, "attribute"),
+    # the mean's gradient summed over another axis than the one the mean reduced
+    ({"sum_axes": (1,)}, "constant"),
+])
+def test_layernorm_centred_negatives(kw, reason):
+    m = builders.ortt_layernorm_centred(**kw)
+    stats = _centred(copy.deepcopy(m))
+    assert stats.patterns["layernorm"].fused == 0
+    misses = explain_model(m, FusionPass(only=["layernorm_ortt_centred"]), include_shallow=True)
+    assert any(x["rule"] == "layernorm_ortt_centred" for x in misses), misses
+    if reason:
+        assert any(x["reason"] == reason for x in misses), misses
+
+
+def test_layernorm_centred_extra_consumer():
+    m = builders.ortt_layernorm_centred()
+    m.graph.node.append(helper.make_node("Identity", ["dmean"], ["peek"], name="peek"))
+    m.graph.output.append(_vi("peek", None))
+    assert _centred(copy.deepcopy(m)).patterns["layernorm"].fused == 0
+    misses = explain_model(m, FusionPass(only=["layernorm_ortt_centred"]))
+    assert any(x["reason"] == "intermediate_consumed_outside" for x in misses), misses
