@@ -811,3 +811,60 @@ for _a in [
          _tv_densenet, _image(32), families=_ORTT, extra=True),
 ]:
     ARCHS[_a.name] = _a
+
+
+def _swinv2(family: str) -> nn.Module:
+    net = _hf("Swinv2Config", "Swinv2Model", image_size=16, patch_size=2, embed_dim=16,
+              depths=[2, 1], num_heads=[2, 4], window_size=4, mlp_ratio=2.0,
+              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+              drop_path_rate=0.0, add_pooling_layer=False)(family)
+    if family == "torch-joint":
+        net.net.embeddings.patch_embeddings.projection.requires_grad_(False)
+    return net
+
+
+for _a in [
+    Arch("modernbert", "transformers",
+         "ModernBertModel (encoder), 2 layers, hidden 32, 4 heads, eager attention with "
+         "rotary, LayerNorm WITHOUT bias, GeGLU MLP (Wi -> chunk -> gelu(input) * gate), "
+         "padding mask",
+         _hf("ModernBertConfig", "ModernBertModel", vocab_size=VOCAB, hidden_size=HID,
+             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             max_position_embeddings=16, global_attn_every_n_layers=1, pad_token_id=1,
+             attention_dropout=0.0, embedding_dropout=0.0, mlp_dropout=0.0),
+         _ids_mask, attention=("ModernBertAttention",), input_ranges=_MASK_R, extra=True,
+         count_notes="linear_gelu 0: the activation reads a chunk of Wi's output, not it"),
+    Arch("gpt_bigcode", "transformers",
+         "GPTBigCodeModel (StarCoder; multi-query attention: one KV head, fused c_attn), 2 "
+         "layers, hidden 32, 4 heads, gelu_pytorch_tanh MLP, padding mask",
+         _hf("GPTBigCodeConfig", "GPTBigCodeModel", vocab_size=VOCAB, n_positions=16,
+             n_embd=HID, n_layer=LAYERS, n_head=HEADS, n_inner=FF, multi_query=True,
+             activation_function="gelu_pytorch_tanh", resid_pdrop=0.0, embd_pdrop=0.0,
+             attn_pdrop=0.0),
+         _ids_mask, attention=("GPTBigCodeAttention",), input_ranges=_MASK_R, extra=True),
+    Arch("phi3", "transformers",
+         "Phi3Model (causal decoder), 2 layers, hidden 32, 4 heads, fused qkv_proj, fused "
+         "gate_up_proj (chunk -> silu(gate) * up), RMSNorm",
+         _hf("Phi3Config", "Phi3Model", vocab_size=VOCAB, hidden_size=HID,
+             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             num_key_value_heads=HEADS, max_position_embeddings=16, pad_token_id=1,
+             resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0),
+         _ids, attention=("Phi3Attention",), input_ranges=_IDS_R, extra=True,
+         count_notes="linear_silu 0: SiLU reads a chunk of gate_up_proj's output"),
+    Arch("mixtral", "transformers",
+         "MixtralModel (sparse MoE decoder), 2 layers, hidden 32, 4 heads / 2 KV heads, 4 "
+         "experts top-2 (w1 -> silu * w3 on the routed tokens), RMSNorm; ort-training only "
+         "(the routing is data-dependent)",
+         _hf("MixtralConfig", "MixtralModel", vocab_size=VOCAB, hidden_size=HID,
+             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             num_key_value_heads=2, max_position_embeddings=16, num_local_experts=4,
+             num_experts_per_tok=2, router_jitter_noise=0.0),
+         _ids, attention=("MixtralAttention",), input_ranges=_IDS_R, families=_ORTT,
+         extra=True),
+    Arch("swinv2", "transformers",
+         "Swinv2Model as swin, with Swin V2's scaled cosine attention (normalize(q) @ "
+         "normalize(k)^T * exp(clamped logit_scale)), continuous relative-position bias (an "
+         "MLP over log-spaced coordinates, 16 * sigmoid), res-post-norm",
+         _swinv2, _image(16), attention=("Swinv2SelfAttention",), extra=True),
+]:
+    ARCHS[_a.name] = _a
