@@ -341,10 +341,11 @@ def ortt_attention_3d(*, dropout=False, p_rows=None, B=2, H=2, S=4, D=3):
 
 
 def ortt_attention_fill(*, ninf=-3.4028234663852886e38, zero=0.0, bwd_mask="mask", B=2, H=2,
-                        S=4, D=3):
+                        S=4, D=3, mask=None, mask_input=False):
     """MPT's ort-training spelling: S = MatMul(Q, K^T) -> Mul(c) -> Add(alibi bias) ->
     Where(mask, -big, .) -> Softmax -> MatMul(., V); backward SoftmaxGrad_13 -> Where(mask, 0, .)
-    -> Identity (the bias Add) -> Mul(c) -> FusedMatMul x2. mask: causal (True = masked)."""
+    -> Identity (the bias Add) -> Mul(c) -> FusedMatMul x2. mask: causal (True = masked) unless
+    given; mask_input: the mask is a graph input (computed at run time) instead."""
     c = float(1 / np.sqrt(D))
     mm = dict(domain=MS, alpha=1.0)
     nodes = [
@@ -363,18 +364,20 @@ def ortt_attention_fill(*, ninf=-3.4028234663852886e38, zero=0.0, bwd_mask="mask
         helper.make_node("FusedMatMul", ["dS", "Kt"], ["dQ"], transA=0, transB=1, name="dq", **mm),
         helper.make_node("FusedMatMul", ["Q", "dS"], ["dKt"], transA=1, transB=0, name="dk", **mm),
     ]
-    causal = np.triu(np.ones((S, S), bool), 1)[None, None]
+    causal = np.triu(np.ones((S, S), bool), 1)[None, None] if mask is None else mask
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(np.float32(c), "c"),
              numpy_helper.from_array(rng.standard_normal((1, H, S, S)).astype(np.float32),
                                      "alibi"),
-             numpy_helper.from_array(causal, "mask"),
              numpy_helper.from_array(np.ones_like(causal), "mask_all"),
              numpy_helper.from_array(np.float32(ninf), "ninf"),
              numpy_helper.from_array(np.float32(zero), "zero")]
     q, kt = [B, H, S, D], [B, H, D, S]
+    mask_in = [vi("mask", list(causal.shape), TensorProto.BOOL)] if mask_input else []
+    if not mask_input:
+        inits.append(numpy_helper.from_array(causal, "mask"))
     g = helper.make_graph(
-        nodes, "attn_fill", [vi("Q", q), vi("Kt", kt), vi("V", q), vi("dO", q)],
+        nodes, "attn_fill", [vi("Q", q), vi("Kt", kt), vi("V", q), vi("dO", q), *mask_in],
         [vi("O", q), vi("dQ", q), vi("dKt", kt), vi("dV", q)], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
                                             helper.make_opsetid(MS, 1)])

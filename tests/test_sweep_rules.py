@@ -192,6 +192,26 @@ def test_scores_fill_negative_wrong_constant(kw, var):
     assert any(x["reason"] == "constant" and f"({var})" in x["detail"] for x in misses), misses
 
 
+def test_scores_fill_negative_fully_masked_row():
+    # row 0 filled everywhere: P is uniform there, not 0, where the backward Where zeroes dS
+    mask = np.triu(np.ones((4, 4), bool), 1)[None, None].copy()
+    mask[..., 0, :] = True
+    m = builders.ortt_attention_fill(mask=mask)
+    assert _sdpa(copy.deepcopy(m)).fused == 0
+    misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_fill"]))
+    assert any(x["reason"] == "constant" and "(mask)" in x["detail"]
+               and "kept (False) entry in every row" in x["detail"] for x in misses), misses
+
+
+def test_scores_fill_negative_run_time_mask():
+    # a padding mask computed at run time may fill a whole row (left padding): not provable
+    m = builders.ortt_attention_fill(mask_input=True)
+    assert _sdpa(copy.deepcopy(m)).fused == 0
+    misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_fill"]))
+    assert any(x["reason"] == "constant" and "is not a constant" in x["detail"]
+               for x in misses), misses
+
+
 def test_scores_fill_negative_backward_mask_is_not_the_forward_mask():
     # the backward zeroes where another mask says: no proof that P is 0 there
     m = builders.ortt_attention_fill(bwd_mask="mask_all")
@@ -308,3 +328,16 @@ def test_layernorm_centred_extra_consumer():
     assert _centred(copy.deepcopy(m)).patterns["layernorm"].fused == 0
     misses = explain_model(m, FusionPass(only=["layernorm_ortt_centred"]))
     assert any(x["reason"] == "intermediate_consumed_outside" for x in misses), misses
+
+
+@pytest.mark.parametrize("mask,ok", [
+    (np.triu(np.ones((4, 4), bool), 1), True),              # causal: the diagonal is kept
+    (np.zeros((2, 1, 1, 4), bool), True),                   # nothing filled
+    (np.array([[False, True], [True, True]]), False),       # row 1 fully filled
+    (np.ones((1, 1, 1, 4), bool), False),                   # every row filled
+    (np.triu(np.ones((4, 4), np.float32), 1), False),       # not a bool mask
+])
+def test_row_kept_kind(mask, ok):
+    from fusecli.matcher import const_matches
+
+    assert const_matches(mask, None, 0.0, kind="row_kept")[0] is ok
