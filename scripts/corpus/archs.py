@@ -868,3 +868,47 @@ for _a in [
          _swinv2, _image(16), attention=("Swinv2SelfAttention",), extra=True),
 ]:
     ARCHS[_a.name] = _a
+
+
+def _dinov2(family: str) -> nn.Module:
+    net = _hf("Dinov2Config", "Dinov2Model", pick=_seq_plus_pooled, image_size=8, patch_size=4,
+              hidden_size=HID, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+              mlp_ratio=2, layerscale_value=0.5, hidden_dropout_prob=0.0,
+              attention_probs_dropout_prob=0.0, drop_path_rate=0.0)(family)
+    net.net.embeddings.mask_token.requires_grad_(False)  # used only with bool_masked_pos
+    # the position embeddings are F.interpolate'd (Resize), whose gradient (ResizeGrad)
+    # onnxruntime-training's CPU provider lacks: frozen (as in many fine-tuning recipes)
+    net.net.embeddings.position_embeddings.requires_grad_(False)
+    if family == "torch-joint":
+        net.net.embeddings.patch_embeddings.projection.requires_grad_(False)
+    return net
+
+
+def _whisper_encoder(family: str) -> nn.Module:
+    import transformers
+
+    cfg = transformers.WhisperConfig(vocab_size=VOCAB, num_mel_bins=8, d_model=HID,
+                                     encoder_layers=LAYERS, encoder_attention_heads=HEADS,
+                                     encoder_ffn_dim=FF, max_source_positions=8, dropout=0.0,
+                                     decoder_layers=1, decoder_attention_heads=HEADS,
+                                     decoder_ffn_dim=FF, max_target_positions=8,
+                                     attention_dropout=0.0, activation_dropout=0.0,
+                                     encoder_layerdrop=0.0, pad_token_id=1, bos_token_id=0,
+                                     eos_token_id=2, decoder_start_token_id=0)
+    cfg._attn_implementation = "eager"
+    return Wrap(transformers.WhisperModel(cfg).get_encoder(), lambda o: o[0]).train()
+
+
+for _a in [
+    Arch("dinov2", "transformers",
+         "Dinov2Model, 8x8 image, patch 4, hidden 32, 2 layers, 4 heads, layer scale, "
+         "interpolated position embeddings (frozen: ResizeGrad), erf-GELU MLP; torch-joint: "
+         "patch conv frozen",
+         _dinov2, _image(8), attention=("Dinov2SelfAttention",), extra=True),
+    Arch("whisper_encoder", "transformers",
+         "WhisperEncoder: 2 Conv1d + GELU stem over 8 mel bins x 16 frames, sinusoidal "
+         "positions, 2 pre-LN layers, 4 heads, q_proj * scaling, erf-GELU FFN",
+         _whisper_encoder, lambda: {"input_features": torch.randn(BATCH, 8, 16)},
+         attention=("WhisperAttention",), families=_ORTT, extra=True),
+]:
+    ARCHS[_a.name] = _a
