@@ -80,8 +80,10 @@ def _act_kind(m: nn.Module) -> str | None:
         return "relu"
     if isinstance(m, nn.GELU) or name in ("GELUActivation", "NewGELUActivation", "GELUTanh",
                                           "FastGELUActivation", "GELUPytorchTanh",
-                                          "PytorchGELUTanh", "QuickGELUActivation",
-                                          "BloomGelu", "GELU"):  # GELU: timm.layers' own
+                                          "PytorchGELUTanh", "BloomGelu",
+                                          "GELU"):  # GELU: timm.layers' own
+        # (QuickGELUActivation, CLIP's x * sigmoid(1.702 x), is none of the fused op's
+        # activations: not counted)
         return "gelu"
     if isinstance(m, nn.SiLU) or name == "SiLUActivation":
         return "silu"
