@@ -341,3 +341,21 @@ def test_row_kept_kind(mask, ok):
     from fusecli.matcher import const_matches
 
     assert const_matches(mask, None, 0.0, kind="row_kept")[0] is ok
+
+
+def test_layernorm_grad_dx_without_gamma_is_refused_at_fusion_time(tmp_path):
+    # a (user) rule that asks LayerNormGrad for dX without gamma: the kernels refuse that at run
+    # time, so the fusion-time check refuses it (before: the fused graph did not run)
+    text = (Path(__file__).parents[1] / "rules" / "layernorm_torch.yaml").read_text()
+    text = (text.replace("name: layernorm_torch\n", "name: user_layernorm_nogamma\n")
+            .replace("order: 310\n", "order: 305\n")
+            .replace("inputs: [dY, X, gamma, mean, rstd, dR]", 'inputs: [dY, X, "", mean, rstd, dR]'))
+    assert "user_layernorm_nogamma" in text and '[dY, X, "", mean' in text
+    path = tmp_path / "user_layernorm_nogamma.yaml"
+    path.write_text(text)
+    rules = [r for r in RULES if r.name != "layernorm_torch"] + load_rules([str(path)])
+    m = onnx.load(DATA / "torch_layernorm_nobias.onnx")
+    fp = FusionPass(rules=rules)
+    assert fp.run(m) == 0
+    skip = next(s for s in fp.stats.skips if s.rule == "user_layernorm_nogamma")
+    assert "dX without gamma" in skip.failure.detail
