@@ -240,6 +240,10 @@ def fusion_problem(oracle: ShapeOracle, node: onnx.NodeProto, replaced: dict) ->
     """Why fusing into ``node`` would not compute the tensors it replaces (None: fine).
 
     ``replaced``: fused output tensor name -> the tensor it stands for (the same name)."""
+    if node.op_type == "LayerNormGrad" and node.output and node.output[0] and (
+            len(node.input) < 3 or not node.input[2]):
+        # its kernels compute dX only with gamma (an absent gamma serves dGamma / dBeta only)
+        return "LayerNormGrad is asked for dX without gamma, which its kernels refuse"
     if node.op_type in _INPUT_CHECKED:
         ins = [oracle.shape(t) if t else None for t in node.input]
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}

@@ -286,6 +286,147 @@ def ortt_attention(*, kv_heads=2, heads=2, scale_op="Div", B=2, S=4, D=3, record
     return m
 
 
+def ortt_attention_3d(*, dropout=False, p_rows=None, B=2, H=2, S=4, D=3):
+    """BLOOM's ort-training spelling: S3 = MatMul(Q3, K3^T) [B*H, S, S] -> Mul(c) -> Reshape
+    [B, H, S, S] -> Add(mask) -> Softmax -> [Dropout ->] Reshape [B*H, S, S] -> MatMul(., V3);
+    backward FusedMatMul(dO, V3) -> Reshape -> [DropoutGrad ->] SoftmaxGrad_13 -> Identity (the
+    mask Add) -> Reshape -> Mul(c) -> FusedMatMul x2. p_rows: view P as [B*H, p_rows, S*S //
+    p_rows] instead (its rows are no softmax rows; V3 then has S*S // p_rows rows)."""
+    bh = B * H
+    pr = S if p_rows is None else p_rows
+    pc = S * S // pr
+    c = float(1 / np.sqrt(D))
+    mm = dict(domain=MS, alpha=1.0)
+    p_in = "Pd" if dropout else "P0"
+    dp_out = "dPd" if dropout else "dP0"
+    nodes = [
+        helper.make_node("MatMul", ["Q", "Kt"], ["S3"], name="qk"),
+        helper.make_node("Mul", ["S3", "c"], ["S3s"], name="fwd_scale"),
+        helper.make_node("Reshape", ["S3s", "shape4"], ["S4"], name="fwd_view_s"),
+        helper.make_node("Add", ["S4", "mask"], ["Sm"], name="fwd_mask"),
+        helper.make_node("Softmax", ["Sm"], ["P0"], axis=-1, name="softmax"),
+        helper.make_node("Reshape", [p_in, "shape_p"], ["P3"], name="fwd_view_p"),
+        helper.make_node("MatMul", ["P3", "V"], ["O"], name="pv"),
+        helper.make_node("FusedMatMul", ["P3", "dO"], ["dV"], transA=1, transB=0, name="dv", **mm),
+        helper.make_node("FusedMatMul", ["dO", "V"], ["dP3"], transA=0, transB=1, name="dp", **mm),
+        helper.make_node("Reshape", ["dP3", "shape4"], [dp_out], name="bwd_view_p"),
+        helper.make_node("SoftmaxGrad_13", ["dP0", "P0"], ["dS0"], axis=-1, domain=MS, name="sg"),
+        helper.make_node("Identity", ["dS0"], ["dS4"], name="bwd_mask"),
+        helper.make_node("Reshape", ["dS4", "shape3"], ["dS3"], name="bwd_view_s"),
+        helper.make_node("Mul", ["dS3", "c"], ["dS"], name="bwd_scale"),
+        helper.make_node("FusedMatMul", ["dS", "Kt"], ["dQ"], transA=0, transB=1, name="dq", **mm),
+        helper.make_node("FusedMatMul", ["Q", "dS"], ["dKt"], transA=1, transB=0, name="dk", **mm),
+    ]
+    inits = [const("c", c),
+             numpy_helper.from_array(np.array([B, H, S, S], np.int64), "shape4"),
+             numpy_helper.from_array(np.array([bh, S, S], np.int64), "shape3"),
+             numpy_helper.from_array(np.array([bh, pr, pc], np.int64), "shape_p")]
+    if dropout:
+        nodes.insert(5, helper.make_node("Dropout", ["P0", "ratio", "train"], ["Pd", "dmask"],
+                                         name="drop", seed=1))
+        nodes.insert(11, helper.make_node("DropoutGrad", ["dPd", "dmask", "ratio", "train"],
+                                          ["dP0"], domain=MS, name="drop_grad"))
+        inits += [numpy_helper.from_array(np.float32(0.1), "ratio"),
+                  numpy_helper.from_array(np.array(True), "train")]
+    q, kt, v = [bh, S, D], [bh, D, S], [bh, pc, D]
+    g = helper.make_graph(
+        nodes, "attn3d",
+        [vi("Q", q), vi("Kt", kt), vi("V", v), vi("mask", [B, 1, 1, S]),
+         vi("dO", [bh, pr, D])],
+        [vi("O", [bh, pr, D]), vi("dQ", q), vi("dKt", kt), vi("dV", v)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid(MS, 1)])
+    m.ir_version = 9
+    m.graph.value_info.extend([vi("S3", [bh, S, S]), vi("S4", [B, H, S, S]),
+                               vi("P0", [B, H, S, S]), vi("P3", [bh, pr, pc])])
+    return m
+
+
+def ortt_attention_fill(*, ninf=-3.4028234663852886e38, zero=0.0, bwd_mask="mask", B=2, H=2,
+                        S=4, D=3, mask=None, mask_input=False):
+    """MPT's ort-training spelling: S = MatMul(Q, K^T) -> Mul(c) -> Add(alibi bias) ->
+    Where(mask, -big, .) -> Softmax -> MatMul(., V); backward SoftmaxGrad_13 -> Where(mask, 0, .)
+    -> Identity (the bias Add) -> Mul(c) -> FusedMatMul x2. mask: causal (True = masked) unless
+    given; mask_input: the mask is a graph input (computed at run time) instead."""
+    c = float(1 / np.sqrt(D))
+    mm = dict(domain=MS, alpha=1.0)
+    nodes = [
+        helper.make_node("MatMul", ["Q", "Kt"], ["S"], name="qk"),
+        helper.make_node("Mul", ["S", "c"], ["Ss"], name="fwd_scale"),
+        helper.make_node("Add", ["Ss", "alibi"], ["Sb"], name="fwd_bias"),
+        helper.make_node("Where", ["mask", "ninf", "Sb"], ["Sm"], name="fwd_mask"),
+        helper.make_node("Softmax", ["Sm"], ["P"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["P", "V"], ["O"], name="pv"),
+        helper.make_node("FusedMatMul", ["P", "dO"], ["dV"], transA=1, transB=0, name="dv", **mm),
+        helper.make_node("FusedMatMul", ["dO", "V"], ["dP"], transA=0, transB=1, name="dp", **mm),
+        helper.make_node("SoftmaxGrad_13", ["dP", "P"], ["dS0"], axis=-1, domain=MS, name="sg"),
+        helper.make_node("Where", [bwd_mask, "zero", "dS0"], ["dSw"], name="bwd_mask"),
+        helper.make_node("Identity", ["dSw"], ["dSb"], name="bwd_bias"),
+        helper.make_node("Mul", ["dSb", "c"], ["dS"], name="bwd_scale"),
+        helper.make_node("FusedMatMul", ["dS", "Kt"], ["dQ"], transA=0, transB=1, name="dq", **mm),
+        helper.make_node("FusedMatMul", ["Q", "dS"], ["dKt"], transA=1, transB=0, name="dk", **mm),
+    ]
+    causal = np.triu(np.ones((S, S), bool), 1)[None, None] if mask is None else mask
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.float32(c), "c"),
+             numpy_helper.from_array(rng.standard_normal((1, H, S, S)).astype(np.float32),
+                                     "alibi"),
+             numpy_helper.from_array(np.ones_like(causal), "mask_all"),
+             numpy_helper.from_array(np.float32(ninf), "ninf"),
+             numpy_helper.from_array(np.float32(zero), "zero")]
+    q, kt = [B, H, S, D], [B, H, D, S]
+    mask_in = [vi("mask", list(causal.shape), TensorProto.BOOL)] if mask_input else []
+    if not mask_input:
+        inits.append(numpy_helper.from_array(causal, "mask"))
+    g = helper.make_graph(
+        nodes, "attn_fill", [vi("Q", q), vi("Kt", kt), vi("V", q), vi("dO", q), *mask_in],
+        [vi("O", q), vi("dQ", q), vi("dKt", kt), vi("dV", q)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid(MS, 1)])
+    m.ir_version = 9
+    m.graph.value_info.extend([vi(t, [B, H, S, S]) for t in ("S", "Ss", "Sb", "Sm", "P")])
+    return m
+
+
+def ortt_layernorm_centred(*, B=2, S=3, N=8, mean_of="X", mean_axes=(-1,), sln_axis=-1,
+                           sum_axes=(-1,), residual=True):
+    """onnxruntime-training's LayerNorm without bias (MPT, ModernBERT): forward
+    c = Sub(X, ReduceMean(X, [-1], keepdims=1)) -> SimplifiedLayerNormalization(c, gamma);
+    backward SimplifiedLayerNormalizationGrad -> (dc, dGamma), the Sub's gradient Identity(dc)
+    and ReduceSum(dc, [-1]) -> Neg -> Scale(Size(X) / Size(.)) -> Expand(Shape(X)), summed
+    (with a residual gradient dR). mean_of / mean_axes / sln_axis / sum_axes spell it wrong."""
+    x = [B, S, N]
+    nodes = [
+        helper.make_node("ReduceMean", [mean_of], ["mean"], axes=list(mean_axes), keepdims=1,
+                         name="mean"),
+        helper.make_node("Sub", ["X", "mean"], ["c"], name="centre"),
+        helper.make_node("SimplifiedLayerNormalization", ["c", "gamma"], ["Y", "inv_std"],
+                         axis=-1, epsilon=1e-5, name="sln"),
+        helper.make_node("SimplifiedLayerNormalizationGrad", ["dY", "c", "gamma", "inv_std"],
+                         ["dc", "dGamma"], axis=sln_axis, epsilon=1e-5, domain=MS,
+                         name="sln_grad"),
+        helper.make_node("Identity", ["dc"], ["dX1"], name="sub_grad_id"),
+        helper.make_node("ReduceSum", ["dc", "axes_r"], ["rs"], keepdims=1, name="sub_grad_sum"),
+        helper.make_node("Neg", ["rs"], ["dmean"], name="sub_grad_neg"),
+        helper.make_node("Size", ["dmean"], ["size_g"], name="size_g"),
+        helper.make_node("Size", ["X"], ["size_x"], name="size_x"),
+        helper.make_node("Div", ["size_x", "size_g"], ["ratio"], name="ratio"),
+        helper.make_node("Scale", ["dmean", "ratio"], ["scaled"], scale_down=1, domain=MS,
+                         name="mean_grad_scale"),
+        helper.make_node("Shape", ["X"], ["shape_x"], name="shape_x"),
+        helper.make_node("Expand", ["scaled", "shape_x"], ["dX2"], name="mean_grad_expand"),
+        helper.make_node("Sum", ["dX1", "dX2", "dR"] if residual else ["dX1", "dX2"], ["dX"],
+                         name="sum"),
+    ]
+    rng = np.random.default_rng(0)
+    inputs = [vi("X", x), vi("X2", x), vi("dY", x)] + ([vi("dR", x)] if residual else [])
+    m = model(nodes, inputs, [vi("Y", x), vi("dX", x), vi("dGamma", [N])],
+              [const("gamma", rng.uniform(0.5, 1.5, N)),
+               const("axes_r", list(sum_axes), np.int64)])
+    m.graph.value_info.extend([vi("mean", [B, S, 1]), vi("c", x), vi("inv_std", [B, S, 1])])
+    return m
+
+
 def chain_from_rule(rule, prefix, bind, consts=None):
     """The nodes and constant initializers of a rule's pattern, written as a graph: each rule
     node becomes a node of its first op (inputs in the listed order), each constrained constant

@@ -46,12 +46,17 @@ for _act in ("relu", "gelu", "gelu_tanh", "silu"):
 # x * sigmoid(1.702 x) between two nn.Linear (CLIP's MLP) in both families, 3-D and (ort-training
 # Gemm) 2-D, and x * sigmoid(x) written by hand (tests/data/make_quick_gelu.py)
 DATA = Path(__file__).parent / "data"
+# and BLOOM's GELU (tests/data/make_torch_bloom_gelu.py: a custom autograd.Function whose
+# hand-written backward shares the forward's tanh) after nn.Linear
 EXPORTS = {"torch_gelu_new": {"linear_gelu_tanh_torch": 1},
            "torch_conv1d_gelu_new": {"linear_gelu_tanh_torch_at": 1},
            "ortt_quick_gelu": {"linear_quick_gelu_ortt_matmul": 1},
            "ortt_quick_gelu_2d": {"linear_quick_gelu_ortt_gemm": 1},
            "torch_quick_gelu": {"linear_quick_gelu_torch": 1},
-           "torch_silu_product": {"linear_silu_torch": 1}}
+           "torch_silu_product": {"linear_silu_torch": 1},
+           "torch_bloom_gelu": {"linear_gelu_tanh_torch": 1},
+           # nn.LayerNorm(bias=False) (tests/data/make_torch_layernorm_nobias.py): no dBeta
+           "torch_layernorm_nobias": {"layernorm_torch": 1}}
 for _name in EXPORTS:
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 # (after the real exports, which are the QuickGELU stage's fixture)
@@ -69,6 +74,10 @@ for _name in ("ortt_timm_vit", "ortt_gpt2", "ortt_llama", "torch_bert", "torch_g
     SAMPLE_MODELS[f"corpus_{_name}"] = onnx.load(CORPUS / f"{_name}.onnx")
 # K/V broadcast inside the MatMuls, torch-joint (tests/data/make_gqa.py)
 SAMPLE_MODELS["gqa_torch_bcast"] = onnx.load(DATA / "gqa" / "torch_gqa_bcast_kv2.onnx")
+# masked_fill with the scale on the scores and an additive bias (MPT's ort-training spelling)
+SAMPLE_MODELS["synthetic_ortt_attention_fill"] = builders.ortt_attention_fill()
+# a LayerNorm without bias, ort-training: Sub(mean) + SimplifiedLayerNormalization
+SAMPLE_MODELS["synthetic_ortt_layernorm_centred"] = builders.ortt_layernorm_centred()
 
 
 def _upto(rule_name):

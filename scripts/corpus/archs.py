@@ -15,7 +15,7 @@ From that dataflow:
     are not counted (a Linear followed by Tanh is no linear_gelu).
   conv_bn_relu: an nn.ReLU whose input is the output of a BatchNorm2d whose input is the output
     of a Conv2d (a Conv->BN shortcut without ReLU, or Conv->BN->ReLU6, does not count).
-  layernorm: every nn.LayerNorm call.
+  layernorm: every nn.LayerNorm call (and of the LayerNorm modules in LAYERNORM_MODULES).
   rmsnorm: every call of an RMSNorm module (LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm,
     T5LayerNorm: x * rsqrt(mean(x^2) + eps) * weight, no mean subtraction, no bias).
   sdpa: every call of the architecture's attention module (the module that computes
@@ -80,11 +80,18 @@ def _act_kind(m: nn.Module) -> str | None:
         return "relu"
     if isinstance(m, nn.GELU) or name in ("GELUActivation", "NewGELUActivation", "GELUTanh",
                                           "FastGELUActivation", "GELUPytorchTanh",
-                                          "PytorchGELUTanh", "QuickGELUActivation"):
+                                          "PytorchGELUTanh", "BloomGelu",
+                                          "GELU",  # timm.layers' own
+                                          "QuickGELUActivation"):  # CLIP: x sigmoid(1.702 x)
         return "gelu"
     if isinstance(m, nn.SiLU) or name == "SiLUActivation":
         return "silu"
     return None
+
+
+# LayerNorms that are no nn.LayerNorm: OLMo's parameter-free F.layer_norm(x, shape, None, None),
+# Cohere's hand-written mean/variance LayerNorm with a weight and no bias
+LAYERNORM_MODULES = ("OlmoLayerNorm", "CohereLayerNorm")
 
 
 def _is_linear(m: nn.Module) -> bool:
@@ -140,7 +147,7 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...]) -
             bn_in = input_of.get(id(src), [])
             if bn_in and isinstance(made_by.get(bn_in[0]), nn.Conv2d):
                 counts["conv_bn_relu"] += 1
-        if isinstance(mod, nn.LayerNorm):
+        if isinstance(mod, nn.LayerNorm) or type(mod).__name__ in LAYERNORM_MODULES:
             counts["layernorm"] += 1
         if _is_rmsnorm(mod):
             counts["rmsnorm"] += 1
@@ -283,6 +290,14 @@ def _swin(family: str) -> nn.Module:
               drop_path_rate=0.0, add_pooling_layer=False)(family)
     if family == "torch-joint":
         net.net.embeddings.patch_embeddings.projection.requires_grad_(False)
+    return net
+
+
+def _t5_gated(family: str) -> nn.Module:
+    net = _hf("T5Config", "T5EncoderModel", vocab_size=VOCAB, d_model=HID, d_kv=8, d_ff=FF,
+              num_layers=LAYERS, num_heads=HEADS, dropout_rate=0.0,
+              relative_attention_num_buckets=8, feed_forward_proj="gated-gelu")(family)
+    del net.net.shared
     return net
 
 
@@ -482,14 +497,6 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          count_notes="layernorm 5 = per layer ln_1 and ln_2 + ln_f; sdpa 2 = one "
          "GPTNeoSelfAttention per layer; linear_gelu 2 = mlp.c_fc -> NewGELUActivation per "
          "layer"),
-    Arch("clip_vision", "transformers",
-         "CLIPVisionModel, 8x8 image, patch 4, hidden 32, 2 layers, 4 heads, quick_gelu MLP "
-         "(x * sigmoid(1.702 x)), pre_layrnorm, q_proj * scale; torch-joint: patch conv frozen",
-         _frozen_patch(_hf("CLIPVisionConfig", "CLIPVisionModel", pick=_seq_plus_pooled, hidden_size=HID,
-                           intermediate_size=FF, num_hidden_layers=LAYERS,
-                           num_attention_heads=HEADS, image_size=8, patch_size=4,
-                           hidden_act="quick_gelu"), "net.vision_model.embeddings.patch_embedding"),
-         _image(8), attention=("CLIPAttention",), extra=True),
     Arch("timm_resnet", "timm",
          "timm ResNet with the ResNet-18 topology (BasicBlock x [2,2,2,2], 7x7 stem Conv+BN+"
          "ReLU (64 channels), max-pool, 1x1 Conv+BN downsample shortcuts without ReLU) at stage "
@@ -519,3 +526,392 @@ ARCHS["llama_raw"] = dataclasses.replace(
              "MLP (silu(gate) * up), scores (q@k^T) * scaling; RAW dynamo export "
              "(optimize=False): constant subgraphs, Identity detach/clone, no-op views"),
     families=("torch-joint",), optimize=False)
+
+
+# --- sweep: architectures the corpus does not commit (extra=True) ---------------------------------
+# Spellings the committed corpus lacks, generated on demand into a scratch folder
+# (`gen.py --out build/sweep FAMILY NAME`) to find where the rules miss before users do.
+# scripts/corpus/SWEEP.md records what fusecli fuses on each of them and why a gap is a gap.
+
+def _tv_resnet50(family: str) -> nn.Module:
+    from torchvision.models.resnet import Bottleneck, ResNet
+
+    # torchvision's Bottleneck (1x1 -> 3x3 -> 1x1, ONE shared nn.ReLU(inplace=True) module per
+    # block, stride on the 3x3), one block per stage, width_per_group 16 (inner widths 16..128,
+    # outputs 256..2048 as ResNet-50)
+    return ResNet(Bottleneck, [1, 1, 1, 1], num_classes=4, width_per_group=16).train()
+
+
+def _timm_convnext(family: str) -> nn.Module:
+    from timm.models.convnext import ConvNeXt
+
+    # conv_mlp=False: the block's norm is timm's LayerNorm on NHWC (after a permute) and its MLP
+    # is Linear -> nn.GELU -> Linear; stem / downsample norms are LayerNorm2d (permute inside);
+    # layer scale gamma (ls_init_value 0.5 instead of 1e-6, so that branch gradients are not ~0)
+    return ConvNeXt(depths=(1, 1, 1, 1), dims=(8, 8, 16, 16), num_classes=4, conv_mlp=False,
+                    ls_init_value=0.5).train()
+
+
+def _tv_efficientnet(family: str) -> nn.Module:
+    from torchvision.models.efficientnet import EfficientNet, MBConvConfig
+
+    setting = [MBConvConfig(1, 3, 1, 8, 8, 1, 1.0, 1.0), MBConvConfig(4, 3, 2, 8, 16, 1, 1.0, 1.0)]
+    return EfficientNet(setting, dropout=0.0, stochastic_depth_prob=0.0, num_classes=4,
+                        last_channel=32).train()
+
+
+def _opt(family: str) -> nn.Module:
+    net = _hf("OPTConfig", "OPTModel", vocab_size=VOCAB, hidden_size=HID,
+              num_hidden_layers=LAYERS, ffn_dim=FF, num_attention_heads=HEADS,
+              word_embed_proj_dim=HID, max_position_embeddings=16, dropout=0.0,
+              attention_dropout=0.0, activation_function="relu", enable_bias=True,
+              layerdrop=0.0)(family)
+    if family == "torch-joint":
+        # OPTDecoder's train-mode LayerDrop draws `torch.rand([]) < layerdrop` per layer, a
+        # data-dependent branch aot_export cannot trace; with layerdrop 0 it never drops, so the
+        # decoder alone (not its layers) is put in eval mode, which skips the draw
+        net.net.decoder.training = False
+    return net
+
+
+def _gptj(family: str) -> nn.Module:
+    net = _hf("GPTJConfig", "GPTJModel", vocab_size=VOCAB, n_positions=16, n_embd=HID,
+              n_layer=LAYERS, n_head=HEADS, rotary_dim=4, n_inner=FF,
+              activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
+              attn_pdrop=0.0)(family)
+    if family == "torch-joint":
+        # GPTJAttention keeps its sin/cos table as a plain tensor attribute, a real tensor that
+        # aot_export's fake-tensor tracing refuses: make it a non-persistent buffer
+        for blk in net.net.h:
+            pos = blk.attn.embed_positions
+            del blk.attn.embed_positions
+            blk.attn.register_buffer("embed_positions", pos, persistent=False)
+            # scale_attn (sqrt(head_dim)) is a plain 0-d tensor as well: a Python float (a
+            # buffer would be a graph input, which no rule can take for a constant scale)
+            blk.attn.scale_attn = float(blk.attn.scale_attn)
+    return net
+
+
+_IDS_R = {"input_ids": [0, VOCAB]}
+_MASK_R = {"input_ids": [0, VOCAB], "attention_mask": [0, 2]}
+
+for _a in [
+    Arch("electra", "transformers",
+         "ElectraModel (encoder, post-LN), embedding 16 -> embeddings_project Linear(16->32), "
+         "2 layers, 4 heads, no dropout, padding mask, erf-GELU FFN",
+         _hf("ElectraConfig", "ElectraModel", vocab_size=VOCAB, embedding_size=16,
+             hidden_size=HID, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             intermediate_size=FF, max_position_embeddings=16, type_vocab_size=1,
+             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+         _ids_mask, attention=("ElectraSelfAttention",), input_ranges=_MASK_R, extra=True),
+    Arch("albert", "transformers",
+         "AlbertModel: embedding 16 -> Linear(16->32), ONE shared layer applied twice, 4 heads, "
+         "no dropout, padding mask, gelu_new FFN, pooler Linear+Tanh",
+         _hf("AlbertConfig", "AlbertModel", pick=lambda o: o[0] + o[1][:, None, :],
+             vocab_size=VOCAB, embedding_size=16, hidden_size=HID, num_hidden_layers=LAYERS,
+             num_attention_heads=HEADS, intermediate_size=FF, max_position_embeddings=16,
+             type_vocab_size=1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+             hidden_act="gelu_new"),
+         _ids_mask, attention=("AlbertAttention", "AlbertSdpaAttention"),
+         input_ranges=_MASK_R, extra=True),
+    Arch("opt", "transformers",
+         "OPTModel (causal decoder, pre-LN), 2 layers, hidden 32, 4 heads, q_proj(x) * scaling "
+         "before q@k^T, ReLU FFN (fc1 -> ReLU -> fc2), padding mask",
+         _opt,
+         _ids_mask, attention=("OPTAttention",), input_ranges=_MASK_R, extra=True),
+    Arch("bloom", "transformers",
+         "BloomModel (causal decoder), 2 layers, hidden 32, 4 heads, ALiBi bias through "
+         "baddbmm(alibi, q, k^T, beta, alpha), fused query_key_value Linear, BloomGelu "
+         "(tanh-GELU, custom autograd backward), word-embedding LayerNorm, padding mask",
+         _hf("BloomConfig", "BloomModel", vocab_size=VOCAB, hidden_size=HID, n_layer=LAYERS,
+             n_head=HEADS, hidden_dropout=0.0, attention_dropout=0.0),
+         _ids_mask, attention=("BloomAttention",), input_ranges=_MASK_R, extra=True),
+    Arch("gptj", "transformers",
+         "GPTJModel (causal decoder, parallel attention + MLP from one ln_1), 2 layers, n_embd "
+         "32, 4 heads, rotary_dim 4 (interleaved rotary), q/k in float32, score / sqrt(dh), "
+         "gelu_new MLP, causal where-mask",
+         _gptj,
+         _ids, attention=("GPTJAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("gemma", "transformers",
+         "GemmaModel (causal decoder), 2 layers, hidden 32, 4 heads / 1 KV head, head_dim 8, "
+         "GemmaRMSNorm (float32, x * (1 + w)), gelu_pytorch_tanh gated MLP, embeddings * "
+         "sqrt(hidden)",
+         _hf("GemmaConfig", "GemmaModel", vocab_size=VOCAB, hidden_size=HID,
+             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             num_key_value_heads=1, head_dim=8, max_position_embeddings=16,
+             hidden_activation="gelu_pytorch_tanh"),
+         _ids, attention=("GemmaAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("stablelm", "transformers",
+         "StableLmModel (causal decoder), 2 layers, hidden 32, 4 heads, nn.LayerNorm (not "
+         "RMSNorm), partial rotary 0.25, q/k/v bias, SwiGLU MLP",
+         _hf("StableLmConfig", "StableLmModel", vocab_size=VOCAB, hidden_size=HID,
+             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             num_key_value_heads=HEADS, max_position_embeddings=16, partial_rotary_factor=0.25,
+             use_qkv_bias=True, hidden_dropout=0.0, attention_dropout=0.0),
+         _ids, attention=("StableLmAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("clip_vision", "transformers",
+         "CLIPVisionModel, 8x8 image, patch 4, hidden 32, 2 layers, 4 heads, quick_gelu MLP "
+         "(x * sigmoid(1.702 x)), pre_layrnorm, q_proj * scale; torch-joint: patch conv frozen",
+         _frozen_patch(_hf("CLIPVisionConfig", "CLIPVisionModel", pick=_seq_plus_pooled, hidden_size=HID,
+                           intermediate_size=FF, num_hidden_layers=LAYERS,
+                           num_attention_heads=HEADS, image_size=8, patch_size=4,
+                           hidden_act="quick_gelu"), "net.vision_model.embeddings.patch_embedding"),
+         _image(8), attention=("CLIPAttention",), extra=True),
+    Arch("beit", "transformers",
+         "BeitModel, 8x8 image, patch 4, hidden 32, 2 layers, 4 heads, per-layer relative-"
+         "position bias (table gathered by an index buffer) added to the scores, layer scale, "
+         "mean-pooling LayerNorm; torch-joint: patch conv frozen",
+         _frozen_patch(_hf("BeitConfig", "BeitModel", pick=_seq_plus_pooled, image_size=8, patch_size=4,
+                           hidden_size=HID, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                           intermediate_size=FF, use_relative_position_bias=True,
+                           layer_scale_init_value=0.1, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0, drop_path_rate=0.0),
+                       "net.embeddings.patch_embeddings.projection"),
+         _image(8), attention=("BeitSelfAttention", "BeitSdpaSelfAttention"), extra=True),
+    # CNNs are ort-training only: torch-joint's dynamo export has no ONNX function for
+    # aten.convolution_backward (ResNet, EfficientNet) / prims.as_strided_scatter (ConvNeXt).
+    # BEiT runs in neither family: ort-training's graph has ResizeGrad (the relative-position
+    # table is F.interpolate'd), which onnxruntime-training 1.19.2's CPU provider lacks;
+    # torch-joint: BeitRelativePositionBias lru-caches its index tensor from the eager call,
+    # a real tensor inside aot_export's fake-tensor trace.
+    Arch("tv_resnet50", "torchvision",
+         "torchvision ResNet with Bottleneck blocks [1,1,1,1] (ResNet-50 block, one shared "
+         "inplace ReLU per block), width_per_group 16, 32x32 image",
+         _tv_resnet50, _image(32), extra=True, families=_ORTT),
+    Arch("timm_convnext", "timm",
+         "timm ConvNeXt depths (1,1,1,1) dims (8,8,16,16), conv_mlp=False: depthwise 7x7 conv, permute "
+         "to NHWC, timm LayerNorm, Linear -> nn.GELU -> Linear, layer scale; LayerNorm2d in the "
+         "stem / downsample / head, 32x32 image",
+         _timm_convnext, _image(32), extra=True, families=_ORTT),
+    Arch("tv_efficientnet", "torchvision",
+         "torchvision EfficientNet (negative): MBConv blocks, Conv+BN+SiLU, squeeze-excitation "
+         "(1x1 convs, SiLU, Sigmoid), 2 stages, 16x16 image",
+         _tv_efficientnet, _image(16), extra=True, families=_ORTT),
+]:
+    ARCHS[_a.name] = _a
+
+for _a in [
+    Arch("qwen3", "transformers",
+         "Qwen3Model (causal decoder), 2 layers, hidden 32, 4 heads / 2 KV heads, head_dim 8, "
+         "per-head q_norm / k_norm RMSNorm on [B, S, H, D] before rotary, SwiGLU MLP",
+         _hf("Qwen3Config", "Qwen3Model", vocab_size=VOCAB, hidden_size=HID,
+             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             num_key_value_heads=2, head_dim=8, max_position_embeddings=16),
+         _ids, attention=("Qwen3Attention",), input_ranges=_IDS_R, extra=True),
+    Arch("olmo", "transformers",
+         "OlmoModel (causal decoder), 2 layers, hidden 32, 4 heads, OlmoLayerNorm (F.layer_norm "
+         "without weight or bias, in float32), SwiGLU MLP",
+         _hf("OlmoConfig", "OlmoModel", vocab_size=VOCAB, hidden_size=HID, intermediate_size=FF,
+             num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+             max_position_embeddings=16, pad_token_id=1),
+         _ids, attention=("OlmoAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("cohere", "transformers",
+         "CohereModel (causal decoder, parallel attention + MLP from one norm), 2 layers, "
+         "hidden 32, 4 heads, CohereLayerNorm (hand-written mean/variance, weight, no bias, "
+         "float32), interleaved rotary, SwiGLU MLP, logit_scale",
+         _hf("CohereConfig", "CohereModel", vocab_size=VOCAB, hidden_size=HID,
+             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             num_key_value_heads=HEADS, max_position_embeddings=16, pad_token_id=1),
+         _ids, attention=("CohereAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("deberta_v2", "transformers",
+         "DebertaV2Model (encoder), 2 layers, hidden 32, 4 heads, disentangled attention "
+         "(c2p + p2c relative-position terms gathered into the scores, scale 1/sqrt(3 dh)), "
+         "padding mask through masked_fill, erf-GELU FFN",
+         _hf("DebertaV2Config", "DebertaV2Model", vocab_size=VOCAB, hidden_size=HID,
+             num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
+             max_position_embeddings=16, type_vocab_size=0, relative_attention=True,
+             pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16,
+             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+         _ids_mask, attention=("DisentangledSelfAttention",), input_ranges=_MASK_R, extra=True),
+    Arch("t5_gated", "transformers",
+         "T5EncoderModel as t5 with the T5 v1.1 gated-gelu FFN (wi_0 -> gelu_new, times wi_1)",
+         lambda fam: _t5_gated(fam), _ids, attention=("T5Attention",),
+         input_ranges=_IDS_R, extra=True),
+]:
+    ARCHS[_a.name] = _a
+
+
+def _bart(family: str) -> nn.Module:
+    net = _hf("BartConfig", "BartModel", vocab_size=VOCAB, d_model=HID, encoder_layers=1,
+              decoder_layers=1, encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+              encoder_ffn_dim=FF, decoder_ffn_dim=FF, max_position_embeddings=16, dropout=0.0,
+              attention_dropout=0.0, activation_dropout=0.0, activation_function="gelu",
+              pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+              encoder_layerdrop=0.0, decoder_layerdrop=0.0)(family)
+    if family == "torch-joint":  # train-mode LayerDrop draws torch.rand([]): see _opt
+        net.net.encoder.training = False
+        net.net.decoder.training = False
+        # the tied embedding is registered three times (shared, encoder / decoder embed_tokens):
+        # aot_export reports the aliases as parameters without gradient; untied here (the
+        # decoder gets a copy: its own embedding, not the attention spellings, changes)
+        import copy
+
+        del net.net.shared
+        net.net.decoder.embed_tokens = copy.deepcopy(net.net.encoder.embed_tokens)
+    return net
+
+
+def _tv_regnet(family: str) -> nn.Module:
+    from torchvision.models.regnet import BlockParams, RegNet
+
+    # RegNetX-style: stem Conv+BN+ReLU, ResBottleneckBlock (1x1 Conv+BN+ReLU, 3x3 grouped
+    # Conv+BN+ReLU, 1x1 Conv+BN, residual add, ReLU), 2 stages of widths 8 / 16
+    params = BlockParams(depths=[1, 1], widths=[8, 16], group_widths=[8, 8],
+                         bottleneck_multipliers=[1.0, 1.0], strides=[2, 2])
+    return RegNet(params, num_classes=4, stem_width=8).train()
+
+
+def _tv_densenet(family: str) -> nn.Module:
+    from torchvision.models import DenseNet
+
+    # pre-activation dense layers: norm1 (reads a concat) -> relu1 -> conv1 (1x1) -> norm2 ->
+    # relu2 -> conv2: conv1 -> norm2 -> relu2 and the stem conv0 -> norm0 -> relu0 count
+    return DenseNet(growth_rate=4, block_config=(2, 2), num_init_features=8, bn_size=2,
+                    num_classes=4).train()
+
+
+for _a in [
+    Arch("bart", "transformers",
+         "BartModel (encoder-decoder), 1+1 layers, d_model 32, 4 heads: encoder self-attention "
+         "(padding mask), decoder causal self-attention and CROSS-attention (queries from the "
+         "decoder, keys/values from the encoder: Sq = 6 != Sk = 8), q_proj * scaling, erf-GELU "
+         "FFN, post-LN, layernorm_embedding",
+         _bart,
+         lambda: {"input_ids": torch.randint(3, VOCAB, (BATCH, SEQ)),
+                  "decoder_input_ids": torch.randint(3, VOCAB, (BATCH, 6))},
+         attention=("BartAttention",),
+         input_ranges={"input_ids": [3, VOCAB], "decoder_input_ids": [3, VOCAB]}, extra=True),
+    Arch("gpt_neox", "transformers",
+         "GPTNeoXModel (Pythia; causal decoder, parallel residual), 2 layers, hidden 32, 4 "
+         "heads, fused query_key_value Linear, partial rotary 0.25, erf-GELU MLP",
+         _hf("GPTNeoXConfig", "GPTNeoXModel", vocab_size=VOCAB, hidden_size=HID,
+             num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
+             max_position_embeddings=16, rotary_pct=0.25, hidden_dropout=0.0,
+             attention_dropout=0.0, hidden_act="gelu"),
+         _ids, attention=("GPTNeoXAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("falcon", "transformers",
+         "FalconModel (Falcon-7B style: multi-query attention, one KV head, parallel attention "
+         "+ MLP from one input_layernorm, rotary), 2 layers, hidden 32, 4 heads, eager "
+         "attention, nn.GELU MLP",
+         _hf("FalconConfig", "FalconModel", vocab_size=VOCAB, hidden_size=HID,
+             num_hidden_layers=LAYERS, num_attention_heads=HEADS, multi_query=True,
+             parallel_attn=True, new_decoder_architecture=False, alibi=False, bias=False,
+             hidden_dropout=0.0, attention_dropout=0.0, max_position_embeddings=16),
+         _ids, attention=("FalconAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("mpt", "transformers",
+         "MptModel (causal decoder), 2 layers, d_model 32, 4 heads, ALiBi bias, fused Wqkv, "
+         "LayerNorm WITHOUT bias (norm_1.bias = None), nn.GELU MLP without biases",
+         _hf("MptConfig", "MptModel", vocab_size=VOCAB, d_model=HID, n_heads=HEADS,
+             n_layers=LAYERS, expansion_ratio=2, max_seq_len=16),
+         _ids, attention=("MptAttention",), input_ranges=_IDS_R, extra=True),
+    Arch("tv_regnet", "torchvision",
+         "torchvision RegNet (X-style ResBottleneckBlock, grouped 3x3 convs), 2 stages of "
+         "widths 8 / 16, 32x32 image",
+         _tv_regnet, _image(32), families=_ORTT, extra=True),
+    Arch("tv_densenet", "torchvision",
+         "torchvision DenseNet (pre-activation BN -> ReLU -> Conv dense layers, concats), "
+         "growth 4, blocks (2, 2), 32x32 image",
+         _tv_densenet, _image(32), families=_ORTT, extra=True),
+]:
+    ARCHS[_a.name] = _a
+
+
+def _swinv2(family: str) -> nn.Module:
+    net = _hf("Swinv2Config", "Swinv2Model", image_size=16, patch_size=2, embed_dim=16,
+              depths=[2, 1], num_heads=[2, 4], window_size=4, mlp_ratio=2.0,
+              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+              drop_path_rate=0.0, add_pooling_layer=False)(family)
+    if family == "torch-joint":
+        net.net.embeddings.patch_embeddings.projection.requires_grad_(False)
+    return net
+
+
+for _a in [
+    Arch("modernbert", "transformers",
+         "ModernBertModel (encoder), 2 layers, hidden 32, 4 heads, eager attention with "
+         "rotary, LayerNorm WITHOUT bias, GeGLU MLP (Wi -> chunk -> gelu(input) * gate), "
+         "padding mask",
+         _hf("ModernBertConfig", "ModernBertModel", vocab_size=VOCAB, hidden_size=HID,
+             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             max_position_embeddings=16, global_attn_every_n_layers=1, pad_token_id=1,
+             attention_dropout=0.0, embedding_dropout=0.0, mlp_dropout=0.0),
+         _ids_mask, attention=("ModernBertAttention",), input_ranges=_MASK_R, extra=True,
+         count_notes="linear_gelu 0: the activation reads a chunk of Wi's output, not it"),
+    Arch("gpt_bigcode", "transformers",
+         "GPTBigCodeModel (StarCoder; multi-query attention: one KV head, fused c_attn), 2 "
+         "layers, hidden 32, 4 heads, gelu_pytorch_tanh MLP, padding mask",
+         _hf("GPTBigCodeConfig", "GPTBigCodeModel", vocab_size=VOCAB, n_positions=16,
+             n_embd=HID, n_layer=LAYERS, n_head=HEADS, n_inner=FF, multi_query=True,
+             activation_function="gelu_pytorch_tanh", resid_pdrop=0.0, embd_pdrop=0.0,
+             attn_pdrop=0.0),
+         _ids_mask, attention=("GPTBigCodeAttention",), input_ranges=_MASK_R, extra=True),
+    Arch("phi3", "transformers",
+         "Phi3Model (causal decoder), 2 layers, hidden 32, 4 heads, fused qkv_proj, fused "
+         "gate_up_proj (chunk -> silu(gate) * up), RMSNorm",
+         _hf("Phi3Config", "Phi3Model", vocab_size=VOCAB, hidden_size=HID,
+             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             num_key_value_heads=HEADS, max_position_embeddings=16, pad_token_id=1,
+             resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0),
+         _ids, attention=("Phi3Attention",), input_ranges=_IDS_R, extra=True,
+         count_notes="linear_silu 0: SiLU reads a chunk of gate_up_proj's output"),
+    Arch("mixtral", "transformers",
+         "MixtralModel (sparse MoE decoder), 2 layers, hidden 32, 4 heads / 2 KV heads, 4 "
+         "experts top-2 (w1 -> silu * w3 on the routed tokens), RMSNorm; ort-training only "
+         "(the routing is data-dependent)",
+         _hf("MixtralConfig", "MixtralModel", vocab_size=VOCAB, hidden_size=HID,
+             intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+             num_key_value_heads=2, max_position_embeddings=16, num_local_experts=4,
+             num_experts_per_tok=2, router_jitter_noise=0.0),
+         _ids, attention=("MixtralAttention",), input_ranges=_IDS_R, families=_ORTT,
+         extra=True),
+    Arch("swinv2", "transformers",
+         "Swinv2Model as swin, with Swin V2's scaled cosine attention (normalize(q) @ "
+         "normalize(k)^T * exp(clamped logit_scale)), continuous relative-position bias (an "
+         "MLP over log-spaced coordinates, 16 * sigmoid), res-post-norm",
+         _swinv2, _image(16), attention=("Swinv2SelfAttention",), extra=True),
+]:
+    ARCHS[_a.name] = _a
+
+
+def _dinov2(family: str) -> nn.Module:
+    net = _hf("Dinov2Config", "Dinov2Model", pick=_seq_plus_pooled, image_size=8, patch_size=4,
+              hidden_size=HID, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+              mlp_ratio=2, layerscale_value=0.5, hidden_dropout_prob=0.0,
+              attention_probs_dropout_prob=0.0, drop_path_rate=0.0)(family)
+    net.net.embeddings.mask_token.requires_grad_(False)  # used only with bool_masked_pos
+    # the position embeddings are F.interpolate'd (Resize), whose gradient (ResizeGrad)
+    # onnxruntime-training's CPU provider lacks: frozen (as in many fine-tuning recipes)
+    net.net.embeddings.position_embeddings.requires_grad_(False)
+    if family == "torch-joint":
+        net.net.embeddings.patch_embeddings.projection.requires_grad_(False)
+    return net
+
+
+def _whisper_encoder(family: str) -> nn.Module:
+    import transformers
+
+    cfg = transformers.WhisperConfig(vocab_size=VOCAB, num_mel_bins=8, d_model=HID,
+                                     encoder_layers=LAYERS, encoder_attention_heads=HEADS,
+                                     encoder_ffn_dim=FF, max_source_positions=8, dropout=0.0,
+                                     decoder_layers=1, decoder_attention_heads=HEADS,
+                                     decoder_ffn_dim=FF, max_target_positions=8,
+                                     attention_dropout=0.0, activation_dropout=0.0,
+                                     encoder_layerdrop=0.0, pad_token_id=1, bos_token_id=0,
+                                     eos_token_id=2, decoder_start_token_id=0)
+    cfg._attn_implementation = "eager"
+    return Wrap(transformers.WhisperModel(cfg).get_encoder(), lambda o: o[0]).train()
+
+
+for _a in [
+    Arch("dinov2", "transformers",
+         "Dinov2Model, 8x8 image, patch 4, hidden 32, 2 layers, 4 heads, layer scale, "
+         "interpolated position embeddings (frozen: ResizeGrad), erf-GELU MLP; torch-joint: "
+         "patch conv frozen",
+         _dinov2, _image(8), attention=("Dinov2SelfAttention",), extra=True),
+    Arch("whisper_encoder", "transformers",
+         "WhisperEncoder: 2 Conv1d + GELU stem over 8 mel bins x 16 frames, sinusoidal "
+         "positions, 2 pre-LN layers, 4 heads, q_proj * scaling, erf-GELU FFN",
+         _whisper_encoder, lambda: {"input_features": torch.randn(BATCH, 8, 16)},
+         attention=("WhisperAttention",), families=_ORTT, extra=True),
+]:
+    ARCHS[_a.name] = _a

@@ -1,0 +1,47 @@
+"""Regenerates tests/data/torch_layernorm_nobias.onnx (loss mean(out^2)): nn.Linear(8->16) ->
+nn.LayerNorm(16, bias=False) (a weight, no bias: MPT, ModernBERT) -> nn.Linear(16->4), input
+[6, 8]. Its backward has dGamma = ReduceSum(dY xhat) but no dBeta = ReduceSum(dY).
+
+torch 2.13.0 (CPU), onnx, onnxscript: make_fx with core_aten_decompositions of a function that
+returns the loss and torch.autograd.grad of it, then torch.onnx.export(dynamo=True), as
+tests/data/make_torch_gelu_new.py. Run with a venv that has torch (build/venv-corpus-torch):
+python tests/data/make_torch_layernorm_nobias.py
+"""
+
+from pathlib import Path
+
+import torch
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+
+
+class LinearLN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(8, 16)
+        self.ln = torch.nn.LayerNorm(16, bias=False)
+        self.l2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.l2(self.ln(self.l1(x)))
+
+
+def main():
+    torch.manual_seed(0)
+    m, x = LinearLN(), torch.randn(6, 8)
+    with torch.no_grad():
+        m.ln.weight.uniform_(0.5, 1.5)  # not all ones: dX depends on gamma
+    params = dict(m.named_parameters())
+
+    def f(x, *ps):
+        out = torch.func.functional_call(m, dict(zip(params, ps)), (x,))
+        loss = (out * out).mean()
+        return (loss, *torch.autograd.grad(loss, ps))
+
+    gm = make_fx(f, decomposition_table=core_aten_decompositions())(x, *params.values())
+    prog = torch.onnx.export(gm, (x, *params.values()), dynamo=True)
+    prog.save(str(Path(__file__).with_name("torch_layernorm_nobias.onnx")))
+
+
+if __name__ == "__main__":
+    main()
