@@ -187,7 +187,7 @@ def same_shape(a, b) -> bool | None:
     return True if sure else None
 
 
-_INPUT_CHECKED = {"AttentionGrad"}  # ops whose input shapes input_problem checks
+_INPUT_CHECKED = {"AttentionGrad", "LayerNormGrad"}  # ops whose input shapes input_problem checks
 
 
 def _numel(dims):
@@ -196,8 +196,23 @@ def _numel(dims):
     return math.prod(dims)
 
 
+def _layernorm_problem(attrs: dict, ins: list) -> str | None:
+    """LayerNormGrad's gamma holds one value per normalised element (X's dims from axis on):
+    a scalar multiplied onto dY (a loss scale) is no gamma."""
+    x, gamma = ins[1], ins[2] if len(ins) > 2 else None
+    if x is None or gamma is None:
+        return None
+    n, g = _numel(x[attrs.get("axis", -1):]), _numel(gamma)
+    if n is not None and g is not None and n != g:
+        return (f"LayerNormGrad's gamma {_show(gamma)} does not have X's normalised size "
+                f"{_show(x[attrs.get('axis', -1):])}")
+    return None
+
+
 def input_problem(op: str, attrs: dict, ins: list, names: list) -> str | None:
     """Why the fused op could not run on inputs of these shapes (None: fine or unknown)."""
+    if op == "LayerNormGrad":
+        return _layernorm_problem(attrs, ins)
     if op != "AttentionGrad" or len(ins) < 5:
         return None
     dO, q, k, v, p = ins[:5]
@@ -240,10 +255,6 @@ def fusion_problem(oracle: ShapeOracle, node: onnx.NodeProto, replaced: dict) ->
     """Why fusing into ``node`` would not compute the tensors it replaces (None: fine).
 
     ``replaced``: fused output tensor name -> the tensor it stands for (the same name)."""
-    if node.op_type == "LayerNormGrad" and node.output and node.output[0] and (
-            len(node.input) < 3 or not node.input[2]):
-        # its kernels compute dX only with gamma (an absent gamma serves dGamma / dBeta only)
-        return "LayerNormGrad is asked for dX without gamma, which its kernels refuse"
     if node.op_type in _INPUT_CHECKED:
         ins = [oracle.shape(t) if t else None for t in node.input]
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}

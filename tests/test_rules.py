@@ -56,7 +56,9 @@ EXPORTS = {"torch_gelu_new": {"linear_gelu_tanh_torch": 1},
            "torch_silu_product": {"linear_silu_torch": 1},
            "torch_bloom_gelu": {"linear_gelu_tanh_torch": 1},
            # nn.LayerNorm(bias=False) (tests/data/make_torch_layernorm_nobias.py): no dBeta
-           "torch_layernorm_nobias": {"layernorm_torch": 1}}
+           "torch_layernorm_nobias": {"layernorm_torch": 1},
+           # nn.LayerNorm(elementwise_affine=False): no dY * gamma, no dGamma, no dBeta
+           "torch_layernorm_noaffine": {"layernorm_torch": 1}}
 for _name in EXPORTS:
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 # (after the real exports, which are the QuickGELU stage's fixture)

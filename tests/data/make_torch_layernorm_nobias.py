@@ -1,6 +1,9 @@
 """Regenerates tests/data/torch_layernorm_nobias.onnx (loss mean(out^2)): nn.Linear(8->16) ->
 nn.LayerNorm(16, bias=False) (a weight, no bias: MPT, ModernBERT) -> nn.Linear(16->4), input
 [6, 8]. Its backward has dGamma = ReduceSum(dY xhat) but no dBeta = ReduceSum(dY).
+And tests/data/torch_layernorm_noaffine.onnx: the same with nn.LayerNorm(16,
+elementwise_affine=False) (OLMo's F.layer_norm(x, shape, None, None)): no dGamma, no dBeta, and
+no dY * gamma.
 
 torch 2.13.0 (CPU), onnx, onnxscript: make_fx with core_aten_decompositions of a function that
 returns the loss and torch.autograd.grad of it, then torch.onnx.export(dynamo=True), as
@@ -16,21 +19,22 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 
 class LinearLN(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, **ln):
         super().__init__()
         self.l1 = torch.nn.Linear(8, 16)
-        self.ln = torch.nn.LayerNorm(16, bias=False)
+        self.ln = torch.nn.LayerNorm(16, **ln)
         self.l2 = torch.nn.Linear(16, 4)
 
     def forward(self, x):
         return self.l2(self.ln(self.l1(x)))
 
 
-def main():
+def export(name, **ln):
     torch.manual_seed(0)
-    m, x = LinearLN(), torch.randn(6, 8)
-    with torch.no_grad():
-        m.ln.weight.uniform_(0.5, 1.5)  # not all ones: dX depends on gamma
+    m, x = LinearLN(**ln), torch.randn(6, 8)
+    if m.ln.weight is not None:
+        with torch.no_grad():
+            m.ln.weight.uniform_(0.5, 1.5)  # not all ones: dX depends on gamma
     params = dict(m.named_parameters())
 
     def f(x, *ps):
@@ -40,7 +44,12 @@ def main():
 
     gm = make_fx(f, decomposition_table=core_aten_decompositions())(x, *params.values())
     prog = torch.onnx.export(gm, (x, *params.values()), dynamo=True)
-    prog.save(str(Path(__file__).with_name("torch_layernorm_nobias.onnx")))
+    prog.save(str(Path(__file__).with_name(f"{name}.onnx")))
+
+
+def main():
+    export("torch_layernorm_nobias", bias=False)
+    export("torch_layernorm_noaffine", elementwise_affine=False)
 
 
 if __name__ == "__main__":

@@ -85,7 +85,6 @@ template <typename T> void LnKernel::Run(Ort::KernelContext& ctx) {
 
   bool want_dx, want_dg, want_db;
   T* dx = output_or_null<T>(ctx, 0, x.shape, &want_dx);
-  FUSECLI_CHECK(!want_dx || gamma.present, "LayerNormGrad: dX is requested but gamma is absent");
   T* dg = output_or_null<T>(ctx, 1, gamma.present ? gamma.shape : pshape, &want_dg);
   T* dbeta = output_or_null<T>(ctx, 2, gamma.present ? gamma.shape : pshape, &want_db);
   // dX may be in dY's or dR's buffer (in-place pairs): every row reads its dY / dR values (and

@@ -95,12 +95,19 @@ def test_layer_norm_grad_without_dx(outs, with_gamma, dtype, shape, axis):
 
 
 @pytest.mark.parametrize("with_dr", [True, False])
-def test_layer_norm_grad_dx_without_gamma_is_an_error(with_dr):
-    rng = _rng("ln-no-gamma-err", with_dr)
-    ins = _ln_inputs(rng, (3, 8), -1, F32, with_dr=with_dr)
+def test_layer_norm_grad_without_gamma_is_gamma_one(with_dr):
+    """An absent gamma is 1 (a LayerNorm without weight): dX as with gamma = ones and as the
+    reference without gamma."""
+    rng = _rng("ln-no-gamma", with_dr)
+    ins = _ln_inputs(rng, (3, 40), -1, F32, with_dr=with_dr)
+    ones = dict(ins, gamma=np.ones_like(ins["gamma"]))
     ins["gamma"] = None
-    with pytest.raises(Exception, match="gamma is absent"):
-        run_fused("LayerNormGrad", list(ins.items()), [("dX", F32), ("dGamma", F32), None])
+    [got] = run_fused("LayerNormGrad", list(ins.items()), [("dX", F32)])
+    [with_ones] = run_fused("LayerNormGrad", list(ones.items()), [("dX", F32)])
+    ref = layer_norm_grad(*(ins[k] for k in ("dY", "X", "gamma", "mean", "inv_std")),
+                          ins.get("dR"))[0]
+    assert_close(got, ref, what="dX")
+    assert_close(got, with_ones, what="dX vs gamma = 1")
 
 
 @pytest.mark.parametrize("with_dr", [True, False])
