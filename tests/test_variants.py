@@ -392,6 +392,26 @@ def test_sdpa_fill_reproduces_a_fully_padded_sequence(tmp_path, name, rule):
         initial=0)))) for k, r in ref.items())
 
 
+@pytest.mark.parametrize("name,rule,kept", [
+    ("ortt_distilbert", "sdpa_ortt_q_fill", 0), ("torch_distilbert", "sdpa_torch_fill", 0),
+    ("ortt_gpt2", "sdpa_ortt_scores_keep", 1), ("torch_gpt2", "sdpa_torch_keep_dropout", 1)])
+def test_sdpa_fill_and_keep_bind_the_backward_wheres_mask(name, rule, kept):
+    """Every fill / keep fusion hands the absorbed backward Where's condition (the forward's
+    mask) to the op as fill_mask, with the Where's polarity (GPT-2: True = kept)."""
+    model = _sample(name)
+    wheres = {n.output[0]: n for n in model.graph.node if n.op_type == "Where"}
+    fp = FusionPass()
+    fp.run(model)
+    assert fp.stats.rules[rule].fused == 2
+    for rec in (f for f in fp.stats.fusions if f.rule == rule):
+        node = next(n for n in model.graph.node if n.name == rec.fused_node)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs.get("fill_kept", 0) == kept
+        bwd = [w for w in wheres.values() if w.name in rec.nodes.values()]
+        fwd_masks = {w.input[0] for w in bwd}
+        assert len(node.input) > 8 and fwd_masks == {node.input[8]}, (node.input, fwd_masks)
+
+
 def test_sdpa_nan_guard_reproduces_fully_masked_rows(tmp_path):
     """F.scaled_dot_product_attention (TorchScript, ort-training) guards fully masked rows with
     Where(IsNaN(P), 0, P). ortt_phi_sdpa computes its additive mask at run time (causal +
