@@ -152,15 +152,6 @@ def _kind_matches(arr: np.ndarray, kind: str, data_shape=None) -> tuple[bool, st
     if kind == "large_negative":
         ok = arr.size == 1 and arr.dtype.kind == "f" and float(flat[0]) <= -1e4
         return ok, f"{shown}, rule wants a mask fill value <= -1e4 (or -inf)"
-    if kind == "row_kept":
-        # a boolean fill mask (True = filled with a large negative value) under which no
-        # softmax row is fully filled: a False in every row (a causal mask keeps its diagonal).
-        # A fully filled row would make P uniform there, not 0
-        if arr.dtype.kind != "b" or arr.ndim < 1 or arr.shape[-1] == 0:
-            return False, f"{shown}, rule wants a bool mask with a kept entry in every row"
-        ok = bool((~arr).any(axis=-1).all())
-        return ok, (f"{shown}, rule wants a bool fill mask with a kept (False) entry in every "
-                    "row (no fully masked row)")
     if kind == "vector_shape":
         ok = ints and arr.ndim == 1 and flat.size == 1 and flat[0] > 0
         return ok, f"{shown}, rule wants a 1-D shape [n]"

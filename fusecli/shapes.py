@@ -248,6 +248,14 @@ def input_problem(op: str, attrs: dict, ins: list, names: list) -> str | None:
                 return (f"AttentionGrad's {label} {_show(s)} has batch dims that "
                         f"{'neither equal nor divide' if grouped else 'differ from'} P's "
                         f"{_show(p)}")
+    fill = ins[8] if len(ins) > 8 else None  # the fill mask broadcasts to P's shape
+    if fill is not None:
+        if len(fill) > len(p):
+            return f"AttentionGrad's fill_mask {_show(fill)} has more dims than P {_show(p)}"
+        for x, y in zip(fill[::-1], p[::-1]):
+            if isinstance(x, int) and isinstance(y, int) and x not in (1, y):
+                return (f"AttentionGrad's fill_mask {_show(fill)} does not broadcast to P's "
+                        f"shape {_show(p)}")
     return None
 
 

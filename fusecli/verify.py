@@ -387,10 +387,22 @@ def _expose(model: onnx.ModelProto, tensors: list[str], types_from: onnx.ModelPr
     existing = {o.name for o in model.graph.output} | {i.name for i in model.graph.input}
     typed = {v.name: v for g in (types_from.graph, model.graph)
              for v in list(g.value_info) + list(g.input) + list(g.output)}
-    for t in dict.fromkeys(tensors):
-        if t in existing:
-            continue
-        elem = typed[t].type.tensor_type.elem_type if t in typed else onnx.TensorProto.FLOAT
+    # tensors without a recorded type (a bool fill mask that is an initializer, a Constant's
+    # output or a computed tensor) take it from the initializers or shape inference
+    inits = {i.name: i.data_type for g in (types_from.graph, model.graph) for i in g.initializer}
+    todo = [t for t in dict.fromkeys(tensors) if t not in existing]
+    if any(t not in typed and t not in inits for t in todo):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(types_from).graph.value_info
+            typed.update({v.name: v for v in inferred if v.name not in typed
+                          and v.type.tensor_type.elem_type})
+        except Exception:  # custom ops onnx cannot infer: FLOAT as before
+            pass
+    for t in todo:
+        if t in typed:
+            elem = typed[t].type.tensor_type.elem_type
+        else:
+            elem = inits.get(t, onnx.TensorProto.FLOAT)
         model.graph.node.append(helper.make_node("Identity", [t], [PROBE + t],
                                                  name=PROBE + t))
         model.graph.output.append(helper.make_tensor_value_info(PROBE + t, elem, None))

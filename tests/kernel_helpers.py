@@ -202,14 +202,17 @@ def act_grad_subgraph(b: Builder, dy, x, act, alpha=1.0):
 
 
 def attention_grad_subgraph(b: Builder, do, q, k, v, p, qb, kb, vb, k_transposed, scale_q, scale_k,
-                            q_scale=None, k_scale=None, mask=None, ratio=0.0, nan_guard=False):
+                            q_scale=None, k_scale=None, mask=None, ratio=0.0, nan_guard=False,
+                            fill=None, fill_kept=0):
     """AttentionGrad's contract from standard ops; returns (dQ, dK, dV, dS). q, k, v, p are
     (name, shape) pairs, do a name; qb / kb / vb the batch dims of P, K, V. K / V are expanded to
     the query heads (Reshape + Expand + Reshape, as repeat_kv), then MatMuls, the
     softmax-gradient decomposition, the dropout mask as a Cast + Mul, and the group sums as a
     Reshape + ReduceSum. nan_guard: F.scaled_dot_product_attention's guard, V sees
     Where(IsNaN(P), 0, P) and its gradient goes through Where(IsNaN(P), 0, .), the softmax
-    gradient reads the unguarded P."""
+    gradient reads the unguarded P. fill: a bool fill mask (name) broadcastable to P: dQ and dK
+    read Where(fill, 0, dS) (fill_kept=1: Where(fill, dS, 0)), as the backward of masked_fill /
+    GPT-2's where; the returned dS is the softmax gradient before it."""
     nb = len(qb)
     perm = list(range(nb)) + [nb + 1, nb]
 
@@ -245,7 +248,10 @@ def attention_grad_subgraph(b: Builder, do, q, k, v, p, qb, kb, vb, k_transposed
     if nan is not None:
         dp = b.op("Where", nan, b.const(0.0), dp)
     rs = b.op("ReduceSum", b.mul(dp, p[0]), b.ints([-1]), keepdims=1)
-    ds = b.mul(p[0], b.sub(dp, rs))
+    ds_out = ds = b.mul(p[0], b.sub(dp, rs))
+    if fill is not None:
+        zero = b.const(0.0)
+        ds = b.op("Where", fill, ds, zero) if fill_kept else b.op("Where", fill, zero, ds)
     rank_k = len(k[1])
     k_sd = expand(swap_last(k[0], rank_k) if k_transposed else k[0], kb_full, sk, d)
     sq_ = b.const(scale_q) if q_scale is None else b.mul(b.const(scale_q), q_scale)
@@ -256,7 +262,7 @@ def attention_grad_subgraph(b: Builder, do, q, k, v, p, qb, kb, vb, k_transposed
     rdk = group_sum(dk_full, kb_full, kshape)
     if k_transposed:
         rdk = swap_last(rdk, rank_k)
-    return rdq, rdk, rdv, ds
+    return rdq, rdk, rdv, ds_out
 
 
 # --- onnxruntime-training (1.19.2) subprocess -----------------------------------------------

@@ -192,24 +192,43 @@ def test_scores_fill_negative_wrong_constant(kw, var):
     assert any(x["reason"] == "constant" and f"({var})" in x["detail"] for x in misses), misses
 
 
-def test_scores_fill_negative_fully_masked_row():
-    # row 0 filled everywhere: P is uniform there, not 0, where the backward Where zeroes dS
+def _fused_verified(m, tmp_path, feeds=None):
+    """Fuses m (one AttentionGrad expected), verifies it against m; returns the fused node."""
+    fused = copy.deepcopy(m)
+    fp = FusionPass()
+    fp.run(fused)
+    assert [f.rule for f in fp.stats.fusions] == ["sdpa_ortt_scores_fill"]
+    [node] = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
+    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
+    onnx.save(m, src)
+    onnx.save(fused, out)
+    ff = None
+    if feeds is not None:
+        ff = tmp_path / "feeds.npz"
+        np.savez(ff, **feeds)
+    report = verify_models(src, out, feeds_file=ff)
+    assert report.ok and report.max_rel <= 1e-5, report
+    return node
+
+
+def test_scores_fill_fully_masked_row_fuses_and_verifies(tmp_path):
+    # row 0 filled everywhere: P is uniform there (not 0); the op takes the fill mask and
+    # zeroes dS there as the absorbed backward Where did (G11)
     mask = np.triu(np.ones((4, 4), bool), 1)[None, None].copy()
     mask[..., 0, :] = True
-    m = builders.ortt_attention_fill(mask=mask)
-    assert _sdpa(copy.deepcopy(m)).fused == 0
-    misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_fill"]))
-    assert any(x["reason"] == "constant" and "(mask)" in x["detail"]
-               and "kept (False) entry in every row" in x["detail"] for x in misses), misses
+    node = _fused_verified(builders.ortt_attention_fill(mask=mask), tmp_path)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert node.input[8] == "mask" and attrs.get("fill_kept", 0) == 0
 
 
-def test_scores_fill_negative_run_time_mask():
-    # a padding mask computed at run time may fill a whole row (left padding): not provable
-    m = builders.ortt_attention_fill(mask_input=True)
-    assert _sdpa(copy.deepcopy(m)).fused == 0
-    misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_fill"]))
-    assert any(x["reason"] == "constant" and "is not a constant" in x["detail"]
-               for x in misses), misses
+def test_scores_fill_run_time_mask_with_a_fully_padded_sequence(tmp_path):
+    # a padding mask computed at run time, one sequence fully filled: exact (G11)
+    mask = np.zeros((2, 1, 4, 4), bool)
+    mask[0, ..., 2:] = True
+    mask[1] = True
+    node = _fused_verified(builders.ortt_attention_fill(mask=mask, mask_input=True), tmp_path,
+                           {"mask": mask})
+    assert node.input[8] == "mask"
 
 
 def test_scores_fill_negative_backward_mask_is_not_the_forward_mask():
@@ -330,17 +349,6 @@ def test_layernorm_centred_extra_consumer():
     assert any(x["reason"] == "intermediate_consumed_outside" for x in misses), misses
 
 
-@pytest.mark.parametrize("mask,ok", [
-    (np.triu(np.ones((4, 4), bool), 1), True),              # causal: the diagonal is kept
-    (np.zeros((2, 1, 1, 4), bool), True),                   # nothing filled
-    (np.array([[False, True], [True, True]]), False),       # row 1 fully filled
-    (np.ones((1, 1, 1, 4), bool), False),                   # every row filled
-    (np.triu(np.ones((4, 4), np.float32), 1), False),       # not a bool mask
-])
-def test_row_kept_kind(mask, ok):
-    from fusecli.matcher import const_matches
-
-    assert const_matches(mask, None, 0.0, kind="row_kept")[0] is ok
 
 
 def test_layernorm_without_weight_fuses_with_gamma_absent(tmp_path):

@@ -349,6 +349,69 @@ def test_chain_reached_by_several_variants_counts_once():
     assert not [s for s in fp.stats.skips if s.pattern == "linear_gelu"]
 
 
+@pytest.mark.parametrize("name,rule", [("ortt_distilbert", "sdpa_ortt_q_fill"),
+                                       ("torch_distilbert", "sdpa_torch_fill")])
+def test_sdpa_fill_reproduces_a_fully_padded_sequence(tmp_path, name, rule):
+    """G11: DistilBERT's masked_fill with a run-time padding mask over the keys. With one
+    sequence fully padded every row of it is filled: softmax gives a uniform P there (not 0)
+    and the original's backward Where zeroes that dS. The fused AttentionGrad takes the
+    Where's mask as its fill_mask and the fused graph computes the original's outputs."""
+    from fusecli.feeds import make_feeds
+    from fusecli.library import library_path
+    from fusecli.verify import manifest_entry_for, pick_runtime, run_in_runtime
+
+    path = CORPUS / f"{name}.onnx"
+    model = _sample(name)
+    fused = copy.deepcopy(model)
+    fp = FusionPass()
+    fp.run(fused)
+    assert fp.stats.rules[rule].fused == 2
+    attn = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
+    assert len(attn) == 2 and all(len(n.input) > 8 and n.input[8] for n in attn)
+    feeds = make_feeds(model, manifest_entry_for(path))
+    mask = feeds["attention_mask"]
+    assert mask.shape[0] >= 2
+    mask[...] = 1
+    mask[1] = 0  # the second sequence is padding everywhere
+    mask[0, mask.shape[1] // 2:] = 0  # the first one partly
+    onnx.save(fused, tmp_path / "fused.onnx")
+    python = pick_runtime(model)
+    ref, _ = run_in_runtime(path, feeds, python, library=library_path())
+    got, _ = run_in_runtime(tmp_path / "fused.onnx", feeds, python, library=library_path())
+    assert set(got) == set(ref)
+    for k, r in ref.items():
+        np.testing.assert_allclose(got[k], r, rtol=1e-4,
+                                   atol=1e-5 * max(1.0, float(np.abs(r).max(initial=0))),
+                                   err_msg=k)
+    # the fully padded rows matter: the op without its fill mask would be wrong
+    for n in attn:
+        del n.input[8:]
+    onnx.save(fused, tmp_path / "unmasked.onnx")
+    bad, _ = run_in_runtime(tmp_path / "unmasked.onnx", feeds, python, library=library_path())
+    assert any(not np.allclose(bad[k], r, rtol=1e-3, atol=1e-5 * max(1.0, float(np.abs(r).max(
+        initial=0)))) for k, r in ref.items())
+
+
+@pytest.mark.parametrize("name,rule,kept", [
+    ("ortt_distilbert", "sdpa_ortt_q_fill", 0), ("torch_distilbert", "sdpa_torch_fill", 0),
+    ("ortt_gpt2", "sdpa_ortt_scores_keep", 1), ("torch_gpt2", "sdpa_torch_keep_dropout", 1)])
+def test_sdpa_fill_and_keep_bind_the_backward_wheres_mask(name, rule, kept):
+    """Every fill / keep fusion hands the absorbed backward Where's condition (the forward's
+    mask) to the op as fill_mask, with the Where's polarity (GPT-2: True = kept)."""
+    model = _sample(name)
+    wheres = {n.output[0]: n for n in model.graph.node if n.op_type == "Where"}
+    fp = FusionPass()
+    fp.run(model)
+    assert fp.stats.rules[rule].fused == 2
+    for rec in (f for f in fp.stats.fusions if f.rule == rule):
+        node = next(n for n in model.graph.node if n.name == rec.fused_node)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs.get("fill_kept", 0) == kept
+        bwd = [w for w in wheres.values() if w.name in rec.nodes.values()]
+        fwd_masks = {w.input[0] for w in bwd}
+        assert len(node.input) > 8 and fwd_masks == {node.input[8]}, (node.input, fwd_masks)
+
+
 def test_sdpa_nan_guard_reproduces_fully_masked_rows(tmp_path):
     """F.scaled_dot_product_attention (TorchScript, ort-training) guards fully masked rows with
     Where(IsNaN(P), 0, P). ortt_phi_sdpa computes its additive mask at run time (causal +

@@ -116,10 +116,20 @@ def _kv_dims(q_batch, t):
     return (1,) * (len(q_batch) - len(kb)) + kb
 
 
+def _fill_strides(shape, pshape):
+    """The fill mask's element strides over P's dims (right-aligned, 0 where broadcast)."""
+    st, out = 1, [0] * len(pshape)
+    for i, n in enumerate(reversed(shape)):
+        out[len(pshape) - 1 - i] = 0 if n == 1 else st
+        st *= n
+    return out
+
+
 def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, want=(1, 1, 1),
-                   mask=None, ratio=0.0, nan_guard=0):
+                   mask=None, ratio=0.0, nan_guard=0, fill=None, fill_kept=0):
     """want: dQ, dK, dV (and dS when it has 4 items); mask: bool tensor of P's shape or None;
-    nan_guard: the contract's attribute (dV reads P's NaN entries as 0).
+    nan_guard: the contract's attribute (dV reads P's NaN entries as 0); fill: a bool fill
+    mask broadcastable to P's shape (fill_kept: its polarity), dQ and dK read dS as 0 there.
     K and V may have fewer batch rows than P (grouped / multi-query attention)."""
     import torch
     qb = tuple(p.shape[:-2])
@@ -129,9 +139,11 @@ def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, wan
     outs = [torch.empty_like(t) if w_ else None for t, w_ in zip((q, k, v, p), want)]
     outs += [None] * (4 - len(outs))
     m = None if mask is None else mask.to(torch.bool).contiguous()
+    f = None if fill is None else fill.to(torch.bool).contiguous()
+    fs = None if f is None else (ctypes.c_int64 * p.dim())(*_fill_strides(f.shape, p.shape))
     call("fusecli_launch_attention_grad", stream(), ptr(do), ptr(q), ptr(k), ptr(v), ptr(p), ptr(m),
          *(ptr(o) for o in outs), len(qb), *dims, sq, sk, d, dv_dim, scale_q, scale_k,
-         1.0 / (1.0 - ratio), k_transposed, nan_guard)
+         1.0 / (1.0 - ratio), k_transposed, nan_guard, ptr(f), fs, fill_kept)
     return outs[:len(want)]
 
 
@@ -214,9 +226,11 @@ def ref_linear(dy, x, a, w, act, trans_w):
     return da, dw, dz.sum(0)
 
 
-def ref_attention(do, q, k, v, p, sq_, sk_, kt, mask=None, ratio=0.0, nan_guard=0):
+def ref_attention(do, q, k, v, p, sq_, sk_, kt, mask=None, ratio=0.0, nan_guard=0, fill=None,
+                  fill_kept=0):
     """AttentionGrad's contract in torch: K / V expanded to P's batch dims (query index i of a
-    dim reads kv index i // (Hq / Hkv)), dK / dV summed back over each group; (dQ, dK, dV, dS)."""
+    dim reads kv index i // (Hq / Hkv)), dK / dV summed back over each group; the fill mask
+    zeroes the dS dQ and dK read (not the dS output); (dQ, dK, dV, dS)."""
     qb = tuple(p.shape[:-2])
 
     def split(tb):
@@ -239,8 +253,12 @@ def ref_attention(do, q, k, v, p, sq_, sk_, kt, mask=None, ratio=0.0, nan_guard=
     dv = group_sum((pg * keep).transpose(-1, -2) @ do, v)
     dp = (do @ expand(v).transpose(-1, -2)) * keep
     ds = p * (dp - (dp * p).sum(-1, keepdim=True))
-    dq = sq_ * (ds @ k_sd)
-    dk = group_sum(sk_ * (ds.transpose(-1, -2) @ q), k.transpose(-1, -2) if kt else k)
+    dsm = ds
+    if fill is not None:
+        filled = (~fill if fill_kept else fill).bool().expand(p.shape)
+        dsm = ds.masked_fill(filled, 0.0)
+    dq = sq_ * (dsm @ k_sd)
+    dk = group_sum(sk_ * (dsm.transpose(-1, -2) @ q), k.transpose(-1, -2) if kt else k)
     return dq, (dk.transpose(-1, -2) if kt else dk), dv, ds
 
 

@@ -212,6 +212,43 @@ def test_attention_grad_nan_rows(nan_guard, dropout):
     assert bool(torch.isfinite(got[2]).all()) == bool(nan_guard)
 
 
+# fill masks broadcast to P [2, 4, 9, 13]: key padding, 2-D (query x key), causal, per row
+FILL_SHAPES = [(2, 1, 1, 13), (2, 1, 9, 13), (9, 13), (2, 4, 9, 1), (2, 4, 9, 13)]
+
+
+@pytest.mark.parametrize("fill_kept", [0, 1])
+@pytest.mark.parametrize("want", [(1, 1, 1, 1), (1, 1, 1), (0, 0, 0, 1), (0, 1, 0, 1)])
+@pytest.mark.parametrize("mshape", FILL_SHAPES)
+def test_attention_grad_fill_mask(mshape, want, fill_kept):
+    """The fill mask (masked_fill / GPT-2's where): rows filled entirely (P uniform there), dQ and
+    dK read dS as 0 where filled, the dS output is the softmax gradient before the zeroing."""
+    do, q, k, v = _rand(2, 4, 9, 6), _rand(2, 4, 9, 8), _rand(2, 2, 13, 8), _rand(2, 2, 13, 6)
+    filled = torch.rand(*mshape, device="cuda") < 0.35
+    filled.view(-1)[: mshape[-1]] = True  # the first mask row filled entirely
+    full = filled.expand(2, 4, 9, 13)
+    p = torch.softmax(torch.randn(2, 4, 9, 13, device="cuda").masked_fill(full, -3.4e38), -1)
+    fill = ~filled if fill_kept else filled
+    got = L.attention_grad(do, q, k, v, p, 0.5, 0.25, 0, want, fill=fill, fill_kept=fill_kept)
+    ref = L.ref_attention(do.double(), q.double(), k.double(), v.double(), p.double(), 0.5, 0.25,
+                          0, fill=fill, fill_kept=fill_kept)
+    _check_requested(want, got, ref, 5e-4)
+
+
+def test_attention_grad_fill_mask_large():
+    """A padded sequence at a real size (one block per row, 256 threads)."""
+    do, q, k, v = _rand(4, 16, 512, 64), _rand(4, 16, 512, 64), _rand(4, 16, 512, 64), \
+        _rand(4, 16, 512, 64)
+    filled = torch.zeros(4, 1, 1, 512, dtype=torch.bool, device="cuda")
+    filled[0, ..., 300:] = True
+    filled[3] = True
+    p = torch.softmax(torch.randn(4, 16, 512, 512, device="cuda").masked_fill(filled, -3.4e38), -1)
+    got = L.attention_grad(do, q, k, v, p, 0.125, 0.125, 0, (1, 1, 1, 1), fill=filled)
+    ref = L.ref_attention(do.double(), q.double(), k.double(), v.double(), p.double(), 0.125,
+                          0.125, 0, fill=filled)
+    _check_requested((1, 1, 1, 1), got, ref, 5e-4)
+    assert not got[0][3].any() and not got[1][3].any()
+
+
 def test_attention_grad_rejects_dims_outside_the_group_rule():
     do, q, v = _rand(2, 4, 9, 6), _rand(2, 4, 9, 8), _rand(2, 4, 13, 6)
     p = torch.softmax(torch.randn(2, 4, 9, 13, device="cuda"), -1)

@@ -54,7 +54,8 @@ AttnInputs::AttnInputs(Ort::KernelContext& ctx, const AttnAttrs& a)
       p(get_input(ctx, 4)),
       qs(get_input(ctx, 5)),
       ks(get_input(ctx, 6)),
-      mask(get_input(ctx, 7)) {
+      mask(get_input(ctx, 7)),
+      fill(get_input(ctx, 8)) {
   for (const In* t : {&dO, &q, &k, &v, &p})
     FUSECLI_CHECK(t->shape.size() >= 2, "AttentionGrad: every input needs rank >= 2");
   FUSECLI_CHECK((!qs.present || qs.numel() == 1) && (!ks.present || ks.numel() == 1),
@@ -79,6 +80,21 @@ AttnInputs::AttnInputs(Ort::KernelContext& ctx, const AttnAttrs& a)
   else
     FUSECLI_CHECK(a.dropout_ratio == 0.f,
                   "AttentionGrad: dropout_ratio is set but the dropout_mask input is absent");
+  if (fill.present) {  // broadcastable to P's shape (right-aligned): strides, 0 where broadcast
+    const size_t nf = fill.shape.size();
+    bool fits = nf <= r;
+    fill_strides.assign(r, 0);
+    int64_t st = 1;
+    for (size_t i = 0; fits && i < nf; ++i) {
+      const size_t jf = nf - 1 - i, jp = r - 1 - i;
+      fits = fill.shape[jf] == p.shape[jp] || fill.shape[jf] == 1;
+      fill_strides[jp] = fill.shape[jf] == 1 ? 0 : st;
+      st *= fill.shape[jf];
+    }
+    FUSECLI_CHECK(fits, "AttentionGrad: fill_mask " +
+                            dims_str(fill.shape.data(), fill.shape.size()) +
+                            " must broadcast to P's shape " + dims_str(p.shape.data(), r));
+  }
 }
 
 }  // namespace fusecli

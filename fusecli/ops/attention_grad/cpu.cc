@@ -1,4 +1,5 @@
 // AttentionGrad: CPU kernel.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -138,8 +139,14 @@ void AttnKernel::Compute(Ort::KernelContext& ctx) {
   const int64_t lk = std::max<int64_t>(1, km.run()), lv = std::max<int64_t>(1, vm.run());
   const int64_t runs = lk / std::gcd(lk, lv) * lv;
   if (runs <= chunk) chunk = chunk / runs * runs;
-  std::unique_ptr<float[]> ds(need_ds && !want_ds ? new float[static_cast<size_t>(chunk * item)]
-                                                  : nullptr);
+  // the fill mask: dQ and dK read dS as 0 at filled positions; the dS output is not zeroed,
+  // so with both a dS output and dQ / dK the zeroed dS goes to the scratch
+  const uint8_t* fillp = in.fill.present && (want_dq || want_dk) ? in.fill.ptr<uint8_t>() : nullptr;
+  const int64_t fill_cs = fillp ? in.fill_strides.back() : 0;  // 0: one flag per row
+  const bool fill_kept_ = fill_kept != 0;
+  const bool split_ds = fillp && want_ds && (want_dq || want_dk);
+  std::unique_ptr<float[]> ds(
+      need_ds && (!want_ds || split_ds) ? new float[static_cast<size_t>(chunk * item)] : nullptr);
   const bool guard = nan_guard != 0;  // dV reads P's NaN entries (fully masked rows) as 0
   std::unique_ptr<float[]> pd(
       (maskp || guard) && want_dv ? new float[static_cast<size_t>(chunk * item)] : nullptr);
@@ -177,8 +184,10 @@ void AttnKernel::Compute(Ort::KernelContext& ctx) {
     }
     if (!need_ds) continue;
     float* dsb = want_ds ? ds_out + b0 * item : ds.get();
+    float* dsg = split_ds ? ds.get() : dsb;  // the dS dQ and dK read (fill-zeroed)
     gemm_gather(mm, kc, vsegs, b0, true, Sq, Sk, Dv, dOb, vp, dsb);  // dPd = dO V^T
-    // dP = dPd * mask * keep; dS = f * P * (dP - rowsum(dP * P)), in place, rows split over threads
+    // dP = dPd * mask * keep; dS = f * P * (dP - rowsum(dP * P)), in place, rows split over
+    // threads; dSm = Where(filled, 0, dS) (in dsg: in place unless dS is an output too)
     const auto t0 = std::chrono::steady_clock::now();
     parallel_for(rows, grain, [&](int, int64_t r0, int64_t r1) {
       for (int64_t i = r0; i < r1; ++i) {
@@ -190,6 +199,16 @@ void AttnKernel::Compute(Ort::KernelContext& ctx) {
                keep;
         const float rs = (d * pr).sum();
         d = (f * pr) * (d - rs);
+        if (!fillp) continue;
+        float* g = dsg + i * Sk;
+        if (split_ds) std::copy(d.data(), d.data() + Sk, g);
+        const uint8_t* fr = fillp + in.fill_row((b0 * Sq) + i);
+        if (fill_cs == 0) {
+          if ((fr[0] != 0) != fill_kept_) std::fill(g, g + Sk, 0.f);
+        } else {
+          for (int64_t j = 0; j < Sk; ++j)
+            if ((fr[j] != 0) != fill_kept_) g[j] = 0.f;
+        }
       }
     });
     add_phase_ns(kAttnSoftmaxPhase, std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -197,14 +216,14 @@ void AttnKernel::Compute(Ort::KernelContext& ctx) {
                                         .count());
     if (want_dq) {  // dQ = dS K (K as [Sk, D])
       float* dqb = dq + b0 * Sq * D;
-      gemm_gather(mm, kc, ksegs, b0, k_transposed, Sq, D, Sk, dsb, kp, dqb);
+      gemm_gather(mm, kc, ksegs, b0, k_transposed, Sq, D, Sk, dsg, kp, dqb);
       if (scale_q != f) MA(dqb, rows * D) *= scale_q / f;
     }
     if (want_dk) {  // dK = sum_group dS^T Q ([Sk, D]) | Q^T dS ([D, Sk])
       if (!k_transposed)
-        gemm_scatter(mm, kc, ksegs, b0, Sq, Sk, D, dsb, qb, dk, k_touched, tmp);
+        gemm_scatter(mm, kc, ksegs, b0, Sq, Sk, D, dsg, qb, dk, k_touched, tmp);
       else
-        gemm_scatter(mm, kc, ksegs, b0, Sq, D, Sk, qb, dsb, dk, k_touched, tmp);
+        gemm_scatter(mm, kc, ksegs, b0, Sq, D, Sk, qb, dsg, dk, k_touched, tmp);
     }
   }
   if (want_dk && scale_k != f) MA(dk, k.numel()) *= scale_k / f;

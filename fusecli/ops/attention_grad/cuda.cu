@@ -4,11 +4,32 @@
 
 namespace {
 
+// The fill mask's layout over P's dims: row r of P (r in [0, B * sq)) starts at row_off(r), its
+// columns are col apart (0: one flag per row).
+struct FillMap {
+  int nd = 0;
+  int64_t dims[fusecli::kAttnMaxBatchDims] = {};
+  int64_t strides[fusecli::kAttnMaxBatchDims] = {};
+  int64_t sq = 1, row = 0, col = 0;
+  __host__ __device__ int64_t row_off(int64_t r) const {
+    int64_t off = (r % sq) * row;
+    r /= sq;
+    for (int j = nd - 1; j >= 0 && r; --j) {
+      off += (r % dims[j]) * strides[j];
+      r /= dims[j];
+    }
+    return off;
+  }
+};
+
 // ---- softmax backward rows: dP = dPd * mask * keep (no mask: dPd), dS = P * (dP - rowsum(dP *
-// P)), in place over dPd
+// P)), in place over dPd; with a fill mask, dSm = Where(filled, 0, dS) goes to dsm (dsm == dp:
+// in place)
 // ----------------------------------------------------------------------------
-__global__ void softmax_bwd_rows(float* __restrict__ dp, const float* __restrict__ p,
-                                 const uint8_t* __restrict__ mask, float keep, int64_t cols) {
+__global__ void softmax_bwd_rows(float* dp, const float* __restrict__ p,
+                                 const uint8_t* __restrict__ mask, float keep, int64_t cols,
+                                 float* dsm, const uint8_t* __restrict__ fill, FillMap fm,
+                                 int fill_kept) {
   const int64_t row = blockIdx.x;
   float* d = dp + row * cols;
   const float* pr = p + row * cols;
@@ -20,7 +41,17 @@ __global__ void softmax_bwd_rows(float* __restrict__ dp, const float* __restrict
     s += v * pr[j];
   }
   const float tot = block_sum2(s, 0.f).x;
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) d[j] = pr[j] * (d[j] - tot);
+  if (!fill) {
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) d[j] = pr[j] * (d[j] - tot);
+    return;
+  }
+  const uint8_t* fr = fill + fm.row_off(row);
+  float* g = dsm + row * cols;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const float v = pr[j] * (d[j] - tot);
+    d[j] = v;
+    g[j] = ((fr[j * fm.col] != 0) != (fill_kept != 0)) ? 0.f : v;
+  }
 }
 
 // out = Pg * mask * keep (the probabilities V saw: Pg = P, or P with NaN read as 0 under
@@ -120,7 +151,7 @@ FUSECLI_EXPORT int fusecli_launch_attention_grad(
     const uint8_t* mask, float* dq, float* dk, float* dv, float* ds_out, int nd,
     const int64_t* qdims, const int64_t* kdims, const int64_t* vdims, int64_t sq, int64_t sk,
     int64_t d, int64_t dvd, float scale_q, float scale_k, float keep, int k_transposed,
-    int nan_guard) {
+    int nan_guard, const uint8_t* fill, const int64_t* fill_strides, int fill_kept) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   fusecli::KvMap km, vm;
   if (!make_kv_map(nd, qdims, kdims, &km) || !make_kv_map(nd, qdims, vdims, &vm))
@@ -145,24 +176,40 @@ FUSECLI_EXPORT int fusecli_launch_attention_grad(
     RETURN_IF_ERR(attn_scatter(s, vm, sq, sk, dvd, 1.f, pa, dO, dv));
   }
   if (!dq && !dk && !ds_out) return cudaSuccess;
+  if (fill && !fill_strides) return cudaErrorInvalidValue;
+  if (!dq && !dk) fill = nullptr;  // only dQ and dK read the zeroed dS
+  FillMap fm;
+  if (fill) {
+    fm.nd = nd;
+    for (int j = 0; j < nd; ++j) fm.dims[j] = qdims[j], fm.strides[j] = fill_strides[j];
+    fm.sq = sq, fm.row = fill_strides[nd], fm.col = fill_strides[nd + 1];
+  }
   float* ds = ds_out;
   if (!ds) {
     RETURN_IF_ERR(ws.alloc(static_cast<size_t>(n_p) * sizeof(float)));
     ds = ws.f();
   }
+  // the dS dQ and dK read: fill-zeroed, in place unless dS is an output (not zeroed) too
+  float* dsg = ds;
+  Scratch ws_m(s);
+  if (fill && ds_out && (dq || dk)) {
+    RETURN_IF_ERR(ws_m.alloc(static_cast<size_t>(n_p) * sizeof(float)));
+    dsg = ws_m.f();
+  }
   RETURN_IF_ERR(attn_gather(s, vm, true, sq, sk, dvd, 1.f, dO, v, ds));  // dPd = dO V^T
   if (sk > 0) {
     const int block = sk >= 512 ? 256 : 128;
-    softmax_bwd_rows<<<static_cast<unsigned>(b * sq), block, 0, s>>>(ds, p, mask, keep, sk);
+    softmax_bwd_rows<<<static_cast<unsigned>(b * sq), block, 0, s>>>(ds, p, mask, keep, sk, dsg,
+                                                                     fill, fm, fill_kept);
     RETURN_IF_ERR(cudaGetLastError());
   }
-  if (dq)  // dQ = scale_q dS K (K as [sk,d])
-    RETURN_IF_ERR(attn_gather(s, km, k_transposed != 0, sq, d, sk, scale_q, ds, k, dq));
+  if (dq)  // dQ = scale_q dSm K (K as [sk,d])
+    RETURN_IF_ERR(attn_gather(s, km, k_transposed != 0, sq, d, sk, scale_q, dsg, k, dq));
   if (dk) {
-    if (!k_transposed)  // dK[sk,d] = scale_k sum_group dS^T Q
-      RETURN_IF_ERR(attn_scatter(s, km, sq, sk, d, scale_k, ds, q, dk));
-    else  // dK[d,sk] = scale_k sum_group Q^T dS
-      RETURN_IF_ERR(attn_scatter(s, km, sq, d, sk, scale_k, q, ds, dk));
+    if (!k_transposed)  // dK[sk,d] = scale_k sum_group dSm^T Q
+      RETURN_IF_ERR(attn_scatter(s, km, sq, sk, d, scale_k, dsg, q, dk));
+    else  // dK[d,sk] = scale_k sum_group Q^T dSm
+      RETURN_IF_ERR(attn_scatter(s, km, sq, d, sk, scale_k, q, dsg, dk));
   }
   return cudaGetLastError();
 }

@@ -25,13 +25,14 @@ struct AttnKernel : CudaKernel<AttnKernel, kAttentionGrad> {  // attributes: see
     float* dv = opt_out<float>(ctx, 2, in.v.shape);
     float* ds = opt_out<float>(ctx, 3, in.p.shape);
     const uint8_t* mask = in.mask.present ? in.mask.ptr<uint8_t>() : nullptr;
-    check_cuda(
-        fusecli_launch_attention_grad(
-            ctx.GetGPUComputeStream(), in.dO.ptr<float>(), in.q.ptr<float>(), in.k.ptr<float>(),
-            in.v.ptr<float>(), in.p.ptr<float>(), mask, dq, dk, dv, ds, in.kmap.nd, in.kmap.q,
-            in.kmap.kv, in.vmap.kv, in.Sq, in.Sk, in.D, in.Dv, scale_q * sq_extra,
-            scale_k * sk_extra, 1.f / (1.f - dropout_ratio), k_transposed, nan_guard),
-        "AttentionGrad");
+    check_cuda(fusecli_launch_attention_grad(
+                   ctx.GetGPUComputeStream(), in.dO.ptr<float>(), in.q.ptr<float>(),
+                   in.k.ptr<float>(), in.v.ptr<float>(), in.p.ptr<float>(), mask, dq, dk, dv, ds,
+                   in.kmap.nd, in.kmap.q, in.kmap.kv, in.vmap.kv, in.Sq, in.Sk, in.D, in.Dv,
+                   scale_q * sq_extra, scale_k * sk_extra, 1.f / (1.f - dropout_ratio),
+                   k_transposed, nan_guard, in.fill.present ? in.fill.ptr<uint8_t>() : nullptr,
+                   in.fill.present ? in.fill_strides.data() : nullptr, fill_kept),
+               "AttentionGrad");
   }
 };
 

@@ -47,8 +47,10 @@ def _group_sum(t, q_batch, kv_batch):
 
 
 def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, q_scale=None,
-                   k_scale=None, dropout_mask=None, dropout_ratio=0.0, nan_guard=0):
-    """Returns (dQ, dK, dV, dS) as the contract defines them (grouped K / V, dropout)."""
+                   k_scale=None, dropout_mask=None, dropout_ratio=0.0, nan_guard=0, fill_mask=None,
+                   fill_kept=0):
+    """Returns (dQ, dK, dV, dS) as the contract defines them (grouped K / V, dropout, fill
+    mask: dQ and dK read dS as 0 where the forward filled the scores; dS is not zeroed)."""
     qb, (sq, sk) = p.shape[:-2], p.shape[-2:]
     d, dvd = q.shape[-1], v.shape[-1]
     kb = attention_kv_dims(qb, k.shape, sk * d, "K")
@@ -71,12 +73,21 @@ def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, q_s
     dv = _group_sum(np.swapaxes(pd, -1, -2) @ do64, qb, vb)
     dp = (do64 @ np.swapaxes(_expand(v64, qb, vb), -1, -2)) * keep
     ds = p64 * (dp - (dp * p64).sum(axis=-1, keepdims=True))
+    dsm = ds
+    if fill_mask is not None:
+        fm = np.asarray(fill_mask).astype(bool)
+        try:
+            fm = np.broadcast_to(fm, p.shape)
+        except ValueError:
+            raise ValueError(f"AttentionGrad: fill_mask {list(fm.shape)} must broadcast to P's "
+                             f"shape {list(p.shape)}") from None
+        dsm = np.where(~fm if fill_kept else fm, 0.0, ds)
     if q_scale is not None:
         scale_q = scale_q * float(np.asarray(q_scale, dtype=np.float64).reshape(-1)[0])
     if k_scale is not None:
         scale_k = scale_k * float(np.asarray(k_scale, dtype=np.float64).reshape(-1)[0])
-    dq = scale_q * (ds @ _expand(k_sd, qb, kb))
-    dk = _group_sum(scale_k * (np.swapaxes(ds, -1, -2) @ q64), qb, kb)
+    dq = scale_q * (dsm @ _expand(k_sd, qb, kb))
+    dk = _group_sum(scale_k * (np.swapaxes(dsm, -1, -2) @ q64), qb, kb)
     if k_transposed:
         dk = np.swapaxes(dk, -1, -2)
     return (dq.reshape(q.shape).astype(q.dtype), dk.reshape(k.shape).astype(k.dtype),
@@ -85,9 +96,11 @@ def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, q_s
 
 class Reference(OpRun):
 
-    def _run(self, do, q, k, v, p, q_scale=None, k_scale=None, dropout_mask=None, scale_q=1.0,
-             scale_k=1.0, k_transposed=0, dropout_ratio=0.0, nan_guard=0):
+    def _run(self, do, q, k, v, p, q_scale=None, k_scale=None, dropout_mask=None,
+             fill_mask=None, scale_q=1.0, scale_k=1.0, k_transposed=0, dropout_ratio=0.0,
+             nan_guard=0, fill_kept=0):
         return _fit(self, attention_grad(do, q, k, v, p, 1.0 if scale_q is None else scale_q,
                                          1.0 if scale_k is None else scale_k,
                                          k_transposed or 0, q_scale, k_scale, dropout_mask,
-                                         dropout_ratio or 0.0, nan_guard or 0))
+                                         dropout_ratio or 0.0, nan_guard or 0, fill_mask,
+                                         fill_kept or 0))

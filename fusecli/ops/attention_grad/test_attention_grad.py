@@ -125,9 +125,10 @@ def _gqa_inputs(rng, case, k_transposed, dropout):
     return do, q, k, v, p, mask
 
 
-def _attn_run(do, q, k, v, p, mask=None, q_scale=None, k_scale=None, want=(1, 1, 1, 1), **attrs):
+def _attn_run(do, q, k, v, p, mask=None, q_scale=None, k_scale=None, want=(1, 1, 1, 1),
+              fill=None, **attrs):
     ins = [("dO", do), ("Q", q), ("K", k), ("V", v), ("P", p), ("q_scale", q_scale),
-           ("k_scale", k_scale), ("dropout_mask", mask)]
+           ("k_scale", k_scale), ("dropout_mask", mask), ("fill_mask", fill)]
     outs = [(nm, F32) if w else None for nm, w in zip(["dQ", "dK", "dV", "dS"], want)]
     return run_fused("AttentionGrad", ins, outs, **attrs)
 
@@ -281,3 +282,114 @@ def test_attention_grad_rejects_bad_dropout_settings():
         _attn_run(do, q, k, v, p, mask, dropout_ratio=1.0)
     with pytest.raises(Exception, match="dropout_mask"):  # a float mask is not the bool input
         _attn_run(do, q, k, v, p, mask.astype(F32), dropout_ratio=0.1)
+
+
+# ---- the fill mask: masked_fill / GPT-2's where, fully filled rows ---------------------------
+# (P's batch dims, the fill mask's shape, Sq, Sk); the mask broadcasts to P's shape
+FILL_CASES = {
+    "key_pad": ((2, 3), (2, 1, 1, 13), 9, 13),      # a padded sequence fills every row
+    "query_key": ((2, 3), (2, 1, 9, 13), 9, 13),    # 2-D mask: padded query rows fill entirely
+    "causal": ((2, 3), (9, 13), 9, 13),             # [Sq, Sk], rows 0.. filled past the diagonal
+    "row_flag": ((2, 3), (2, 3, 9, 1), 9, 13),      # one flag per row
+    "full": ((2, 3), (2, 3, 9, 13), 9, 13),
+    "head_key": ((2, 3), (3, 1, 13), 9, 13),       # per head and key
+    "rank3": ((6,), (6, 1, 13), 9, 13),
+}
+
+
+def _fill_inputs(rng, case, fill_kept, k_transposed=0, dropout=False, kv=None):
+    """Inputs with a fill mask and P = softmax(Where(filled, -big, S)): P is 0 at filled
+    positions and uniform (1/Sk) in a row filled entirely (at least one such row)."""
+    qb, mshape, sq, sk = FILL_CASES[case]
+    d, dv = 8, 6
+    do, q, k, v, _ = _attn_inputs(rng, qb, sq, sk, d, dv, k_transposed)
+    if kv is not None:  # grouped K / V
+        k = rand(rng, (*kv, d, sk) if k_transposed else (*kv, sk, d))
+        v = rand(rng, (*kv, sk, dv))
+    filled = rng.random(mshape) < 0.35
+    if case == "causal":
+        filled = np.triu(np.ones(mshape, bool), 1)
+        filled[2] = True  # a fully filled row
+    else:
+        filled.reshape(-1)[: int(np.prod(mshape[-1:]))] = True  # the first mask row: all filled
+    full = np.broadcast_to(filled, (*qb, sq, sk))
+    assert full.all(axis=-1).any() and not full.all()
+    logits = np.where(full, np.float32(-3.4e38), rng.standard_normal(full.shape).astype(F32))
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    p = (e / e.sum(-1, keepdims=True)).astype(F32)
+    mask = rng.random(p.shape) >= 0.3 if dropout else None
+    return do, q, k, v, p, mask, (~filled if fill_kept else filled)
+
+
+@pytest.mark.parametrize("case", sorted(FILL_CASES))
+@pytest.mark.parametrize("fill_kept", [0, 1])
+@pytest.mark.parametrize("dropout", [0, 1])
+def test_attention_grad_fill_mask_vs_reference_and_unfused(case, fill_kept, dropout):
+    """The fill mask (broadcast shapes, both polarities, rows filled entirely) against the
+    reference and the unfused subgraph with the backward Where(m, 0, dS): dQ and dK read dS
+    as 0 where the forward filled, dS (the softmax gradient before the Where) does not."""
+    rng = _rng("attn-fill", case, fill_kept, dropout)
+    do, q, k, v, p, mask, fill = _fill_inputs(rng, case, fill_kept, 1, dropout)
+    qb = FILL_CASES[case][0]
+    ratio = 0.2 if dropout else 0.0
+    attrs = dict(scale_q=0.35, scale_k=0.7, k_transposed=1, dropout_ratio=ratio,
+                 fill_kept=fill_kept)
+    got = _attn_run(do, q, k, v, p, mask, fill=fill, **attrs)
+    ref = attention_grad(do, q, k, v, p, 0.35, 0.7, 1, None, None, mask, ratio, 0, fill,
+                         fill_kept)
+    b = Builder()
+    t = {nm: (b.input(nm, a), a.shape) for nm, a in zip(["dO", "Q", "K", "V", "P"],
+                                                         (do, q, k, v, p))}
+    outs = attention_grad_subgraph(b, t["dO"][0], t["Q"], t["K"], t["V"], t["P"], qb, qb, qb, 1,
+                                   0.35, 0.7, None, None,
+                                   None if mask is None else b.input("mask", mask), ratio,
+                                   fill=b.input("fill", fill), fill_kept=fill_kept)
+    unfused = b.run(list(outs))
+    for g, r, u, nm in zip(got, ref, unfused, "dQ dK dV dS".split()):
+        assert_close(r, u, what=f"reference vs unfused {nm}")
+        assert_close(g, r, what=f"{case} {nm}")
+    # without the mask the op is wrong in the fully filled rows (what the bug was)
+    plain = attention_grad(do, q, k, v, p, 0.35, 0.7, 1, None, None, mask, ratio)
+    assert not np.allclose(plain[0], ref[0], rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("want", [m for m in itertools.product([0, 1], repeat=4) if any(m)])
+def test_attention_grad_fill_mask_optional_outputs(want):
+    """Every subset of outputs with a fill mask and grouped K / V: the dS output stays the
+    unzeroed softmax gradient also when dQ / dK (which read the zeroed one) are asked for."""
+    rng = _rng("attn-fill-opt", want)
+    do, q, k, v, p, mask, fill = _fill_inputs(rng, "query_key", 0, kv=(2, 1))
+    got = _attn_run(do, q, k, v, p, want=want, fill=fill, scale_q=0.5, scale_k=0.5)
+    ref = attention_grad(do, q, k, v, p, 0.5, 0.5, 0, fill_mask=fill)
+    assert_requested(want, got, ref, "dQ dK dV dS".split())
+
+
+@pytest.mark.parametrize("fill_kept", [0, 1])
+def test_attention_grad_fill_mask_over_chunks(fill_kept):
+    """Large score matrices (the CPU kernel works in chunks of items): the fill mask's row
+    offsets past the first chunk, a padded sequence in the last one."""
+    rng = _rng("attn-fill-big", fill_kept)
+    do, q, k, v, p = _attn_inputs(rng, (4, 16), 128, 128, 16, 8, 0)
+    filled = np.zeros((4, 1, 1, 128), bool)
+    filled[0, ..., 100:] = True
+    filled[3] = True
+    p = np.where(np.broadcast_to(filled, p.shape), 0.0, p).astype(F32)
+    p[3] = 1.0 / 128
+    fill = ~filled if fill_kept else filled
+    for want in [(1, 1, 1, 1), (1, 1, 0, 0)]:
+        got = _attn_run(do, q, k, v, p, fill=fill, want=want, scale_q=0.25, scale_k=0.25,
+                        fill_kept=fill_kept)
+        ref = attention_grad(do, q, k, v, p, 0.25, 0.25, 0, fill_mask=fill, fill_kept=fill_kept)
+        assert_requested(want, got, ref, "dQ dK dV dS".split())
+        assert not got[0][3].any() and not got[1][3].any()  # the padded sequence: no gradient
+
+
+@pytest.mark.parametrize("mshape", [(2, 4, 9, 12), (3, 1, 9, 13), (1, 2, 4, 9, 13)])
+def test_attention_grad_rejects_a_fill_mask_that_does_not_broadcast(mshape):
+    rng = _rng("attn-bad-fill", mshape)
+    do, q, k, v, p = _attn_inputs(rng, (2, 4), 9, 13, 8, 6, 0)
+    fill = rng.random(mshape) > 0.5
+    with pytest.raises(Exception, match="fill_mask .* must broadcast to P's shape"):
+        _attn_run(do, q, k, v, p, fill=fill)
+    with pytest.raises(ValueError, match="fill_mask .* must broadcast to P's shape"):
+        attention_grad(do, q, k, v, p, fill_mask=fill)
