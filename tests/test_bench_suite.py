@@ -119,9 +119,24 @@ def test_render_reports_cpu_time_next_to_wall_time():
     summary = doc.split("## Summary")[1].split("## (a)")[0]
     assert ("(f): lowest fused speed-up **0.95x** (BERT-base: ConvBnReluGrad M=1) (CPU time: "
             "lowest 1.50x); target >= 1.00x: NOT met") in summary
-    assert "| BERT-base | ConvBnReluGrad | M=1 | 1.900 | 2.000 | 0.95x | 3.000 / 2.000 | 1.50x |" \
-        in doc
+    assert ("| BERT-base | ConvBnReluGrad | M=1 | 1.900 | 2.000 | 0.950x | 0.950x | 3.000 / 2.000 "
+            "| 1.50x |") in doc
     assert "| 12.00 / 10.00 | 1.200x | 1.0% / 2.0% |" in doc
+
+
+def test_case_speedup_is_the_median_of_the_paired_ratios():
+    """(e)/(f): each interleaved pair's unfused / fused ratio, then their median; a drift that
+    slows both runs of some pairs (a busy neighbour) moves the medians, not the pairs."""
+    from fusecli.bench.suite import paired_speedup
+
+    unf = [10.0, 10.0, 10.0, 20.0, 20.0]  # the last two pairs ran on a slowed machine
+    fus = [9.0, 9.0, 9.0, 18.0, 18.0]
+    res = {"a": {"times_ms": unf}, "b": {"times_ms": fus}}
+    assert abs(paired_speedup(res) - 10 / 9) < 1e-12
+    assert np.median(unf) / np.median(fus) == 10 / 9  # here both agree; now skew the drift
+    res = {"a": {"times_ms": [10.0, 10.0, 20.0, 20.0, 20.0]},
+           "b": {"times_ms": [9.0, 18.0, 18.0, 18.0, 18.0]}}  # pair 2: fused ran slowed alone
+    assert abs(paired_speedup(res) - 10 / 9) < 1e-12
 
 
 def test_update_splices_only_the_measured_sections_and_their_summary_lines():

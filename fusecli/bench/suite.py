@@ -735,6 +735,15 @@ def step_pairs(ctx: Ctx, entries: dict, fused_dir: Path, scale: float = 1.0) -> 
     return rows
 
 
+def paired_speedup(res: dict) -> float:
+    """The median over the interleaved pairs of a / b run times (unfused / fused): the two runs
+    of a pair are back to back, so a pair's ratio cancels the drift that moves whole medians on
+    a shared machine."""
+    ta, tb = np.asarray(res["a"]["times_ms"]), np.asarray(res["b"]["times_ms"])
+    n = min(len(ta), len(tb))
+    return float(np.median(ta[:n] / tb[:n]))
+
+
 def case_benchmarks(ctx: Ctx, cases) -> list[dict]:
     """Fused op vs its unfused chain for synthetic cases (``fusecli.bench.shapes``): both run
     once and compared, then timed side by side."""
@@ -761,7 +770,8 @@ def case_benchmarks(ctx: Ctx, cases) -> list[dict]:
             log(f"    failed: {exc}")
             continue
         t_un, t_fu = res["a"]["median_ms"], res["b"]["median_ms"]
-        row.update(unfused_ms=t_un, fused_ms=t_fu, speedup=t_un / t_fu, runtime=res["runtime"],
+        row.update(unfused_ms=t_un, fused_ms=t_fu, speedup=paired_speedup(res),
+                   median_ratio=t_un / t_fu, runtime=res["runtime"],
                    **_cpu_cols(res), spread=max((res[k]["p75_ms"] - res[k]["p25_ms"]) / res[k]["median_ms"]
                               for k in ("a", "b")))
         rows.append(row)
