@@ -11,11 +11,8 @@ tests/data/make_torch_gelu_new.py. Run with a venv that has torch (build/venv-co
 python tests/data/make_torch_bloom_gelu.py
 """
 
-from pathlib import Path
-
 import torch
-from torch._decomp import core_aten_decompositions
-from torch.fx.experimental.proxy_tensor import make_fx
+from make_torch_gelu_new import export  # the shared make_fx + dynamo export of a loss function
 
 
 def bloom_gelu_forward(x):
@@ -53,17 +50,7 @@ class BloomMLP(torch.nn.Module):
 
 def main():
     torch.manual_seed(0)
-    m, x = BloomMLP(), torch.randn(6, 8)
-    params = dict(m.named_parameters())
-
-    def f(x, *ps):
-        out = torch.func.functional_call(m, dict(zip(params, ps)), (x,))
-        loss = (out * out).mean()
-        return (loss, *torch.autograd.grad(loss, ps))
-
-    gm = make_fx(f, decomposition_table=core_aten_decompositions())(x, *params.values())
-    prog = torch.onnx.export(gm, (x, *params.values()), dynamo=True)
-    prog.save(str(Path(__file__).with_name("torch_bloom_gelu.onnx")))
+    export(BloomMLP(), torch.randn(6, 8), "torch_bloom_gelu.onnx")
 
 
 if __name__ == "__main__":

@@ -11,11 +11,8 @@ tests/data/make_torch_gelu_new.py. Run with a venv that has torch (build/venv-co
 python tests/data/make_torch_layernorm_nobias.py
 """
 
-from pathlib import Path
-
 import torch
-from torch._decomp import core_aten_decompositions
-from torch.fx.experimental.proxy_tensor import make_fx
+from make_torch_gelu_new import export  # the shared make_fx + dynamo export of a loss function
 
 
 class LinearLN(torch.nn.Module):
@@ -29,27 +26,18 @@ class LinearLN(torch.nn.Module):
         return self.l2(self.ln(self.l1(x)))
 
 
-def export(name, **ln):
+def export_ln(name, **ln):
     torch.manual_seed(0)
     m, x = LinearLN(**ln), torch.randn(6, 8)
     if m.ln.weight is not None:
         with torch.no_grad():
             m.ln.weight.uniform_(0.5, 1.5)  # not all ones: dX depends on gamma
-    params = dict(m.named_parameters())
-
-    def f(x, *ps):
-        out = torch.func.functional_call(m, dict(zip(params, ps)), (x,))
-        loss = (out * out).mean()
-        return (loss, *torch.autograd.grad(loss, ps))
-
-    gm = make_fx(f, decomposition_table=core_aten_decompositions())(x, *params.values())
-    prog = torch.onnx.export(gm, (x, *params.values()), dynamo=True)
-    prog.save(str(Path(__file__).with_name(f"{name}.onnx")))
+    export(m, x, f"{name}.onnx")
 
 
 def main():
-    export("torch_layernorm_nobias", bias=False)
-    export("torch_layernorm_noaffine", elementwise_affine=False)
+    export_ln("torch_layernorm_nobias", bias=False)
+    export_ln("torch_layernorm_noaffine", elementwise_affine=False)
 
 
 if __name__ == "__main__":
