@@ -346,8 +346,9 @@ def splice(old: str, new: str, measured: list[str], meta: dict) -> str:
             secs = ", ".join(f"({ltr})" for ltr in letters)
             lines = lines[:at] + [
                 f"- Re-measured by `--update` on {meta['date']}, in {meta['elapsed_s']:.0f} s: "
-                f"section(s) {secs} and their Summary lines (copy bandwidth of that run "
-                f"{meta['bw']['used'] / 1e9:.2f} GB/s); the other sections are from the run "
+                f"section(s) {secs} and their Summary lines (machine: {meta['machine']}; copy "
+                f"bandwidth of that run {meta['bw']['used'] / 1e9:.2f} GB/s); the other "
+                "sections are from the run "
                 "above (or from the earlier re-measurements listed)."] + lines[at:]
         out.append("\n".join(lines))
     for ltr in letters:  # measured sections the old document did not have
