@@ -90,10 +90,8 @@ def load_manifest(path: str | Path | None = None) -> dict[str, dict]:
     return out
 
 
-def _dim(d: onnx.TensorShapeProto.Dimension, dims: dict[str, int]) -> int:
-    if d.HasField("dim_value") and d.dim_value > 0:
-        return int(d.dim_value)
-    key = d.dim_param if d.HasField("dim_param") else ""
+def _named_dim(key: str, dims: dict[str, int]) -> int | None:
+    """A symbolic dim's size from --dim, else from its name (DEFAULT_DIMS); None: unknown."""
     if key in dims:
         return int(dims[key])
     low = key.lower()
@@ -102,7 +100,29 @@ def _dim(d: onnx.TensorShapeProto.Dimension, dims: dict[str, int]) -> int:
             if k in ("b", "n", "s") and low != k:
                 continue
             return v
-    return 2
+    return None
+
+
+def _dim(d: onnx.TensorShapeProto.Dimension, dims: dict[str, int]) -> int:
+    if d.HasField("dim_value") and d.dim_value > 0:
+        return int(d.dim_value)
+    size = _named_dim(d.dim_param if d.HasField("dim_param") else "", dims)
+    return 2 if size is None else size
+
+
+def guessed_dims(model: onnx.ModelProto, dims: dict[str, int] | None = None,
+                 given: set[str] = frozenset()) -> list[str]:
+    """The symbolic dims of the generated graph inputs (not in ``given``) whose size neither
+    --dim nor the name gives: they were fed as 2."""
+    out: dict[str, None] = {}
+    for vi in _graph_inputs(model):
+        if vi.name in given:
+            continue
+        for d in vi.type.tensor_type.shape.dim:
+            if not (d.HasField("dim_value") and d.dim_value > 0) and d.dim_param and \
+                    _named_dim(d.dim_param, dims or {}) is None:
+                out[d.dim_param] = None
+    return list(out)
 
 
 def _params_file(entry: dict) -> Path | None:

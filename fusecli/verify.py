@@ -47,7 +47,7 @@ from onnx import helper
 
 from .contracts import FUSED_DOMAIN
 from .errors import CheckFailed, FuseError
-from .feeds import FeedPlan, load_manifest, plan_feeds, read_feeds_file
+from .feeds import FeedPlan, guessed_dims, load_manifest, plan_feeds, read_feeds_file
 from .modelio import load_model
 from .sanity import check_graph
 
@@ -347,6 +347,16 @@ def _plan(orig: onnx.ModelProto, original, seed, dims, feeds_file) -> FeedPlan:
         raise FuseError(f"cannot build feeds for {original}: {exc}") from None
 
 
+def _dims_hint(orig: onnx.ModelProto, dims, plan: FeedPlan) -> str:
+    """Where the original fails on generated feeds, the symbolic dims that were guessed."""
+    given = {n for n, pol in plan.policy.items() if pol in ("file", "params file")}
+    guessed = guessed_dims(orig, dims or {}, given)
+    if not guessed:
+        return ""
+    return (f" (the symbolic dims {', '.join(guessed)} of generated inputs were fed as 2: give "
+            f"their sizes with --dim NAME=N, or the inputs with --feeds FILE.npz)")
+
+
 def _prepare(original, seed, dims, runtime_python, feeds_file=None):
     """The original model, the Python whose onnxruntime runs it, and one feed plan."""
     orig = _load_checked(original)
@@ -530,7 +540,7 @@ def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: i
             ref = _unprobe(ref)
         except RunFailed as exc:
             raise FuseError(f"the original model {Path(original).name} does not run: "
-                            f"{exc.detail}") from None
+                            f"{exc.detail}{_dims_hint(orig, dims, plan)}") from None
         try:
             got, finfo = run_in_runtime(fpath, plan.feeds, python, library=lib,
                                         extra=["--deterministic", "--profile", pdir])

@@ -7,6 +7,7 @@ import json
 import shutil
 from collections import Counter
 
+import numpy as np
 import onnx
 import pytest
 from onnx import helper
@@ -340,3 +341,23 @@ def test_optimize_verify_takes_feeds(tmp_path):
     proc = run_cli("optimize", src, "-o", tmp_path / "o2.onnx", "--feeds", tmp_path / "f.npz",
                    check_rc=2)
     assert "--feeds is for --verify" in proc.stderr
+
+
+def test_original_that_does_not_run_names_the_guessed_dims(tmp_path):
+    """An input dim with an unknown symbolic name is fed as 2; when the original then fails
+    (here it must broadcast against 5), the one-line error names the dim and the flag that
+    sets it, and --dim makes the same call pass."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, "mystery_len"])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    c = onnx.numpy_helper.from_array(np.ones(5, np.float32), "c")
+    g = helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"])], "g", [x], [y], [c])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "m.onnx")
+    proc = run_cli("verify", tmp_path / "m.onnx", tmp_path / "m.onnx", check_rc=2)
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "the symbolic dims mystery_len of generated inputs were fed as 2" in proc.stderr
+    assert "--dim NAME=N" in proc.stderr
+    ok = run_cli("verify", tmp_path / "m.onnx", tmp_path / "m.onnx", "--dim", "mystery_len=5",
+                 check_rc=None)
+    assert "mystery_len" not in ok.stderr and "does not run" not in ok.stderr, ok.stderr
