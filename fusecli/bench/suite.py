@@ -255,14 +255,20 @@ def probe_values(model_path: Path, tensors: list[str], feeds: dict, python: str)
              for v in list(inferred.graph.value_info) + list(inferred.graph.input)
              + list(inferred.graph.output) if v.type.tensor_type.elem_type}
     have = {o.name for o in m.graph.output}
+    probed = {}
     for t in tensors:
         if t not in have and t not in feeds:
+            # through an Identity copy, not the tensor itself as a graph output:
+            # onnxruntime-training 1.19.2 crashes (SIGSEGV) when MaxPoolGrad's output is one
+            probed[t] = f"__probe__{t}"
+            m.graph.node.append(helper.make_node("Identity", [t], [probed[t]]))
             m.graph.output.append(helper.make_tensor_value_info(
-                t, types.get(t, onnx.TensorProto.FLOAT), None))
+                probed[t], types.get(t, onnx.TensorProto.FLOAT), None))
     with tempfile.TemporaryDirectory(prefix="fusecli-probe-") as tmp:
         p = Path(tmp) / "probe.onnx"
         onnx.save(m, str(p))
         vals, _ = run_in_runtime(p, feeds, python)
+    vals.update({t: vals.pop(name) for t, name in probed.items() if name in vals})
     vals.update(feeds)
     return vals
 
