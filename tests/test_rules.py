@@ -572,6 +572,16 @@ def test_torch_linear_layouts_fuse_and_compute_the_same(act, layout, trans, vari
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
 
 
+def _fused_once(m, pattern):
+    """A copy of m with its one chain fused as `pattern`, and the fused node's attributes."""
+    fused = copy.deepcopy(m)
+    fp = FusionPass()
+    assert fp.run(fused) == 1
+    assert fp.stats.patterns[pattern].fused == 1
+    [node] = [n for n in fused.graph.node if n.domain == "com.fusecli"]
+    return fused, {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
 @pytest.mark.parametrize("c,stage,pattern", [(1.702, "act_silu_scaled_grad_torch", "linear_gelu"),
                                              (0.5, "act_silu_scaled_grad_torch", "linear_gelu"),
                                              (1.0, "act_silu_product_grad_torch", "linear_silu")])
@@ -583,12 +593,7 @@ def test_torch_quick_gelu_fuses_and_computes_the_same(c, stage, pattern, layout,
     {silu, alpha=c} that computes what the unfused graph computes."""
     m = builders.torch_linear_act(_BY_NAME[stage], layout=layout, act_consts={"c": c},
                                   **variant)
-    fused = copy.deepcopy(m)
-    fp = FusionPass()
-    assert fp.run(fused) == 1
-    assert fp.stats.patterns[pattern].fused == 1
-    [node] = [n for n in fused.graph.node if n.domain == "com.fusecli"]
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    fused, attrs = _fused_once(m, pattern)
     assert attrs["activation"] == b"silu"
     assert attrs.get("alpha", 1.0) == pytest.approx(c)
     feeds = _feeds(m)
@@ -685,12 +690,7 @@ def test_ortt_activation_spellings_fuse_and_compute_the_same(act, activation, pa
     from fusecli.verify import verify_models
 
     m = getattr(builders, build)(act)
-    fused = copy.deepcopy(m)
-    fp = FusionPass()
-    assert fp.run(fused) == 1
-    assert fp.stats.patterns[pattern].fused == 1
-    [node] = [n for n in fused.graph.node if n.domain == "com.fusecli"]
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    fused, attrs = _fused_once(m, pattern)
     assert attrs["activation"].decode() == activation
     assert attrs.get("alpha", 1.0) == pytest.approx(1.702 if act == "quick_gelu" else 1.0)
     src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
