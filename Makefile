@@ -1,6 +1,7 @@
 # fusecli: everything a fresh Debian 12 machine needs is set up from here.
 #   make demo   - venv + install + custom-op library + optimize a shipped sample
-#   make test   - the same set-up, then the linters and the whole test suite
+#   make test   - the same set-up, then the linters and the whole test suite (parallel)
+#   make test-fast - engine, rules and API tests without onnxruntime sessions (the edit loop)
 #   make lint   - ruff (Python) and clang-format --dry-run (C++/CUDA); make format fixes the C++
 # The library is built by the package's build hook (setup.py -> scripts/build_lib.sh) when the
 # venv installs fusecli (editable); `make lib` reruns the same script after C++ edits.
@@ -13,7 +14,7 @@ LIB := fusecli/lib/libfusecli_ops.so
 # the C++/CUDA sources clang-format checks (.clang-format): shared code and every op folder
 CXX_SOURCES = $(shell find fusecli/csrc fusecli/ops -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | sort)
 
-.PHONY: demo test lint format venv lib ortt-env samples corpus bench clean
+.PHONY: demo test test-fast lint format venv lib ortt-env samples corpus bench clean
 
 $(VENV)/.installed: pyproject.toml setup.py scripts/constraints.txt
 	$(PY) -m venv $(VENV)
@@ -44,8 +45,19 @@ lint: venv
 format: venv
 	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
+# pytest-xdist spreads the suite over the cores (-n auto; PYTEST_WORKERS=1 for one); the 25
+# slowest tests are listed at the end. pytest's exit code (5: no test ran) is make's.
+PYTEST_WORKERS ?= auto
 test: venv lib ortt-env lint
-	$(VPY) -m pytest -q tests fusecli/ops
+	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --durations=25 tests fusecli/ops
+
+# under a minute: the engine (graph index, matcher, rules language, rewrite, shape guard), the
+# rule files, rule drafting, the op folders' facts and the package's layering; no kernel is
+# built and no model is run in onnxruntime
+FAST_TESTS = tests/test_layers.py tests/test_rule_loading.py tests/test_rulegen.py \
+	tests/test_op_folders.py tests/test_property.py
+test-fast: venv
+	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) $(FAST_TESTS)
 
 samples:
 	bash scripts/make_samples.sh

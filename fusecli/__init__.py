@@ -1,29 +1,57 @@
 """fusecli: fuse backward chains of ONNX training graphs into custom ops, from YAML rules.
 
-Public API::
+Public API (``fusecli/api.py``; README "Python API")::
 
-    import onnx, fusecli
-    model = onnx.load("training_model.onnx")
-    fp = fusecli.FusionPass()            # the shipped rules; or rules=[path, ...]
-    n = fp.run(model)                    # rewrites in place, returns the number of fused nodes
-    print(fp.stats.as_dict())
+    import fusecli
+    result = fusecli.optimize("training_model.onnx")       # load, check, fuse (shipped rules)
+    print(result.fused, result.skipped, result.bytes_removed)
+    fusecli.save(result, "training_model.fused.onnx")      # transactional, external data too
+    report = fusecli.verify("training_model.onnx", "training_model.fused.onnx")
+
+Lower level: ``fusecli.FusionPass(rules=None).run(model)`` rewrites a ModelProto in place.
+Names are imported on first use, so ``import fusecli`` (and ``fusecli --version``) stays cheap.
 """
 
 from __future__ import annotations
 
-from .errors import FuseError, ModelError, RuleError
-from .fusion import FusionPass, Stats, run_fusion_pass
-from .rules import CANONICAL_PATTERNS, Rule, load_rules
-
 __version__ = "0.1.0"
+
+# public name -> module that defines it (imported lazily, PEP 562)
+_EXPORTS = {
+    "optimize": "fusecli.api", "verify": "fusecli.api", "save": "fusecli.api",
+    "load": "fusecli.api", "stats": "fusecli.api", "explain": "fusecli.api",
+    "Result": "fusecli.api", "FusionPass": "fusecli.api",
+    "fusion_pass": "fusecli.api",
+    "load_rules": "fusecli.io.rulefiles",
+    "CANONICAL_PATTERNS": "fusecli.engine.rules", "Rule": "fusecli.engine.rules",
+    "Stats": "fusecli.engine.fusion",
+    "FuseError": "fusecli.errors", "ModelError": "fusecli.errors",
+    "RuleError": "fusecli.errors", "CheckFailed": "fusecli.errors",
+}
 
 
 def library_path() -> str:
     """Absolute path of fusecli's onnxruntime custom-op library (build it with `make lib`)."""
-    from .library import library_path as _lp
+    from fusecli.runtime.library import library_path as _lp
 
     return _lp()
 
 
-__all__ = ["CANONICAL_PATTERNS", "FuseError", "FusionPass", "ModelError", "Rule", "RuleError",
-           "Stats", "library_path", "load_rules", "run_fusion_pass", "__version__"]
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fusecli' has no attribute '{name}'")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])
+
+
+__all__ = ["CANONICAL_PATTERNS", "CheckFailed", "FuseError", "FusionPass", "ModelError", "Result",
+           "Rule", "RuleError", "Stats", "__version__", "explain", "fusion_pass", "library_path",
+           "load", "load_rules", "optimize", "save", "stats", "verify"]

@@ -433,7 +433,7 @@ def chain_from_rule(rule, prefix, bind, consts=None):
     an initializer with the rule's value (or ``consts[var]``, e.g. for a `kind: scalar`), each
     other variable a tensor named prefix + variable unless ``bind`` names it. Used to write the torch-joint activation-gradient chains (their
     rules ARE the exporter's formula) into synthetic fixtures."""
-    from fusecli.rules import var_name
+    from fusecli.engine.rules import var_name
 
     names = dict(bind)
 

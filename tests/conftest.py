@@ -28,7 +28,7 @@ def run_cli_json(*args) -> dict:
 
 @pytest.fixture(scope="session")
 def manifest() -> dict:
-    from fusecli.feeds import load_manifest
+    from fusecli.runtime.feeds import load_manifest
 
     return load_manifest()
 

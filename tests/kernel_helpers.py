@@ -17,9 +17,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import pytest
 
-from fusecli import library
-from fusecli.contracts import infer_output_types
-from fusecli.library import library_path, session_options
+from fusecli.runtime import library
+from fusecli.ops.contracts import infer_output_types
+from fusecli.runtime.library import library_path, session_options
 
 REPO = Path(__file__).resolve().parents[1]
 DOMAIN = "com.fusecli"

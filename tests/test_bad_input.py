@@ -1,7 +1,7 @@
 """Bad inputs through the real `fusecli` console script: the exit code, ONE line on stderr that
 says what is wrong (never a traceback), and no input or pre-existing output file modified (every
 file of the test folder is hashed before and after; no temporary file is left behind).
-Cases marked [sanity] are the graph checks of fusecli/sanity.py. The wider round of hostile
+Cases marked [sanity] are the graph checks of fusecli/engine/sanity.py. The wider round of hostile
 inputs (issue 11) is in test_hostile.py.
 """
 
@@ -637,11 +637,11 @@ def test_rule_library_key_is_rejected(tmp_path, evil_so):
     assert not marker.exists() and not (tmp_path / "out.onnx").exists()
 
 
-# --- interrupted writes (in-process, through fusecli.modelio) -------------------------------------
+# --- interrupted writes (in-process, through fusecli.io.model) -------------------------------------
 
 def _fused_model():
     from fusecli import FusionPass
-    from fusecli.modelio import load_model
+    from fusecli.io.model import load_model
 
     m = load_model(SAMPLE)
     FusionPass().run(m)
@@ -649,7 +649,8 @@ def _fused_model():
 
 
 def test_failed_rename_keeps_old_output(work, monkeypatch):
-    from fusecli import ModelError, modelio
+    from fusecli import ModelError
+    from fusecli.io import model as modelio
 
     m = _fused_model()
     before = snapshot(work)
@@ -664,7 +665,7 @@ def test_failed_rename_keeps_old_output(work, monkeypatch):
 
 
 def test_interrupt_mid_write_keeps_old_output(work, monkeypatch):
-    from fusecli import modelio
+    from fusecli.io import model as modelio
 
     m = _fused_model()
     before = snapshot(work)
@@ -679,7 +680,8 @@ def test_interrupt_mid_write_keeps_old_output(work, monkeypatch):
 
 
 def test_disk_full_during_external_data_copy(tmp_path, monkeypatch):
-    from fusecli import ModelError, modelio
+    from fusecli import ModelError
+    from fusecli.io import model as modelio
 
     src_dir = tmp_path / "in"
     src_dir.mkdir()
@@ -708,7 +710,8 @@ def test_killed_mid_write_keeps_old_output(work):
     code = textwrap.dedent(f"""
         import os, sys, time
         sys.path.insert(0, {str(REPO / 'tests')!r})
-        from fusecli import FusionPass, modelio
+        from fusecli import FusionPass
+        from fusecli.io import model as modelio
         m = modelio.load_model({str(SAMPLE)!r}); FusionPass().run(m)
         def hang(fd):
             print("writing", flush=True); time.sleep(60)
@@ -729,7 +732,7 @@ def test_killed_mid_write_keeps_old_output(work):
 
 
 def test_sanity_is_fast_on_40k_nodes():
-    from fusecli.sanity import check_graph
+    from fusecli.engine.sanity import check_graph
 
     n = 40_000
     nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"n{i}") for i in range(n)]

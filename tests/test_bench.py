@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from conftest import SAMPLES
 
 from fusecli import FusionPass
-from fusecli.bench import bench
+from fusecli.commands.bench import bench
 from fusecli.bench.deepgraph import FAMILIES, deep_graph
 
 KEYS = {"original", "fused", "speedup", "runtime", "threads", "runs", "feeds"}
@@ -56,7 +56,7 @@ def test_self_comparison_is_about_one(name, batch):
 @pytest.mark.parametrize("name,runtime", [("torch_mlp", "onnxruntime "),
                                           ("ortt_mlp", "onnxruntime-training ")])
 def test_fused_vs_original_both_families(name, runtime, tmp_path):
-    from fusecli.modelio import load_model, save_model
+    from fusecli.io.model import load_model, save_model
 
     src = SAMPLES / f"{name}.onnx"
     m = load_model(src)

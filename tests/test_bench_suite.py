@@ -170,7 +170,7 @@ def test_bench_worker_reports_process_cpu_time(tmp_path):
     suite's CPU-time columns); both are positive medians of the timed runs."""
     import onnx
 
-    from fusecli.bench.command import run_bench
+    from fusecli.runtime.bench import run_bench
     from fusecli.bench.suite import _cpu_cols
 
     c = S.layernorm_case("t", 64, 256, np.random.default_rng(0))

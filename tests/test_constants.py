@@ -20,11 +20,11 @@ import builders
 from conftest import SAMPLES
 
 from fusecli import FusionPass
-from fusecli.constfold import MAX_ELEMENTS
-from fusecli.graph import GraphIndex
-from fusecli.feeds import make_feeds
-from fusecli.library import session_options
-from fusecli.verify import manifest_entry_for
+from fusecli.engine.constfold import MAX_ELEMENTS
+from fusecli.engine.graph import GraphIndex
+from fusecli.runtime.feeds import make_feeds
+from fusecli.runtime.library import session_options
+from fusecli.runtime.verify import manifest_entry_for
 
 F = TensorProto.FLOAT
 

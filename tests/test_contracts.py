@@ -15,9 +15,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from fusecli import CANONICAL_PATTERNS, library
-from fusecli.rules import load_rules
-from fusecli.contracts import (OPS_DIR, activation_codes, infer_output_types, launcher_argtypes,
+from fusecli import CANONICAL_PATTERNS
+from fusecli.runtime import library
+from fusecli.io.rulefiles import load_rules
+from fusecli.ops.contracts import (OPS_DIR, activation_codes, infer_output_types, launcher_argtypes,
                                load_contracts)
 from fusecli.ops.reference import reference_ops
 

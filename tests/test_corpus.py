@@ -18,9 +18,9 @@ import pytest
 from conftest import REPO, run_cli
 
 from fusecli import CANONICAL_PATTERNS, FusionPass
-from fusecli.contracts import FUSED_DOMAIN
-from fusecli.feeds import load_manifest
-from fusecli.verify import check_fusions
+from fusecli.ops.contracts import FUSED_DOMAIN
+from fusecli.runtime.feeds import load_manifest
+from fusecli.runtime.verify import check_fusions
 
 CORPUS = REPO / "corpus"
 MANIFEST = load_manifest(CORPUS / "manifest.yaml")

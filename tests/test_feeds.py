@@ -1,4 +1,4 @@
-"""Feeds recognised from the graph's dataflow (fusecli.feeds.plan_feeds) and --feeds FILE.npz.
+"""Feeds recognised from the graph's dataflow (fusecli.runtime.feeds.plan_feeds) and --feeds FILE.npz.
 
 Each policy is checked on a small graph built with onnx.helper whose input NAMES say nothing
 (in0, in1, ...), so only the dataflow can tell a weight from a mask or a label."""
@@ -15,7 +15,7 @@ from builders import model, vi
 from conftest import SAMPLES, run_cli
 
 from fusecli.errors import FuseError
-from fusecli.feeds import load_manifest, plan_feeds, read_feeds_file
+from fusecli.runtime.feeds import load_manifest, plan_feeds, read_feeds_file
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 

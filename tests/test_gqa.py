@@ -23,8 +23,8 @@ import onnx
 import pytest
 
 from fusecli import FusionPass
-from fusecli.graph import GraphIndex
-from fusecli.verify import check_fusions, verify_models
+from fusecli.engine.graph import GraphIndex
+from fusecli.runtime.verify import check_fusions, verify_models
 
 DATA = Path(__file__).parent / "data" / "gqa"
 

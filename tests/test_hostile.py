@@ -57,7 +57,8 @@ def _linear_model(folder: Path, seed: int, name="m.onnx", location="weights.bin"
 def test_failed_model_write_keeps_previous_model_and_data(tmp_path, monkeypatch):
     """The new model fails to land after its data was complete: the previous output (model AND
     its data) is byte-identical and no temporary file remains."""
-    from fusecli import ModelError, modelio
+    from fusecli import ModelError
+    from fusecli.io import model as modelio
 
     src1, _ = _linear_model(tmp_path / "v1", seed=0)
     src2, _ = _linear_model(tmp_path / "v2", seed=7)
@@ -477,7 +478,8 @@ def test_signal_exits_in_one_line_and_leaves_nothing(tmp_path, slow_model, sig, 
 def test_signal_while_the_data_is_copied_keeps_the_previous_output(tmp_path, monkeypatch):
     """The signal handler's exception lands in the middle of copying a data file: the previous
     model and data stay as they were and no temporary file is left."""
-    from fusecli import errors, modelio
+    from fusecli import errors
+    from fusecli.io import model as modelio
 
     src1, _ = _linear_model(tmp_path / "v1", seed=0)
     src2, _ = _linear_model(tmp_path / "v2", seed=9)

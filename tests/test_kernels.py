@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from fusecli import library
+from fusecli.runtime import library
 from fusecli.ops.activation_grad.reference import activation_grad
 from fusecli.ops.attention_grad.reference import attention_grad
 from fusecli.ops.attention_grad.test_attention_grad import _attn_inputs, _gqa_inputs

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fusecli import CANONICAL_PATTERNS
-from fusecli.contracts import OPS_DIR, load_contracts
+from fusecli.ops.contracts import OPS_DIR, load_contracts
 from fusecli.ops.reference import reference_ops
 
 REPO = Path(__file__).resolve().parents[1]

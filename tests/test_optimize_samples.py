@@ -13,7 +13,7 @@ import pytest
 from conftest import SAMPLES, run_cli
 
 from fusecli import CANONICAL_PATTERNS, FusionPass
-from fusecli.verify import check_fusions
+from fusecli.runtime.verify import check_fusions
 
 SAMPLE_NAMES = sorted(p.stem for p in SAMPLES.glob("*.onnx"))
 
@@ -118,7 +118,7 @@ def test_torch_joint_fused_model_runs_in_reference_evaluator(name, optimized, ma
     import onnxruntime as ort
     from onnx.reference import ReferenceEvaluator
 
-    from fusecli.feeds import make_feeds
+    from fusecli.runtime.feeds import make_feeds
     from fusecli.ops.reference import reference_ops
 
     entry = next(e for e in manifest.values() if e["file"] == f"{name}.onnx")
@@ -152,7 +152,7 @@ def test_fused_ops_name_their_workspace_outputs(name, optimized):
     """Every output a contract marks `workspace` (LinearActivationGrad's dZ, ConvBnReluGrad's dC:
     the op's working buffer, which onnxruntime may place in dY's memory) is named by the rewriter:
     a fresh tensor, read by nobody, not a graph output, typed like dY."""
-    from fusecli.contracts import load_contracts
+    from fusecli.ops.contracts import load_contracts
 
     ops = load_contracts().ops
     m = onnx.load(optimized[name][0])

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from fusecli.library import library_path
+from fusecli.runtime.library import library_path
 
 STEPS = 6
 

@@ -25,7 +25,7 @@ import pytest
 
 from conftest import ORTT_PYTHON, REPO, SAMPLES
 from fusecli.errors import FuseError
-from fusecli.library import training_python
+from fusecli.runtime.library import training_python
 
 
 def _run(cmd, rc: int = 0, **kw) -> subprocess.CompletedProcess:

@@ -22,10 +22,10 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import SAMPLES
 
 from fusecli import FusionPass
-from fusecli.feeds import make_feeds
-from fusecli.graph import GraphIndex
-from fusecli.library import session_options
-from fusecli.verify import manifest_entry_for
+from fusecli.runtime.feeds import make_feeds
+from fusecli.engine.graph import GraphIndex
+from fusecli.runtime.library import session_options
+from fusecli.runtime.verify import manifest_entry_for
 
 F = TensorProto.FLOAT
 KINDS = ("Identity", "Reshape", "Expand")

@@ -20,14 +20,14 @@ from onnx import helper
 import builders
 from conftest import REPO
 from fusecli import FusionPass
-from fusecli.sanity import check_graph
+from fusecli.engine.sanity import check_graph
 
 _RULES = None
 
 
 def _pass():
     global _RULES
-    from fusecli.rules import load_rules
+    from fusecli.io.rulefiles import load_rules
 
     if _RULES is None:
         _RULES = load_rules()
@@ -144,7 +144,7 @@ _VALUE_STARTS = [i + 2 for i in range(len(_GOOD_RULE)) if _GOOD_RULE.startswith(
 
 def _cli(*argv) -> tuple[int, str]:
     """fusecli's main() in-process: (exit code, stderr). Signal handlers are restored after."""
-    from fusecli.cli import main
+    from fusecli.commands.main import main
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     out, err = io.StringIO(), io.StringIO()

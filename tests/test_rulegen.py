@@ -1,4 +1,4 @@
-"""`fusecli rules new` (fusecli/rulegen.py): drafts from example subgraphs.
+"""`fusecli rules new` (fusecli/engine/rulegen.py): drafts from example subgraphs.
 
 Every draft must parse and, loaded as the only rule, fuse exactly the example it came from.
 """
@@ -17,9 +17,10 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import SAMPLES
 
 from fusecli.errors import FuseError
-from fusecli.fusion import FusionPass
-from fusecli.rulegen import draft_rule, rules_new
-from fusecli.rules import parse_rule
+from fusecli import FusionPass
+from fusecli.commands.rules import rules_new
+from fusecli.engine.rulegen import draft_rule
+from fusecli.engine.rules import parse_rule
 
 # ReluGrad + bias ReduceSum + Identity + weight-grad Gemm, and the upstream input-grad Gemm
 MLP_RELU = ["/fc2/Gemm_Grad/Gemm_0", "/Relu_Grad/ReluGrad_0", "/fc1/Gemm_Grad/ReduceSum_2",
@@ -56,8 +57,8 @@ def _fuse_only(model, text):
     rule = parse_rule(text, "<draft>")
     m = copy.deepcopy(model)
     fp = FusionPass(rules=[rule])
-    with mock.patch("fusecli.matcher.fusion_problem", return_value=None), \
-            mock.patch("fusecli.fusion.fusion_problem", return_value=None):
+    with mock.patch("fusecli.engine.matcher.fusion_problem", return_value=None), \
+            mock.patch("fusecli.engine.fusion.fusion_problem", return_value=None):
         fp.run(m)
     return rule, fp.stats, m
 

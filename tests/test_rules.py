@@ -26,8 +26,8 @@ import builders
 from conftest import SAMPLES
 
 from fusecli import FusionPass, load_rules
-from fusecli.explain import explain_model
-from fusecli.rules import var_name
+from fusecli.engine.explain import explain_model
+from fusecli.engine.rules import var_name
 
 RULES = load_rules()
 SAMPLE_MODELS = {p.stem: onnx.load(p) for p in sorted(SAMPLES.glob("*.onnx"))}
@@ -442,7 +442,7 @@ def test_multi_query_attention_fuses_with_the_head_sum_absorbed(record_backward,
     """One K/V head broadcast inside the MatMuls: onnxruntime computes dK^T/dV at the full head
     count and sums them (ReduceSum keepdims=1). The rule binds K/V before the broadcast and
     dK/dV after the sum; the fused graph computes the same."""
-    from fusecli.verify import verify_models
+    from fusecli.runtime.verify import verify_models
 
     m = builders.ortt_attention(kv_heads=1, heads=2, record_backward=record_backward)
     fused = copy.deepcopy(m)
@@ -475,7 +475,7 @@ def test_multi_query_attention_is_not_fused_into_unsummed_gradients(record_backw
 
 
 def test_attention_inputs_must_fit_the_op():
-    from fusecli.shapes import input_problem
+    from fusecli.engine.shapes import input_problem
 
     p, q = [2, 4, 5, 5], [2, 4, 5, 3]
     assert input_problem("AttentionGrad", {}, [q, q, [2, 2, 5, 3], [2, 1, 5, 3], p], []) is None
@@ -489,9 +489,9 @@ def test_attention_inputs_must_fit_the_op():
 def test_output_shape_guard_alone_refuses_unsummed_gradients(monkeypatch):
     """Even where the op accepts broadcast inputs, an output whose shape differs from the
     tensor it replaces (dK^T [B,1,D,S] for a [B,H,D,S] tensor) is refused."""
-    import fusecli.shapes
+    import fusecli.engine.shapes
 
-    monkeypatch.setattr(fusecli.shapes, "input_problem", lambda *a: None)
+    monkeypatch.setattr(fusecli.engine.shapes, "input_problem", lambda *a: None)
     m = _read_unsummed_gradients(builders.ortt_attention(kv_heads=1, heads=2))
     fp = FusionPass()
     assert fp.run(m) == 0
@@ -505,10 +505,10 @@ def test_output_shape_guard_alone_refuses_unsummed_gradients(monkeypatch):
 def test_a_graph_that_would_not_run_is_never_written(monkeypatch, tmp_path, capsys):
     """With the match guard switched off (as a rule bug would), the pass's final check stops
     the run: exit 4, one line, nothing written."""
-    import fusecli.matcher
-    from fusecli.cli import main
+    import fusecli.engine.matcher
+    from fusecli.commands.main import main
 
-    monkeypatch.setattr(fusecli.matcher, "fusion_problem", lambda *a: None)
+    monkeypatch.setattr(fusecli.engine.matcher, "fusion_problem", lambda *a: None)
     src, out = tmp_path / "mqa.onnx", tmp_path / "mqa.fused.onnx"
     m = _read_unsummed_gradients(builders.ortt_attention(kv_heads=1, heads=2))
     # the un-summed gradients' shapes recorded (B=2, H=2, S=4, D=3): the final check sees
@@ -529,7 +529,7 @@ def test_a_graph_that_would_not_run_is_never_written(monkeypatch, tmp_path, caps
 def _run_ort(model, feeds):
     import onnxruntime as ort
 
-    from fusecli.library import session_options
+    from fusecli.runtime.library import session_options
 
     so = session_options(opt_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -687,7 +687,7 @@ def test_ortt_activation_spellings_fuse_and_compute_the_same(act, activation, pa
     pre-gradient FastGelu fusion, the same tanh formula; QuickGeluGrad{alpha=1}: SiLU;
     QuickGeluGrad{alpha=1.702}: QuickGELU, a GELU approximation, silu at input scale alpha),
     Gemm and MatMul layouts; the fused graph runs in onnxruntime-training with the same results."""
-    from fusecli.verify import verify_models
+    from fusecli.runtime.verify import verify_models
 
     m = getattr(builders, build)(act)
     fused, attrs = _fused_once(m, pattern)
@@ -736,7 +736,7 @@ replace:
 
 
 def _lang(variants):
-    from fusecli.rules import parse_rules
+    from fusecli.engine.rules import parse_rules
 
     return parse_rules(_LANG_RULE.replace("$variants", variants), "<lang>")
 
@@ -788,7 +788,7 @@ def test_null_parameter_drops_a_key_and_alternatives_capture():
     """`key: $p` with p null leaves the key out (the plain variant writes no alpha); a capture
     made by every op alternative of a node is usable in replace.attrs; `not` refuses a value."""
     from fusecli.errors import RuleError
-    from fusecli.rules import parse_rules
+    from fusecli.engine.rules import parse_rules
 
     rules = parse_rules(_ALPHA_RULE, "<alpha>")
     assert [r.name for r in rules] == ["t_plain", "t_scaled"]
@@ -827,8 +827,8 @@ def test_variant_errors_name_the_problem(variants, message):
 @pytest.mark.parametrize("scale,swap", [(("Div", 2.0), False), (("Mul", 0.5), False),
                                         (("Mul", 0.5), True)])
 def test_repeated_passthrough_and_scale_alternatives(n_identity, fused, scale, swap):
-    from fusecli.graph import GraphIndex
-    from fusecli.matcher import Matcher
+    from fusecli.engine.graph import GraphIndex
+    from fusecli.engine.matcher import Matcher
 
     [rule] = _lang("[{act: relu, op: [{op: ReluGrad, domain: com.microsoft}]}]")
     m = _lang_graph(n_identity=n_identity, scale=scale, swap=swap)
@@ -852,7 +852,7 @@ def test_alternative_value_transform_is_explained():
 
 @pytest.mark.parametrize("name", sorted(EXPORTS))
 def test_real_exports_fuse_and_verify(name, tmp_path):
-    from fusecli.verify import verify_models
+    from fusecli.runtime.verify import verify_models
 
     m = onnx.load(DATA / f"{name}.onnx")
     fp = FusionPass()

@@ -1,6 +1,6 @@
 """The shipped sample training graphs: load, carry their family's markers, and run in their runtime.
 
-ort-training samples run through fusecli/runtime_worker.py under .venv-ortt/bin/python (made by
+ort-training samples run through fusecli/runtime/runtime_worker.py under .venv-ortt/bin/python (made by
 `make ortt-env`); torch-joint samples run under this interpreter's onnxruntime.
 """
 from __future__ import annotations
@@ -15,11 +15,11 @@ import onnx
 import pytest
 
 from fusecli import CANONICAL_PATTERNS
-from fusecli.feeds import load_manifest, make_feeds
+from fusecli.runtime.feeds import load_manifest, make_feeds
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
-WORKER = ROOT / "fusecli" / "runtime_worker.py"
+WORKER = ROOT / "fusecli" / "runtime" / "runtime_worker.py"
 ORTT_PY = ROOT / ".venv-ortt" / "bin" / "python"
 MANIFEST = load_manifest(SAMPLES / "manifest.yaml")
 STANDARD_DOMAINS = {"", "ai.onnx", "ai.onnx.ml"}

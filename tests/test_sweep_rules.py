@@ -22,8 +22,8 @@ from onnx import helper, numpy_helper
 
 import builders
 from fusecli import FusionPass, load_rules
-from fusecli.explain import explain_model
-from fusecli.verify import verify_models
+from fusecli.engine.explain import explain_model
+from fusecli.runtime.verify import verify_models
 
 DATA = Path(__file__).parent / "data"
 RULES = load_rules()
@@ -368,7 +368,7 @@ def test_layernorm_without_weight_fuses_with_gamma_absent(tmp_path):
 def test_layernorm_gamma_must_have_the_normalised_size(gamma, ok):
     """A scalar multiplied onto dY (the MSE loss scale in front of a final LayerNorm without
     weight) is no gamma: the shape guard refuses it, so the matcher takes g = dY instead."""
-    from fusecli.shapes import input_problem
+    from fusecli.engine.shapes import input_problem
 
     why = input_problem("LayerNormGrad", {"axis": -1}, [[6, 16], [6, 16], gamma, [6, 1], [6, 1]],
                         ["dY", "X", "gamma", "mean", "rstd"])

@@ -21,9 +21,9 @@ from onnx import helper, numpy_helper
 from conftest import SAMPLES
 
 from fusecli import FusionPass, load_rules
-from fusecli.explain import explain_model
-from fusecli.rules import var_name
-from fusecli.verify import verify_models
+from fusecli.engine.explain import explain_model
+from fusecli.engine.rules import var_name
+from fusecli.runtime.verify import verify_models
 
 RULES = load_rules()
 CORPUS = SAMPLES.parent / "corpus"
@@ -356,9 +356,9 @@ def test_sdpa_fill_reproduces_a_fully_padded_sequence(tmp_path, name, rule):
     sequence fully padded every row of it is filled: softmax gives a uniform P there (not 0)
     and the original's backward Where zeroes that dS. The fused AttentionGrad takes the
     Where's mask as its fill_mask and the fused graph computes the original's outputs."""
-    from fusecli.feeds import make_feeds
-    from fusecli.library import library_path
-    from fusecli.verify import manifest_entry_for, pick_runtime, run_in_runtime
+    from fusecli.runtime.feeds import make_feeds
+    from fusecli.runtime.library import library_path
+    from fusecli.runtime.verify import manifest_entry_for, pick_runtime, run_in_runtime
 
     path = CORPUS / f"{name}.onnx"
     model = _sample(name)
@@ -419,9 +419,9 @@ def test_sdpa_nan_guard_reproduces_fully_masked_rows(tmp_path):
     first query row sees no key: the original's softmax is NaN there, the guard zeroes that row
     before V and SoftmaxGrad keeps the NaN in the score gradient. The fused graph has NaN in
     exactly the same output elements and the same finite values everywhere else."""
-    from fusecli.feeds import make_feeds
-    from fusecli.library import library_path
-    from fusecli.verify import manifest_entry_for, pick_runtime, run_in_runtime
+    from fusecli.runtime.feeds import make_feeds
+    from fusecli.runtime.library import library_path
+    from fusecli.runtime.verify import manifest_entry_for, pick_runtime, run_in_runtime
 
     rule = "sdpa_ortt_runtime_nanguard"
     path = CORPUS / "ortt_phi_sdpa.onnx"

@@ -15,7 +15,7 @@ from onnx import helper
 from conftest import SAMPLES, run_cli
 
 import fusecli
-from fusecli.library import has_cuda
+from fusecli.runtime.library import has_cuda
 
 SAMPLE_NAMES = sorted(p.stem for p in SAMPLES.glob("*.onnx"))
 
@@ -168,7 +168,7 @@ def test_all_zero_outputs_are_inconclusive(tmp_path, ortt_python):
 def test_noise_floor_sets_the_bar_and_a_noisy_output_is_not_judged():
     import numpy as np
 
-    from fusecli.verify import NOISE_FACTOR, NOISE_LIMIT, judge
+    from fusecli.runtime.verify import NOISE_FACTOR, NOISE_LIMIT, judge
 
     ref = np.linspace(1.0, 2.0, 50, dtype=np.float32)
     quiet = ref * np.float32(1 + 1e-6)  # the original barely moves on 1-ulp inputs
@@ -191,7 +191,7 @@ def test_ill_conditioned_resnet18_correct_fusion_passes_by_per_fusion_check(tmp_
     issue; a 1% error at one fused node still fails (caught at that node's boundary)."""
     import numpy as np
 
-    from fusecli.feeds import plan_feeds
+    from fusecli.runtime.feeds import plan_feeds
 
     src = FIXTURES / "ortt_resnet18.onnx"
     fused = tmp_path / "fused.onnx"
@@ -259,8 +259,8 @@ def test_onnxruntime_draws_the_same_dropout_mask_for_the_same_seed(tmp_path, ort
 
     import numpy as np
 
-    from fusecli.feeds import make_feeds
-    from fusecli.verify import pin_seeds, run_in_runtime
+    from fusecli.runtime.feeds import make_feeds
+    from fusecli.runtime.verify import pin_seeds, run_in_runtime
 
     for m, python in ((_torch_joint_dropout_model(), sys.executable),
                       (onnx.load(FIXTURES / "ortt_dropout.onnx"), ortt_python)):

@@ -60,7 +60,7 @@ def _prefixed(model: onnx.ModelProto, p: str) -> onnx.GraphProto:
 
 
 def _load_sample(name: str, samples_dir: Path) -> tuple[onnx.ModelProto, dict]:
-    from ..feeds import load_manifest
+    from fusecli.runtime.feeds import load_manifest
 
     entry = next(e for e in load_manifest(samples_dir / "manifest.yaml").values()
                  if e["file"] == f"{name}.onnx")

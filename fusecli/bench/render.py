@@ -144,6 +144,16 @@ def optimizer_section(meta, opt) -> list[str]:
                  f"{r['pass_s']:.3f} | {r['save_s']:.3f} | {r['total_s']:.3f} | {cpu} | "
                  f"{r['us_per_node']:.1f} | {r['cli_s']:.2f} | {r['fused']} / {r['expected']}"
                  f"{'' if r['counts_ok'] else ' MISMATCH'} |")
+    startup = meta.get("startup") or []
+    if startup:
+        L.append(f"\nStart-up: wall time of the whole `fusecli` process (Python start-up and "
+                 f"imports included), median of {startup[0]['runs']} runs after one warm-up "
+                 "(targets: `--version` <= 0.3 s, `optimize` of a small sample <= 0.7 s).\n")
+        L.append("| command | median s | min s | max s |")
+        L.append("|---|---:|---:|---:|")
+        for r in startup:
+            L.append(f"| `{r['command']}` | {r['median_s']:.3f} | {r['min_s']:.3f} | "
+                     f"{r['max_s']:.3f} |")
     return L
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..contracts import FUSED_DOMAIN
+from fusecli.ops.contracts import FUSED_DOMAIN
 
 MS = "com.microsoft"
 F = TensorProto.FLOAT

@@ -15,7 +15,7 @@ This module measures; ``fusecli.bench.render`` turns its rows into the Markdown 
 (c) optimiser speed: load + match + rewrite + save on deep graphs of ~5k/10k/20k/40k nodes.
 
 All timings: spinning off, ORT_ENABLE_ALL, one process per comparison, warm-up, interleaved runs,
-medians (fusecli/bench_worker.py).
+medians (fusecli/runtime/bench_worker.py).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..contracts import FUSED_DOMAIN, floor_bytes
-from .command import run_bench
-from .render import render, splice
+from fusecli.ops.contracts import FUSED_DOMAIN, floor_bytes
+from fusecli.runtime.bench import run_bench
+from fusecli.bench.render import render, splice
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH_SAMPLES = REPO / "build" / "bench-samples"
@@ -137,7 +137,7 @@ def copy_bandwidth(threads: int, repeats: int = 5) -> dict:
     the larger of the two medians is used."""
     import onnxruntime as ort
 
-    from ..runtime_worker import session_options
+    from fusecli.runtime.runtime_worker import session_options
 
     n = 16 * 2**20  # 64 MiB of float32 per tensor: far beyond any cache
     src = np.random.default_rng(0).standard_normal(n).astype(np.float32)
@@ -164,7 +164,7 @@ def copy_bandwidth(threads: int, repeats: int = 5) -> dict:
 def profile_model(path, feeds: dict, python: str, threads: int, library: str | None,
                   repeat: int = 4) -> tuple[dict[str, float], dict[str, str]]:
     """Per-node mean kernel time (ms per run) from an onnxruntime profile (ORT_ENABLE_ALL)."""
-    from ..verify import run_in_runtime
+    from fusecli.runtime.verify import run_in_runtime
 
     with tempfile.TemporaryDirectory(prefix="fusecli-prof-") as tmp:
         _, info = run_in_runtime(path, feeds, python, library=library, opt_level="all",
@@ -211,8 +211,8 @@ def fuse_with_records(model: onnx.ModelProto):
     ActivationGrad -> LinearActivationGrad), so the ActivationGrad-only rules are run once more
     on a copy to learn which original nodes those intermediate fused nodes replaced.
     """
-    from ..fusion import FusionPass
-    from ..rules import load_rules
+    from fusecli.api import FusionPass
+    from fusecli.io.rulefiles import load_rules
 
     pre = onnx.ModelProto()
     pre.CopyFrom(model)
@@ -244,7 +244,7 @@ def expand_replaced(records) -> dict[str, list[str]]:
 
 def probe_values(model_path: Path, tensors: list[str], feeds: dict, python: str) -> dict:
     """Values of internal tensors from one run of the original model (optimizations off)."""
-    from ..verify import run_in_runtime
+    from fusecli.runtime.verify import run_in_runtime
 
     m = onnx.load(str(model_path))
     try:
@@ -404,9 +404,9 @@ def steadiest(measure, limit: float = MAX_SPREAD, tries: int = 3) -> dict:
 
 def op_benchmarks(ctx: Ctx, entries: dict) -> list[dict]:
     """Section (a): every distinct fused op (op, attributes, shapes) of the benchmark samples."""
-    from ..feeds import make_feeds
-    from ..library import library_path
-    from ..verify import pick_runtime
+    from fusecli.runtime.feeds import make_feeds
+    from fusecli.runtime.library import library_path
+    from fusecli.runtime.verify import pick_runtime
 
     lib = library_path()
     rows, seen = [], set()
@@ -560,7 +560,7 @@ def attention_softmax_phase(node, ins, threads: int, seconds: float = 2.0) -> tu
     `seconds` of runs in this process (onnxruntime), from the kernel's phase timer."""
     import onnxruntime as ort
 
-    from ..library import kernel_calls, reset_kernel_calls, session_options
+    from fusecli.runtime.library import kernel_calls, reset_kernel_calls, session_options
 
     feeds = {t: a for t, a in zip(node.input, ins) if t}
     outs = [_f(o, a.shape) for o, a in zip(node.output, ins[1:4]) if o]  # dQ~Q, dK~K, dV~V
@@ -636,9 +636,9 @@ def chain_floor_bytes(node: onnx.NodeProto, shapes: dict[str, tuple]) -> int:
 
 
 def e2e_benchmarks(ctx: Ctx, entries: dict, fused_dir: Path) -> list[dict]:
-    from ..feeds import make_feeds
-    from ..library import library_path
-    from ..verify import pick_runtime
+    from fusecli.runtime.feeds import make_feeds
+    from fusecli.runtime.library import library_path
+    from fusecli.runtime.verify import pick_runtime
 
     lib = library_path()
     rows = []
@@ -712,7 +712,7 @@ def scale_weights(feeds: dict, entry: dict, scale: float) -> int:
 def step_pairs(ctx: Ctx, entries: dict, fused_dir: Path, scale: float = 1.0) -> list[dict]:
     """Training step unfused vs fused per sample (speed only), with every weight at `scale`
     times the sample's own values."""
-    from ..feeds import make_feeds
+    from fusecli.runtime.feeds import make_feeds
 
     rows = []
     for name, entry in entries.items():
@@ -753,8 +753,8 @@ def paired_speedup(res: dict) -> float:
 def case_benchmarks(ctx: Ctx, cases) -> list[dict]:
     """Fused op vs its unfused chain for synthetic cases (``fusecli.bench.shapes``): both run
     once and compared, then timed side by side."""
-    from ..library import library_path
-    from ..verify import pick_runtime, run_in_runtime
+    from fusecli.runtime.library import library_path
+    from fusecli.runtime.verify import pick_runtime, run_in_runtime
 
     lib = library_path()
     rows = []
@@ -811,7 +811,7 @@ def raw_export_graph(layers: int = RAW_LAYERS) -> dict | None:
 
 
 def optimizer_benchmarks(repeats: int = 3) -> list[dict]:
-    from .deepgraph import FAMILIES, SIZES, write_deep_graphs
+    from fusecli.bench.deepgraph import FAMILIES, SIZES, write_deep_graphs
 
     ddir = REPO / "build" / "deep-graphs"
     infos = write_deep_graphs(ddir, SIZES, tuple(FAMILIES))
@@ -819,11 +819,38 @@ def optimizer_benchmarks(repeats: int = 3) -> list[dict]:
     return [optimizer_row(info, repeats) for info in infos + ([raw] if raw else [])]
 
 
+STARTUP_SAMPLE = "torch_mlp.onnx"     # a small shipped sample (47 nodes)
+
+
+def startup_benchmarks(repeats: int = 10) -> list[dict]:
+    """Whole-process wall time of the console script (Python start-up and imports included),
+    median of ``repeats``: `fusecli --version`, and `fusecli optimize` of a small sample."""
+    fusecli = Path(sys.executable).parent / "fusecli"
+    with tempfile.TemporaryDirectory(prefix="startup-", dir=WORKDIR) as tmp:
+        commands = {"fusecli --version": ["--version"],
+                    f"fusecli optimize samples/{STARTUP_SAMPLE} -o OUT -q":
+                        ["optimize", str(REPO / "samples" / STARTUP_SAMPLE), "-o",
+                         str(Path(tmp) / "out.onnx"), "-q"]}
+        rows = []
+        for label, args in commands.items():
+            log(f"(c) start-up: {label}")
+            times = []
+            for _ in range(repeats + 1):             # the first run warms the file cache
+                t0 = time.perf_counter()
+                proc = subprocess.run([str(fusecli), *args], capture_output=True, text=True)
+                times.append(time.perf_counter() - t0)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"{label}: exit {proc.returncode}: {proc.stderr.strip()}")
+            rows.append({"command": label, "median_s": statistics.median(times[1:]),
+                         "min_s": min(times[1:]), "max_s": max(times[1:]), "runs": repeats})
+    return rows
+
+
 def optimizer_row(info: dict, repeats: int = 3) -> dict:
     """load + FusionPass (rules loaded included) + save in process, median of ``repeats``
     (wall and CPU seconds), and the wall time of the `fusecli optimize` console script."""
-    from ..fusion import FusionPass
-    from ..modelio import load_model, save_model
+    from fusecli.api import FusionPass
+    from fusecli.io.model import load_model, save_model
 
     fusecli = Path(sys.executable).parent / "fusecli"
     log(f"(c) {Path(info['path']).name}")
@@ -891,7 +918,7 @@ def main(argv=None) -> int:
     fused_dir.mkdir(parents=True, exist_ok=True)
     log("measuring copy bandwidth")
     bw = copy_bandwidth(args.threads)
-    from .shapes import outlier_cases, real_shape_cases
+    from fusecli.bench.shapes import outlier_cases, real_shape_cases
 
     ops, e2e, opt, scaled, shapes, outliers, real = [], [], [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="chains-", dir=WORKDIR) as tmp:
@@ -910,8 +937,10 @@ def main(argv=None) -> int:
             real_entries = ensure_bench_samples(REAL_SAMPLE_NAMES, by_name=True)
             real = (step_pairs(ctx, real_entries, fused_dir)
                     + step_pairs(ctx, real_entries, fused_dir, WEIGHT_SCALE))
+    startup = []
     if "optimizer" not in args.skip:
         opt = optimizer_benchmarks()
+        startup = startup_benchmarks()
     runtimes = sorted({r["runtime"] for r in ops + e2e + scaled + shapes + outliers + real
                        if "runtime" in r})
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "elapsed_s": time.time() - t0,
@@ -920,7 +949,7 @@ def main(argv=None) -> int:
             "opt_repeats": 3, "op_min_time_s": OP_MIN_TIME_S,
             "case_min_time_s": CASE_MIN_TIME_S,
             "step_min_time_s": STEP_MIN_TIME_S, "max_spread": MAX_SPREAD,
-            "weight_scale": WEIGHT_SCALE}
+            "weight_scale": WEIGHT_SCALE, "startup": startup}
     sections = {"ops": ops, "e2e": e2e, "scaled": scaled, "outliers": outliers, "shapes": shapes,
                 "real": real, "optimizer": opt}
     doc = render(meta, **sections)

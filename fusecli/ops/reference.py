@@ -24,7 +24,7 @@ def reference_ops() -> list:
     """Op classes for ``onnx.reference.ReferenceEvaluator(model, new_ops=reference_ops())``."""
     import importlib
 
-    from ..contracts import load_contracts
+    from fusecli.ops.contracts import load_contracts
 
     contracts = load_contracts()
     out = []

@@ -39,9 +39,9 @@ from torch import nn
 
 
 def _canonical_patterns() -> tuple[str, ...]:
-    """The op contracts' patterns in canonical order, read through fusecli/contracts.py loaded by
+    """The op contracts' patterns in canonical order, read through fusecli/ops/contracts.py loaded by
     file path (the generator venvs have PyYAML, not fusecli)."""
-    path = Path(__file__).resolve().parents[2] / "fusecli" / "contracts.py"
+    path = Path(__file__).resolve().parents[2] / "fusecli" / "ops" / "contracts.py"
     spec = importlib.util.spec_from_file_location("fusecli_contracts_standalone", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look the module up while the class is built

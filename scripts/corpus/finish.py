@@ -43,7 +43,7 @@ HEADER = """\
 # (scripts/corpus/make_corpus.sh); do not edit by hand: gap reasons live in
 # scripts/corpus/gaps.yaml, count derivations in scripts/corpus/archs.py (expected_from).
 #
-# Feeding is as for samples/manifest.yaml (fusecli.feeds.make_feeds): roles data (int inputs
+# Feeding is as for samples/manifest.yaml (fusecli.runtime.feeds.make_feeds): roles data (int inputs
 # carry a `range`), target, parameter, frozen_parameter, grad_buffer, flag; parameter values in
 # `params` (npz next to this file, keyed by graph input name).
 #

@@ -27,7 +27,7 @@ HEADER = """\
 #     standard ONNX domains only; runtime onnxruntime (1.31.1). Outputs: loss, then
 #     '<param>_grad' per parameter.
 #
-# Feeding (fusecli.feeds.make_feeds does all of this):
+# Feeding (fusecli.runtime.feeds.make_feeds does all of this):
 #   every graph input listed under `inputs` (initializers are not listed) with a role:
 #     data / target      -> random normal (seeded); symbolic dims: batch=2 by default
 #     labels             -> int64 uniform in [range[0], range[1])

@@ -14,12 +14,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _contracts():
-    """fusecli/contracts.py loaded by file path (a GPU machine needs PyYAML, not onnx)."""
+    """fusecli/ops/contracts.py loaded by file path (a GPU machine needs PyYAML, not onnx)."""
     import importlib.util
     import sys
 
     spec = importlib.util.spec_from_file_location("fusecli_contracts_standalone",
-                                                  REPO / "fusecli" / "contracts.py")
+                                                  REPO / "fusecli" / "ops" / "contracts.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)

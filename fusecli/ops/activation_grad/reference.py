@@ -7,7 +7,7 @@ import math
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from ..reference import _fit, _s
+from fusecli.ops.reference import _fit, _s
 
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from ..reference import _fit
+from fusecli.ops.reference import _fit
 
 
 def attention_kv_dims(q_batch, kv_shape, mat_elems, what="K"):

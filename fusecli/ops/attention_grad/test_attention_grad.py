@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from fusecli import library
+from fusecli.runtime import library
 from fusecli.ops.attention_grad.reference import attention_grad
 # (_built: the autouse fixture that fails clearly when the library is not built)
 from kernel_helpers import (F32, Builder, _built, _rng, assert_close, assert_requested,

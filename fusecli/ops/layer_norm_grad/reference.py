@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from ..reference import _fit
+from fusecli.ops.reference import _fit
 
 
 def layer_norm_grad(dy, x, gamma, mean, inv_std, dr=None, axis=-1):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from ..activation_grad.reference import activation_grad
-from ..reference import _fit, _s
+from fusecli.ops.activation_grad.reference import activation_grad
+from fusecli.ops.reference import _fit, _s
 
 
 def linear_activation_grad(dy, x, a, w=None, activation: str = "relu", trans_w: int = 0,

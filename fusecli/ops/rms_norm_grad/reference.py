@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from ..reference import _fit
+from fusecli.ops.reference import _fit
 
 
 def rms_norm_grad(dy, x, gamma=None, inv_rms=None, dr=None, axis=-1, epsilon=1e-5):

@@ -1,9 +1,9 @@
-"""``fusecli bench ORIGINAL FUSED``: time a fused model against its original, side by side.
+"""Benchmark runner behind ``fusecli bench``: time a fused model against its original, side by side.
 
 Both models run in ONE process of the model's runtime (onnxruntime, or onnxruntime-training from
-``.venv-ortt``; chosen like ``fusecli verify``) through ``fusecli/bench_worker.py``: same
+``.venv-ortt``; chosen like ``fusecli verify``) through ``fusecli/runtime/bench_worker.py``: same
 SessionOptions (intra-op spinning off, ORT_ENABLE_ALL, ``--threads`` intra-op threads), same
-feeds (``fusecli.feeds.plan_feeds``, as ``fusecli verify`` makes them: ``--feeds FILE.npz``, a
+feeds (``fusecli.runtime.feeds.plan_feeds``, as ``fusecli verify`` makes them: ``--feeds FILE.npz``, a
 sample's parameters, else realistic values recognised from the graph - fan-in scaled weights,
 norm scales 1, biases 0, ids and labels in range, causal/padding masks; in-place gradient
 buffers re-copied before every run),
@@ -11,6 +11,7 @@ buffers re-copied before every run),
 Reported: median/min/max per model, the spread, speed-up = original median / fused median, and
 the peak memory of one run of each model measured in a fresh process (see bench_worker.py).
 """
+
 
 from __future__ import annotations
 
@@ -20,15 +21,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import click
 import numpy as np
 
-from ..contracts import FUSED_DOMAIN
-from ..errors import FuseError
-from ..feeds import parse_dims
-from ..options import RUNTIME_PYTHON
+from fusecli.errors import FuseError
+from fusecli.ops.contracts import FUSED_DOMAIN
 
-WORKER = Path(__file__).resolve().parent.parent / "bench_worker.py"
+WORKER = Path(__file__).resolve().parent / "bench_worker.py"
 
 
 def default_threads() -> int:
@@ -53,10 +51,10 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
     ``runs`` until that much time has passed (short ops get more samples). The result's
     'feeds' maps each input to the policy that fed it.
     """
-    from ..feeds import plan_feeds, read_feeds_file
-    from ..library import LibraryNotBuilt, library_path
-    from ..modelio import load_model
-    from ..verify import manifest_entry_for, needs_training_runtime, pick_runtime, worker_error
+    from fusecli.runtime.feeds import plan_feeds, read_feeds_file
+    from fusecli.runtime.library import LibraryNotBuilt, library_path
+    from fusecli.io.model import load_model
+    from fusecli.runtime.verify import manifest_entry_for, needs_training_runtime, pick_runtime, worker_error
 
     if runs < 1:
         raise FuseError("--runs must be at least 1")
@@ -128,55 +126,3 @@ def summary(res: dict) -> dict:
     return {"original": a, "fused": b, "speedup": float(speedup), "runtime": str(res["runtime"]),
             "threads": int(res["threads"]), "runs": int(res["runs"]),
             "feeds": dict(res.get("feeds", {}))}
-
-
-def _mib(v) -> str:
-    return "n/a" if v is None else f"{v / 2**20:.2f} MiB"
-
-
-@click.command("bench")
-@click.argument("original", type=click.Path(path_type=Path))
-@click.argument("fused", type=click.Path(path_type=Path))
-@click.option("--runs", type=click.IntRange(1, 1_000_000), default=20, show_default=True,
-              help="Timed iterations per model (interleaved A B, B A, ...).")
-@click.option("--warmup", type=click.IntRange(0, 100_000), default=3, show_default=True,
-              help="Warm-up runs per model.")
-@click.option("--threads", type=click.IntRange(1, 256), default=None,
-              help="Intra-op threads for both sessions (default: the machine's CPU count).")
-@click.option("--runtime-python", default=None, type=RUNTIME_PYTHON,
-              help="Python interpreter whose onnxruntime runs the models (default: picked like "
-                   "`fusecli verify`).")
-@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
-              help="Value of a symbolic input dimension (repeatable), e.g. --dim batch=4.")
-@click.option("--feeds", "feeds_file", type=click.Path(path_type=Path),
-              help="NumPy .npz of arrays keyed by graph input name; inputs it lacks are "
-                   "generated as `fusecli verify` generates them.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def bench(original, fused, runs, warmup, threads, runtime_python, dims, feeds_file, as_json):
-    """Time FUSED against ORIGINAL on the same feeds, interleaved, in one process.
-
-    Prints median/min/max per model, the spread, the speed-up (original median / fused median)
-    and the peak memory of one run of each. Spinning is off; medians of interleaved runs are the
-    only fair comparison on small machines.
-    """
-    res = run_bench(original, fused, runs=runs, warmup=warmup, threads=threads,
-                    runtime_python=str(runtime_python) if runtime_python else None,
-                    dims=parse_dims(dims), feeds_file=feeds_file)
-    s = summary(res)
-    if as_json:
-        click.echo(json.dumps(s))
-        return
-    click.echo(f"{s['runtime']}, {s['threads']} intra-op threads, spinning off, "
-               f"{warmup} warm-up + {s['runs']} interleaved runs each")
-    click.echo("feeds: " + "; ".join(res["feed_lines"]))
-    click.echo(f"{'model':<9} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'spread':>8} "
-               f"{'peak memory':>12}")
-    for key, path in (("original", original), ("fused", fused)):
-        d = s[key]
-        spread = (d["max_ms"] - d["min_ms"]) / d["median_ms"] if d["median_ms"] else 0.0
-        click.echo(f"{key:<9} {d['median_ms']:>10.3f} {d['min_ms']:>9.3f} {d['max_ms']:>9.3f} "
-                   f"{spread:>7.1%} {_mib(d['peak_bytes']):>12}   {path}")
-    click.echo(f"speed-up: {s['speedup']:.3f}x (original median / fused median)")
-    method = res["a"].get("peak_method")
-    if method:
-        click.echo(f"peak memory: {method}")

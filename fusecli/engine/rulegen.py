@@ -13,14 +13,12 @@ from __future__ import annotations
 import difflib
 import re
 from collections import Counter, deque
-from pathlib import Path
 
-import click
 import numpy as np
 import onnx
 import yaml
 
-from .errors import FuseError
+from fusecli.errors import FuseError
 
 MAX_CONST_ELEMENTS = 16          # constants up to this size are written out as `const:` values
 FLOAT_TOL = 1.0e-6               # relative + absolute tolerance written for float constants
@@ -167,7 +165,7 @@ def _signature(contract) -> str:
 
 
 def _choose_op(fused_op: str | None, n_in: int, n_out: int, ins_desc: str):
-    from .contracts import load_contracts
+    from fusecli.ops.contracts import load_contracts
 
     contracts = load_contracts()
     if fused_op is not None:
@@ -441,8 +439,8 @@ def _header(graph_name: str, node_desc: str, contract, others, given: bool,
 
 def _self_check(text: str, name: str, index, order, inside: set) -> None:
     """The draft parses and, matched at its anchor, binds exactly the selection."""
-    from .matcher import Matcher
-    from .rules import parse_rule
+    from fusecli.engine.matcher import Matcher
+    from fusecli.engine.rules import parse_rule
 
     rule = parse_rule(text, f"<draft {name}>")
     res = Matcher(index, rule, check_shapes=False).match_at(order[0])  # ports: placeholders
@@ -482,7 +480,7 @@ def draft_rule(model: onnx.ModelProto, node_names: list[str], name: str,
     Raises FuseError (one line) for an empty, unknown, disconnected or non-convex selection, a
     bad ``name``/``pattern``, or a fused op that cannot take the selection's inputs/outputs.
     """
-    from .graph import GraphIndex
+    from fusecli.engine.graph import GraphIndex
 
     _check_name(name, "rule name")
     if pattern is not None:
@@ -530,9 +528,9 @@ def draft_rule(model: onnx.ModelProto, node_names: list[str], name: str,
 
 def count_matches(model: onnx.ModelProto, text: str) -> int:
     """How many anchors of ``model`` the rule text matches (overlaps counted, nothing fused)."""
-    from .graph import GraphIndex
-    from .matcher import Matcher
-    from .rules import parse_rule
+    from fusecli.engine.graph import GraphIndex
+    from fusecli.engine.matcher import Matcher
+    from fusecli.engine.rules import parse_rule
 
     rule = parse_rule(text, "<draft>")
     index = GraphIndex(model.graph)
@@ -540,42 +538,3 @@ def count_matches(model: onnx.ModelProto, text: str) -> int:
     spec = rule.anchor
     return sum(1 for op in spec.ops for d in spec.domains for a in index.candidates(op, d)
                if m.match_at(a).match is not None)
-
-
-@click.command("new")
-@click.option("--from", "model_path", required=True,
-              type=click.Path(dir_okay=False, path_type=Path),
-              help="ONNX model holding an example of the pattern.")
-@click.option("--nodes", "nodes", required=True,
-              help="Comma-separated names of the example's nodes (as in the model).")
-@click.option("--name", "name", required=True, help="Rule name (lower-case, digits, '_').")
-@click.option("--op", "fused_op", default=None,
-              help="Fused op to replace the subgraph with (default: one whose port counts fit).")
-@click.option("--pattern", "pattern", default=None,
-              help="Pattern name for --only/--skip and stats (default: from the fused op).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the draft here (default: print it).")
-@click.option("--force", is_flag=True, help="Overwrite -o if it exists.")
-def rules_new(model_path, nodes, name, fused_op, pattern, output, force):
-    """Write a DRAFT rule from an example subgraph of MODEL (--nodes N1,N2,...).
-
-    The draft matches the example; review the points listed in its header comment (input order
-    of the fused op, its attributes, constraints to relax) before adding it to a rules folder.
-    """
-    from .modelio import load_model
-
-    if output is not None and output.exists() and not force:
-        raise FuseError(f"{output} exists; pass --force to overwrite it")
-    model = load_model(model_path)
-    text = draft_rule(model, nodes.split(","), name, fused_op=fused_op, pattern=pattern)
-    n = count_matches(model, text)
-    if output is None:
-        click.echo(text, nl=False)
-    else:
-        try:
-            output.write_text(text)
-        except OSError as exc:
-            raise FuseError(f"cannot write {output}: {exc.strerror or exc}") from None
-        click.echo(f"wrote {output}", err=True)
-    more = f"; it also matches {n - 1} other place(s)" if n > 1 else ""
-    click.echo(f"draft rule {name} matches its example in {model_path}{more}", err=True)

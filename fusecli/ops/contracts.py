@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-OPS_DIR = Path(__file__).parent / "ops"
+OPS_DIR = Path(__file__).parent
 DOMAIN_FILE = OPS_DIR / "domain.yaml"
 CONTRACT_NAME = "contract.yaml"
 CONTRACTS_DOC = "fusecli/ops/<op>/contract.yaml"  # where a reader finds them (messages, docs)

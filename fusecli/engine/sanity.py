@@ -26,8 +26,8 @@ from collections import defaultdict, deque
 
 import onnx
 
-from .errors import ModelError
-from .graph import outer_names, subgraphs
+from fusecli.errors import ModelError
+from fusecli.engine.graph import outer_names, subgraphs
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _MAX_LISTED = 3

@@ -1,6 +1,6 @@
 """Time two ONNX models side by side in one process (standalone: numpy + onnxruntime + stdlib).
 
-usage: python fusecli/bench_worker.py --a A.onnx --b B.onnx --feeds feeds.npz
+usage: python fusecli/runtime/bench_worker.py --a A.onnx --b B.onnx --feeds feeds.npz
            [--library custom_ops.so] [--library-for a|b|both] [--runs N] [--warmup K]
            [--min-time S] [--max-runs N]
            [--threads T] [--opt-level disable|basic|extended|all] [--spinning]
@@ -46,8 +46,8 @@ import time
 
 
 
-if __package__:  # imported as fusecli.bench_worker
-    from .runtime_worker import (OPT_LEVELS, _runtime_name, input_names, load_feeds,
+if __package__:  # imported as fusecli.runtime.bench_worker
+    from fusecli.runtime.runtime_worker import (OPT_LEVELS, _runtime_name, input_names, load_feeds,
                                  report_error, session_options)
 else:  # run as a script (also under .venv-ortt, where fusecli cannot be imported)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

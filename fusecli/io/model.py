@@ -39,8 +39,8 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from .errors import ModelError
-from .userfiles import os_reason
+from fusecli.errors import ModelError
+from fusecli.io.userfiles import os_reason
 
 _MAX_PROTO = 2**31 - 1
 _FICLONE = 0x40049409          # linux/fs.h: _IOW(0x94, 9, int)

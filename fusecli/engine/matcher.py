@@ -15,11 +15,11 @@ import numpy as np
 import onnx
 from onnx import defs
 
-from .contracts import load_contracts
-from .constfold import compact
-from .graph import GNode, GraphIndex
-from .shapes import fusion_problem
-from .rules import COMMUTATIVE_OPS, CONST_FUNCS, AttrConstraint, NodeSpec, Rule, var_name
+from fusecli.ops.contracts import load_contracts
+from fusecli.engine.constfold import compact
+from fusecli.engine.graph import GNode, GraphIndex
+from fusecli.engine.shapes import fusion_problem
+from fusecli.engine.rules import COMMUTATIVE_OPS, CONST_FUNCS, AttrConstraint, NodeSpec, Rule, var_name
 
 VALUE_KEY = "$value:"  # captures[VALUE_KEY + var]: how var's constant enters (a CONST_FUNCS name)
 

@@ -41,11 +41,11 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .errors import FuseError
+from fusecli.errors import FuseError
 
 DEFAULT_DIMS = {"batch": 2, "batch_size": 2, "b": 2, "n": 2, "seq": 8, "sequence": 8,
                 "seq_len": 8, "s": 8}
-_REPO_SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+_REPO_SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 MAX_FEED_BYTES = 4 << 30       # all generated feeds together
 
 # ops that pass a tensor on unchanged in value (maybe re-laid out) on the way to its consumer

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 
 import onnx
 
-from .fusion import FusionPass, Skip
-from .graph import GraphIndex
-from .matcher import Matcher
+from fusecli.engine.fusion import FusionPass, Skip
+from fusecli.engine.graph import GraphIndex
+from fusecli.engine.matcher import Matcher
 
 
 def _misses(model: onnx.ModelProto, fp: FusionPass) -> list[Skip]:

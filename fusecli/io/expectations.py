@@ -6,8 +6,9 @@ from pathlib import Path
 
 import yaml
 
-from .errors import FuseError
-from .userfiles import YAML_ERRORS, SafeBoundedLoader, load_json, read_text, yaml_problem
+from fusecli.errors import FuseError
+from fusecli.engine.safeyaml import YAML_ERRORS, SafeBoundedLoader, load_json, yaml_problem
+from fusecli.io.userfiles import read_text
 
 
 def _is_count(v) -> bool:

@@ -14,7 +14,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from . import constfold
+from fusecli.engine import constfold
+from fusecli.engine.memo import memoised
 
 
 # standard ops whose output has the element type of their first input
@@ -313,7 +314,7 @@ class GraphIndex:
     def shapes(self):
         """The graph's ShapeOracle (recorded or inferred shapes), created on first use."""
         if self._shapes is None:
-            from .shapes import ShapeOracle
+            from fusecli.engine.shapes import ShapeOracle
 
             self._shapes = ShapeOracle(self)
         return self._shapes
@@ -377,24 +378,6 @@ class GraphIndex:
                     stack.extend(sub for _, sub in subgraphs(n))
         return self._all_names
 
-
-def memoised(name: str, cache: dict, step):
-    """The value of ``name`` in ``cache``, computed over producers without recursion (graphs
-    are deep): ``step(t)`` either names a tensor whose value must be computed first, or stores
-    what it can into ``cache`` and returns None (t itself then defaults to None)."""
-    stack = [name]
-    while stack:
-        t = stack[-1]
-        if t in cache:
-            stack.pop()
-            continue
-        need = step(t)
-        if need:
-            stack.append(need)
-        else:
-            stack.pop()
-            cache.setdefault(t, None)
-    return cache[name]
 
 
 def _fresh(base: str, taken, reserve: set[str]) -> str:

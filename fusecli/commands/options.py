@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 
-
 class _Tolerance(click.ParamType):
     name = "float"
 
@@ -26,3 +25,13 @@ class _Tolerance(click.ParamType):
 TOLERANCE = _Tolerance()
 SEED = click.IntRange(0, 2**32 - 1)       # what NumPy's generators accept
 RUNTIME_PYTHON = click.Path(exists=True, dir_okay=False, executable=True, path_type=Path)
+
+RULES = click.option("--rules", "rules", multiple=True, type=click.Path(path_type=Path),
+                     help="Rule file or folder (repeatable). Default: the shipped rules.")
+JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+FEEDS = click.option("--feeds", "feeds_file", type=click.Path(path_type=Path),
+                     help="NumPy .npz of arrays keyed by graph input name; the inputs it "
+                          "lacks are generated from the graph (README: Verify).")
+PROVIDER = click.option(
+    "--provider", type=click.Choice(["any", "cpu", "cuda"]), default="any", show_default=True,
+    help="Fuse only where fusecli's library has a kernel for this execution provider.")

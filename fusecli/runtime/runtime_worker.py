@@ -1,6 +1,6 @@
 """Run one ONNX model once in onnxruntime (standalone: numpy + onnxruntime + stdlib only).
 
-usage: python fusecli/runtime_worker.py --model M.onnx --feeds feeds.npz [--feeds more.npz ...]
+usage: python fusecli/runtime/runtime_worker.py --model M.onnx --feeds feeds.npz [--feeds more.npz ...]
            --out out.npz [--library custom_ops.so] [--opt-level disable|basic|extended|all]
            [--threads N] [--deterministic] [--profile DIR] [--repeat N]
 

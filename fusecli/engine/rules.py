@@ -7,22 +7,17 @@ reports the file, the line where known, and what is wrong.
 from __future__ import annotations
 
 import functools
-import os
 import re
 from dataclasses import dataclass, field, replace
-from importlib.resources import files
-from pathlib import Path
 
 import numpy as np
 import yaml
 
-from .contracts import load_contracts
-from .errors import RuleError
-from .userfiles import YAML_ERRORS, BoundedComposer, os_reason, read_text, yaml_problem
+from fusecli.ops.contracts import load_contracts
+from fusecli.errors import RuleError
+from fusecli.engine.safeyaml import YAML_ERRORS, BoundedComposer, yaml_problem
 
 CANONICAL_PATTERNS = load_contracts().patterns  # each op's contract lists its patterns
-# the shipped rules: package data (in a checkout, fusecli/shipped_rules links to rules/)
-DEFAULT_RULES_DIR = Path(str(files(__package__) / "shipped_rules"))
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _VAR_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\*?$")
@@ -171,6 +166,9 @@ class Rule:
     source: str
     family: str | None = None
     text: str = field(default="", repr=False)
+    # the rule as the matcher reads it: its file's body with the variant's parameters
+    # substituted (``fusecli rules show --expanded``)
+    body: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def anchor(self) -> NodeSpec:
@@ -741,39 +739,33 @@ def _build_rule(raw, source: str, text: str) -> Rule:
             raise RuleError(source, f"replace.attrs.{attr}: if_matched names '{spec[1]}', which "
                             "is not an optional rule node")
     return Rule(name, pattern, order, str(raw.get("description", "")).strip(), nodes, tensors,
-                replace, source, raw.get("family"), text)
+                replace, source, raw.get("family"), text, raw)
 
 
-def _rule_files(path: Path) -> list[Path]:
-    try:
-        if path.is_dir():
-            return sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
-    except OSError as exc:
-        raise RuleError(str(path), f"cannot list the folder: {os_reason(exc)}") from None
-    return [path]
+def _plain(obj):
+    """``obj`` as plain dicts and lists (the loader's line-tracking mappings dropped)."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
 
 
-def load_rules(paths=None) -> list[Rule]:
-    """Load and validate rules from files or folders (default: the shipped ``rules/``).
-
-    Rules come back in application order: ascending ``order``, then name.
-    """
-    shipped = paths is None or (isinstance(paths, (list, tuple)) and not paths)
-    if shipped:
-        paths = [DEFAULT_RULES_DIR]
-    elif isinstance(paths, (str, Path)):
-        paths = [paths]
-    rules: list[Rule] = []
-    seen: dict[str, str] = {}
-    for p in map(Path, paths):
-        if not os.path.lexists(p):
-            raise RuleError(str(p), "no such rule file or folder")
-        for f in _rule_files(p):
-            text = read_text(f, lambda msg, f=f: RuleError(str(f), msg))
-            for rule in parse_rules(text, str(f), shipped):
-                if rule.name in seen:
-                    raise RuleError(str(f), f"rule name '{rule.name}' is also used by "
-                                    f"{seen[rule.name]}")
-                seen[rule.name] = str(f)
-                rules.append(rule)
-    return sorted(rules, key=lambda r: (r.order, r.name))
+def expanded_text(rule: Rule) -> str:
+    """The concrete pattern the matcher uses for ``rule`` (variants and parameters expanded),
+    as YAML."""
+    lines = []
+    for key, value in _plain(rule.body).items():
+        if key == "description":
+            text = str(value).strip().replace("\n", "\n  ")
+            lines.append(f"{key}: |\n  {text}")
+        elif key == "nodes":            # one node per line, as the rule files write them
+            lines.append("nodes:")
+            lines += ["  - " + yaml.safe_dump(n, default_flow_style=True, sort_keys=False,
+                                              width=1 << 16).strip() for n in value]
+        elif isinstance(value, (dict, list)):
+            lines.append(yaml.safe_dump({key: value}, default_flow_style=None, sort_keys=False,
+                                        width=100).rstrip())
+        else:
+            lines.append(f"{key}: {yaml.safe_dump(value).splitlines()[0]}")
+    return "\n".join(lines) + "\n"

@@ -20,8 +20,8 @@ import math
 import numpy as np
 import onnx
 
-from .contracts import infer_output_types
-from .graph import memoised
+from fusecli.ops.contracts import infer_output_types
+from fusecli.engine.memo import memoised
 
 _SAME_AS_INPUT0 = {
     "Identity", "Cast", "CastLike", "Neg", "Sqrt", "Reciprocal", "Relu", "Erf", "Tanh", "Sigmoid", "Exp",

@@ -45,11 +45,11 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .contracts import FUSED_DOMAIN
-from .errors import CheckFailed, FuseError
-from .feeds import FeedPlan, guessed_dims, load_manifest, plan_feeds, read_feeds_file
-from .modelio import load_model
-from .sanity import check_graph
+from fusecli.ops.contracts import FUSED_DOMAIN
+from fusecli.errors import CheckFailed, FuseError
+from fusecli.runtime.feeds import FeedPlan, guessed_dims, load_manifest, plan_feeds, read_feeds_file
+from fusecli.io.model import load_model
+from fusecli.engine.sanity import check_graph
 
 WORKER = Path(__file__).resolve().parent / "runtime_worker.py"
 
@@ -70,7 +70,7 @@ def needs_training_runtime(model: onnx.ModelProto) -> bool:
 
 def pick_runtime(model: onnx.ModelProto, override: str | None = None) -> str:
     """Python interpreter whose onnxruntime can run ``model``."""
-    from .library import training_python
+    from fusecli.runtime.library import training_python
 
     if override or needs_training_runtime(model):
         return training_python(override)
@@ -508,8 +508,8 @@ def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: i
                   runtime_python: str | None = None,
                   feeds_file: str | os.PathLike | None = None) -> VerifyReport:
     """Run both models on the same feeds in the same runtime and judge every output."""
-    from .fusion import rule_of
-    from .library import library_path
+    from fusecli.engine.fusion import rule_of
+    from fusecli.runtime.library import library_path
 
     orig, python, plan = _prepare(original, seed, dims, runtime_python, feeds_file)
     fmodel = _load_checked(fused)
@@ -659,7 +659,7 @@ def _reference_diffs(node: onnx.NodeProto, values: dict, known: set[str], rtol: 
     1-ulp-perturbed and on the real inputs, its local noise floor)."""
     from onnx.reference import ReferenceEvaluator
 
-    from .ops.reference import reference_ops
+    from fusecli.ops.reference import reference_ops
 
     m = _single_node_model(node, values)
     got = ReferenceEvaluator(m, new_ops=reference_ops()).run(
@@ -676,7 +676,7 @@ def _boundary_checks(fnodes: list[onnx.NodeProto], values: dict, feeds: dict, py
     original's real boundary tensors, against the original's boundary outputs; each output
     judged against the op's own noise floor (the kernel re-run on 1-ulp-perturbed inputs:
     e.g. BatchNorm's input gradient over 2 values per channel is zero up to rounding)."""
-    from .fusion import DOC_PREFIX, rule_of
+    from fusecli.engine.fusion import DOC_PREFIX, rule_of
 
     vals = {**values, **feeds}
     runnable = [n for n in fnodes if all(i in vals for i in n.input if i)]

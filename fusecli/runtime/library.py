@@ -13,7 +13,7 @@ import os
 from importlib.resources import files
 from pathlib import Path
 
-from .errors import FuseError
+from fusecli.errors import FuseError
 
 LIBRARY_NAME = "libfusecli_ops.so"
 ORTT_PYTHON_ENV = "FUSECLI_ORTT_PYTHON"
@@ -26,7 +26,7 @@ class LibraryNotBuilt(FileNotFoundError):
 
 def library_path() -> str:
     """Absolute path of the built custom-op library; raises :class:`LibraryNotBuilt` if missing."""
-    path = Path(str(files(__package__) / "lib" / LIBRARY_NAME)).resolve()
+    path = Path(str(files("fusecli") / "lib" / LIBRARY_NAME)).resolve()
     if not path.is_file():
         raise LibraryNotBuilt("fusecli's custom-op library is not built: run `make lib` in a "
                               "checkout, or reinstall fusecli with pip (its build makes it)")
@@ -56,7 +56,7 @@ def training_python(override: str | None = None) -> str:
     venv_python = Path(ORTT_VENV) / "bin" / "python"
     cwd = Path.cwd()
     places = [cwd, *cwd.parents]
-    project = Path(__file__).resolve().parent.parent
+    project = Path(__file__).resolve().parents[2]
     if (project / "pyproject.toml").is_file():
         places.append(project)
     for place in places:
@@ -130,7 +130,7 @@ def _cdll():
 
 def kernel_ops(provider: str) -> set[str]:
     """Fused ops with a kernel for ``provider`` ('cpu' or 'cuda') in the built library."""
-    from .contracts import load_contracts
+    from fusecli.ops.contracts import load_contracts
 
     ops = set(load_contracts().ops)
     if provider == "cpu":

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import onnx
 
-from .contracts import FUSED_DOMAIN
-from .fusion import rule_of
+from fusecli.ops.contracts import FUSED_DOMAIN
+from fusecli.engine.fusion import rule_of
 
 
 def _fmt_skipped(skipped: dict) -> str:

@@ -14,12 +14,12 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .contracts import FUSED_DOMAIN, infer_output_types, load_contracts
-from .errors import EXIT_INTERNAL, FuseError
-from .graph import GNode, GraphIndex
-from .matcher import Failure, Match, Matcher, MatchResult
-from .rules import CANONICAL_PATTERNS, Rule, load_rules
-from .shapes import fusion_problem
+from fusecli.ops.contracts import FUSED_DOMAIN, infer_output_types, load_contracts
+from fusecli.errors import EXIT_INTERNAL, FuseError
+from fusecli.engine.graph import GNode, GraphIndex
+from fusecli.engine.matcher import Failure, Match, Matcher, MatchResult
+from fusecli.engine.rules import CANONICAL_PATTERNS, Rule
+from fusecli.engine.shapes import fusion_problem
 
 MAX_ROUNDS = 16
 
@@ -171,16 +171,18 @@ def elem_type(index: GraphIndex, tensor: str, depth: int = 8) -> int | None:
 class FusionPass:
     """Rewrites matched backward chains into fused ops.
 
-    ``FusionPass(rules=None)`` loads the shipped rules; ``rules`` may be a list of ``Rule``
-    objects or of rule file/folder paths. ``run(model)`` rewrites the ModelProto in place and
+    ``rules`` are parsed ``Rule`` objects (the engine reads no files: ``fusecli.FusionPass`` and
+    ``fusecli.load_rules`` load rule files). ``run(model)`` rewrites the ModelProto in place and
     returns the number of fused nodes in the result; ``stats`` holds that run's counters.
     """
 
-    def __init__(self, rules=None, only: Iterable[str] = (), skip: Iterable[str] = (),
+    def __init__(self, rules: Iterable[Rule], only: Iterable[str] = (), skip: Iterable[str] = (),
                  progress: Callable[[str], None] | None = None,
                  kernels: Iterable[str] | None = None):
-        if rules is None or all(not isinstance(r, Rule) for r in rules):
-            rules = load_rules(rules)
+        rules = list(rules)
+        if not all(isinstance(r, Rule) for r in rules):
+            raise TypeError("FusionPass takes parsed Rule objects; load rule files with "
+                            "fusecli.load_rules(paths)")
         only, skip = set(only), set(skip)
         self.all_rules: list[Rule] = list(rules)
         self.rules = [r for r in self.all_rules
@@ -410,11 +412,3 @@ class FusionPass:
         contracts = load_contracts()
         if not any(o.domain == FUSED_DOMAIN for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, contracts.version))
-
-
-def run_fusion_pass(model: onnx.ModelProto, rules=None, only: Iterable[str] = (),
-                    skip: Iterable[str] = ()) -> Stats:
-    """One call: fuse ``model`` in place with the shipped (or given) rules; return the stats."""
-    fp = FusionPass(rules=rules, only=only, skip=skip)
-    fp.run(model)
-    return fp.stats
