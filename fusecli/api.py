@@ -189,17 +189,17 @@ def optimize(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
 
 
 def _verify_result(result: Result, feeds: PathLike | None):
-    if result.source is not None and result.saved_to is not None:
+    """Verify ``result`` against the file it came from; an unsaved result is written to a
+    temporary folder for it (and ``saved_to`` stays None)."""
+    if result.source is None:
+        raise FuseError("verify needs the original model as a file: pass a path to "
+                        "optimize() (the ModelProto given was rewritten in place)")
+    if result.saved_to is not None:
         return verify(result.source, result.saved_to, feeds=feeds)
     with tempfile.TemporaryDirectory(prefix="fusecli-verify-") as tmp:
-        if result.source is None:
-            raise FuseError("verify needs the original model as a file: pass a path to "
-                            "optimize() (the ModelProto given was rewritten in place)")
-        fused = Path(tmp) / "fused.onnx"
-        save(result, fused)
-        report = verify(result.source, fused, feeds=feeds)
+        fused = save(result, Path(tmp) / "fused.onnx")
         result.saved_to = None
-        return report
+        return verify(result.source, fused, feeds=feeds)
 
 
 def save(result: Result | onnx.ModelProto, path: PathLike, source: PathLike | None = None,

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,3 +41,24 @@ def ortt_python() -> str:
     if not ORTT_PYTHON.exists():
         pytest.fail("the onnxruntime-training environment is missing: run `make ortt-env`")
     return str(ORTT_PYTHON)
+
+
+# --- CPU time per test (FUSECLI_TEST_CPU=FILE): user + system seconds of the test's process and
+# of the child processes it waited for, appended as JSON lines. Unlike --durations' wall times
+# it does not grow when the machine is shared, which is what sizing the suite for CI needs.
+_CPU_LOG = os.environ.get("FUSECLI_TEST_CPU")
+
+
+def _cpu_now() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+if _CPU_LOG:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        t0, w0 = _cpu_now(), time.perf_counter()
+        yield
+        with open(_CPU_LOG, "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "cpu_s": round(_cpu_now() - t0, 3),
+                                "wall_s": round(time.perf_counter() - w0, 3)}) + "\n")

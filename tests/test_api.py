@@ -58,6 +58,8 @@ def test_one_call_writes_and_verifies(exported, tmp_path):
     assert result.fused["linear_gelu"] == 0                 # not selected
     assert out.is_file() and result.verify.verdict == "PASS"
     assert result.as_dict()["verify"]["verdict"] == "PASS"
+    unsaved = fusecli.optimize(path, verify=True)           # verified from a temporary copy
+    assert unsaved.verify.verdict == "PASS" and unsaved.saved_to is None
 
 
 def test_a_modelproto_is_fused_in_place_and_stats_reset(exported):
