@@ -49,7 +49,7 @@ format: venv
 # slowest tests are listed at the end. pytest's exit code (5: no test ran) is make's.
 PYTEST_WORKERS ?= auto
 test: venv lib ortt-env lint
-	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --durations=25 tests fusecli/ops
+	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 tests fusecli/ops
 
 # under a minute: the engine (graph index, matcher, rules language, rewrite, shape guard), the
 # rule files, rule drafting, the op folders' facts and the package's layering; no kernel is

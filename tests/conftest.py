@@ -62,3 +62,23 @@ if _CPU_LOG:
         with open(_CPU_LOG, "a") as f:
             f.write(json.dumps({"test": item.nodeid, "cpu_s": round(_cpu_now() - t0, 3),
                                 "wall_s": round(time.perf_counter() - w0, 3)}) + "\n")
+
+
+class Lazy(dict):
+    """A dict that computes a missing key's value on first use: a module fixture that prepares
+    one entry per parametrized case (a fused corpus graph, ...) prepares, in each pytest-xdist
+    worker, only the cases that worker runs."""
+
+    def __init__(self, make):
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, key):
+        value = self[key] = self._make(key)
+        return value
+
+
+def grouped(group: str, value, *marks):
+    """A parameter whose tests pytest-xdist runs on one worker (``--dist loadgroup``), so that a
+    Lazy entry they share is made once."""
+    return pytest.param(value, marks=[pytest.mark.xdist_group(group), *marks])

@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, Lazy, grouped, run_cli
 
 from fusecli import CANONICAL_PATTERNS, FusionPass
 from fusecli.ops.contracts import FUSED_DOMAIN
@@ -28,8 +28,8 @@ PATTERNS = CANONICAL_PATTERNS  # the op contracts' patterns, in canonical order
 
 
 def _param(name: str):
-    return (pytest.param(name, marks=pytest.mark.ortt)
-            if MANIFEST[name]["family"] == "ort-training" else name)
+    marks = [pytest.mark.ortt] if MANIFEST[name]["family"] == "ort-training" else []
+    return grouped(f"corpus-{name}", name, *marks)
 
 
 NAMES = [_param(n) for n in sorted(MANIFEST)]
@@ -37,17 +37,20 @@ NAMES = [_param(n) for n in sorted(MANIFEST)]
 
 @pytest.fixture(scope="module")
 def fused(tmp_path_factory):
-    """{graph: (fused path, stats)} from one in-process FusionPass per corpus graph."""
+    """{graph: (fused path, stats)} from one in-process FusionPass per corpus graph, made when a
+    test first asks for that graph."""
     out_dir = tmp_path_factory.mktemp("corpus-fused")
-    results = {}
-    for name, e in MANIFEST.items():
+
+    def fuse(name):
+        e = MANIFEST[name]
         m = onnx.load(CORPUS / e["file"])
         fp = FusionPass()
         fp.run(m)
         path = out_dir / e["file"]
         onnx.save(m, path)
-        results[name] = (path, fp.stats)
-    return results
+        return path, fp.stats
+
+    return Lazy(fuse)
 
 
 def test_corpus_covers_the_architectures_it_promises():

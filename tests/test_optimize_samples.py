@@ -10,26 +10,30 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import SAMPLES, run_cli
+from conftest import SAMPLES, Lazy, grouped, run_cli
 
 from fusecli import CANONICAL_PATTERNS, FusionPass
 from fusecli.runtime.verify import check_fusions
 
 SAMPLE_NAMES = sorted(p.stem for p in SAMPLES.glob("*.onnx"))
+SAMPLE_PARAMS = [grouped(f"sample-{n}", n) for n in SAMPLE_NAMES]
 
 
 @pytest.fixture(scope="module")
 def optimized(tmp_path_factory):
+    """{sample: (fused path, --json report)} of the real `fusecli optimize`, per sample when a
+    test first asks for it."""
     out_dir = tmp_path_factory.mktemp("fused")
-    results = {}
-    for name in SAMPLE_NAMES:
+
+    def optimize(name):
         out = out_dir / f"{name}.fused.onnx"
         proc = run_cli("optimize", SAMPLES / f"{name}.onnx", "-o", out, "--json")
-        results[name] = (out, json.loads(proc.stdout))
-    return results
+        return out, json.loads(proc.stdout)
+
+    return Lazy(optimize)
 
 
-@pytest.mark.parametrize("name", SAMPLE_NAMES)
+@pytest.mark.parametrize("name", SAMPLE_PARAMS)
 def test_fused_counts_equal_architecture_counts(name, optimized, manifest):
     entry = next(e for e in manifest.values() if e["file"] == f"{name}.onnx")
     _, report = optimized[name]
@@ -48,7 +52,7 @@ def _checker_error(model) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("name", SAMPLE_NAMES)
+@pytest.mark.parametrize("name", SAMPLE_PARAMS)
 def test_output_checker_never_worse(name, optimized):
     out, _ = optimized[name]
     before = _checker_error(onnx.load(SAMPLES / f"{name}.onnx"))
@@ -56,7 +60,7 @@ def test_output_checker_never_worse(name, optimized):
     assert after == before  # None stays None; a pre-existing error is not joined by another
 
 
-@pytest.mark.parametrize("name", SAMPLE_NAMES)
+@pytest.mark.parametrize("name", SAMPLE_PARAMS)
 def test_interface_order_and_cleanup(name, optimized):
     src = onnx.load(SAMPLES / f"{name}.onnx")
     dst = onnx.load(optimized[name][0])
@@ -98,7 +102,7 @@ def test_fused_node_takes_the_place_of_the_first_replaced_node():
                    if n in order)
 
 
-@pytest.mark.parametrize("name", SAMPLE_NAMES)
+@pytest.mark.parametrize("name", SAMPLE_PARAMS)
 def test_every_fusion_matches_its_reference_on_real_tensors(name):
     """Semantics before any C++: boundary tensors from the ORIGINAL graph run in its runtime
     (onnxruntime or onnxruntime-training), the fused op's NumPy reference on its inputs."""
@@ -111,7 +115,7 @@ def test_every_fusion_matches_its_reference_on_real_tensors(name):
     assert not bad
 
 
-@pytest.mark.parametrize("name", [n for n in SAMPLE_NAMES if n.startswith("torch_")])
+@pytest.mark.parametrize("name", [p for p in SAMPLE_PARAMS if p.values[0].startswith("torch_")])
 def test_torch_joint_fused_model_runs_in_reference_evaluator(name, optimized, manifest):
     """The whole fused torch-joint model in onnx.reference with the NumPy fused ops, against
     the original in onnxruntime 1.31.1 with graph optimizations off."""
@@ -147,7 +151,7 @@ def test_fused_outputs_get_recorded_types():
         assert recorded[f"{layer}.weight_grad"] == params[f"{layer}.weight"]
 
 
-@pytest.mark.parametrize("name", SAMPLE_NAMES)
+@pytest.mark.parametrize("name", SAMPLE_PARAMS)
 def test_fused_ops_name_their_workspace_outputs(name, optimized):
     """Every output a contract marks `workspace` (LinearActivationGrad's dZ, ConvBnReluGrad's dC:
     the op's working buffer, which onnxruntime may place in dY's memory) is named by the rewriter:
