@@ -21,7 +21,7 @@ _EXPORTS = {
     "optimize": "fusecli.api", "verify": "fusecli.api", "save": "fusecli.api",
     "load": "fusecli.api", "stats": "fusecli.api", "explain": "fusecli.api",
     "Result": "fusecli.api", "FusionPass": "fusecli.api",
-    "fusion_pass": "fusecli.api",
+    "fusion_pass": "fusecli.api", "regressions": "fusecli.api",
     "load_rules": "fusecli.io.rulefiles",
     "CANONICAL_PATTERNS": "fusecli.engine.rules", "Rule": "fusecli.engine.rules",
     "Stats": "fusecli.engine.fusion",
@@ -54,4 +54,4 @@ def __dir__():
 
 __all__ = ["CANONICAL_PATTERNS", "CheckFailed", "FuseError", "FusionPass", "ModelError", "Result",
            "Rule", "RuleError", "Stats", "__version__", "explain", "fusion_pass", "library_path",
-           "load", "load_rules", "optimize", "save", "stats", "verify"]
+           "load", "load_rules", "optimize", "regressions", "save", "stats", "verify"]

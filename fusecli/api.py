@@ -274,6 +274,22 @@ def explain(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
                          include_shallow=bool(rule_names or node_names))
 
 
+def regressions(result: Result | dict, expect: PathLike | dict[str, int] | None = None,
+                baseline: PathLike | dict | None = None) -> list[str]:
+    """The CI gate of ``fusecli optimize --expect/--baseline``: one line per pattern or rule
+    that fused fewer chains than ``expect`` (a mapping name -> minimum count, or a YAML/JSON
+    file of one) or than ``baseline`` (a previous ``--json`` report, or its file) says; an
+    empty list when every expectation holds."""
+    from fusecli.io.expectations import check_expectations, load_baseline, load_expectations
+
+    if expect is not None and not isinstance(expect, dict):
+        expect = load_expectations(expect)
+    if baseline is not None and not isinstance(baseline, dict):
+        baseline = load_baseline(baseline)
+    report = result.as_dict() if isinstance(result, Result) else result
+    return check_expectations(report, expect or {}, baseline)
+
+
 def bench(original: PathLike, fused: PathLike, **options) -> dict:
     """Time ``fused`` against ``original`` side by side (``fusecli bench``); ``options`` as
     ``fusecli.runtime.bench.run_bench``. Returns its summary (medians, speed-up, peak memory)."""

@@ -84,6 +84,23 @@ def test_the_cli_is_the_api(exported, tmp_path):
         assert cli[key] == api[key], key
 
 
+def test_the_ci_gate(exported, tmp_path):
+    """fusecli.regressions is `optimize --expect/--baseline`: a drop below either is a line."""
+    path, entry = exported
+    result = fusecli.optimize(path, only=["layernorm"])
+    want = entry["patterns"]["layernorm"]
+    assert fusecli.regressions(result, expect={"layernorm": want}) == []
+    assert fusecli.regressions(result, expect={"sdpa": 1}) == ["sdpa: fused 0, expected at least 1"]
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(fusecli.optimize(path).as_dict()))
+    lines = fusecli.regressions(result, baseline=base)
+    assert f"sdpa: fused 0, baseline had {entry['patterns']['sdpa']}" in lines
+    exp = tmp_path / "expect.yaml"
+    exp.write_text(f"layernorm: {want + 1}\n")
+    assert fusecli.regressions(result, expect=exp) == [
+        f"layernorm: fused {want}, expected at least {want + 1}"]
+
+
 def test_errors_are_the_cli_classes(tmp_path):
     with pytest.raises(fusecli.ModelError, match="no such file") as exc:
         fusecli.optimize(tmp_path / "missing.onnx")

@@ -41,7 +41,7 @@ def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet
     """
     from fusecli import api
     from fusecli.engine.report import stats_table
-    from fusecli.io.expectations import check_expectations, load_baseline, load_expectations
+    from fusecli.io.expectations import load_baseline, load_expectations
 
     if output is None and not dry_run:
         raise click.UsageError("missing -o/--output (or pass --dry-run)")
@@ -67,7 +67,7 @@ def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet
             print_verify(report, model, result.saved_to)
     if report is not None:
         report_mismatches(report)
-    problems = check_expectations(d, wanted, base)
+    problems = api.regressions(d, wanted, base)
     for line in problems:
         click.echo(f"fusecli: regression: {line}", err=True)
     if problems:
