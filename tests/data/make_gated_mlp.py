@@ -8,6 +8,8 @@ intermediate 16, MSE loss.
                 (Phi-3's Phi3MLP)                                          2 gated MLPs
   geglu         act = nn.GELU() (erf)                                      2 gated MLPs
   geglu_tanh    act = nn.GELU(approximate="tanh") (Gemma's gelu_pytorch_tanh)  2 gated MLPs
+  geglu_new     act = transformers' NewGELUActivation (gelu_new, written with torch.pow;
+                onnxruntime-training's pre-gradient fusion makes it FastGelu)  2 gated MLPs
   gate_const    look-alike: silu(gate_proj(x)) * a constant buffer (no up projection, no
                 gradient for the other factor): no gate, 2 Linear+SiLU
   gate_sigmoid  look-alike: sigmoid(gate_proj(x)) * up_proj(x) (a GLU, not SwiGLU): no gate
@@ -17,6 +19,7 @@ build/venv-corpus-ortt/bin/python tests/data/make_gated_mlp.py ort-training
 build/venv-corpus-torch/bin/python tests/data/make_gated_mlp.py torch-joint
 """
 
+import math
 import shutil
 import sys
 import tempfile
@@ -31,6 +34,14 @@ sys.path.insert(0, str(HERE.parents[1] / "scripts" / "corpus"))
 import gen  # noqa: E402
 
 D, F = 8, 16
+
+
+class NewGELU(nn.Module):
+    """transformers' NewGELUActivation (gelu_new), as written there."""
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi)
+                                           * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
 class GatedMLP(nn.Module):
@@ -73,6 +84,7 @@ GRAPHS = {
     "swiglu_fused": lambda: GatedMLP(nn.SiLU(), fused=True),
     "geglu": lambda: GatedMLP(nn.GELU()),
     "geglu_tanh": lambda: GatedMLP(nn.GELU(approximate="tanh")),
+    "geglu_new": lambda: GatedMLP(NewGELU()),
     "gate_const": lambda: GatedMLP(nn.SiLU(), kind="const"),
     "gate_sigmoid": lambda: GatedMLP(nn.Sigmoid()),
 }

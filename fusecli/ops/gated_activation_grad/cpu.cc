@@ -20,11 +20,11 @@ void act_and_grad(Act act, float alpha, const float* a, float* f, float* g, int6
   MA v(vbuf, len);
   v = alpha * x;
   switch (act) {
-    case Act::kSilu: {  // s = 1 / (1 + e), e = e^-v; 1 - s = e s (no cancellation)
-      go = (-v).min(88.f).exp();            // e
-      fo = 1.f / (1.f + go);                // s
-      go = fo * (1.f + v * (go * fo));      // s (1 + v (1 - s))
-      fo = v * fo;                          // v s
+    case Act::kSilu: {                  // s = 1 / (1 + e), e = e^-v; 1 - s = e s (no cancellation)
+      go = (-v).min(88.f).exp();        // e
+      fo = 1.f / (1.f + go);            // s
+      go = fo * (1.f + v * (go * fo));  // s (1 + v (1 - s))
+      fo = v * fo;                      // v s
       break;
     }
     case Act::kGelu: {
@@ -48,13 +48,13 @@ void act_and_grad(Act act, float alpha, const float* a, float* f, float* g, int6
 }
 
 // One block: da = dh * b * g, db = dh * f. da may be dh and db may be b (read before written).
-void gated_block(Act act, float alpha, const float* dh, const float* a, const float* b,
-                 float* da, float* db, int64_t len) {
+void gated_block(Act act, float alpha, const float* dh, const float* a, const float* b, float* da,
+                 float* db, int64_t len) {
   alignas(64) float fbuf[kBlock], gbuf[kBlock];
   act_and_grad(act, alpha, a, fbuf, gbuf, len);
   CA d(dh, len), bb(b, len);
   MA f(fbuf, len), g(gbuf, len);
-  f = d * f;                        // dB, kept until da is written (db may alias b)
+  f = d * f;                         // dB, kept until da is written (db may alias b)
   if (da) MA(da, len) = d * bb * g;  // da may alias dh: coefficient-wise, read then write
   if (db) MA(db, len) = f;
 }

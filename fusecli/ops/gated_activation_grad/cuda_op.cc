@@ -20,8 +20,7 @@ struct GatedKernel : CudaKernel<GatedKernel, kGatedActivationGrad> {  // activat
                                                                dh.numel(), act, alpha)
                     : fusecli_launch_gated_activation_grad(
                           s, dh.ptr<float>(), a.ptr<float>(), b.ptr<float>(),
-                          static_cast<float*>(da), static_cast<float*>(db), dh.numel(), act,
-                          alpha),
+                          static_cast<float*>(da), static_cast<float*>(db), dh.numel(), act, alpha),
                "GatedActivationGrad");
   }
 };
