@@ -155,6 +155,9 @@ def _kind_matches(arr: np.ndarray, kind: str, data_shape=None) -> tuple[bool, st
     if kind == "vector_shape":
         ok = ints and arr.ndim == 1 and flat.size == 1 and flat[0] > 0
         return ok, f"{shown}, rule wants a 1-D shape [n]"
+    if kind == "halves":
+        ok = ints and arr.ndim == 1 and flat.size == 2 and flat[0] > 0 and flat[0] == flat[1]
+        return ok, f"{shown}, rule wants split sizes [h, h] (two equal halves)"
     return False, f"unknown kind {kind}"
 
 
