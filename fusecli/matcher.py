@@ -434,7 +434,10 @@ class Matcher:
                 fn = caps.get(VALUE_KEY + v)
                 if value is not None and fn is not None and fn != "identity":
                     value = CONST_FUNCS[fn](compact(np.asarray(value)).astype(np.float64))
-                ok, detail = const_matches(value, ts.const, ts.tol, ts.kind, data_shape)
+                if ts.kind == "index_range":
+                    ok, detail = self._index_range(value, ts, t2)
+                else:
+                    ok, detail = const_matches(value, ts.const, ts.tol, ts.kind, data_shape)
                 if fn not in (None, "identity"):
                     detail = f"(as {fn} of its value, {node.op} spelling) {detail}"
                 if not ok:
@@ -443,6 +446,30 @@ class Matcher:
                     return False
             t2[v] = name
         return True
+
+    def _index_range(self, value, ts, bound) -> tuple[bool, str]:
+        """kind index_range: [start, ..., start + count - 1] as [count] or [count, 1] integers,
+        start / count literals or the values of bound one-element integer constants."""
+        if value is None:
+            return False, "is not a constant"
+        want = []
+        for key in ("start", "count"):
+            ref = getattr(ts, key)
+            if isinstance(ref, str):
+                v = self.g.const_value(bound[ref]) if ref in bound else None
+                v = None if v is None else np.asarray(v)
+                if v is None or v.size != 1 or v.dtype.kind not in "iu":
+                    return False, f"rule wants an index range whose {key} is {ref}, which is " \
+                        "not a bound integer constant"
+                ref = int(v.reshape(-1)[0])
+            want.append(ref)
+        start, count = want
+        arr = np.asarray(value)
+        flat = arr.reshape(-1)
+        ok = (arr.dtype.kind in "iu" and arr.shape in ((count,), (count, 1))
+              and flat.tolist() == list(range(start, start + count)))
+        return ok, (f"is {flat[:6].tolist()}{'...' if flat.size > 6 else ''} of shape "
+                    f"{list(arr.shape)}, rule wants the indices {start}..{start + count - 1}")
 
     # -- guards ----------------------------------------------------------------------------
     def _finish(self, nodes, tensors, captures) -> Match | None:

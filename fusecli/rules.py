@@ -46,7 +46,7 @@ COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Sum", "Max", "Min", "Mean", "And", "
 _PARAM_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _WHOLE_PARAM_RE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
 TENSOR_KINDS = ("constant", "scalar", "leading_axes", "last_axis", "flatten_2d",
-                "vector_shape", "large_negative", "halves")
+                "vector_shape", "large_negative", "halves", "index_range")
 _RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace",
               "params", "variants"}
 
@@ -147,6 +147,10 @@ class TensorSpec:
     const: object = None             # expected value (number or list), or None with a kind
     tol: float = 1e-5
     kind: str | None = None          # one of TENSOR_KINDS
+    # kind index_range: integers start, start + 1, ..., start + count - 1; each an int or the
+    # name of a variable bound (earlier in the node list) to a one-element integer constant
+    start: object = None
+    count: object = None
 
 
 @dataclass(frozen=True)
@@ -429,13 +433,23 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
         if not isinstance(spec, dict) or ("const" in spec) == ("kind" in spec):
             raise RuleError(src, f"tensor '{name}': expected a mapping with either 'const' "
                             f"(and optional 'tol') or 'kind' (one of {list(TENSOR_KINDS)})", line)
-        unknown = set(spec) - {"const", "tol", "kind"}
+        ranged = spec.get("kind") == "index_range"
+        unknown = set(spec) - {"const", "tol", "kind"} - ({"start", "count"} if ranged else set())
         if unknown:
             raise RuleError(src, f"tensor '{name}': unknown key(s) {sorted(unknown)}", line)
         if "kind" in spec:
             if not isinstance(spec["kind"], str) or spec["kind"] not in TENSOR_KINDS:
                 raise RuleError(src, f"tensor '{name}': kind must be one of {list(TENSOR_KINDS)}",
                                 line)
+            if ranged:
+                for key in ("start", "count"):
+                    v = spec.get(key)
+                    if isinstance(v, bool) or not isinstance(v, (int, str)):
+                        raise RuleError(src, f"tensor '{name}': index_range needs '{key}': an "
+                                        "integer or a variable name", line)
+                out[name] = TensorSpec(kind="index_range", start=spec["start"],
+                                       count=spec["count"])
+                continue
             out[name] = TensorSpec(kind=spec["kind"])
             continue
         const = spec["const"]
