@@ -85,6 +85,10 @@ SAMPLE_MODELS["synthetic_ortt_layernorm_centred"] = builders.ortt_layernorm_cent
 for _fam in ("ortt", "torch"):
     for _name in ("swiglu", "swiglu_fused", "geglu", "geglu_tanh", "geglu_new"):
         SAMPLE_MODELS[f"gated_{_fam}_{_name}"] = onnx.load(DATA / f"{_fam}_{_name}.onnx")
+# rotary embeddings on Q and K of one Llama-style attention layer (tests/data/make_rope.py;
+# counts, verification and guards: tests/test_rope.py)
+for _fam in ("ortt", "torch"):
+    SAMPLE_MODELS[f"rope_{_fam}_half"] = onnx.load(DATA / f"{_fam}_rope_half.onnx")
 
 
 def _upto(rule_name):
