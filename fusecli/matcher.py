@@ -155,6 +155,12 @@ def _kind_matches(arr: np.ndarray, kind: str, data_shape=None) -> tuple[bool, st
     if kind == "vector_shape":
         ok = ints and arr.ndim == 1 and flat.size == 1 and flat[0] > 0
         return ok, f"{shown}, rule wants a 1-D shape [n]"
+    if kind == "pairs_shape":
+        ok = (ints and arr.ndim == 1 and flat.size >= 2 and int(flat[-1]) == 2
+              and data_shape is not None and bool(data_shape)
+              and data_shape[-1] is not None and int(flat[-2]) * 2 == data_shape[-1])
+        return ok, (f"{shown}, rule wants a Reshape target [..., n/2, 2] splitting the last dim n "
+                    "of its input (of recorded shape) into pairs")
     if kind == "halves":
         ok = ints and arr.ndim == 1 and flat.size == 2 and flat[0] > 0 and flat[0] == flat[1]
         return ok, f"{shown}, rule wants split sizes [h, h] (two equal halves)"
@@ -448,8 +454,9 @@ class Matcher:
         return True
 
     def _index_range(self, value, ts, bound) -> tuple[bool, str]:
-        """kind index_range: [start, ..., start + count - 1] as [count] or [count, 1] integers,
-        start / count literals or the values of bound one-element integer constants."""
+        """kind index_range: [start, start + step, ...] (count of them, any count when None) as
+        [count] or [count, 1] integers; start / count literals or the values of bound
+        one-element integer constants."""
         if value is None:
             return False, "is not a constant"
         want = []
@@ -466,10 +473,13 @@ class Matcher:
         start, count = want
         arr = np.asarray(value)
         flat = arr.reshape(-1)
-        ok = (arr.dtype.kind in "iu" and arr.shape in ((count,), (count, 1))
-              and flat.tolist() == list(range(start, start + count)))
+        n = flat.size if count is None else count
+        ok = (arr.dtype.kind in "iu" and arr.shape in ((n,), (n, 1))
+              and flat.tolist() == list(range(start, start + ts.step * n, ts.step)))
+        last = "" if count is None else f"..{start + ts.step * (count - 1)}"
         return ok, (f"is {flat[:6].tolist()}{'...' if flat.size > 6 else ''} of shape "
-                    f"{list(arr.shape)}, rule wants the indices {start}..{start + count - 1}")
+                    f"{list(arr.shape)}, rule wants the indices {start}, "
+                    f"{start + ts.step}{last} (step {ts.step})")
 
     # -- guards ----------------------------------------------------------------------------
     def _finish(self, nodes, tensors, captures) -> Match | None:

@@ -25,11 +25,16 @@ from fusecli.verify import verify_models
 
 DATA = Path(__file__).parent / "data"
 RULES = load_rules()
-GUARD_FIXTURE_RULES = ("rope_ortt", "rope_torch")
+GUARD_FIXTURE_RULES = ("rope_ortt", "rope_torch", "rope_interleaved_torch")
 
 # rope fusions from the model code (make_rope.py): Q and K rotated once each
-EXPECTED = {"half": 2, "partial": 2, "inputs": 2, "bad_concat": 0, "bad_slice": 0}
-CASES = [(fam, name) for fam in ("ortt", "torch") for name in EXPECTED]
+EXPECTED = {"half": 2, "partial": 2, "inputs": 2, "interleaved": 2, "bad_concat": 0,
+            "bad_slice": 0}
+# (ort-training has no interleaved fixture: its TorchScript export failed in generate_artifacts)
+CASES = [(fam, name) for fam in ("ortt", "torch") for name in EXPECTED
+         if (fam, name) != ("ortt", "interleaved")]
+RULE = {"half": "rope_{}", "partial": "rope_{}", "inputs": "rope_{}",
+        "interleaved": "rope_interleaved_{}"}
 
 
 def _load(fam, name):
@@ -52,7 +57,7 @@ def test_rope_exports_fuse_as_the_model_code_says_and_verify(fam, name, tmp_path
     fp.run(m)
     assert fp.stats.patterns["rope"].fused == EXPECTED[name]
     assert {f.rule for f in fp.stats.fusions if f.pattern == "rope"} == \
-        ({f"rope_{fam}"} if EXPECTED[name] else set())
+        ({RULE[name].format(fam)} if EXPECTED[name] else set())
     # the attention backward between the rotations fuses as before
     assert fp.stats.patterns["sdpa"].fused == 1
     out = tmp_path / "fused.onnx"
@@ -106,6 +111,14 @@ def _mutate(m, rec, case):
     elif case == "sin_not_forward":  # the backward's sin is not the forward's (cos instead)
         mul = _by_name(m, rec.nodes["mul_s"])
         mul.input[list(mul.input).index(t["sin"])] = t["cos"]
+    elif case == "pairs_not_pairs":  # interleaved: g reshaped to [..., n/4, 4], not pairs
+        rs = _by_name(m, rec.nodes["pairs"])
+        shape = _const(m, t["pshape"]).copy()
+        shape[-2], shape[-1] = shape[-2] // 2, 4
+        _set_const(m, rs, 1, shape)
+    elif case == "even_odd_swapped":  # interleaved: -g_even scattered to the even positions
+        sc = _by_name(m, rec.nodes["sc_hi"])
+        sc.input[1] = t["idx_lo"]
     elif case == "perm_not_swap":  # torch: the scatter's Transpose keeps the axes
         tr = _by_name(m, rec.nodes["tr_a"])
         tr.attribute[0].CopyFrom(helper.make_attribute("perm", [0, 1, 2, 3]))
@@ -115,7 +128,10 @@ def _mutate(m, rec, case):
 GUARDS = {"ortt": [("split_not_halves", {"constant"}), ("neg_on_other_half", {"op_type"}),
                    ("sin_not_forward", {"dataflow"})],
           "torch": [("index_not_the_half", {"constant"}), ("index_shifted", {"constant"}),
-                    ("sin_not_forward", {"dataflow"}), ("perm_not_swap", {"attribute"})]}
+                    ("sin_not_forward", {"dataflow"}), ("perm_not_swap", {"attribute"})],
+          "torch_interleaved": [("pairs_not_pairs", {"constant"}),
+                                ("even_odd_swapped", {"constant"}),
+                                ("sin_not_forward", {"dataflow"})]}
 
 
 @pytest.mark.parametrize("fam,case,reasons", [(f, c, r) for f, cs in GUARDS.items()
@@ -123,8 +139,9 @@ GUARDS = {"ortt": [("split_not_halves", {"constant"}), ("neg_on_other_half", {"o
 def test_rope_guards(fam, case, reasons):
     """Each guard broken on one rotation (Q's or K's): that one is left unfused, the other
     still fuses, and explain names the failing check."""
-    m = _load(fam, "half")
-    rule = f"rope_{fam}"
+    fam, style = (fam, "half") if fam != "torch_interleaved" else ("torch", "interleaved")
+    m = _load(fam, style)
+    rule = RULE[style].format(fam)
     rec = _first(m, rule)
     bad = _mutate(m, rec, case)
     fp = FusionPass(rules=_upto(rule))

@@ -89,6 +89,7 @@ for _fam in ("ortt", "torch"):
 # counts, verification and guards: tests/test_rope.py)
 for _fam in ("ortt", "torch"):
     SAMPLE_MODELS[f"rope_{_fam}_half"] = onnx.load(DATA / f"{_fam}_rope_half.onnx")
+SAMPLE_MODELS["rope_torch_interleaved"] = onnx.load(DATA / "torch_rope_interleaved.onnx")
 
 
 def _upto(rule_name):
