@@ -80,6 +80,16 @@ SAMPLE_MODELS["gqa_torch_bcast"] = onnx.load(DATA / "gqa" / "torch_gqa_bcast_kv2
 SAMPLE_MODELS["synthetic_ortt_attention_fill"] = builders.ortt_attention_fill()
 # a LayerNorm without bias, ort-training: Sub(mean) + SimplifiedLayerNormalization
 SAMPLE_MODELS["synthetic_ortt_layernorm_centred"] = builders.ortt_layernorm_centred()
+# gated MLPs (helper "gated", issue 23): real exports of LlamaMLP / Phi3MLP mirrors in both
+# families (tests/data/make_gated_mlp.py; counts, verification and guards: tests/test_gated_mlp.py)
+for _fam in ("ortt", "torch"):
+    for _name in ("swiglu", "swiglu_fused", "geglu", "geglu_tanh", "geglu_new"):
+        SAMPLE_MODELS[f"gated_{_fam}_{_name}"] = onnx.load(DATA / f"{_fam}_{_name}.onnx")
+# rotary embeddings on Q and K of one Llama-style attention layer (tests/data/make_rope.py;
+# counts, verification and guards: tests/test_rope.py)
+for _fam in ("ortt", "torch"):
+    SAMPLE_MODELS[f"rope_{_fam}_half"] = onnx.load(DATA / f"{_fam}_rope_half.onnx")
+SAMPLE_MODELS["rope_torch_interleaved"] = onnx.load(DATA / "torch_rope_interleaved.onnx")
 
 
 def _upto(rule_name):

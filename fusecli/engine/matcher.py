@@ -155,6 +155,15 @@ def _kind_matches(arr: np.ndarray, kind: str, data_shape=None) -> tuple[bool, st
     if kind == "vector_shape":
         ok = ints and arr.ndim == 1 and flat.size == 1 and flat[0] > 0
         return ok, f"{shown}, rule wants a 1-D shape [n]"
+    if kind == "pairs_shape":
+        ok = (ints and arr.ndim == 1 and flat.size >= 2 and int(flat[-1]) == 2
+              and data_shape is not None and bool(data_shape)
+              and data_shape[-1] is not None and int(flat[-2]) * 2 == data_shape[-1])
+        return ok, (f"{shown}, rule wants a Reshape target [..., n/2, 2] splitting the last dim n "
+                    "of its input (of recorded shape) into pairs")
+    if kind == "halves":
+        ok = ints and arr.ndim == 1 and flat.size == 2 and flat[0] > 0 and flat[0] == flat[1]
+        return ok, f"{shown}, rule wants split sizes [h, h] (two equal halves)"
     return False, f"unknown kind {kind}"
 
 
@@ -431,7 +440,10 @@ class Matcher:
                 fn = caps.get(VALUE_KEY + v)
                 if value is not None and fn is not None and fn != "identity":
                     value = CONST_FUNCS[fn](compact(np.asarray(value)).astype(np.float64))
-                ok, detail = const_matches(value, ts.const, ts.tol, ts.kind, data_shape)
+                if ts.kind == "index_range":
+                    ok, detail = self._index_range(value, ts, t2)
+                else:
+                    ok, detail = const_matches(value, ts.const, ts.tol, ts.kind, data_shape)
                 if fn not in (None, "identity"):
                     detail = f"(as {fn} of its value, {node.op} spelling) {detail}"
                 if not ok:
@@ -440,6 +452,34 @@ class Matcher:
                     return False
             t2[v] = name
         return True
+
+    def _index_range(self, value, ts, bound) -> tuple[bool, str]:
+        """kind index_range: [start, start + step, ...] (count of them, any count when None) as
+        [count] or [count, 1] integers; start / count literals or the values of bound
+        one-element integer constants."""
+        if value is None:
+            return False, "is not a constant"
+        want = []
+        for key in ("start", "count"):
+            ref = getattr(ts, key)
+            if isinstance(ref, str):
+                v = self.g.const_value(bound[ref]) if ref in bound else None
+                v = None if v is None else np.asarray(v)
+                if v is None or v.size != 1 or v.dtype.kind not in "iu":
+                    return False, f"rule wants an index range whose {key} is {ref}, which is " \
+                        "not a bound integer constant"
+                ref = int(v.reshape(-1)[0])
+            want.append(ref)
+        start, count = want
+        arr = np.asarray(value)
+        flat = arr.reshape(-1)
+        n = flat.size if count is None else count
+        ok = (arr.dtype.kind in "iu" and arr.shape in ((n,), (n, 1))
+              and flat.tolist() == list(range(start, start + ts.step * n, ts.step)))
+        last = "" if count is None else f"..{start + ts.step * (count - 1)}"
+        return ok, (f"is {flat[:6].tolist()}{'...' if flat.size > 6 else ''} of shape "
+                    f"{list(arr.shape)}, rule wants the indices {start}, "
+                    f"{start + ts.step}{last} (step {ts.step})")
 
     # -- guards ----------------------------------------------------------------------------
     def _finish(self, nodes, tensors, captures) -> Match | None:

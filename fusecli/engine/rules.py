@@ -41,7 +41,7 @@ COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Sum", "Max", "Min", "Mean", "And", "
 _PARAM_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _WHOLE_PARAM_RE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
 TENSOR_KINDS = ("constant", "scalar", "leading_axes", "last_axis", "flatten_2d",
-                "vector_shape", "large_negative")
+                "vector_shape", "large_negative", "halves", "index_range", "pairs_shape")
 _RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace",
               "params", "variants"}
 
@@ -142,6 +142,12 @@ class TensorSpec:
     const: object = None             # expected value (number or list), or None with a kind
     tol: float = 1e-5
     kind: str | None = None          # one of TENSOR_KINDS
+    # kind index_range: integers start, start + step, ..., count of them; start and count each
+    # an int or the name of a variable bound (earlier in the node list) to a one-element integer
+    # constant; count None: any count; step an int (default 1)
+    start: object = None
+    count: object = None
+    step: int = 1
 
 
 @dataclass(frozen=True)
@@ -427,13 +433,29 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
         if not isinstance(spec, dict) or ("const" in spec) == ("kind" in spec):
             raise RuleError(src, f"tensor '{name}': expected a mapping with either 'const' "
                             f"(and optional 'tol') or 'kind' (one of {list(TENSOR_KINDS)})", line)
-        unknown = set(spec) - {"const", "tol", "kind"}
+        ranged = spec.get("kind") == "index_range"
+        unknown = set(spec) - {"const", "tol", "kind"} - (
+            {"start", "count", "step"} if ranged else set())
         if unknown:
             raise RuleError(src, f"tensor '{name}': unknown key(s) {sorted(unknown)}", line)
         if "kind" in spec:
             if not isinstance(spec["kind"], str) or spec["kind"] not in TENSOR_KINDS:
                 raise RuleError(src, f"tensor '{name}': kind must be one of {list(TENSOR_KINDS)}",
                                 line)
+            if ranged:
+                for key in ("start", "count"):
+                    v = spec.get(key)
+                    if (key == "start" or v is not None) and (
+                            isinstance(v, bool) or not isinstance(v, (int, str))):
+                        raise RuleError(src, f"tensor '{name}': index_range needs '{key}': an "
+                                        "integer or a variable name", line)
+                step = spec.get("step", 1)
+                if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+                    raise RuleError(src, f"tensor '{name}': index_range 'step' must be a "
+                                    "positive integer", line)
+                out[name] = TensorSpec(kind="index_range", start=spec["start"],
+                                       count=spec.get("count"), step=step)
+                continue
             out[name] = TensorSpec(kind=spec["kind"])
             continue
         const = spec["const"]

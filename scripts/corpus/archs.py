@@ -20,6 +20,12 @@ From that dataflow:
     T5LayerNorm: x * rsqrt(mean(x^2) + eps) * weight, no mean subtraction, no bias).
   sdpa: every call of the architecture's attention module (the module that computes
     softmax(Q K^T [* scale] [+ mask/bias]) V), named per architecture in ATTENTION below.
+  swiglu / geglu (helper "gated", issue 23): every call of a gated MLP module, one with an
+    activation child (act_fn / activation_fn / act) and gate and up projections (gate_proj and
+    up_proj, one fused gate_up_proj as Phi-3, or T5's wi_0 and wi_1): act(gate) * up; SiLU ->
+    swiglu, a GELU -> geglu. Its gate Linear -> activation is counted there, not in linear_*.
+  rope: two per call of the attention module (Q and K rotated) in a model that has a rotary
+    embedding module (a class named *RotaryEmbedding).
 A pattern only counts when its backward exists in the training graph: a module whose parameters
 are all frozen AND whose input needs no gradient has no backward (none of the corpus models has
 such a pattern: the ViT patch-embedding conv frozen for torch-joint is no pattern). The first
@@ -98,6 +104,16 @@ def _is_linear(m: nn.Module) -> bool:
     return isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"
 
 
+def _gated_act(m: nn.Module) -> nn.Module | None:
+    """The activation module of a gated MLP (act(gate(x)) * up(x): LlamaMLP, MistralMLP,
+    Qwen2MLP, GemmaMLP, Phi3MLP's fused gate_up_proj, T5DenseGatedActDense), else None."""
+    act = next((getattr(m, n) for n in ("act_fn", "activation_fn", "act")
+                if isinstance(getattr(m, n, None), nn.Module)), None)
+    gated = ((hasattr(m, "gate_proj") and hasattr(m, "up_proj")) or hasattr(m, "gate_up_proj")
+             or (hasattr(m, "wi_0") and hasattr(m, "wi_1")))
+    return act if gated and act is not None and _act_kind(act) in ("silu", "gelu") else None
+
+
 def _is_rmsnorm(m: nn.Module) -> bool:
     name = type(m).__name__
     return name.endswith("RMSNorm") or name == "T5LayerNorm"
@@ -138,10 +154,16 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...]) -
         if isinstance(out, tuple):
             made_by.setdefault(out, mod)  # the first (innermost) module that returned it
     counts = dict.fromkeys(PATTERN_KEYS, 0)
+    # gated MLPs and rotary embeddings (helper "gated", issue 23)
+    gated_act = {id(a): _act_kind(a) for m in model.modules() if (a := _gated_act(m)) is not None}
+    rotary = any(type(m).__name__.endswith("RotaryEmbedding") for m in model.modules())
     for mod, ins, _ in calls:
         kind = _act_kind(mod)
         src = made_by.get(ins[0]) if ins else None
-        if kind and src is not None and _is_linear(src):
+        g = _gated_act(mod)
+        if g is not None and gated_act[id(g)] in ("silu", "gelu"):
+            counts["swiglu" if gated_act[id(g)] == "silu" else "geglu"] += 1
+        if kind and src is not None and _is_linear(src) and id(mod) not in gated_act:
             counts[f"linear_{kind}"] += 1
         if kind == "relu" and isinstance(src, nn.BatchNorm2d):
             bn_in = input_of.get(id(src), [])
@@ -153,6 +175,8 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...]) -
             counts["rmsnorm"] += 1
         if type(mod).__name__ in attention:
             counts["sdpa"] += 1
+            if rotary:
+                counts["rope"] += 2
     return counts
 
 

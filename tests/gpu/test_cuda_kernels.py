@@ -363,3 +363,33 @@ def test_rms_norm_grad_optional_outputs():
     for want in [(1, 0), (0, 1)]:
         got = L.rms_norm_grad(dy, x, gamma, inv_rms, None, want)
         _check_requested(want, got, ref)
+
+
+# --- GatedActivationGrad (helper "gated", issue 23) --------------------------------------------
+
+_GATED_ACT = {"silu": torch.nn.functional.silu,
+              "gelu": lambda a: torch.nn.functional.gelu(a),
+              "gelu_tanh": lambda a: torch.nn.functional.gelu(a, approximate="tanh")}
+
+
+@pytest.mark.parametrize("act", sorted(_GATED_ACT))
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", [(1,), (17,), (5, 33), (1023, 1025)])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_gated_activation_grad(act, dtype, shape, inplace):
+    """dA, dB of H = act(A) * B against torch autograd (float64); in place: dA over dH and dB
+    over B, as onnxruntime may place them."""
+    dt = getattr(torch, dtype)
+    dh, a, b = _rand(*shape, dtype=dt), _rand(*shape, dtype=dt, scale=2.5), _rand(*shape, dtype=dt)
+    ag, bg = a.double().requires_grad_(True), b.double().requires_grad_(True)
+    ref_a, ref_b = torch.autograd.grad(_GATED_ACT[act](ag) * bg, (ag, bg), dh.double())
+    dh_in, b_in = dh.clone(), b.clone()
+    da = dh_in if inplace else torch.empty_like(dh)
+    db = b_in if inplace else torch.empty_like(dh)
+    name = "fusecli_launch_gated_activation_grad" + ("_f16" if dt == torch.float16 else "")
+    L.call(name, L.stream(), L.ptr(dh_in), L.ptr(a), L.ptr(b_in), L.ptr(da), L.ptr(db), dh.numel(),
+           L.ACT[act], 1.0)
+    torch.cuda.synchronize()
+    tol = 2e-4 if dt == torch.float32 else 1e-2
+    _close(da, ref_a, tol, f"dA {act}")
+    _close(db, ref_b, tol, f"dB {act}")

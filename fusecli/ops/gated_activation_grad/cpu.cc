@@ -1,0 +1,115 @@
+// GatedActivationGrad: CPU kernel (Eigen array expressions in L1-sized blocks, threads).
+#include <unsupported/Eigen/SpecialFunctions>
+
+#include <algorithm>
+
+#include "cpu_activation.h"
+#include "cpu_eigen.h"
+#include "cpu_kernel.h"
+
+namespace fusecli {
+namespace {
+
+constexpr int64_t kBlock = 1024;
+
+// f = act(alpha a) / alpha and g = act'(alpha a) for one block (len <= kBlock).
+void act_and_grad(Act act, float alpha, const float* a, float* f, float* g, int64_t len) {
+  CA x(a, len);
+  MA fo(f, len), go(g, len);
+  alignas(64) float vbuf[kBlock];
+  MA v(vbuf, len);
+  v = alpha * x;
+  switch (act) {
+    case Act::kSilu: {                  // s = 1 / (1 + e), e = e^-v; 1 - s = e s (no cancellation)
+      go = (-v).min(88.f).exp();        // e
+      fo = 1.f / (1.f + go);            // s
+      go = fo * (1.f + v * (go * fo));  // s (1 + v (1 - s))
+      fo = v * fo;                      // v s
+      break;
+    }
+    case Act::kGelu: {
+      const float kSqrt1_2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
+      fo = 0.5f * (1.f + (v * kSqrt1_2).erf());  // Phi(v)
+      go = fo + v * (-0.5f * v * v).exp() * kInvSqrt2Pi;
+      fo = v * fo;
+      break;
+    }
+    case Act::kGeluTanh: {
+      const float k = 0.79788456080286536f, c = 0.044715f;
+      fo = (k * v * (1.f + c * v * v)).tanh();  // t
+      go = 0.5f * (1.f + fo + v * (1.f - fo * fo) * k * (1.f + 3.f * c * v * v));
+      fo = 0.5f * v * (1.f + fo);
+      break;
+    }
+    default:
+      FUSECLI_CHECK(false, "GatedActivationGrad: unsupported activation");
+  }
+  if (alpha != 1.f) fo *= 1.f / alpha;
+}
+
+// One block: da = dh * b * g, db = dh * f. da may be dh and db may be b (read before written).
+void gated_block(Act act, float alpha, const float* dh, const float* a, const float* b, float* da,
+                 float* db, int64_t len) {
+  alignas(64) float fbuf[kBlock], gbuf[kBlock];
+  act_and_grad(act, alpha, a, fbuf, gbuf, len);
+  CA d(dh, len), bb(b, len);
+  MA f(fbuf, len), g(gbuf, len);
+  f = d * f;                         // dB, kept until da is written (db may alias b)
+  if (da) MA(da, len) = d * bb * g;  // da may alias dh: coefficient-wise, read then write
+  if (db) MA(db, len) = f;
+}
+
+struct GatedKernel : CpuKernel<GatedKernel, kGatedActivationGrad> {  // activation, alpha
+  using CpuKernel::CpuKernel;
+  void Compute(Ort::KernelContext& ctx);
+};
+
+void GatedKernel::Compute(Ort::KernelContext& ctx) {
+  In dh = get_input(ctx, 0), a = get_input(ctx, 1), b = get_input(ctx, 2);
+  FUSECLI_CHECK(dh.shape == a.shape && dh.shape == b.shape,
+                "GatedActivationGrad: dH, A and B must have the same shape");
+  const int64_t n = dh.numel();
+  bool pa, pb;
+  if (!half) {
+    float* da = output_or_null<float>(ctx, 0, dh.shape, &pa);
+    float* db = output_or_null<float>(ctx, 1, dh.shape, &pb);
+    if (!pa && !pb) return;
+    if ((pa && da == dh.data) || (pb && db == b.data)) count_inplace(kGatedActivationGrad);
+    const float *d = dh.ptr<float>(), *x = a.ptr<float>(), *y = b.ptr<float>();
+    parallel_for(n, 1 << 14, [&](int, int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; i += kBlock) {
+        const int64_t len = std::min(kBlock, e - i);
+        gated_block(activation, alpha, d + i, x + i, y + i, pa ? da + i : nullptr,
+                    pb ? db + i : nullptr, len);
+      }
+    });
+  } else {
+    auto* da = output_or_null<Ort::Float16_t>(ctx, 0, dh.shape, &pa);
+    auto* db = output_or_null<Ort::Float16_t>(ctx, 1, dh.shape, &pb);
+    if (!pa && !pb) return;
+    if ((pa && da == dh.data) || (pb && db == b.data)) count_inplace(kGatedActivationGrad);
+    const auto* d = dh.ptr<Ort::Float16_t>();
+    const auto* x = a.ptr<Ort::Float16_t>();
+    const auto* y = b.ptr<Ort::Float16_t>();
+    parallel_for(n, 1 << 14, [&](int, int64_t s, int64_t e) {
+      alignas(64) float fd[kBlock], fx[kBlock], fy[kBlock];
+      for (int64_t i = s; i < e; i += kBlock) {
+        const int64_t len = std::min(kBlock, e - i);
+        half_to_float(d + i, fd, len);
+        half_to_float(x + i, fx, len);
+        half_to_float(y + i, fy, len);
+        gated_block(activation, alpha, fd, fx, fy, fd, fy, len);  // dA over fd, dB over fy
+        if (pa) float_to_half(fd, da + i, len);
+        if (pb) float_to_half(fy, db + i, len);
+      }
+    });
+  }
+}
+
+}  // namespace
+
+void add_gated_activation_grad_cpu_ops(Ort::CustomOpDomain& domain) {
+  add_op<FusedOp<GatedKernel>>(domain);
+}
+
+}  // namespace fusecli

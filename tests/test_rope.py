@@ -1,0 +1,155 @@
+"""Rotary position embeddings (rope: rules/rope_{ortt,torch}.yaml -> RotaryEmbeddingGrad).
+
+Positive fixtures: real exports of one eager attention layer whose Q and K go through
+transformers' Llama apply_rotary_pos_emb, in both families (tests/data/make_rope.py: rotate-
+half with cos/sin computed from position ids or given as inputs, and partial rotary on half the
+head dims), each fused and verified against its original; the expected count comes from the
+model code (Q and K: two rotations). Look-alikes from the same script (cat(x1, -x2), a split at
+3 of 8 dims) must not fuse. One negative per guard on mutated copies of the positive fixtures,
+with the reason explain gives.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from fusecli import FusionPass, load_rules
+from fusecli.explain import explain_model
+from fusecli.verify import verify_models
+
+DATA = Path(__file__).parent / "data"
+RULES = load_rules()
+GUARD_FIXTURE_RULES = ("rope_ortt", "rope_torch", "rope_interleaved_torch")
+
+# rope fusions from the model code (make_rope.py): Q and K rotated once each
+EXPECTED = {"half": 2, "partial": 2, "inputs": 2, "interleaved": 2, "bad_concat": 0,
+            "bad_slice": 0}
+# (ort-training has no interleaved fixture: its TorchScript export failed in generate_artifacts)
+CASES = [(fam, name) for fam in ("ortt", "torch") for name in EXPECTED
+         if (fam, name) != ("ortt", "interleaved")]
+RULE = {"half": "rope_{}", "partial": "rope_{}", "inputs": "rope_{}",
+        "interleaved": "rope_interleaved_{}"}
+
+
+def _load(fam, name):
+    return onnx.load(DATA / f"{fam}_rope_{name}.onnx")
+
+
+def _upto(rule):
+    this = next(r for r in RULES if r.name == rule)
+    return [r for r in RULES if (r.order, r.name) <= (this.order, this.name)]
+
+
+def test_guard_fixture_rules_are_the_rope_rules():
+    assert sorted(GUARD_FIXTURE_RULES) == sorted(r.name for r in RULES if r.pattern == "rope")
+
+
+@pytest.mark.parametrize("fam,name", CASES, ids=lambda v: v)
+def test_rope_exports_fuse_as_the_model_code_says_and_verify(fam, name, tmp_path):
+    m = _load(fam, name)
+    fp = FusionPass()
+    fp.run(m)
+    assert fp.stats.patterns["rope"].fused == EXPECTED[name]
+    assert {f.rule for f in fp.stats.fusions if f.pattern == "rope"} == \
+        ({RULE[name].format(fam)} if EXPECTED[name] else set())
+    # the attention backward between the rotations fuses as before
+    assert fp.stats.patterns["sdpa"].fused == 1
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(DATA / f"{fam}_rope_{name}.onnx", out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+def _first(m, rule):
+    fp = FusionPass(rules=_upto(rule))
+    fp.run(copy.deepcopy(m))
+    return next(f for f in fp.stats.fusions if f.rule == rule)
+
+
+def _set_const(m, node, pos, value):
+    """Feeds input `pos` of `node` from a new initializer holding `value`."""
+    name = f"{node.name}_in{pos}_mutated"
+    m.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+    node.input[pos] = name
+
+
+def _const(m, name):
+    """The value of an initializer or Constant-node output."""
+    for i in m.graph.initializer:
+        if i.name == name:
+            return numpy_helper.to_array(i)
+    node = next(n for n in m.graph.node if n.op_type == "Constant" and name in n.output)
+    return numpy_helper.to_array(node.attribute[0].t)
+
+
+def _by_name(m, name):
+    return next(n for n in m.graph.node if n.name == name)
+
+
+def _mutate(m, rec, case):
+    m = copy.deepcopy(m)
+    t = rec.tensors
+    if case == "split_not_halves":  # ortt: the forward Split is [3, 5], not [h, h]
+        split = next(n for n in m.graph.node if n.op_type == "Split" and t["x1"] in n.output)
+        _set_const(m, split, 1, np.asarray([3, 5], np.int64))
+    elif case == "neg_on_other_half":  # ortt: the backward Neg on the second half
+        neg, cat = _by_name(m, rec.nodes["bneg"]), _by_name(m, rec.nodes["bcat"])
+        neg.input[0], cat.input[0] = t["g1"], t["g_neg"]
+    elif case == "index_not_the_half":  # torch: the -g1 scatter goes to 0..h-1 as well
+        sc = _by_name(m, rec.nodes["sc_hi"])
+        sc.input[1] = t["idx_lo"]
+    elif case == "index_shifted":  # torch: g2 scattered at 1..h
+        sc = _by_name(m, rec.nodes["sc_lo"])
+        h = int(_const(m, t["h"]).reshape(-1)[0])
+        _set_const(m, sc, 1, np.arange(1, h + 1, dtype=np.int64).reshape(h, 1))
+    elif case == "sin_not_forward":  # the backward's sin is not the forward's (cos instead)
+        mul = _by_name(m, rec.nodes["mul_s"])
+        mul.input[list(mul.input).index(t["sin"])] = t["cos"]
+    elif case == "pairs_not_pairs":  # interleaved: g reshaped to [..., n/4, 4], not pairs
+        rs = _by_name(m, rec.nodes["pairs"])
+        shape = _const(m, t["pshape"]).copy()
+        shape[-2], shape[-1] = shape[-2] // 2, 4
+        _set_const(m, rs, 1, shape)
+    elif case == "even_odd_swapped":  # interleaved: -g_even scattered to the even positions
+        sc = _by_name(m, rec.nodes["sc_hi"])
+        sc.input[1] = t["idx_lo"]
+    elif case == "perm_not_swap":  # torch: the scatter's Transpose keeps the axes
+        tr = _by_name(m, rec.nodes["tr_a"])
+        tr.attribute[0].CopyFrom(helper.make_attribute("perm", [0, 1, 2, 3]))
+    return m
+
+
+GUARDS = {"ortt": [("split_not_halves", {"constant"}), ("neg_on_other_half", {"op_type"}),
+                   ("sin_not_forward", {"dataflow"})],
+          "torch": [("index_not_the_half", {"constant"}), ("index_shifted", {"constant"}),
+                    ("sin_not_forward", {"dataflow"}), ("perm_not_swap", {"attribute"})],
+          "torch_interleaved": [("pairs_not_pairs", {"constant"}),
+                                ("even_odd_swapped", {"constant"}),
+                                ("sin_not_forward", {"dataflow"})]}
+
+
+@pytest.mark.parametrize("fam,case,reasons", [(f, c, r) for f, cs in GUARDS.items()
+                                              for c, r in cs], ids=lambda v: str(v))
+def test_rope_guards(fam, case, reasons):
+    """Each guard broken on one rotation (Q's or K's): that one is left unfused, the other
+    still fuses, and explain names the failing check."""
+    fam, style = (fam, "half") if fam != "torch_interleaved" else ("torch", "interleaved")
+    m = _load(fam, style)
+    rule = RULE[style].format(fam)
+    rec = _first(m, rule)
+    bad = _mutate(m, rec, case)
+    fp = FusionPass(rules=_upto(rule))
+    fp.run(copy.deepcopy(bad))
+    recs = [f for f in fp.stats.fusions if f.rule == rule]
+    assert len(recs) == 1 and rec.nodes["mul_s"] not in recs[0].replaced, case
+    anchor = rec.nodes[next(r for r in RULES if r.name == rule).nodes[0].id]
+    misses = explain_model(bad, FusionPass(rules=_upto(rule)), node_names=[anchor],
+                           include_shallow=True)
+    mine = {x["reason"] for x in misses if x["rule"] == rule and x["anchor"] == anchor}
+    assert mine == reasons, misses
