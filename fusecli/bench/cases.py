@@ -21,7 +21,7 @@ def case_benchmarks(ctx: Ctx, cases) -> list[dict]:
     """Fused op vs its unfused chain for synthetic cases (``fusecli.bench.shapes``): both run
     once and compared, then timed side by side."""
     from fusecli.runtime.library import library_path
-    from fusecli.runtime.verify import pick_runtime, run_in_runtime
+    from fusecli.runtime.runner import pick_runtime, run_in_runtime
 
     lib = library_path()
     rows = []

@@ -96,7 +96,7 @@ def copy_bandwidth(threads: int, repeats: int = 5) -> dict:
 def profile_model(path, feeds: dict, python: str, threads: int, library: str | None,
                   repeat: int = 4) -> tuple[dict[str, float], dict[str, str]]:
     """Per-node mean kernel time (ms per run) from an onnxruntime profile (ORT_ENABLE_ALL)."""
-    from fusecli.runtime.verify import run_in_runtime
+    from fusecli.runtime.runner import run_in_runtime
 
     with tempfile.TemporaryDirectory(prefix="fusecli-prof-") as tmp:
         _, info = run_in_runtime(path, feeds, python, library=library, opt_level="all",

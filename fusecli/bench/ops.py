@@ -103,7 +103,7 @@ def op_benchmarks(ctx: Ctx, entries: dict) -> list[dict]:
     """Section (a): every distinct fused op (op, attributes, shapes) of the benchmark samples."""
     from fusecli.runtime.feeds import make_feeds
     from fusecli.runtime.library import library_path
-    from fusecli.runtime.verify import pick_runtime
+    from fusecli.runtime.runner import pick_runtime
 
     lib = library_path()
     rows, seen = [], set()

@@ -112,7 +112,7 @@ def expand_replaced(records) -> dict[str, list[str]]:
 
 def probe_values(model_path: Path, tensors: list[str], feeds: dict, python: str) -> dict:
     """Values of internal tensors from one run of the original model (optimizations off)."""
-    from fusecli.runtime.verify import run_in_runtime
+    from fusecli.runtime.runner import run_in_runtime
 
     m = onnx.load(str(model_path))
     try:

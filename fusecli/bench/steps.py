@@ -29,7 +29,7 @@ def chain_floor_bytes(node: onnx.NodeProto, shapes: dict[str, tuple]) -> int:
 def e2e_benchmarks(ctx: Ctx, entries: dict, fused_dir: Path) -> list[dict]:
     from fusecli.runtime.feeds import make_feeds
     from fusecli.runtime.library import library_path
-    from fusecli.runtime.verify import pick_runtime
+    from fusecli.runtime.runner import pick_runtime
 
     lib = library_path()
     rows = []
