@@ -355,3 +355,78 @@ def test_the_binding_checker_finds_a_wrong_name(tmp_path):
             assert any("never launched" in p for p in found), found
     finally:
         probe.unlink()
+
+
+# --- op names in code outside the op folders ------------------------------------------------------
+
+# The benchmark's per-op measurement code still names ops (section (a)'s GEMM/memory parts per
+# op, the synthetic cases of bench/shapes.py, the nested ActivationGrad fusion of the sample
+# records); moving it into the op folders is open work (issue 20). Nothing else may name one.
+OP_NAMING_EXEMPT = {"fusecli/bench/ops.py": "section (a)'s per-op parts",
+                    "fusecli/bench/shapes.py": "the synthetic per-op cases (e, f)",
+                    "fusecli/bench/samples.py": "the nested ActivationGrad fusion records"}
+
+
+def _op_names_in_code(path: Path) -> list[str]:
+    """String constants (docstrings aside) that are an op name or start with `<op>/` (a kernel
+    counter), with their line."""
+    tree = ast.parse(path.read_text(), str(path))
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and n.body and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)}
+    return [f"{path.relative_to(REPO)}:{n.lineno}: {n.value!r}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+            and (n.value in OP_NAMES or n.value.split("/")[0] in OP_NAMES)]
+
+
+def _code_outside_op_folders() -> list[Path]:
+    """The package's modules outside the op folders, the test helpers (tests/*.py that are not
+    test modules: shared by every op's tests) and the scripts."""
+    folders = {OPS_DIR / c.folder for c in OPS}
+    return sorted([p for p in (REPO / "fusecli").rglob("*.py")
+                   if not folders.intersection(p.parents)]
+                  + [p for p in (REPO / "tests").glob("*.py") if not p.name.startswith("test_")]
+                  + list((REPO / "scripts").rglob("*.py")) + [REPO / "conftest.py"])
+
+
+def test_no_op_named_in_code_outside_its_folder():
+    """Which op does what is in its folder (contract, kernels, reference, shapes.py, gpu.py, its
+    own test helpers): no package module outside the op folders, no shared test helper and no
+    script compares or builds by an op's name (except the benchmark's listed modules), so adding
+    or removing an op changes no such copy."""
+    found = [hit for p in _code_outside_op_folders()
+             if str(p.relative_to(REPO)) not in OP_NAMING_EXEMPT for hit in _op_names_in_code(p)]
+    assert not found, "\n".join(found)
+    for rel in OP_NAMING_EXEMPT:  # the exemptions are still needed (none goes stale)
+        assert _op_names_in_code(REPO / rel), f"{rel} names no op any more: drop its exemption"
+
+
+def test_the_op_name_checker_finds_a_name(tmp_path):
+    op = OPS[0].name
+    probe = REPO / "build" / "probe_op_name.py"
+    probe.parent.mkdir(exist_ok=True)
+    try:
+        probe.write_text(f'"""{op} in a docstring is fine."""\n\nif x == {op!r}:\n    pass\n'
+                         f'y = "{op}/counter"\n')
+        found = _op_names_in_code(probe)
+        assert sorted(h.split(":")[1] for h in found) == ["3", "5"], found
+    finally:
+        probe.unlink()
+
+
+def test_input_shape_checks_are_the_op_folders():
+    """The shape guard's input checks are each folder's shapes.input_problem (found through the
+    contracts), and an op without one has none."""
+    import importlib
+
+    from fusecli.engine.shapes import input_problem
+    from fusecli.ops.shapes import input_check
+
+    with_check = [c for c in OPS if (OPS_DIR / c.folder / "shapes.py").exists()]
+    assert with_check, "no op folder has a shapes.py"
+    for c in OPS:
+        mod = f"fusecli.ops.{c.folder}.shapes"
+        want = importlib.import_module(mod).input_problem if c in with_check else None
+        assert input_check(c.name) is want, c.name
+    assert input_check("NotAnOp") is None and input_problem("NotAnOp", {}, [[1]], []) is None
