@@ -72,9 +72,9 @@ for f in files:  # drop "<pattern>: N" lines; a count block left empty becomes {
     Path(f).write_text("\n".join(lines) + "\n")
 PY
 
-echo "== what still names it outside docs (*.md), sample/corpus generators and GPU-only tests:"
+echo "== what still names it outside docs (*.md) and sample/corpus generators:"
 LEFT=$(git grep -n --no-index -I -e "$NAME" -e "$OP" -e "\\b$PATTERN\\b" -- . \
-       ':!*.md' ':!scripts/samples' ':!scripts/corpus' ':!tests/gpu' ':!scripts/check_op_removal.sh' ':!build' ':!.venv' \
+       ':!*.md' ':!scripts/samples' ':!scripts/corpus' ':!scripts/check_op_removal.sh' ':!build' ':!.venv' \
        ':!.venv-ortt' ':!samples/*.onnx' ':!corpus/*.onnx' || true)
 if [[ -n $LEFT ]]; then echo "$LEFT"; else echo "   (nothing)"; fi
 

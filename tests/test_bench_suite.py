@@ -8,7 +8,7 @@ import numpy as np
 
 from fusecli.bench import render as R
 from fusecli.bench import shapes as S
-from fusecli.bench.suite import scale_weights
+from fusecli.bench.steps import scale_weights
 
 from kernel_helpers import run_in_ortt
 
@@ -127,7 +127,7 @@ def test_render_reports_cpu_time_next_to_wall_time():
 def test_case_speedup_is_the_median_of_the_paired_ratios():
     """(e)/(f): each interleaved pair's unfused / fused ratio, then their median; a drift that
     slows both runs of some pairs (a busy neighbour) moves the medians, not the pairs."""
-    from fusecli.bench.suite import paired_speedup
+    from fusecli.bench.cases import paired_speedup
 
     unf = [10.0, 10.0, 10.0, 20.0, 20.0]  # the last two pairs ran on a slowed machine
     fus = [9.0, 9.0, 9.0, 18.0, 18.0]
@@ -171,7 +171,7 @@ def test_bench_worker_reports_process_cpu_time(tmp_path):
     import onnx
 
     from fusecli.runtime.bench import run_bench
-    from fusecli.bench.suite import _cpu_cols
+    from fusecli.bench.measure import cpu_cols
 
     c = S.layernorm_case("t", 64, 256, np.random.default_rng(0))
     pa, pb = tmp_path / "u.onnx", tmp_path / "f.onnx"
@@ -180,7 +180,7 @@ def test_bench_worker_reports_process_cpu_time(tmp_path):
     res = run_bench(pa, pb, runs=5, warmup=1, threads=2, feeds=c.feeds, peak_memory=False)
     for k in ("a", "b"):
         assert res[k]["cpu_median_ms"] > 0 and res[k]["median_ms"] > 0
-    cols = _cpu_cols(res)
+    cols = cpu_cols(res)
     assert cols["cpu_speedup"] == cols["cpu_unfused_ms"] / cols["cpu_fused_ms"]
 
 

@@ -20,8 +20,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 from fusecli import FusionPass, load_rules
-from fusecli.explain import explain_model
-from fusecli.verify import verify_models
+from fusecli.engine.explain import explain_model
+from fusecli.runtime.verify import verify_models
 
 DATA = Path(__file__).parent / "data"
 RULES = load_rules()

@@ -168,7 +168,7 @@ def test_all_zero_outputs_are_inconclusive(tmp_path, ortt_python):
 def test_noise_floor_sets_the_bar_and_a_noisy_output_is_not_judged():
     import numpy as np
 
-    from fusecli.runtime.verify import NOISE_FACTOR, NOISE_LIMIT, judge
+    from fusecli.runtime.compare import NOISE_FACTOR, NOISE_LIMIT, judge
 
     ref = np.linspace(1.0, 2.0, 50, dtype=np.float32)
     quiet = ref * np.float32(1 + 1e-6)  # the original barely moves on 1-ulp inputs

@@ -15,19 +15,22 @@ count), and its inputs must fit the op (``input_problem``).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 
-from fusecli.ops.contracts import infer_output_types
+from fusecli.ops.contracts import infer_output_types, load_contracts
+from fusecli.ops.shapes import input_check
+from fusecli.ops.shapes import show as _show
 from fusecli.engine.memo import memoised
 
 _SAME_AS_INPUT0 = {
     "Identity", "Cast", "CastLike", "Neg", "Sqrt", "Reciprocal", "Relu", "Erf", "Tanh", "Sigmoid", "Exp",
     "Log", "Abs", "Softmax", "LogSoftmax", "Gelu", "FastGelu", "QuickGelu", "Dropout",
     "ReluGrad", "GeluGrad", "FastGeluGrad", "QuickGeluGrad", "TanhGrad", "SigmoidGrad",
-    "SoftmaxGrad_13", "SoftmaxGrad", "ActivationGrad",
+    "SoftmaxGrad_13", "SoftmaxGrad",
+} | {  # fused ops whose first output has their first input's shape (contract: `like: <input 0>`)
+    c.name for c in load_contracts().ops.values()
+    if c.outputs and c.outputs[0].like[:1] == (c.inputs[0].name,)
 }
 _BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Equal", "Less",
               "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Sum"}
@@ -166,10 +169,6 @@ class ShapeOracle:
         return None
 
 
-def _show(shape) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
-
-
 def same_shape(a, b) -> bool | None:
     """False when the two shapes surely differ, True when surely equal, None when unknown."""
     if a is None or b is None:
@@ -187,83 +186,18 @@ def same_shape(a, b) -> bool | None:
     return True if sure else None
 
 
-_INPUT_CHECKED = {"AttentionGrad", "LayerNormGrad"}  # ops whose input shapes input_problem checks
-
-
-def _numel(dims):
-    if dims is None or not all(isinstance(d, int) for d in dims):
-        return None
-    return math.prod(dims)
-
-
-def _layernorm_problem(attrs: dict, ins: list) -> str | None:
-    """LayerNormGrad's gamma holds one value per normalised element (X's dims from axis on):
-    a scalar multiplied onto dY (a loss scale) is no gamma."""
-    x, gamma = ins[1], ins[2] if len(ins) > 2 else None
-    if x is None or gamma is None:
-        return None
-    n, g = _numel(x[attrs.get("axis", -1):]), _numel(gamma)
-    if n is not None and g is not None and n != g:
-        return (f"LayerNormGrad's gamma {_show(gamma)} does not have X's normalised size "
-                f"{_show(x[attrs.get('axis', -1):])}")
-    return None
-
-
 def input_problem(op: str, attrs: dict, ins: list, names: list) -> str | None:
-    """Why the fused op could not run on inputs of these shapes (None: fine or unknown)."""
-    if op == "LayerNormGrad":
-        return _layernorm_problem(attrs, ins)
-    if op != "AttentionGrad" or len(ins) < 5:
-        return None
-    dO, q, k, v, p = ins[:5]
-    if p is None or len(p) < 2:
-        return None
-    sq, sk = p[-2], p[-1]
-    if k is not None and len(k) >= 2:
-        k = k[:-2] + [k[-1], k[-2]] if attrs.get("k_transposed", 0) else k
-    wants = (("Q", q, -2, sq), ("dO", dO, -2, sq), ("K", k, -2, sk), ("V", v, -2, sk))
-    for label, s, axis, want in wants:
-        if s is None or len(s) < 2:
-            continue
-        if isinstance(s[axis], int) and isinstance(want, int) and s[axis] != want:
-            return (f"AttentionGrad's {label} is {_show(s)}, but P {_show(p)} needs "
-                    f"{want} rows/columns there")
-    # Q and dO share P's batch dims; K's and V's (right-aligned, missing leading dims count as
-    # 1) each equal P's or divide it (grouped / multi-query attention; the op sums the group)
-    # (a tensor whose batch element count equals P's is P's batch dims viewed: Q [B*H, S, D]
-    # with P [B, H, S, S], as the torch-joint rules bind them)
-    pb = p[:-2]
-    batch = _numel(pb)
-    for label, s, grouped in (("Q", q, False), ("dO", dO, False), ("K", k, True),
-                              ("V", v, True)):
-        if s is None or len(s) < 2 or len(s) - 2 > len(pb):
-            continue
-        if batch is not None and _numel(s[:-2]) == batch:
-            continue
-        sb = [1] * (len(pb) - (len(s) - 2)) + list(s[:-2])
-        for x, y in zip(sb, pb):
-            if not (isinstance(x, int) and isinstance(y, int)) or x == y:
-                continue
-            if not grouped or x == 0 or y % x:
-                return (f"AttentionGrad's {label} {_show(s)} has batch dims that "
-                        f"{'neither equal nor divide' if grouped else 'differ from'} P's "
-                        f"{_show(p)}")
-    fill = ins[8] if len(ins) > 8 else None  # the fill mask broadcasts to P's shape
-    if fill is not None:
-        if len(fill) > len(p):
-            return f"AttentionGrad's fill_mask {_show(fill)} has more dims than P {_show(p)}"
-        for x, y in zip(fill[::-1], p[::-1]):
-            if isinstance(x, int) and isinstance(y, int) and x not in (1, y):
-                return (f"AttentionGrad's fill_mask {_show(fill)} does not broadcast to P's "
-                        f"shape {_show(p)}")
-    return None
+    """Why the fused op could not run on inputs of these shapes (None: fine or unknown): its
+    op folder's ``shapes.input_problem`` (fusecli/ops/shapes.py), when it has one."""
+    check = input_check(op)
+    return None if check is None else check(attrs, ins)
 
 
 def fusion_problem(oracle: ShapeOracle, node: onnx.NodeProto, replaced: dict) -> str | None:
     """Why fusing into ``node`` would not compute the tensors it replaces (None: fine).
 
     ``replaced``: fused output tensor name -> the tensor it stands for (the same name)."""
-    if node.op_type in _INPUT_CHECKED:
+    if input_check(node.op_type) is not None:
         ins = [oracle.shape(t) if t else None for t in node.input]
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         why = input_problem(node.op_type, attrs, ins, list(node.input))

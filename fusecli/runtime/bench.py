@@ -54,7 +54,7 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
     from fusecli.runtime.feeds import plan_feeds, read_feeds_file
     from fusecli.runtime.library import LibraryNotBuilt, library_path
     from fusecli.io.model import load_model
-    from fusecli.runtime.verify import manifest_entry_for, needs_training_runtime, pick_runtime, worker_error
+    from fusecli.runtime.runner import manifest_entry_for, needs_training_runtime, pick_runtime, worker_error
 
     if runs < 1:
         raise FuseError("--runs must be at least 1")

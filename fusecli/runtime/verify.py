@@ -26,15 +26,16 @@ exit 1, naming the fused node from the runtime's message).
 ``check_fusions``: per fusion, the tensors at the fused node's boundary are read from a run of
 the ORIGINAL model, and the fused op's NumPy reference is evaluated on those inputs. A mismatch
 names the rule and the nodes it replaced. This needs no C++ at all.
+
+This module orchestrates; the numeric judgement of one tensor (``compare``, ``judge``,
+``OutputDiff``, the noise floor) is ``fusecli.runtime.compare``, running a model in its runtime
+(``run_in_runtime``, ``pick_runtime``) ``fusecli.runtime.runner``.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
-import subprocess
-import sys
 import tempfile
 import zlib
 from contextlib import contextmanager
@@ -47,68 +48,12 @@ from onnx import helper
 
 from fusecli.ops.contracts import FUSED_DOMAIN
 from fusecli.errors import CheckFailed, FuseError
-from fusecli.runtime.feeds import FeedPlan, guessed_dims, load_manifest, plan_feeds, read_feeds_file
+from fusecli.runtime.compare import NOISE_FACTOR, NOISE_LIMIT, OutputDiff, judge
+from fusecli.runtime.feeds import FeedPlan, guessed_dims, plan_feeds, read_feeds_file
 from fusecli.io.model import load_model
 from fusecli.engine.sanity import check_graph
+from fusecli.runtime.runner import RunFailed, manifest_entry_for, pick_runtime, run_in_runtime
 
-WORKER = Path(__file__).resolve().parent / "runtime_worker.py"
-
-# Ops only onnxruntime-training registers (stock onnxruntime refuses models holding them).
-_TRAINING_OPS = {"InPlaceAccumulator", "InPlaceAccumulatorV2", "ConcatTraining",
-                 "BatchNormInternal", "SliceGrad", "Scale", "GatherGrad", "YieldOp",
-                 "SoftmaxCrossEntropyLossInternal", "SoftmaxCrossEntropyLossInternalGrad",
-                 "SoftmaxGrad", "SoftmaxGrad_13", "LogSoftmaxGrad", "LogSoftmaxGrad_13"}
-
-
-def needs_training_runtime(model: onnx.ModelProto) -> bool:
-    for n in model.graph.node:
-        if n.op_type in _TRAINING_OPS or (n.op_type.endswith("Grad")
-                                          and n.domain in ("com.microsoft", "", "ai.onnx")):
-            return True
-    return False
-
-
-def pick_runtime(model: onnx.ModelProto, override: str | None = None) -> str:
-    """Python interpreter whose onnxruntime can run ``model``."""
-    from fusecli.runtime.library import training_python
-
-    if override or needs_training_runtime(model):
-        return training_python(override)
-    return sys.executable
-
-
-def manifest_entry_for(path: str | os.PathLike) -> dict | None:
-    """The entry of a sample in the ``manifest.yaml`` beside it (shipped samples: their
-    parameters and labels), or None."""
-    import yaml
-
-    p = Path(path).resolve()
-    manifest = p.parent / "manifest.yaml"
-    if not manifest.is_file():
-        return None
-    try:
-        entries = load_manifest(manifest)
-    except (OSError, yaml.YAMLError, ValueError, AttributeError, TypeError):
-        return None  # not a fusecli sample manifest
-    for entry in entries.values():
-        if entry.get("file") == p.name:
-            return entry
-    return None
-
-
-def worker_error(proc: subprocess.CompletedProcess) -> str:
-    """The one-line reason a worker subprocess failed: its last stderr line (the workers print
-    exactly one), or its exit code."""
-    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else f"exit code {proc.returncode}"
-
-
-
-# Whole-model judgement: a tensor may differ by NOISE_FACTOR times what a one-ulp change of the
-# inputs moves it by; a graph output that moves by more than NOISE_LIMIT (relative to its
-# largest value) under that change is too ill-conditioned to judge on the whole model.
-NOISE_FACTOR = 8.0
-NOISE_LIMIT = 1e-3
 DETERMINISM = "1 intra-op thread, use_deterministic_compute"
 
 # Stochastic ops and the type of their `seed` attribute.
@@ -117,118 +62,6 @@ STOCHASTIC = {"Dropout": "int", "BitmaskDropout": "int", "BiasDropout": "int",
               "TrainableDropout": "int", "RandomUniform": "float", "RandomNormal": "float",
               "RandomUniformLike": "float", "RandomNormalLike": "float", "Bernoulli": "float",
               "Multinomial": "float"}
-
-
-class RunFailed(FuseError):
-    """A model did not run in its runtime; ``detail`` is the runtime's one-line message."""
-
-    def __init__(self, model_path, detail: str):
-        super().__init__(f"running {Path(model_path).name} failed: {detail}")
-        self.detail = detail
-
-
-def run_in_runtime(model_path: str | os.PathLike, feeds: dict[str, np.ndarray], python: str,
-                   library: str | None = None, opt_level: str = "disable",
-                   extra: list[str] | None = None,
-                   more_feeds: list[dict[str, np.ndarray]] = ()) -> tuple[dict[str, np.ndarray],
-                                                                         dict]:
-    """Run a model once through runtime_worker.py in ``python``; return (outputs, info).
-    Each of ``more_feeds`` is run in a fresh session; its results are keyed 'run<k>/<name>'."""
-    import json
-
-    with tempfile.TemporaryDirectory(prefix="fusecli-run-") as tmp:
-        fpath, opath = Path(tmp) / "feeds.npz", Path(tmp) / "out.npz"
-        np.savez(fpath, **feeds)
-        cmd = [python, str(WORKER), "--model", str(model_path), "--feeds", str(fpath),
-               "--out", str(opath), "--opt-level", opt_level] + (extra or [])
-        for k, more in enumerate(more_feeds, start=1):
-            mpath = Path(tmp) / f"feeds{k}.npz"
-            np.savez(mpath, **more)
-            cmd += ["--feeds", str(mpath)]
-        if library:
-            cmd += ["--library", library]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise RunFailed(model_path, worker_error(proc))
-        info = json.loads(proc.stdout.strip().splitlines()[-1])
-        with np.load(opath, allow_pickle=False) as z:
-            outs = {k: z[k] for k in z.files}
-    return outs, info
-
-
-@dataclass
-class OutputDiff:
-    name: str
-    max_abs: float
-    max_ref: float
-    ok: bool
-    upstream_fused: list[str] = field(default_factory=list)
-    noise: float = 0.0          # max |original - original on 1-ulp-perturbed inputs|
-    limit: float = 0.0          # the max_abs allowed: max(atol + rtol * max_ref, noise term)
-    status: str = "ok"          # ok | MISMATCH | zero | non-finite | not judged (noise)
-
-    @property
-    def rel(self) -> float:
-        return self.max_abs / self.max_ref if self.max_ref > 0 else float(self.max_abs > 0)
-
-    @property
-    def noise_rel(self) -> float:
-        return self.noise / self.max_ref if self.max_ref > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "max_abs": self.max_abs, "max_rel": self.rel,
-                "max_ref": self.max_ref, "ok": self.ok, "status": self.status,
-                "noise_floor": self.noise, "noise_floor_rel": self.noise_rel,
-                "allowed_abs": self.limit, "upstream_fused": self.upstream_fused}
-
-
-def compare(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> tuple[float, float, bool]:
-    ref = np.asarray(ref)
-    got = np.asarray(got)
-    if ref.shape != got.shape:
-        return float("inf"), 0.0, False
-    if ref.dtype.kind not in "fc":
-        same = bool(np.array_equal(ref, got))
-        return (0.0 if same else 1.0), 1.0, same
-    r = ref.astype(np.float64)
-    g = got.astype(np.float64)
-    if not np.array_equal(np.isfinite(r), np.isfinite(g)):
-        return float("inf"), 0.0, False
-    diff = np.abs(np.where(np.isfinite(r), r - g, 0.0))
-    max_abs = float(diff.max()) if diff.size else 0.0
-    finite = np.isfinite(r)
-    max_ref = float(np.abs(r[finite]).max()) if finite.any() else 0.0
-    return max_abs, max_ref, max_abs <= atol + rtol * max_ref
-
-
-def judge(name: str, ref: np.ndarray, got: np.ndarray | None, perturbed: np.ndarray | None,
-          rtol: float, atol: float, base: np.ndarray | None = None) -> OutputDiff:
-    """One tensor's verdict against max(atol + rtol * max|ref|, NOISE_FACTOR * noise floor);
-    the noise floor is max |perturbed - base| (``base`` defaults to ``ref``: the same
-    computation on unperturbed inputs)."""
-    if got is None:
-        return OutputDiff(name, float("inf"), 0.0, False, status="MISMATCH")
-    max_abs, max_ref, ok = compare(ref, got, rtol, atol)
-    d = OutputDiff(name, max_abs, max_ref, ok, limit=atol + rtol * max_ref)
-    ref = np.asarray(ref)
-    if ref.dtype.kind not in "fc":
-        d.status = "ok" if ok else "MISMATCH"
-        return d
-    if ref.size and not np.isfinite(ref).all():  # no verdict on NaN/Inf: inconclusive
-        d.status, d.ok = "non-finite", True
-        return d
-    if perturbed is not None:
-        d.noise, _, _ = compare(ref if base is None else base, perturbed, 0.0, 0.0)
-        if not math.isfinite(d.noise):
-            d.noise = float("inf")
-        d.limit = max(d.limit, NOISE_FACTOR * d.noise)
-    if max_ref > atol and d.noise > NOISE_LIMIT * max_ref:  # (numerically zero: atol judges)
-        d.ok = math.isfinite(max_abs)
-        d.status = "not judged (noise)" if d.ok else "MISMATCH"
-        return d
-    d.ok = max_abs <= d.limit
-    d.status = "MISMATCH" if not d.ok else ("zero" if max_ref <= atol else "ok")
-    return d
 
 
 def _upstream_fused(model: onnx.ModelProto, tensor: str) -> list[str]:
@@ -363,8 +196,6 @@ def _prepare(original, seed, dims, runtime_python, feeds_file=None):
     python = pick_runtime(orig, runtime_python)
     return orig, python, _plan(orig, original, seed, dims, feeds_file)
 
-
-# --- temporary copies: seeds pinned, boundary tensors exposed --------------------------------
 
 def pin_seeds(model: onnx.ModelProto) -> list[str]:
     """Give every stochastic node of ``model`` (a copy: it is changed in place) a seed derived
@@ -709,8 +540,6 @@ def _boundary_checks(fnodes: list[onnx.NodeProto], values: dict, feeds: dict, py
         checks.append(FusionCheck(rule_of(n) or n.op_type, n.name, replaced, ref_diffs, kdiffs))
     return checks
 
-
-# --- per-fusion check against the NumPy references ------------------------------------------
 
 def check_fusions(original_path: str | os.PathLike, records, seed: int = 0, rtol: float = 1e-5,
                   atol: float = 1e-6, dims: dict[str, int] | None = None,

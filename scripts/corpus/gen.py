@@ -255,7 +255,7 @@ def build_raw(layers: int, dest: Path) -> None:
     expected = derive_counts(model, tuple(inputs.values()), arch.attention)
     res = build_torch(arch, model, inputs, name, dest, False, optimize=False)
     nodes = len(res["model"].graph.node)
-    # read by the benchmark suite's optimiser table (fusecli/bench/suite.py)
+    # read by the benchmark suite's optimiser table (fusecli/bench/optimizer.py)
     (dest / f"{name}.json").write_text(json.dumps(
         {"file": f"{name}.onnx", "layers": layers, "nodes": nodes, "expected": expected,
          "versions": _versions()}, indent=1))

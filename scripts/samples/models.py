@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Benchmark ("realistic") sizes used by `gen_*.py --bench OUTDIR` (fusecli.bench.suite):
+# Benchmark ("realistic") sizes used by `gen_*.py --bench OUTDIR` (fusecli.bench.samples):
 # transformer d=512, 8 heads, seq 128, FF 2048, batch 4; MLP 1024 wide, batch 256;
 # CNN 32/64 channels on 32x32, batch 16.
 BENCH_BLOCK = dict(d_model=512, n_heads=8, seq=128, ff=2048)

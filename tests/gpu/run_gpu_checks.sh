@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One script for a GPU machine (needs only CUDA's compiler, torch, PyYAML and this repo; no network):
+# One script for a GPU machine (needs only CUDA's compiler, torch, PyYAML, pytest and this repo; no
+# network):
 #   1. builds the CUDA launchers with nvcc alone into build/gpu/libfusecli_cuda.so (the same
 #      fusecli/ops/*/cuda.cu that go into libfusecli_ops.so; no onnxruntime/Eigen headers
 #      needed; PyYAML for the generated launcher prototypes),
 #      and, when build/deps/ already holds the headers, the full library with cmake+nvcc too;
-#   2. runs tests/gpu/test_cuda_kernels.py against it;
+#   2. runs the op folders' GPU tests (fusecli/ops/*/test_*_gpu.py, marked gpu) against it;
 #   3. times every CUDA kernel vs the unfused torch ops -> $OUT (or build/gpu)/cuda_bench.{json,md}.
 # Usage: bash tests/gpu/run_gpu_checks.sh [python]   (default: python3)
 set -uo pipefail
@@ -36,7 +37,7 @@ fi
 
 export FUSECLI_CUDA_LIB="$ROOT/build/gpu/libfusecli_cuda.so"
 echo "== GPU tests"
-"$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_kernels.py 2>&1 | tee "$REPORT/gpu_tests.txt" | tail -25
+"$PY" -m pytest -q -p no:cacheprovider -m gpu fusecli/ops/*/test_*_gpu.py 2>&1 | tee "$REPORT/gpu_tests.txt" | tail -25
 TEST_RC=${PIPESTATUS[0]}
 echo "== timings"
 "$PY" tests/gpu/bench_cuda.py --out "$REPORT" 2>&1 | tail -30

@@ -8,12 +8,77 @@ import itertools
 
 import numpy as np
 import pytest
+from onnx import TensorProto
 
 from fusecli.runtime import library
 from fusecli.ops.attention_grad.reference import attention_grad
 # (_built: the autouse fixture that fails clearly when the library is not built)
 from kernel_helpers import (F32, Builder, _built, _rng, assert_close, assert_requested,
-                            attention_grad_subgraph, fused_model, ort_session, rand, run_fused)
+                            fused_model, ort_session, rand, run_fused)
+
+
+def attention_grad_subgraph(b: Builder, do, q, k, v, p, qb, kb, vb, k_transposed, scale_q, scale_k,
+                            q_scale=None, k_scale=None, mask=None, ratio=0.0, nan_guard=False,
+                            fill=None, fill_kept=0):
+    """AttentionGrad's contract from standard ops; returns (dQ, dK, dV, dS). q, k, v, p are
+    (name, shape) pairs, do a name; qb / kb / vb the batch dims of P, K, V. K / V are expanded to
+    the query heads (Reshape + Expand + Reshape, as repeat_kv), then MatMuls, the
+    softmax-gradient decomposition, the dropout mask as a Cast + Mul, and the group sums as a
+    Reshape + ReduceSum. nan_guard: F.scaled_dot_product_attention's guard, V sees
+    Where(IsNaN(P), 0, P) and its gradient goes through Where(IsNaN(P), 0, .), the softmax
+    gradient reads the unguarded P. fill: a bool fill mask (name) broadcastable to P: dQ and dK
+    read Where(fill, 0, dS) (fill_kept=1: Where(fill, dS, 0)), as the backward of masked_fill /
+    GPT-2's where; the returned dS is the softmax gradient before it."""
+    nb = len(qb)
+    perm = list(range(nb)) + [nb + 1, nb]
+
+    def swap_last(t, rank):
+        return b.op("Transpose", t, perm=list(range(rank - 2)) + [rank - 1, rank - 2])
+
+    def pairs(tb):  # each batch dim split into (kv size, group size)
+        return [x for qd, kd in zip(qb, tb) for x in (kd, qd // kd)]
+
+    def expand(t, tb, rows, cols):
+        t = b.op("Reshape", t, b.ints([x for kd in tb for x in (kd, 1)] + [rows, cols]))
+        t = b.op("Expand", t, b.ints(pairs(tb) + [rows, cols]))
+        return b.op("Reshape", t, b.ints([*qb, rows, cols]))
+
+    def group_sum(t, tb, shape):
+        t = b.op("Reshape", t, b.ints(pairs(tb) + [-1]))
+        t = b.op("ReduceSum", t, b.ints(list(range(1, 2 * nb, 2))), keepdims=0)
+        return b.op("Reshape", t, b.ints(list(shape)))
+
+    sk = p[1][-1]
+    d, dv = q[1][-1], v[1][-1]
+    kb_full, vb_full = (1,) * (nb - len(kb)) + tuple(kb), (1,) * (nb - len(vb)) + tuple(vb)
+    keep = None
+    if mask is not None:
+        keep = b.mul(b.op("Cast", mask, to=TensorProto.FLOAT), b.const(1.0 / (1.0 - ratio)))
+    nan = b.op("IsNaN", p[0]) if nan_guard else None
+    pg = p[0] if nan is None else b.op("Where", nan, b.const(0.0), p[0])
+    pd = pg if keep is None else b.mul(pg, keep)
+    rdv = group_sum(b.op("MatMul", b.op("Transpose", pd, perm=perm), do), vb_full, v[1])
+    dp = b.op("MatMul", do, b.op("Transpose", expand(v[0], vb_full, sk, dv), perm=perm))
+    if keep is not None:
+        dp = b.mul(dp, keep)
+    if nan is not None:
+        dp = b.op("Where", nan, b.const(0.0), dp)
+    rs = b.op("ReduceSum", b.mul(dp, p[0]), b.ints([-1]), keepdims=1)
+    ds_out = ds = b.mul(p[0], b.sub(dp, rs))
+    if fill is not None:
+        zero = b.const(0.0)
+        ds = b.op("Where", fill, ds, zero) if fill_kept else b.op("Where", fill, zero, ds)
+    rank_k = len(k[1])
+    k_sd = expand(swap_last(k[0], rank_k) if k_transposed else k[0], kb_full, sk, d)
+    sq_ = b.const(scale_q) if q_scale is None else b.mul(b.const(scale_q), q_scale)
+    sk_ = b.const(scale_k) if k_scale is None else b.mul(b.const(scale_k), k_scale)
+    rdq = b.mul(b.op("MatMul", ds, k_sd), sq_)
+    dk_full = b.mul(b.op("MatMul", b.op("Transpose", ds, perm=perm), q[0]), sk_)
+    kshape = (*k[1][:-2], k[1][-1], k[1][-2]) if k_transposed else k[1]
+    rdk = group_sum(dk_full, kb_full, kshape)
+    if k_transposed:
+        rdk = swap_last(rdk, rank_k)
+    return rdq, rdk, rdv, ds_out
 
 
 def _attn_inputs(rng, lead, sq, sk, d, dv, k_transposed):

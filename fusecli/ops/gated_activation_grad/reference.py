@@ -8,7 +8,7 @@ import math
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from ..reference import _fit, _s
+from fusecli.ops.reference import _fit, _s
 
 
 def _erf(x: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from ..reference import _fit
+from fusecli.ops.reference import _fit
 
 
 def rotate(x: np.ndarray, interleaved: int) -> np.ndarray:

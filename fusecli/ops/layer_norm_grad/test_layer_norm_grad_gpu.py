@@ -1,0 +1,41 @@
+"""LayerNormGrad's CUDA launchers (through fusecli/ops/gpu.py, torch device pointers) against torch on
+random data. GPU machine only (tests/gpu/run_gpu_checks.sh); skipped elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_helpers import _seed, check_requested, close, rand, torch_or_skip
+
+torch = torch_or_skip()  # skips this module where torch.cuda is unavailable
+pytestmark = pytest.mark.gpu
+from fusecli.ops.layer_norm_grad.gpu import layer_norm_grad, ref_layer_norm  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype,stats", [("float32", "float32"), ("float16", "float32"), ("float16", "float16")])
+@pytest.mark.parametrize("with_dr", [True, False])
+@pytest.mark.parametrize("m,n", [(1, 1), (3, 17), (10, 33), (1, 1023), (4096, 1024), (257, 8192)])
+def test_layer_norm_grad(dtype, stats, with_dr, m, n):
+    dt, st = getattr(torch, dtype), getattr(torch, stats)
+    x = rand(m, n, dtype=dt, scale=2.0)
+    x64 = x.double()
+    mean = x64.mean(1)
+    inv_std = 1 / torch.sqrt(x64.var(1, unbiased=False) + 1e-5)
+    dy, gamma = rand(m, n, dtype=dt), rand(n, dtype=dt)
+    dr = rand(m, n, dtype=dt) if with_dr else None
+    got = layer_norm_grad(dy, x, gamma, mean.to(st), inv_std.to(st), dr)
+    ref = ref_layer_norm(dy.double(), x64, gamma.double(), mean.to(st).double(),
+                           inv_std.to(st).double(), None if dr is None else dr.double())
+    tol = 5e-4 if dt == torch.float32 else 2e-2
+    for g, r, nm in zip(got, ref, "dX dGamma dBeta".split()):
+        close(g, r, tol, nm)
+
+
+def test_layer_norm_grad_optional_outputs():
+    x = rand(5, 67)
+    mean, inv_std = x.mean(1), 1 / torch.sqrt(x.var(1, unbiased=False) + 1e-5)
+    dy, gamma = rand(5, 67), rand(67)
+    for want in [(1, 0, 0), (0, 1, 1), (1, 1, 0)]:
+        got = layer_norm_grad(dy, x, gamma, mean, inv_std, None, want)
+        ref = ref_layer_norm(dy.double(), x.double(), gamma.double(), mean.double(), inv_std.double())
+        check_requested(want, got, ref)

@@ -1,0 +1,37 @@
+"""The input-shape checks the op folders define (``fusecli/ops/<op>/shapes.py``) and the two
+helpers they share.
+
+An op folder whose op cannot run on every input shape its rules may bind writes
+``input_problem(attrs, ins) -> str | None`` in its ``shapes.py``: ``ins`` are the fused node's
+input shapes in port order (a dim is an int, a symbolic str or None; a shape None when unknown),
+``attrs`` its attributes; it returns why the op could not run on them, or None (fine or
+unknown). The shape guard (``fusecli.engine.shapes.fusion_problem``) calls it before a fusion.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+
+from fusecli.ops.contracts import OPS_DIR, load_contracts
+
+
+def numel(dims):
+    """The element count of a shape, None unless every dim is a known int."""
+    if dims is None or not all(isinstance(d, int) for d in dims):
+        return None
+    return math.prod(dims)
+
+
+def show(shape) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+@functools.cache
+def input_check(op_type: str):
+    """The op folder's ``shapes.input_problem`` of a fused op type, None when it has none."""
+    c = load_contracts().ops.get(op_type)
+    if c is None or not (OPS_DIR / c.folder / "shapes.py").exists():
+        return None
+    return importlib.import_module(f"fusecli.ops.{c.folder}.shapes").input_problem
