@@ -48,7 +48,7 @@ from onnx import helper
 from fusecli.ops.contracts import FUSED_DOMAIN
 from fusecli.errors import CheckFailed, FuseError
 from fusecli.runtime.feeds import FeedPlan, guessed_dims, load_manifest, plan_feeds, read_feeds_file
-from fusecli.io.model import load_model
+from fusecli.io.model import load_model, model_folder
 from fusecli.engine.sanity import check_graph
 
 WORKER = Path(__file__).resolve().parent / "runtime_worker.py"
@@ -96,11 +96,12 @@ def manifest_entry_for(path: str | os.PathLike) -> dict | None:
     return None
 
 
-def worker_error(proc: subprocess.CompletedProcess) -> str:
+def worker_error(proc: subprocess.CompletedProcess, python: str = "python") -> str:
     """The one-line reason a worker subprocess failed: its last stderr line (the workers print
-    exactly one), or its exit code."""
-    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else f"exit code {proc.returncode}"
+    exactly one), or the signal that killed it, or its exit code."""
+    from fusecli.runtime.library import worker_failure
+
+    return worker_failure(proc, python)
 
 
 
@@ -134,26 +135,43 @@ def run_in_runtime(model_path: str | os.PathLike, feeds: dict[str, np.ndarray], 
                                                                          dict]:
     """Run a model once through runtime_worker.py in ``python``; return (outputs, info).
     Each of ``more_feeds`` is run in a fresh session; its results are keyed 'run<k>/<name>'."""
-    import json
+    from fusecli.runtime.library import run_worker, worker_failure, worker_result
+    from fusecli.runtime.runtime_worker import save_arrays
 
     with tempfile.TemporaryDirectory(prefix="fusecli-run-") as tmp:
         fpath, opath = Path(tmp) / "feeds.npz", Path(tmp) / "out.npz"
-        np.savez(fpath, **feeds)
+        save_arrays(fpath, feeds)           # names percent-encoded both ways (any name)
         cmd = [python, str(WORKER), "--model", str(model_path), "--feeds", str(fpath),
                "--out", str(opath), "--opt-level", opt_level] + (extra or [])
         for k, more in enumerate(more_feeds, start=1):
             mpath = Path(tmp) / f"feeds{k}.npz"
-            np.savez(mpath, **more)
+            save_arrays(mpath, more)
             cmd += ["--feeds", str(mpath)]
         if library:
             cmd += ["--library", library]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        proc = run_worker(cmd, python, "runtime_worker")
         if proc.returncode != 0:
-            raise RunFailed(model_path, worker_error(proc))
-        info = json.loads(proc.stdout.strip().splitlines()[-1])
-        with np.load(opath, allow_pickle=False) as z:
-            outs = {k: z[k] for k in z.files}
+            raise RunFailed(model_path, worker_failure(proc, python))
+        info = worker_result(proc, python, "runtime_worker", key="runtime")
+        outs = _read_results(opath, python)
     return outs, info
+
+
+def _read_results(path: Path, python: str) -> dict[str, np.ndarray]:
+    """The worker's .npz (keys decoded); RuntimePythonError where there is none to read."""
+    import zipfile
+
+    from fusecli.runtime.library import RuntimePythonError
+    from fusecli.runtime.runtime_worker import decode_key
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {decode_key(k): z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, AttributeError) as exc:
+        why = "wrote no results" if isinstance(exc, FileNotFoundError) else (
+            "wrote results that cannot be read")
+        raise RuntimePythonError(python, f"exited 0 but {why} (it did not run fusecli's "
+                                 "runtime_worker)") from None
 
 
 @dataclass
@@ -201,13 +219,42 @@ def compare(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> tuple
     return max_abs, max_ref, max_abs <= atol + rtol * max_ref
 
 
+# Significant bits (the implicit one included) of the float element types verify judges, and
+# how the tolerances widen for the narrow ones (a unit in the last place, EPS = 2**(1 - bits)):
+# rtol at least HALF_RTOL_ULPS ulps, the noise limit at least HALF_NOISE_ULPS ulps.
+SIGNIFICANT_BITS = {onnx.TensorProto.FLOAT: 24, onnx.TensorProto.DOUBLE: 53,
+                    onnx.TensorProto.FLOAT16: 11, onnx.TensorProto.BFLOAT16: 8}
+HALF_RTOL_ULPS = 4
+HALF_NOISE_ULPS = 32
+
+
+def type_limits(elem, rtol: float, atol: float) -> tuple[float, float, float]:
+    """(rtol, atol, noise limit) for a tensor of element type ``elem`` (an onnx TensorProto
+    type or a numpy dtype): as given for float32 and wider; for float16 (11 significant bits)
+    and bfloat16 (8) rtol is at least HALF_RTOL_ULPS and the noise limit at least
+    HALF_NOISE_ULPS units in the last place of the type (one ulp of float16 is 2**-10 of the
+    value, of bfloat16 2**-7: a right fusion in half precision differs by a few of them)."""
+    if not isinstance(elem, int):
+        try:
+            elem = helper.np_dtype_to_tensor_dtype(np.dtype(elem))
+        except (KeyError, TypeError, ValueError):
+            return rtol, atol, NOISE_LIMIT
+    bits = SIGNIFICANT_BITS.get(elem)
+    if bits is None or bits >= 24:
+        return rtol, atol, NOISE_LIMIT
+    eps = 2.0 ** (1 - bits)
+    return max(rtol, HALF_RTOL_ULPS * eps), atol, max(NOISE_LIMIT, HALF_NOISE_ULPS * eps)
+
+
 def judge(name: str, ref: np.ndarray, got: np.ndarray | None, perturbed: np.ndarray | None,
           rtol: float, atol: float, base: np.ndarray | None = None) -> OutputDiff:
     """One tensor's verdict against max(atol + rtol * max|ref|, NOISE_FACTOR * noise floor);
     the noise floor is max |perturbed - base| (``base`` defaults to ``ref``: the same
-    computation on unperturbed inputs)."""
+    computation on unperturbed inputs). Tolerances and the noise limit follow the tensor's
+    element type (``type_limits``)."""
     if got is None:
         return OutputDiff(name, float("inf"), 0.0, False, status="MISMATCH")
+    rtol, atol, noise_limit = type_limits(np.asarray(ref).dtype, rtol, atol)
     max_abs, max_ref, ok = compare(ref, got, rtol, atol)
     d = OutputDiff(name, max_abs, max_ref, ok, limit=atol + rtol * max_ref)
     ref = np.asarray(ref)
@@ -222,7 +269,7 @@ def judge(name: str, ref: np.ndarray, got: np.ndarray | None, perturbed: np.ndar
         if not math.isfinite(d.noise):
             d.noise = float("inf")
         d.limit = max(d.limit, NOISE_FACTOR * d.noise)
-    if max_ref > atol and d.noise > NOISE_LIMIT * max_ref:  # (numerically zero: atol judges)
+    if max_ref > atol and d.noise > noise_limit * max_ref:  # (numerically zero: atol judges)
         d.ok = math.isfinite(max_abs)
         d.status = "not judged (noise)" if d.ok else "MISMATCH"
         return d
@@ -422,6 +469,10 @@ def _unprobe(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k.replace(PROBE, "", 1) if PROBE in k else k: v for k, v in values.items()}
 
 
+def _has_fused(model: onnx.ModelProto) -> bool:
+    return any(n.domain == FUSED_DOMAIN for n in model.graph.node)
+
+
 def _has_external(model: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
@@ -435,8 +486,8 @@ def _written(pairs):
         paths = []
         try:
             for k, (model, source) in enumerate(pairs):
-                if _has_external(model):
-                    p = Path(source).resolve().parent / f".fusecli-{os.getpid()}-{k}.onnx"
+                if _has_external(model):   # beside the path as given, as onnxruntime reads it
+                    p = model_folder(source) / f".fusecli-{os.getpid()}-{k}.onnx"
                 else:
                     p = Path(tmp) / f"model{k}.onnx"
                 paths.append(p)
@@ -478,13 +529,15 @@ def _boundary(fnode: onnx.NodeProto, known: set[str], inputs: set[str]) -> tuple
 def _fused_node_error(detail: str, fused_nodes: list[onnx.NodeProto]) -> str:
     """The fused node a runtime message names ('... Name:'X' ...'), else any fused node name
     it mentions."""
+    from fusecli.runtime.runtime_worker import escape_line
+
     m = re.search(r"Name:'([^']+)'", detail)
-    names = {n.name for n in fused_nodes}
+    names = {escape_line(n.name): n.name for n in fused_nodes}  # as the worker's line has them
     if m and m.group(1) in names:
-        return m.group(1)
+        return names[m.group(1)]
     for name in sorted(names, key=len, reverse=True):
         if name and name in detail:
-            return name
+            return names[name]
     return ""
 
 
@@ -514,7 +567,7 @@ def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: i
     orig, python, plan = _prepare(original, seed, dims, runtime_python, feeds_file)
     fmodel = _load_checked(fused)
     fnodes = [n for n in fmodel.graph.node if n.domain == FUSED_DOMAIN]
-    lib = library_path() if fnodes else None
+    lib = library_path() if fnodes or _has_fused(orig) else None   # registered for both sides
     known, inputs = _tensors_of(orig), {i.name for i in orig.graph.input}
     bounds = {n.name: _boundary(n, known, inputs) for n in fnodes}
     wanted = list(dict.fromkeys(t for ins, outs in bounds.values() for t in ins + outs))
@@ -535,7 +588,8 @@ def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: i
     with _written([(probe, original), (fcopy, fused)]) as (ppath, fpath), \
             tempfile.TemporaryDirectory(prefix="fusecli-prof-") as pdir:
         try:  # the original, then the original on 1-ulp-perturbed inputs (a fresh session)
-            ref, info = run_in_runtime(ppath, plan.feeds, python, extra=["--deterministic"],
+            ref, info = run_in_runtime(ppath, plan.feeds, python, library=lib,
+                                       extra=["--deterministic"],
                                        more_feeds=[_perturbed(plan.feeds, seed)])
             ref = _unprobe(ref)
         except RunFailed as exc:
@@ -725,8 +779,14 @@ def check_fusions(original_path: str | os.PathLike, records, seed: int = 0, rtol
                                 + list(r.node.output) if t and t in known and t not in inputs))
     _expose(probe, wanted, orig)
     pin_seeds(probe)
+    lib = None
+    if _has_fused(orig):       # an original that already holds fused ops
+        from fusecli.runtime.library import library_path
+
+        lib = library_path()
     with _written([(probe, original_path)]) as (ppath,):
-        values, _ = run_in_runtime(ppath, plan.feeds, python, extra=["--deterministic"])
+        values, _ = run_in_runtime(ppath, plan.feeds, python, library=lib,
+                                   extra=["--deterministic"])
     values = _unprobe(values)
     values.update(plan.feeds)
     return [FusionCheck(r.rule, r.fused_node, r.replaced,
