@@ -371,8 +371,8 @@ def _kernel_runs(profile_path: str, fused_ops: set[str]) -> dict[str, int]:
     import json
 
     counts: dict[str, int] = {}
-    with open(profile_path) as f:
-        events = json.load(f)
+    with open(profile_path, encoding="utf-8", errors="replace") as f:
+        events = json.load(f, strict=False)  # onnxruntime writes node names unescaped
     for e in events:
         op = e.get("args", {}).get("op_name")
         if e.get("cat") == "Node" and op in fused_ops and e.get("name", "").endswith("_kernel_time"):
