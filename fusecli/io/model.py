@@ -15,8 +15,12 @@ Saving is transactional: the model and every data file it owns are written under
 names in the output's folder; only when all are complete are they renamed into place (signals
 held off meanwhile), the model last. On any failure before that nothing at the final names has
 changed; a failure during the renames puts the previous files back; temporary files are removed
-on every Python-level failure, Ctrl-C and SIGTERM included. Data files are named after the
-output (``OUT.data``, ``OUT.2.data``, ...), so a file of another model is never replaced. When
+on every Python-level failure, Ctrl-C and SIGTERM included. The renames run under an
+exclusive flock of the output's folder, so concurrent writers commit one after the other (the
+last wins, the folder holding one complete model + data set), and the data files the previous
+output owned that the new one does not reference are removed. Data files are named after the
+output (``OUT.data``, ``OUT.2.data``, ...; where that name is too long for the file system, a
+shortened OUT + '~' + a hash of the whole name), so a file of another model is never replaced. When
 the output goes to the model's folder the data files are reused as they are (nothing written);
 elsewhere they are reflinked (copy-on-write clone) or copied hole-aware (a sparse 2.5 GB file
 stays sparse). Hard links are deliberately not used: an in-place update of one model's weights
