@@ -181,7 +181,7 @@ def optimize(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
         say(f"note: {source or 'the model'} has no gradient nodes; nothing to fuse (is it a "
             "training graph?)")
     if output is not None:
-        save(result, dest or output)
+        save(result, dest or output, in_place=in_place)
         say(f"wrote {result.saved_to}")
     if verify:
         result.verify = _verify_result(result, feeds)

@@ -324,6 +324,20 @@ def test_verify_a_graph_with_empty_tensors(tmp_path, shape):
     assert json.loads(proc.stdout)["verdict"] == "PASS"
 
 
+def test_verify_a_fusion_whose_tensors_are_empty(tmp_path):
+    """One fused chain works on a layer of 0 units (dZ is [M, 0], dW [0, K], db [0]; with dA
+    onnxruntime's own Gemm refuses the empty contraction, so the first layer): the rest of the
+    graph is judged (here: the non-empty chain)."""
+    m = builders.compose([builders.frag_ortt_linear_act("z/", "relu", N=0, first=True),
+                          builders.frag_ortt_linear_act("f/", "relu")])
+    src, out = tmp_path / "zero.onnx", tmp_path / "out.onnx"
+    src.write_bytes(m.SerializeToString())
+    assert json.loads(run_cli("optimize", src, "-o", out, "--json").stdout)["total_fused"] == 2
+    proc = run_cli("verify", src, out, "--json", check_rc=None)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    assert json.loads(proc.stdout)["verdict"] == "PASS"
+
+
 # --- 6. `rules new -o` through a symbolic link -------------------------------------------------
 
 def _rules_new(model, out, *extra):
