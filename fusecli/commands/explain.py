@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from fusecli.commands.options import JSON, PROVIDER, RULES
-from fusecli.commands.output import echo_json
+from fusecli.commands.output import echo_json, echo_line
 
 
 @click.command()
@@ -33,12 +33,12 @@ def explain(model, rules, rule_names, node_names, as_json, provider):
         echo_json({"model": str(model), "misses": misses})
         return
     if not misses:
-        click.echo(f"{model}: no near misses" + (" for the selection" if rule_names or node_names
+        echo_line(f"{model}: no near misses" + (" for the selection" if rule_names or node_names
                                                   else ""))
         return
     for miss in misses:
         bound = ", ".join(f"{k}={v}" for k, v in miss["bound"].items()) or "(nothing bound)"
         where = f" at rule node '{miss['node']}'" if miss["node"] else ""
-        click.echo(f"{miss['rule']} ({miss['pattern']}) anchored at {miss['anchor']}:")
-        click.echo(f"  matched {miss['depth']} node(s): {bound}")
-        click.echo(f"  failed{where}: [{miss['reason']}] {miss['detail']}")
+        echo_line(f"{miss['rule']} ({miss['pattern']}) anchored at {miss['anchor']}:")
+        echo_line(f"  matched {miss['depth']} node(s): {bound}")
+        echo_line(f"  failed{where}: [{miss['reason']}] {miss['detail']}")

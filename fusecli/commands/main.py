@@ -18,6 +18,7 @@ from fusecli.commands.bench import bench
 from fusecli.commands.explain import explain
 from fusecli.commands.ops import library_path_cmd, ops_cmd
 from fusecli.commands.optimize import optimize
+from fusecli.commands.output import one_line
 from fusecli.commands.rules import rules_group
 from fusecli.commands.stats import stats
 from fusecli.commands.verify import verify
@@ -48,12 +49,6 @@ def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7f]}
-
-
-def one_line(text: str) -> str:
-    """The text with control characters (newlines included) escaped: it stays one line."""
-    return str(text).translate(_CONTROL)
 
 
 def _error(msg: str) -> None:

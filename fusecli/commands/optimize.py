@@ -8,7 +8,7 @@ import click
 
 from fusecli import errors
 from fusecli.commands.options import FEEDS, JSON, PROVIDER, RULES
-from fusecli.commands.output import (echo_json, print_verify, report_mismatches,
+from fusecli.commands.output import (echo_json, echo_line, one_line, print_verify, report_mismatches,
                                      verify_exit)
 
 
@@ -54,7 +54,7 @@ def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet
     base = load_baseline(baseline) if baseline else None
     result = api.optimize(model, rules, only, skip, provider=provider,
                           output=None if dry_run else dest, in_place=True, verify=do_verify,
-                          feeds=feeds_file, log=None if quiet else lambda m: click.echo(m, err=True))
+                          feeds=feeds_file, log=None if quiet else lambda m: echo_line(m, err=True))
     d = result.as_dict()
     d["model"] = str(model)
     report = result.verify
@@ -62,7 +62,7 @@ def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet
         echo_json(d)
     else:
         verb = "would fuse" if dry_run else "fused"
-        click.echo(stats_table(d, f"{model}: {verb} {d['total_fused']} chain(s)"))
+        click.echo(stats_table(d, one_line(f"{model}: {verb} {d['total_fused']} chain(s)")))
         if report is not None and not quiet:
             print_verify(report, model, result.saved_to)
     if report is not None:

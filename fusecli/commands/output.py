@@ -11,6 +11,22 @@ import click
 from fusecli import errors
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7f, 0xa0)]}
+_CONTROL.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def one_line(text: str) -> str:
+    """The text with control characters (newlines, C1 controls such as CSI, the Unicode line
+    separators included) escaped: it stays one printable line."""
+    return str(text).translate(_CONTROL)
+
+
+def echo_line(line: str, err: bool = False) -> None:
+    """Print one line built from names of the user's model: it cannot forge another line or
+    send an escape sequence to the terminal."""
+    click.echo(one_line(line), err=err)
+
+
 def echo_json(obj) -> None:
     click.echo(json.dumps(obj, indent=None, sort_keys=False))
 
@@ -21,12 +37,12 @@ def log(quiet: bool, msg: str) -> None:
 
 
 def print_verify(report, original, fused) -> None:
-    click.echo(f"verify: {Path(original).name} vs {Path(fused).name} in {report.runtime} "
+    echo_line(f"verify: {Path(original).name} vs {Path(fused).name} in {report.runtime} "
                f"(graph optimizations off, {report.deterministic}, rtol={report.rtol:g}, "
                f"atol={report.atol:g})")
-    click.echo("  feeds: " + "; ".join(report.feed_lines))
+    echo_line("  feeds: " + "; ".join(report.feed_lines))
     if report.seeds_pinned:
-        click.echo(f"  stochastic ops seeded alike in both models: "
+        echo_line(f"  stochastic ops seeded alike in both models: "
                    f"{', '.join(report.seeds_pinned)}")
     w = max((len(d.name) for d in report.outputs), default=10)
     for d in report.outputs:
@@ -34,46 +50,46 @@ def print_verify(report, original, fused) -> None:
         zero = d.max_ref <= report.atol
         rel = "  (zero)  " if zero else f"{d.rel:.3e}"
         noise = "   -   " if zero else f"{d.noise_rel:.1e}"
-        click.echo(f"  {d.name:<{w}}  max_abs {d.max_abs:.3e}  max_rel {rel}  "
+        echo_line(f"  {d.name:<{w}}  max_abs {d.max_abs:.3e}  max_rel {rel}  "
                    f"noise {noise}  {d.status}")
     bad = [d for d in report.boundaries if not d.ok]
-    click.echo(f"  fused-node boundary tensors: {len(report.boundaries)} compared, "
+    echo_line(f"  fused-node boundary tensors: {len(report.boundaries)} compared, "
                f"{len(bad)} mismatched" + "".join(f"; {d.name} (max_rel {d.rel:.3e}, at "
                                                   f"{', '.join(d.upstream_fused)})" for d in bad[:3]))
     if report.fusion_checks is not None:
         nbad = sum(not c.ok for c in report.fusion_checks)
-        click.echo(f"  {len(report.noisy)} output(s) too sensitive to judge on the whole model "
+        echo_line(f"  {len(report.noisy)} output(s) too sensitive to judge on the whole model "
                    f"(noise floor > {report.as_dict()['noise_limit']:g}): checked each of "
                    f"{len(report.fusion_checks)} fusion(s) at its boundary instead (NumPy "
                    f"reference and fused kernel on the original's tensors): {nbad} failed")
     runs = ", ".join(f"{k} x{v}" for k, v in sorted(report.fused_kernel_runs.items()))
-    click.echo(f"  fused kernels executed: {runs or 'none'}")
+    echo_line(f"  fused kernels executed: {runs or 'none'}")
     for why in report.inconclusive:
-        click.echo(f"  cannot judge: {why}")
+        echo_line(f"  cannot judge: {why}")
     floor = max((d.noise_rel for d in report.outputs if d.max_ref > report.atol), default=0.0)
-    click.echo(f"  max relative error {report.max_rel:.3e} (noise floor up to {floor:.1e}): "
+    echo_line(f"  max relative error {report.max_rel:.3e} (noise floor up to {floor:.1e}): "
                f"{report.verdict}")
 
 
 def report_mismatches(report) -> None:
     for d in report.outputs:
         if not d.ok:
-            click.echo(f"fusecli: mismatch in {d.name} (max abs {d.max_abs:.3e}); fused nodes "
+            echo_line(f"fusecli: mismatch in {d.name} (max abs {d.max_abs:.3e}); fused nodes "
                        f"upstream: {', '.join(d.upstream_fused) or 'none'}", err=True)
     bad = [d for d in report.boundaries if not d.ok]
     for d in bad[:5]:
-        click.echo(f"fusecli: mismatch at fused-node boundary tensor {d.name} (max abs "
+        echo_line(f"fusecli: mismatch at fused-node boundary tensor {d.name} (max abs "
                    f"{d.max_abs:.3e}); fused nodes: {', '.join(d.upstream_fused)}", err=True)
     if len(bad) > 5:
-        click.echo(f"fusecli: ... and {len(bad) - 5} more fused-node boundary tensors (--json "
+        echo_line(f"fusecli: ... and {len(bad) - 5} more fused-node boundary tensors (--json "
                    "lists them)", err=True)
     for c in report.fusion_checks or ():
         if not c.ok:
-            click.echo(f"fusecli: mismatch in fused node {c.fused_node} (rule {c.rule}) on the "
+            echo_line(f"fusecli: mismatch in fused node {c.fused_node} (rule {c.rule}) on the "
                        "original's boundary tensors", err=True)
     if not report.mismatched:
         for why in report.inconclusive:
-            click.echo(f"fusecli: inconclusive: {why}; pass --feeds FILE.npz with real inputs",
+            echo_line(f"fusecli: inconclusive: {why}; pass --feeds FILE.npz with real inputs",
                        err=True)
 
 

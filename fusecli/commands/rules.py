@@ -92,20 +92,17 @@ def rules_new(model_path, nodes, name, fused_op, pattern, output, force):
     of the fused op, its attributes, constraints to relax) before adding it to a rules folder.
     """
     from fusecli.engine.rulegen import count_matches, draft_rule
-    from fusecli.io.model import load_model
+    from fusecli.io.model import check_text_output, load_model, save_text
 
-    if output is not None and output.exists() and not force:
-        raise FuseError(f"{output} exists; pass --force to overwrite it")
+    if output is not None:     # refused as `optimize -o` refuses: links, folders, special files
+        check_text_output(output, force)
     model = load_model(model_path)
     text = draft_rule(model, nodes.split(","), name, fused_op=fused_op, pattern=pattern)
     n = count_matches(model, text)
     if output is None:
         click.echo(text, nl=False)
     else:
-        try:
-            output.write_text(text)
-        except OSError as exc:
-            raise FuseError(f"cannot write {output}: {exc.strerror or exc}") from None
+        save_text(text, output, force)
         click.echo(f"wrote {output}", err=True)
     more = f"; it also matches {n - 1} other place(s)" if n > 1 else ""
     click.echo(f"draft rule {name} matches its example in {model_path}{more}", err=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from fusecli.commands.options import JSON, PROVIDER, RULES
-from fusecli.commands.output import echo_json, log
+from fusecli.commands.output import echo_json, echo_line, log, one_line
 
 
 @click.command()
@@ -27,9 +27,10 @@ def stats(model, rules, as_json, provider):
     if as_json:
         echo_json(d)
         return
-    click.echo(stats_table(d, f"{model}: {d['total_fused']} chains would fuse"))
+    click.echo(stats_table(d, one_line(f"{model}: {d['total_fused']} chains would fuse")))
     for s in d["skips"]:
-        click.echo(f"  skipped {s['rule']} at {s['anchor']}: {s['reason']}: {s['detail']}")
-    inv = d["already_fused"]
+        echo_line(f"  skipped {s['rule']} at {s['anchor']}: {s['reason']}: {s['detail']}")
+    inv = {k: {one_line(name): n for name, n in v.items()}      # op and rule names: one line
+           for k, v in d["already_fused"].items()}
     if inv["fused_ops"]:
         click.echo(inventory_table(inv, "fused ops already in the model:"))

@@ -15,8 +15,12 @@ Saving is transactional: the model and every data file it owns are written under
 names in the output's folder; only when all are complete are they renamed into place (signals
 held off meanwhile), the model last. On any failure before that nothing at the final names has
 changed; a failure during the renames puts the previous files back; temporary files are removed
-on every Python-level failure, Ctrl-C and SIGTERM included. Data files are named after the
-output (``OUT.data``, ``OUT.2.data``, ...), so a file of another model is never replaced. When
+on every Python-level failure, Ctrl-C and SIGTERM included. The renames run under an
+exclusive flock of the output's folder, so concurrent writers commit one after the other (the
+last wins, the folder holding one complete model + data set), and the data files the previous
+output owned that the new one does not reference are removed. Data files are named after the
+output (``OUT.data``, ``OUT.2.data``, ...; where that name is too long for the file system, a
+shortened OUT + '~' + a hash of the whole name), so a file of another model is never replaced. When
 the output goes to the model's folder the data files are reused as they are (nothing written);
 elsewhere they are reflinked (copy-on-write clone) or copied hole-aware (a sparse 2.5 GB file
 stays sparse). Hard links are deliberately not used: an in-place update of one model's weights
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import signal
 import stat
@@ -48,7 +53,7 @@ _CHUNK = 8 << 20
 INLINE_LIMIT = 4096            # external tensors up to this size are read in (constants)
 INLINE_TOTAL = 16 << 20        # ... up to this much in all
 _TMP_PREFIX = ".fusecli-"      # temporary files in the output's folder: .fusecli-XXXXXXXX.tmp
-_DATA_SUFFIX_MAX = len(".99999.data")  # the longest owned data name: OUT.99999.data
+_OLD_MODEL_MAX = 64 << 20      # a previous output read for its data files' names: up to this
 
 
 # --- paths -------------------------------------------------------------------------------------
@@ -399,10 +404,13 @@ def _clone_file(src: Path, fout: int) -> None:
         os.ftruncate(fout, size)   # trailing hole
 
 
-def check_output_path(src: str | os.PathLike, dest: str | os.PathLike, in_place: bool) -> Path:
+def check_output_path(src: str | os.PathLike, dest: str | os.PathLike, in_place: bool,
+                      data_files: bool = True) -> Path:
     """The output path to write (its folder resolved once, its name not), after refusing what
     cannot or must not be written: the input itself (without --in-place), a folder, a special
-    file, a symbolic link, a missing or read-only folder, a name too long for the file system."""
+    file, a symbolic link, a missing or read-only folder, a name too long for the file system.
+    (A name the file system takes is never refused for its data files' sake: they get names
+    that fit, see ``_owned_data_name``.)"""
     d = Path(dest)
     name = d.name
     if name in ("", ".", ".."):
@@ -422,14 +430,10 @@ def check_output_path(src: str | os.PathLike, dest: str | os.PathLike, in_place:
         raise ModelError(f"output folder {given} is a file, not a folder; choose another -o")
     folder = _resolve(given, "output folder")
     out = folder / name
-    try:
-        name_max = os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        name_max = 255
-    if len(os.fsencode(name)) + _DATA_SUFFIX_MAX > name_max:
+    name_max = _name_max(folder)
+    if len(os.fsencode(name)) > name_max:
         raise ModelError(f"output file name is {len(os.fsencode(name))} bytes long; this file "
-                         f"system allows {name_max}, and fusecli also writes NAME.data beside "
-                         f"it: choose a name of at most {name_max - _DATA_SUFFIX_MAX} bytes")
+                         f"system allows {name_max}: choose a name of at most {name_max} bytes")
     lst = _stat(out, "output", follow=False)
     if lst is not None:
         if stat.S_ISLNK(lst.st_mode):
@@ -448,6 +452,36 @@ def check_output_path(src: str | os.PathLike, dest: str | os.PathLike, in_place:
     return out
 
 
+def check_text_output(dest: str | os.PathLike, force: bool) -> Path:
+    """The path to write a text file (``rules new -o``) at, refused as ``optimize -o`` is (a
+    symbolic link, dangling or not, a folder, a special file, a missing or read-only folder),
+    and an existing file without ``force``."""
+    out = check_output_path(dest, dest, in_place=True, data_files=False)
+    if os.path.lexists(out) and not force:
+        raise ModelError(f"{dest} exists; pass --force to overwrite it")
+    return out
+
+
+def save_text(text: str, dest: str | os.PathLike, force: bool) -> None:
+    """Write ``text`` to ``dest`` as ``save_model`` writes a model: checked as
+    ``check_text_output``, a temporary file in the destination's folder renamed into place."""
+    out = check_text_output(dest, force)
+    fd, tmp = _new_temp(out.parent, 0o666 & ~_umask())
+    try:
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            with _signals_held():
+                os.replace(tmp, out)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)            # gone already when it was renamed into place
+    except OSError as exc:
+        raise ModelError(f"cannot write {dest}: {os_reason(exc)}") from None
+
+
 def _same_file(a: Path, b: Path) -> bool:
     ida = _file_id(a)
     return ida is not None and ida == _file_id(b)
@@ -461,8 +495,26 @@ def _file_id(p: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _owned_data_name(out: Path, k: int) -> str:
-    return f"{out.name}.data" if k == 0 else f"{out.name}.{k + 1}.data"
+def _name_max(folder: Path) -> int:
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        return 255
+
+
+def _owned_data_name(out: Path, k: int, name_max: int = 255) -> str:
+    """The name of the k-th data file ``out`` owns: ``OUT.data``, ``OUT.2.data``, ...; where
+    that is longer than the file system allows, the output's name cut to fit (at a character
+    boundary) + '~' + 12 hex digits of the hash of the whole name (so two long names sharing a
+    prefix get different files) + the same suffix. The model records the name it uses."""
+    suffix = ".data" if k == 0 else f".{k + 1}.data"
+    full = out.name + suffix
+    if len(os.fsencode(full)) <= name_max:
+        return full
+    tag = "~" + hashlib.sha256(os.fsencode(out.name)).hexdigest()[:12]
+    room = max(name_max - len(tag) - len(suffix), 1)
+    stem = os.fsencode(out.name)[:room].decode("utf-8", "ignore") or "m"
+    return stem + tag + suffix
 
 
 def _plan_data(model: onnx.ModelProto, out: Path, src: Path) -> list[tuple[Path, Path]]:
@@ -480,10 +532,11 @@ def _plan_data(model: onnx.ModelProto, out: Path, src: Path) -> list[tuple[Path,
     inputs = {_file_id(f) for f in [src, *by_loc.values()]} - {None}
     targets: dict[Path, str] = {}
     plan = []
+    name_max = _name_max(folder)
     for s_file in by_loc.values():
         if s_file in targets:
             continue
-        new = _owned_data_name(out, len(targets))
+        new = _owned_data_name(out, len(targets), name_max)
         d_file = folder / new
         if _file_id(d_file) in inputs:
             raise ModelError(f"the data file {new} that {out.name} would own is a file of the "
@@ -496,6 +549,52 @@ def _plan_data(model: onnx.ModelProto, out: Path, src: Path) -> list[tuple[Path,
             if e.key == "location" and e.value in renamed:
                 e.value = renamed[e.value]
     return plan
+
+
+@contextlib.contextmanager
+def _folder_locked(folder: Path):
+    """An exclusive flock on the output's folder while a writer commits: two fusecli runs
+    writing the same output (or outputs in one folder) rename their files in turn, so the
+    folder always holds one writer's complete model + data set (the last to commit wins)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            import fcntl
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except (ImportError, OSError):   # a file system without flock: as before
+            pass
+        yield
+    finally:
+        os.close(fd)                     # releases the lock
+
+
+def _owned_references(out: Path, inputs: set) -> set[str]:
+    """The data files the model now at ``out`` references that ``out`` owns (named as
+    ``_owned_data_name`` names them) and that are no file of the input: what a new output
+    replaces. Empty where there is no readable previous model."""
+    st = _stat(out, "output", follow=False)
+    if st is None or not stat.S_ISREG(st.st_mode) or st.st_size > _OLD_MODEL_MAX:
+        return set()
+    old = onnx.ModelProto()
+    try:
+        with open(out, "rb") as f:
+            old.ParseFromString(f.read(_OLD_MODEL_MAX))
+        locs = external_locations(old)
+    except (OSError, DecodeError, RuntimeError, ValueError, ModelError):
+        return set()
+    name_max = _name_max(out.parent)
+    owned = {_owned_data_name(out, k, name_max) for k in range(len(locs))}
+    return {loc for loc in locs & owned if _file_id(out.parent / loc) not in inputs}
+
+
+def _remove_stale(folder: Path, names: set[str]) -> None:
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(folder / name)
 
 
 @contextlib.contextmanager
@@ -524,7 +623,14 @@ def _commit(renames: list[tuple[Path, Path]], folder: Path) -> None:
                 fd, b = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=".tmp", dir=folder)
                 os.close(fd)
                 backup = Path(b)
-                os.replace(final, backup)
+                try:
+                    os.replace(final, backup)
+                except BaseException as exc:
+                    with contextlib.suppress(OSError):
+                        os.unlink(backup)
+                    if not isinstance(exc, FileNotFoundError):
+                        raise
+                    backup = None                # gone meanwhile: nothing to put back
             done.append((final, backup))
             os.replace(tmp, final)
         tmp, final = renames[-1]
@@ -579,8 +685,11 @@ def save_model(model: onnx.ModelProto, dest: str | os.PathLike, src: str | os.Pa
                 f.flush()
                 os.fsync(f.fileno())
             renames.append((tmp, out))
-            with _signals_held():
+            with _signals_held(), _folder_locked(folder):
+                inputs = {_file_id(f) for f in [src, *(s for s, _ in plan)]} - {None}
+                stale = _owned_references(out, inputs) - external_locations(model)
                 _commit(renames, folder)
+                _remove_stale(folder, stale)
         finally:
             for tmp in temps:
                 with contextlib.suppress(OSError):

@@ -15,7 +15,6 @@ the peak memory of one run of each model measured in a fresh process (see bench_
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import tempfile
@@ -52,7 +51,9 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
     'feeds' maps each input to the policy that fed it.
     """
     from fusecli.runtime.feeds import plan_feeds, read_feeds_file
-    from fusecli.runtime.library import LibraryNotBuilt, library_path
+    from fusecli.runtime.library import (LibraryNotBuilt, RuntimePythonError, library_path,
+                                         run_worker, worker_result)
+    from fusecli.runtime.runtime_worker import save_arrays
     from fusecli.io.model import load_model
     from fusecli.runtime.runner import manifest_entry_for, needs_training_runtime, pick_runtime, worker_error
 
@@ -86,7 +87,7 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
         policy, lines = {k: "given" for k in feeds}, ["given: " + ", ".join(feeds)]
     with tempfile.TemporaryDirectory(prefix="fusecli-bench-") as tmp:
         fpath = Path(tmp) / "feeds.npz"
-        np.savez(fpath, **feeds)
+        save_arrays(fpath, feeds)           # names percent-encoded (any name)
         cmd = [python, str(WORKER), "--a", str(original), "--b", str(fused), "--feeds", str(fpath),
                "--runs", str(runs), "--warmup", str(warmup), "--threads", str(threads),
                "--opt-level", opt_level, "--min-time", str(min_time_s)]
@@ -97,18 +98,16 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
         if profile_dir:
             cmd += ["--profile", str(profile_dir)]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                                  timeout=timeout)
+            proc = run_worker(cmd, python, "bench_worker", timeout=timeout)
         except subprocess.TimeoutExpired:
             raise FuseError(f"benchmark of {Path(original).name} timed out after {timeout} s; "
                             "use fewer --runs") from None
     if proc.returncode != 0:
         raise FuseError(f"benchmark of {Path(original).name} vs {Path(fused).name} failed: "
-                        f"{worker_error(proc)}")
-    try:
-        res = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise FuseError("bench worker printed no result (see its stderr)") from None
+                        f"{worker_error(proc, python)}")
+    res = worker_result(proc, python, "bench_worker", key="a")
+    if not all(isinstance(res.get(k), dict) for k in ("a", "b")):
+        raise RuntimePythonError(python, "printed a result without both models' timings")
     res["python"] = python
     res["feeds"], res["feed_lines"] = policy, lines
     return res

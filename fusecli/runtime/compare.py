@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
+from onnx import helper
 
 # Whole-model judgement: a tensor may differ by NOISE_FACTOR times what a one-ulp change of the
 # inputs moves it by; a graph output that moves by more than NOISE_LIMIT (relative to its
@@ -62,13 +64,42 @@ def compare(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> tuple
     return max_abs, max_ref, max_abs <= atol + rtol * max_ref
 
 
+# Significant bits (the implicit one included) of the float element types verify judges, and
+# how the tolerances widen for the narrow ones (a unit in the last place, EPS = 2**(1 - bits)):
+# rtol at least HALF_RTOL_ULPS ulps, the noise limit at least HALF_NOISE_ULPS ulps.
+SIGNIFICANT_BITS = {onnx.TensorProto.FLOAT: 24, onnx.TensorProto.DOUBLE: 53,
+                    onnx.TensorProto.FLOAT16: 11, onnx.TensorProto.BFLOAT16: 8}
+HALF_RTOL_ULPS = 4
+HALF_NOISE_ULPS = 32
+
+
+def type_limits(elem, rtol: float, atol: float) -> tuple[float, float, float]:
+    """(rtol, atol, noise limit) for a tensor of element type ``elem`` (an onnx TensorProto
+    type or a numpy dtype): as given for float32 and wider; for float16 (11 significant bits)
+    and bfloat16 (8) rtol is at least HALF_RTOL_ULPS and the noise limit at least
+    HALF_NOISE_ULPS units in the last place of the type (one ulp of float16 is 2**-10 of the
+    value, of bfloat16 2**-7: a right fusion in half precision differs by a few of them)."""
+    if not isinstance(elem, int):
+        try:
+            elem = helper.np_dtype_to_tensor_dtype(np.dtype(elem))
+        except (KeyError, TypeError, ValueError):
+            return rtol, atol, NOISE_LIMIT
+    bits = SIGNIFICANT_BITS.get(elem)
+    if bits is None or bits >= 24:
+        return rtol, atol, NOISE_LIMIT
+    eps = 2.0 ** (1 - bits)
+    return max(rtol, HALF_RTOL_ULPS * eps), atol, max(NOISE_LIMIT, HALF_NOISE_ULPS * eps)
+
+
 def judge(name: str, ref: np.ndarray, got: np.ndarray | None, perturbed: np.ndarray | None,
           rtol: float, atol: float, base: np.ndarray | None = None) -> OutputDiff:
     """One tensor's verdict against max(atol + rtol * max|ref|, NOISE_FACTOR * noise floor);
     the noise floor is max |perturbed - base| (``base`` defaults to ``ref``: the same
-    computation on unperturbed inputs)."""
+    computation on unperturbed inputs). Tolerances and the noise limit follow the tensor's
+    element type (``type_limits``)."""
     if got is None:
         return OutputDiff(name, float("inf"), 0.0, False, status="MISMATCH")
+    rtol, atol, noise_limit = type_limits(np.asarray(ref).dtype, rtol, atol)
     max_abs, max_ref, ok = compare(ref, got, rtol, atol)
     d = OutputDiff(name, max_abs, max_ref, ok, limit=atol + rtol * max_ref)
     ref = np.asarray(ref)
@@ -83,7 +114,7 @@ def judge(name: str, ref: np.ndarray, got: np.ndarray | None, perturbed: np.ndar
         if not math.isfinite(d.noise):
             d.noise = float("inf")
         d.limit = max(d.limit, NOISE_FACTOR * d.noise)
-    if max_ref > atol and d.noise > NOISE_LIMIT * max_ref:  # (numerically zero: atol judges)
+    if max_ref > atol and d.noise > noise_limit * max_ref:  # (numerically zero: atol judges)
         d.ok = math.isfinite(max_abs)
         d.status = "not judged (noise)" if d.ok else "MISMATCH"
         return d

@@ -104,7 +104,7 @@ def _named_dim(key: str, dims: dict[str, int]) -> int | None:
 
 
 def _dim(d: onnx.TensorShapeProto.Dimension, dims: dict[str, int]) -> int:
-    if d.HasField("dim_value") and d.dim_value > 0:
+    if d.HasField("dim_value") and d.dim_value >= 0:   # a static 0 too (an empty tensor)
         return int(d.dim_value)
     size = _named_dim(d.dim_param if d.HasField("dim_param") else "", dims)
     return 2 if size is None else size
@@ -119,7 +119,7 @@ def guessed_dims(model: onnx.ModelProto, dims: dict[str, int] | None = None,
         if vi.name in given:
             continue
         for d in vi.type.tensor_type.shape.dim:
-            if not (d.HasField("dim_value") and d.dim_value > 0) and d.dim_param and \
+            if not (d.HasField("dim_value") and d.dim_value >= 0) and d.dim_param and \
                     _named_dim(d.dim_param, dims or {}) is None:
                 out[d.dim_param] = None
     return list(out)
@@ -522,7 +522,7 @@ def read_feeds_file(path: str | Path, model: onnx.ModelProto) -> dict[str, np.nd
             raise FuseError(f"{label}: '{name}' has shape {list(arr.shape)}, the graph wants "
                             f"{spec} (rank {len(gdims)})")
         for d, n in zip(gdims, arr.shape):
-            if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != n:
+            if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != n:
                 raise FuseError(f"{label}: '{name}' has shape {list(arr.shape)}, the graph "
                                 f"wants {spec}")
             if d.HasField("dim_param") and d.dim_param:

@@ -9,7 +9,11 @@ Every wheel build (and ``make lib``) builds it with ``scripts/build_lib.sh``; it
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import stat
+import subprocess
 from importlib.resources import files
 from pathlib import Path
 
@@ -49,8 +53,9 @@ def training_python(override: str | None = None) -> str:
     for source, value in (("--runtime-python", override),
                           (ORTT_PYTHON_ENV, os.environ.get(ORTT_PYTHON_ENV))):
         if value:
-            if not Path(value).exists():
-                raise FuseError(f"{source} {value} does not exist; name the python of a venv "
+            why = _not_a_program(value)
+            if why:
+                raise FuseError(f"{source} {value} {why}; name the python of a venv "
                                 "with onnxruntime-training installed")
             return value
     venv_python = Path(ORTT_VENV) / "bin" / "python"
@@ -65,6 +70,90 @@ def training_python(override: str | None = None) -> str:
     raise FuseError(f"this graph needs onnxruntime-training: set {ORTT_PYTHON_ENV}=PATH (the python "
                     f"of a venv with onnxruntime-training-cpu==1.19.2), pass --runtime-python PATH, "
                     f"or create {ORTT_VENV} here (`make ortt-env` in a checkout)")
+
+
+def _not_a_program(path: str) -> str | None:
+    """Why ``path`` cannot be run as an interpreter (None: it may be)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be used ({exc.strerror or exc})"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder, not a program"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if not os.access(path, os.X_OK):
+        return "is not executable"
+    return None
+
+
+class RuntimePythonError(FuseError):
+    """The runtime interpreter did not behave as a Python running fusecli's worker (bad input:
+    the user named it, or the environment did)."""
+
+    def __init__(self, python: str, what: str):
+        super().__init__(f"the runtime python {python} {what}; name the python of a venv with "
+                         f"onnxruntime installed (--runtime-python PATH or {ORTT_PYTHON_ENV})")
+        self.python = python
+
+
+def run_worker(cmd: list[str], python: str, prog: str,
+               timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run a worker script (``cmd[0]`` is ``python``). An interpreter that cannot be started,
+    or that exits non-zero without the worker's one-line error (``PROG: error: ...``, exit 2)
+    raises RuntimePythonError; a worker that reported an error or was killed by a signal is
+    returned as it is (its model failed). TimeoutExpired propagates."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                              timeout=timeout, errors="backslashreplace")
+    except OSError as exc:
+        raise RuntimePythonError(python, f"cannot be run ({exc.strerror or exc})") from None
+    if proc.returncode > 0 and not _reported(proc, prog):
+        last = _last_line(proc.stderr)
+        raise RuntimePythonError(python, f"exited with code {proc.returncode} without running "
+                                 f"fusecli's {prog}" + (f" (it said: {last[:200]})" if last
+                                                        else " (it printed nothing)"))
+    return proc
+
+
+def _reported(proc: subprocess.CompletedProcess, prog: str) -> bool:
+    return any(ln.startswith(f"{prog}: error: ") for ln in proc.stderr.splitlines())
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def worker_failure(proc: subprocess.CompletedProcess, python: str) -> str:
+    """The one-line reason a worker failed: its error line, or the signal that killed it."""
+    if proc.returncode < 0:
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        return f"the runtime ({python}) was killed by {name}"
+    return _last_line(proc.stderr) or f"exit code {proc.returncode}"
+
+
+def worker_result(proc: subprocess.CompletedProcess, python: str, prog: str,
+                  key: str | None = None) -> dict:
+    """The JSON object a worker that exited 0 printed as its last stdout line (with ``key``
+    present); RuntimePythonError where it printed something else."""
+    line = _last_line(proc.stdout)
+    if not line:
+        raise RuntimePythonError(python, f"exited 0 but printed no result (it did not run "
+                                 f"fusecli's {prog})")
+    try:
+        res = json.loads(line)
+    except ValueError:
+        res = None
+    if not isinstance(res, dict) or (key is not None and key not in res):
+        raise RuntimePythonError(python, f"printed {line[:80]!r} instead of the result of "
+                                 f"fusecli's {prog}")
+    return res
 
 
 def session_options(threads: int | None = None, opt_level=None):

@@ -61,11 +61,12 @@ def manifest_entry_for(path: str | os.PathLike) -> dict | None:
     return None
 
 
-def worker_error(proc: subprocess.CompletedProcess) -> str:
+def worker_error(proc: subprocess.CompletedProcess, python: str = "python") -> str:
     """The one-line reason a worker subprocess failed: its last stderr line (the workers print
-    exactly one), or its exit code."""
-    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else f"exit code {proc.returncode}"
+    exactly one), or the signal that killed it, or its exit code."""
+    from fusecli.runtime.library import worker_failure
+
+    return worker_failure(proc, python)
 
 
 class RunFailed(FuseError):
@@ -83,23 +84,40 @@ def run_in_runtime(model_path: str | os.PathLike, feeds: dict[str, np.ndarray], 
                                                                          dict]:
     """Run a model once through runtime_worker.py in ``python``; return (outputs, info).
     Each of ``more_feeds`` is run in a fresh session; its results are keyed 'run<k>/<name>'."""
-    import json
+    from fusecli.runtime.library import run_worker, worker_failure, worker_result
+    from fusecli.runtime.runtime_worker import save_arrays
 
     with tempfile.TemporaryDirectory(prefix="fusecli-run-") as tmp:
         fpath, opath = Path(tmp) / "feeds.npz", Path(tmp) / "out.npz"
-        np.savez(fpath, **feeds)
+        save_arrays(fpath, feeds)           # names percent-encoded both ways (any name)
         cmd = [python, str(WORKER), "--model", str(model_path), "--feeds", str(fpath),
                "--out", str(opath), "--opt-level", opt_level] + (extra or [])
         for k, more in enumerate(more_feeds, start=1):
             mpath = Path(tmp) / f"feeds{k}.npz"
-            np.savez(mpath, **more)
+            save_arrays(mpath, more)
             cmd += ["--feeds", str(mpath)]
         if library:
             cmd += ["--library", library]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        proc = run_worker(cmd, python, "runtime_worker")
         if proc.returncode != 0:
-            raise RunFailed(model_path, worker_error(proc))
-        info = json.loads(proc.stdout.strip().splitlines()[-1])
-        with np.load(opath, allow_pickle=False) as z:
-            outs = {k: z[k] for k in z.files}
+            raise RunFailed(model_path, worker_failure(proc, python))
+        info = worker_result(proc, python, "runtime_worker", key="runtime")
+        outs = _read_results(opath, python)
     return outs, info
+
+
+def _read_results(path: Path, python: str) -> dict[str, np.ndarray]:
+    """The worker's .npz (keys decoded); RuntimePythonError where there is none to read."""
+    import zipfile
+
+    from fusecli.runtime.library import RuntimePythonError
+    from fusecli.runtime.runtime_worker import decode_key
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {decode_key(k): z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, AttributeError) as exc:
+        why = "wrote no results" if isinstance(exc, FileNotFoundError) else (
+            "wrote results that cannot be read")
+        raise RuntimePythonError(python, f"exited 0 but {why} (it did not run fusecli's "
+                                 "runtime_worker)") from None

@@ -13,7 +13,10 @@ first run) and its results are written under 'run<k>/<name>' (k = 1, 2, ...).
 --deterministic: one intra-op thread and onnxruntime's use_deterministic_compute, so that a run
 does not depend on thread scheduling (e.g. the multi-threaded ScatterND of embedding gradients).
 Prints one JSON line on stdout ({"runtime": ..., ...}); on error prints one line to stderr and
-exits 2.
+exits 2, control characters in it escaped (names in the runtime's message cannot forge lines).
+Every key of the .npz files, both ways, is a name percent-encoded (``encode_key``: a tensor
+name may hold newlines, '/', escape sequences; the key is plain ASCII without '/'), so
+'fed/<name>' is 'fed/' + encode_key(name) and ``decode_key`` of the whole key gives it back.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import json
 import os
 import sys
 import time
+from urllib.parse import quote, unquote
 
 OPT_LEVELS = ("disable", "basic", "extended", "all")
 
@@ -81,11 +85,37 @@ def session_options(ort, opt_level: str = "disable", threads: int = 0, library: 
     return so
 
 
+def encode_key(name: str) -> str:
+    """A name as an .npz key: percent-encoded UTF-8 (ASCII letters, digits and '_.-~' kept)."""
+    return quote(name, safe="", errors="surrogateescape")
+
+
+def decode_key(key: str) -> str:
+    return unquote(key, errors="surrogateescape")
+
+
+def save_arrays(path: str, arrays: dict) -> None:
+    import numpy as np
+
+    np.savez(path, **{encode_key(k): v for k, v in arrays.items()})
+
+
 def load_feeds(path: str) -> dict:
     import numpy as np
 
     with np.load(path, allow_pickle=False) as z:
-        return {k: np.ascontiguousarray(z[k]) for k in z.files}
+        return {decode_key(k): np.ascontiguousarray(z[k]) for k in z.files}
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7f, 0xa0)]}
+_CONTROL.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def escape_line(text: str) -> str:
+    """``text`` with whitespace runs (newlines included) as one space and every other control
+    character (C0, DEL, C1, the Unicode line and paragraph separators) escaped: one printable
+    line."""
+    return " ".join(str(text).split()).translate(_CONTROL)
 
 
 def input_names(sess, loaded: dict, label: str = "") -> list[str]:
@@ -99,7 +129,7 @@ def input_names(sess, loaded: dict, label: str = "") -> list[str]:
 
 def report_error(prog: str, exc: BaseException) -> int:
     """The workers' failure contract: one line on stderr, exit code 2."""
-    msg = " ".join(f"{type(exc).__name__}: {exc}".split())
+    msg = escape_line(f"{type(exc).__name__}: {exc}")
     print(f"{prog}: error: {msg[:2000]}", file=sys.stderr)
     return 2
 
@@ -173,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             prof = sess.end_profiling()
             result["__profile__"] = np.asarray(prof)
             info["profile"] = prof
-        np.savez(args.out, **result)
+        save_arrays(args.out, result)
     except Exception as e:  # noqa: BLE001 - one line to stderr, exit 2
         return report_error("runtime_worker", e)
     print(json.dumps(info))

@@ -50,7 +50,7 @@ from fusecli.ops.contracts import FUSED_DOMAIN
 from fusecli.errors import CheckFailed, FuseError
 from fusecli.runtime.compare import NOISE_FACTOR, NOISE_LIMIT, OutputDiff, judge
 from fusecli.runtime.feeds import FeedPlan, guessed_dims, plan_feeds, read_feeds_file
-from fusecli.io.model import load_model
+from fusecli.io.model import load_model, model_folder
 from fusecli.engine.sanity import check_graph
 from fusecli.runtime.runner import RunFailed, manifest_entry_for, pick_runtime, run_in_runtime
 
@@ -157,8 +157,8 @@ def _kernel_runs(profile_path: str, fused_ops: set[str]) -> dict[str, int]:
     import json
 
     counts: dict[str, int] = {}
-    with open(profile_path) as f:
-        events = json.load(f)
+    with open(profile_path, encoding="utf-8", errors="replace") as f:
+        events = json.load(f, strict=False)  # onnxruntime writes node names unescaped
     for e in events:
         op = e.get("args", {}).get("op_name")
         if e.get("cat") == "Node" and op in fused_ops and e.get("name", "").endswith("_kernel_time"):
@@ -253,6 +253,10 @@ def _unprobe(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k.replace(PROBE, "", 1) if PROBE in k else k: v for k, v in values.items()}
 
 
+def _has_fused(model: onnx.ModelProto) -> bool:
+    return any(n.domain == FUSED_DOMAIN for n in model.graph.node)
+
+
 def _has_external(model: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
@@ -266,8 +270,8 @@ def _written(pairs):
         paths = []
         try:
             for k, (model, source) in enumerate(pairs):
-                if _has_external(model):
-                    p = Path(source).resolve().parent / f".fusecli-{os.getpid()}-{k}.onnx"
+                if _has_external(model):   # beside the path as given, as onnxruntime reads it
+                    p = model_folder(source) / f".fusecli-{os.getpid()}-{k}.onnx"
                 else:
                     p = Path(tmp) / f"model{k}.onnx"
                 paths.append(p)
@@ -309,13 +313,15 @@ def _boundary(fnode: onnx.NodeProto, known: set[str], inputs: set[str]) -> tuple
 def _fused_node_error(detail: str, fused_nodes: list[onnx.NodeProto]) -> str:
     """The fused node a runtime message names ('... Name:'X' ...'), else any fused node name
     it mentions."""
+    from fusecli.runtime.runtime_worker import escape_line
+
     m = re.search(r"Name:'([^']+)'", detail)
-    names = {n.name for n in fused_nodes}
+    names = {escape_line(n.name): n.name for n in fused_nodes}  # as the worker's line has them
     if m and m.group(1) in names:
-        return m.group(1)
+        return names[m.group(1)]
     for name in sorted(names, key=len, reverse=True):
         if name and name in detail:
-            return name
+            return names[name]
     return ""
 
 
@@ -345,7 +351,7 @@ def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: i
     orig, python, plan = _prepare(original, seed, dims, runtime_python, feeds_file)
     fmodel = _load_checked(fused)
     fnodes = [n for n in fmodel.graph.node if n.domain == FUSED_DOMAIN]
-    lib = library_path() if fnodes else None
+    lib = library_path() if fnodes or _has_fused(orig) else None   # registered for both sides
     known, inputs = _tensors_of(orig), {i.name for i in orig.graph.input}
     bounds = {n.name: _boundary(n, known, inputs) for n in fnodes}
     wanted = list(dict.fromkeys(t for ins, outs in bounds.values() for t in ins + outs))
@@ -366,7 +372,8 @@ def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: i
     with _written([(probe, original), (fcopy, fused)]) as (ppath, fpath), \
             tempfile.TemporaryDirectory(prefix="fusecli-prof-") as pdir:
         try:  # the original, then the original on 1-ulp-perturbed inputs (a fresh session)
-            ref, info = run_in_runtime(ppath, plan.feeds, python, extra=["--deterministic"],
+            ref, info = run_in_runtime(ppath, plan.feeds, python, library=lib,
+                                       extra=["--deterministic"],
                                        more_feeds=[_perturbed(plan.feeds, seed)])
             ref = _unprobe(ref)
         except RunFailed as exc:
@@ -554,8 +561,14 @@ def check_fusions(original_path: str | os.PathLike, records, seed: int = 0, rtol
                                 + list(r.node.output) if t and t in known and t not in inputs))
     _expose(probe, wanted, orig)
     pin_seeds(probe)
+    lib = None
+    if _has_fused(orig):       # an original that already holds fused ops
+        from fusecli.runtime.library import library_path
+
+        lib = library_path()
     with _written([(probe, original_path)]) as (ppath,):
-        values, _ = run_in_runtime(ppath, plan.feeds, python, extra=["--deterministic"])
+        values, _ = run_in_runtime(ppath, plan.feeds, python, library=lib,
+                                   extra=["--deterministic"])
     values = _unprobe(values)
     values.update(plan.feeds)
     return [FusionCheck(r.rule, r.fused_node, r.replaced,

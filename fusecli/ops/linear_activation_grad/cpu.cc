@@ -24,7 +24,8 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
   FUSECLI_CHECK(!dy.shape.empty() && !a.shape.empty(),
                 "LinearActivationGrad: dY and A need rank >= 1");
   const int64_t N = dy.shape.back(), K = a.shape.back();
-  const int64_t M = N ? dy.numel() / N : 0;
+  int64_t M = 1;  // the rows: every dim of dY but the last (0 rows or N = 0 alike)
+  for (size_t i = 0; i + 1 < dy.shape.size(); ++i) M *= dy.shape[i];
   FUSECLI_CHECK(x.numel() == dy.numel(), "LinearActivationGrad: X and dY must have the same size");
   FUSECLI_CHECK(a.numel() == M * K, "LinearActivationGrad: A rows must match dY rows");
   if (w.present) {
@@ -60,7 +61,7 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
   const float* xp = x.ptr<float>();
   const float* ap = a.ptr<float>();
   const float* wp = w.present ? w.ptr<float>() : nullptr;
-  if (M == 0) {
+  if (M == 0 || N == 0) {  // empty: dA is a sum over N = 0 terms (zeros), the rest is empty
     if (want_da) std::fill(da, da + M * K, 0.f);
     if (want_dw) std::fill(dw, dw + N * K, 0.f);
     if (want_db) std::fill(db, db + N, 0.f);

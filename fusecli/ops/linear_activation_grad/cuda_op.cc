@@ -12,7 +12,9 @@ struct LinKernel : CudaKernel<LinKernel, kLinearActivationGrad> {
     In dy = get_input(ctx, 0), x = get_input(ctx, 1), a = get_input(ctx, 2), w = get_input(ctx, 3);
     FUSECLI_CHECK(!dy.shape.empty() && !a.shape.empty() && (!w.present || w.shape.size() == 2),
                   "LinearActivationGrad: bad ranks");
-    const int64_t N = dy.shape.back(), K = a.shape.back(), M = N ? dy.numel() / N : 0;
+    const int64_t N = dy.shape.back(), K = a.shape.back();
+    int64_t M = 1;  // the rows: every dim of dY but the last (0 rows or N = 0 alike)
+    for (size_t i = 0; i + 1 < dy.shape.size(); ++i) M *= dy.shape[i];
     FUSECLI_CHECK(x.numel() == dy.numel() && a.numel() == M * K,
                   "LinearActivationGrad: shape mismatch");
     FUSECLI_CHECK(!w.present || (trans_w ? (w.shape[0] == K && w.shape[1] == N)
