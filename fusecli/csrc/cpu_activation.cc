@@ -130,6 +130,15 @@ void act_grad_unscaled(Act act, const float* dy, const float* x, float* out, int
       case Act::kIdentity:
         if (o.data() != d.data()) o = d;
         break;
+      case Act::kRelu6:  // Clip(x, 0, 6): dY where 0 <= x <= 6 (bounds kept, as in ORT)
+        o = (v >= 0.f && v <= 6.f).select(d, 0.f);
+        break;
+      case Act::kHardswish:  // x relu6(x + 3) / 6: (relu6(a) + x [0 <= a <= 6]) / 6, a = x + 3
+        // in float (0 below -3, (2x + 3) / 6 up to 3, 1 above; the mask flips where the graph's
+        // Clip gradient flips it)
+        t = v + 3.f;
+        o = d * (t.max(0.f).min(6.f) + (t >= 0.f && t <= 6.f).select(v, 0.f)) * (1.f / 6.f);
+        break;
     }
   }
 }

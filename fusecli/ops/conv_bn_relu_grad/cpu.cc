@@ -6,6 +6,7 @@
 #endif
 
 #include "conv_inputs.h"
+#include "cpu_activation.h"
 #include "cpu_kernel.h"
 #include "cpu_eigen.h"
 #include "cpu_gemm.h"
@@ -278,22 +279,28 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
   const float* gp = gamma.ptr<float>();
   const float* mp = mean.ptr<float>();
   const float* sp = istd.ptr<float>();
-  // BN + ReLU backward in two steps that never hold a full-size dC:
+  // BN + activation backward in two steps that never hold a full-size dC:
   // 1. one read of dY, Y, Cv per channel gives the per-channel sums (dBeta, dGamma, and dBc,
   //    which follows from the sums: sum dC = -coef * sum(dZ xhat) * sum(xhat));
-  // 2. dC is formed image chunk by image chunk right before the conv GEMMs that consume it.
+  // 2. dC is formed image chunk by image chunk right before the conv GEMMs that consume it,
+  //    with dZ = act'(Y) dY recomputed per row (cheaper than a full-size dZ buffer).
+  const bool has_act = activation != Act::kIdentity;
+  // dZ of one row (n, ch) into buf (HW floats), or dY's row itself for identity
+  auto dz_row = [&](int64_t off, float* buf) -> const float* {
+    if (!has_act) return dyp + off;
+    act_grad_block(activation, 1.f, dyp + off, yp + off, buf, HW);
+    return buf;
+  };
   std::vector<float> dgam(C), dbet(C), dbias(C), cfv(C), a0v(C), a1v(C);
   parallel_for(C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, N * HW)),
                [&](int, int64_t c0, int64_t c1) {
-                 std::vector<float> dzb(relu ? HW : 0);  // one row of dZ, stays in L1
+                 std::vector<float> dzb(has_act ? HW : 0);  // one row of dZ, stays in L1
                  for (int64_t ch = c0; ch < c1; ++ch) {
                    const float mu = mp[ch], is = sp[ch];
                    double sdz = 0, sdzc = 0, scv = 0;
                    for (int64_t n = 0; n < N; ++n) {
                      const int64_t off = (n * C + ch) * HW;
-                     CA d(dyp + off, HW), yy(yp + off, HW), cc(cvp + off, HW);
-                     if (relu) MA(dzb.data(), HW) = (yy > 0.f).select(d, 0.f);
-                     CA dz(relu ? dzb.data() : dyp + off, HW);
+                     CA dz(dz_row(off, dzb.data()), HW), cc(cvp + off, HW);
                      sdz += dz.sum();
                      sdzc += (dz * (cc - mu)).sum();
                      if (want_dbc) scv += cc.sum() - mu * static_cast<float>(HW);
@@ -367,17 +374,15 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
     const int64_t rows_grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, L));
     float* dcn = have_dc ? dc_out + n0 * C * HW : dcc.get();  // the chunk's dC, [nb, C, HW]
     // dC = gamma inv_std / R (R dZ - sum dZ - xhat sum(dZ xhat)) for the chunk's images
+    // (dC may be dY's buffer: each element is written from the dY element at its position)
     parallel_for(nb * C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
                  [&](int, int64_t j0, int64_t j1) {
+                   std::vector<float> dzb(has_act ? HW : 0);
                    for (int64_t j = j0; j < j1; ++j) {
                      const int64_t ch = j % C, off = (n0 * C + j) * HW;
-                     CA d(dyp + off, HW), yy(yp + off, HW), cc(cvp + off, HW);
+                     CA d(dz_row(off, dzb.data()), HW), cc(cvp + off, HW);
                      MA o(dcn + j * HW, HW);
-                     if (relu)
-                       o = cfv[ch] *
-                           (rf * (yy > 0.f).select(d, 0.f) - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
-                     else
-                       o = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
+                     o = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
                    }
                  });
     if (!want_dx && !want_dw) continue;
