@@ -80,6 +80,10 @@ SAMPLE_MODELS["gqa_torch_bcast"] = onnx.load(DATA / "gqa" / "torch_gqa_bcast_kv2
 SAMPLE_MODELS["synthetic_ortt_attention_fill"] = builders.ortt_attention_fill()
 # a LayerNorm without bias, ort-training: Sub(mean) + SimplifiedLayerNormalization
 SAMPLE_MODELS["synthetic_ortt_layernorm_centred"] = builders.ortt_layernorm_centred()
+# Conv + BN + ReLU6 / SiLU / hardswish (two spellings), ort-training exports of MobileNet-style
+# blocks (tests/data/make_conv_act.py; counts and look-alikes in tests/test_conv_act.py)
+for _name in ("ortt_conv_mbv2", "ortt_conv_effnet_silu", "ortt_conv_mbv3_hswish"):
+    SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 
 
 def _upto(rule_name):
