@@ -4,8 +4,8 @@ For every corpus graph: the fused counts per pattern equal EXACTLY the architect
 (derived from the model's code at generation) minus the manifest's `known_gaps`; the fused graph
 loads and runs in its runtime wherever the original runs and computes the same outputs
 (`fusecli verify`); every fusion matches its NumPy reference on the original's tensors; and the
-look-alikes that are not patterns (RMSNorm, Linear+Tanh, Conv+BN without ReLU, Conv+BN+ReLU6)
-are left alone.
+look-alikes that are not patterns (RMSNorm, Linear+Tanh, Conv+BN without activation, Conv+BN+ReLU6
+as conv_bn_relu) are left alone.
 """
 from __future__ import annotations
 
@@ -128,10 +128,21 @@ def test_linear_tanh_pooler_is_not_linear_gelu(name, fused):
                                   if MANIFEST[n]["architecture"] in ("timm_resnet",
                                                                      "tv_mobilenet_v2")])
 def test_conv_bn_without_relu_is_not_conv_bn_relu(name, fused):
-    """ResNet's 1x1 Conv+BN downsample shortcuts and every conv of MobileNetV2 (Conv+BN+ReLU6 or
-    Conv+BN linear bottleneck) are no Conv->BN->ReLU triplet."""
+    """ResNet's 1x1 Conv+BN downsample shortcuts and MobileNetV2's Conv+BN linear bottlenecks
+    are no Conv->BN->activation chain, and MobileNetV2's Conv+BN+ReLU6 is no Conv->BN->ReLU:
+    each fused ConvBnReluGrad carries its chain's activation."""
     nodes = [n for n in _fused_nodes(fused[name][0]) if n.op_type == "ConvBnReluGrad"]
-    assert len(nodes) == fused[name][1].patterns["conv_bn_relu"].fused
+    acts = [next((a.s.decode() for a in n.attribute if a.name == "activation"), "relu")
+            for n in nodes]
+    stats = fused[name][1].patterns
+    for act in ("relu", "relu6"):
+        assert acts.count(act) == stats[f"conv_bn_{act}"].fused, act
+    assert len(nodes) == sum(stats[p].fused for p in stats if p.startswith("conv_bn_"))
     assert not [n.name for n in nodes if _reads(n, ".downsample.")]
     if MANIFEST[name]["architecture"] == "tv_mobilenet_v2":
-        assert MANIFEST[name]["expected"]["conv_bn_relu"] == 0 and not nodes
+        assert MANIFEST[name]["expected"]["conv_bn_relu"] == 0 and "relu" not in acts
+        # the projections (features.N.conv.2 / .conv.1 for t=1: Conv+BN, no activation)
+        proj = [n.name for n in nodes if any(w.endswith(".conv.2.weight")
+                                            or w == "features.1.conv.1.weight"
+                                            for w in n.input)]
+        assert not proj, proj
