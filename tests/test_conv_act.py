@@ -1,9 +1,10 @@
 """Conv + BatchNorm + activation backward beyond ReLU (rules/conv_bn_relu_ortt.yaml: relu6,
 silu, hardswish in two spellings) on real onnxruntime-training exports of MobileNet-style blocks
 (tests/data/make_conv_act.py): depthwise, grouped and pointwise convolutions, with and without
-conv bias, the first layer, frozen conv weights and BN affine; and the look-alikes that must be
-left alone (a Clip that is not 0..6, QuickGELU, a shifted or rescaled hardswish, Conv+BN without
-activation, a Hardsigmoid-gated squeeze-excitation). Expected counts come from the model code
+conv bias, the first layer, frozen conv weights and BN affine, Conv+BN without activation
+(conv_bn); and the look-alike activations whose gradient must be left alone (a Clip that is not
+0..6, QuickGELU, a shifted or rescaled hardswish: their Conv+BN fuses as conv_bn, the
+activation gradient stays) and a Hardsigmoid-gated squeeze-excitation (no BatchNorm: nothing). Expected counts come from the model code
 (tests/data/conv_act_expected.json, written by the generator)."""
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ EXPECTED = json.loads((DATA / "conv_act_expected.json").read_text())
 pytestmark = pytest.mark.ortt
 
 # every rule of the file (and so every variant) has a positive fixture here: name -> rule
-POSITIVE = {"ortt_conv_mbv2": {"conv_bn_relu6_ortt": 7},
-            "ortt_conv_mbv2_frozen": {"conv_bn_relu6_ortt": 7},
-            "ortt_conv_effnet_silu": {"conv_bn_silu_ortt": 5},
+# (conv_bn_ortt: the projections / linear bottlenecks; in the look-alikes every Conv+BN)
+POSITIVE = {"ortt_conv_mbv2": {"conv_bn_relu6_ortt": 7, "conv_bn_ortt": 3},
+            "ortt_conv_mbv2_frozen": {"conv_bn_relu6_ortt": 7, "conv_bn_ortt": 3},
+            "ortt_conv_effnet_silu": {"conv_bn_silu_ortt": 5, "conv_bn_ortt": 1},
             # stem and head: x relu6(x + 3) / 6; the V3 block's expand and depthwise: timm's
             # x (relu6(x + 3) / 6)
             "ortt_conv_mbv3_hswish": {"conv_bn_hardswish_ortt": 2,
-                                      "conv_bn_hardswish_div_ortt": 2}}
+                                      "conv_bn_hardswish_div_ortt": 2, "conv_bn_ortt": 1},
+            "ortt_conv_negatives": {"conv_bn_ortt": 7}}
 
 
 def _fuse(name):
@@ -69,7 +72,8 @@ def test_every_variant_fires_and_the_fused_graph_verifies(name, tmp_path):
         by_rule[f.rule] = by_rule.get(f.rule, 0) + 1
     assert by_rule == POSITIVE[name]
     acts = {"conv_bn_relu6_ortt": "relu6", "conv_bn_silu_ortt": "silu",
-            "conv_bn_hardswish_ortt": "hardswish", "conv_bn_hardswish_div_ortt": "hardswish"}
+            "conv_bn_hardswish_ortt": "hardswish", "conv_bn_hardswish_div_ortt": "hardswish",
+            "conv_bn_ortt": "identity"}
     want = sorted(acts[r] for r, k in POSITIVE[name].items() for _ in range(k))
     assert sorted(_attr(n, "activation").decode() for n in _fused_nodes(m)) == want
     out = tmp_path / "fused.onnx"
@@ -87,13 +91,24 @@ def test_depthwise_grouped_bias_and_first_layer_keep_their_geometry():
     nodes = {n.input[3]: n for n in _fused_nodes(m)}  # by conv weight
     groups = {w: _attr(n, "group") for w, n in nodes.items()}
     assert groups == {"features.0.0.weight": 1, "features.1.conv.0.0.weight": 8,
+                      "features.1.conv.1.0.weight": 1,
                       "features.2.conv.0.0.weight": 1, "features.2.conv.1.0.weight": 32,
+                      "features.2.conv.2.0.weight": 1,
                       "features.3.conv.0.0.weight": 1, "features.3.conv.1.0.weight": 48,
-                      "features.4.0.weight": 1}
+                      "features.3.conv.2.0.weight": 1, "features.4.0.weight": 1}
+    # the projections: activation identity, no Y
+    proj = {w for w in groups if w.startswith("features.") and w.split(".")[3:4] in (["1"], ["2"])
+            and w.split(".")[2] == "conv" and groups[w] == 1 and w != "features.2.conv.0.0.weight"
+            and w != "features.3.conv.0.0.weight"}
+    assert proj == {"features.1.conv.1.0.weight", "features.2.conv.2.0.weight",
+                    "features.3.conv.2.0.weight"}
+    for w, n in nodes.items():
+        assert (_attr(n, "activation") == b"identity") == (w in proj), w
+        assert (n.input[1] == "") == (w in proj), w
     assert [w for w, n in nodes.items() if not n.output[0]] == ["features.0.0.weight"]
     assert [w for w, n in nodes.items() if n.output[2]] == ["features.4.0.weight"]
     m, _ = _fuse("ortt_conv_effnet_silu")
-    assert sorted(_attr(n, "group") for n in _fused_nodes(m)) == [1, 1, 1, 4, 16]
+    assert sorted(_attr(n, "group") for n in _fused_nodes(m)) == [1, 1, 1, 1, 4, 16]
 
 
 def test_frozen_conv_weights_have_no_dw():
@@ -105,7 +120,7 @@ def test_frozen_conv_weights_have_no_dw():
     m, _ = _fuse("ortt_conv_mbv2_frozen")
     frozen_w = {"features.2.conv.0.0.weight", "features.3.conv.1.0.weight", "features.4.0.weight"}
     nodes = _fused_nodes(m)
-    assert len(nodes) == 7
+    assert len(nodes) == 10
     for n in nodes:
         assert (n.output[1] == "") == (n.input[3] in frozen_w), (n.input[3], list(n.output))
         if n.input[3] == "features.4.0.weight":
@@ -117,12 +132,17 @@ def test_frozen_conv_weights_have_no_dw():
 
 def test_squeeze_excitation_is_left_alone():
     """MobileNetV3's SE (1x1 convs with bias, ReLU, Hardsigmoid gate, product with the features)
-    has no BatchNorm: no fused node reads or writes any of its tensors."""
-    for name in ("ortt_conv_mbv3_hswish", "ortt_conv_negatives"):
-        m, _ = _fuse(name)
-        for n in _fused_nodes(m):
-            assert not [t for t in [*n.input, *n.output] if ".se." in t or "/se/" in t
-                        or ".fc1" in t or ".fc2" in t], (name, n.name)
+    has no BatchNorm: every one of its nodes, forward and backward, is still in the fused graph
+    (the projection conv after it fuses, reading its output and writing that output's
+    gradient)."""
+    for name, se in (("ortt_conv_mbv3_hswish", "/features/features.1/se/"),
+                     ("ortt_conv_negatives", "/features/features.6/")):
+        orig = onnx.load(DATA / f"{name}.onnx")
+        m, stats = _fuse(name)
+        se_nodes = {n.name for n in orig.graph.node if n.name.startswith(se)}
+        assert len(se_nodes) > 20, (name, len(se_nodes))  # forward and backward
+        assert se_nodes <= {n.name for n in m.graph.node}
+        assert not [f for f in stats.fusions if se_nodes & set(f.replaced)]
 
 
 # look-alikes of make_conv_act.negatives, by module, and the guard that refuses each
@@ -160,4 +180,20 @@ def test_a_clip_that_is_not_relu6_after_a_real_chain_is_refused():
     fp = FusionPass()
     fp.run(m)
     assert fp.stats.patterns["conv_bn_relu6"].fused == 6
+    assert fp.stats.patterns["conv_bn"].fused == 4  # that chain's Conv+BN, without the Clip
     assert all(le.name not in f.replaced for f in fp.stats.fusions)
+    assert any(n.name == le.name for n in m.graph.node)
+
+
+def test_look_alike_activation_gradients_stay_in_front_of_conv_bn():
+    """In the look-alikes every Conv+BN fuses as conv_bn (activation identity), and every
+    activation-gradient node of the original is still there, feeding the fused op's dY."""
+    orig = onnx.load(DATA / "ortt_conv_negatives.onnx")
+    m, _ = _fuse("ortt_conv_negatives")
+    kinds = ("And", "GreaterOrEqual", "LessOrEqual", "QuickGeluGrad", "Div", "Sum")
+    count = {k: sum(n.op_type == k for n in orig.graph.node) for k in kinds}
+    assert count == {k: sum(n.op_type == k for n in m.graph.node) for k in kinds}
+    assert count["QuickGeluGrad"] == 1 and count["And"] >= 6
+    nodes = _fused_nodes(m)
+    assert [_attr(n, "activation") for n in nodes] == [b"identity"] * 7
+    assert all(n.input[1] == "" for n in nodes)

@@ -401,6 +401,11 @@ def test_shortcut_conv_bn_without_relu_is_not_conv_bn_relu():
     assert shortcut_bn
     recs = _fusions(m, "conv_bn_relu_ortt")
     assert all(not set(shortcut_bn) & set(r.replaced) for r in recs)
+    # the shortcut is a conv_bn: BN + conv backward without an activation (identity, no Y)
+    [rec] = _fusions(copy.deepcopy(m), "conv_bn_ortt")
+    assert set(shortcut_bn) <= set(rec.replaced)
+    assert [a.s for a in rec.node.attribute if a.name == "activation"] == [b"identity"]
+    assert rec.node.input[1] == ""
 
 
 def test_missing_kernel_for_the_chosen_provider_is_a_skip_reason():

@@ -117,7 +117,7 @@ def bench():
     gamma, y, dy = r(c).abs() + 0.5, torch.relu(r(nb, c, hw, hw)), r(nb, c, hw, hw)
     args = (dy, y, x, w, cv, gamma, mean, istd)
     add("ConvBnReluGrad", [nb, cin, c, hw, hw, 3, 3], lambda: L.conv_bn_relu_grad(*args, (1, 1), (1, 1, 1, 1)),
-        lambda: L.ref_conv(*args, (1, 1), (1, 1, 1, 1), (1, 1), 1, 1))
+        lambda: L.ref_conv(*args, (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu"))
     del x, w, cv, y, dy, args
 
     # LayerNormGrad: 16384 x 4096 (256 MB per tensor)

@@ -148,9 +148,11 @@ def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, wan
 
 
 def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pads=(0, 0, 0, 0),
-                      dilations=(1, 1), group=1, relu=1, want=(1, 1, 1, 1, 1), dc=None):
+                      dilations=(1, 1), group=1, activation="relu", want=(1, 1, 1, 1, 1),
+                      dc=None):
     """dc: None, "out" (a separate dC output) or "inplace" (dC written over a copy of dY, as
-    onnxruntime's in-place plan does); with dc the result has a 6th item."""
+    onnxruntime's in-place plan does); with dc the result has a 6th item. y may be None for
+    activation identity."""
     import torch
     c = dy.shape[1]
     shapes = [x.shape, w.shape, (c,), (c,), (c,)]
@@ -159,7 +161,7 @@ def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pad
     call("fusecli_launch_conv_bn_relu_grad", stream(), *(ptr(t) for t in (dy, y, x, w, cv, gamma, mean, inv_std)),
          *(ptr(o) for o in outs), ptr(dc_t), dy.shape[0], c, dy.shape[2], dy.shape[3], x.shape[1],
          x.shape[2], x.shape[3], w.shape[2], w.shape[3], strides[0], strides[1], *pads, dilations[0],
-         dilations[1], group, relu)
+         dilations[1], group, ACT[activation])
     return outs if dc is None else outs + [dc_t]
 
 
@@ -213,6 +215,11 @@ def ref_act_grad(dy, x, act):
     if act == "silu":
         s = torch.sigmoid(x)
         return dy * s * (1 + x * (1 - s))
+    if act == "relu6":  # Clip(x, 0, 6), bounds kept (onnxruntime-training's Clip gradient)
+        return dy * ((x >= 0) & (x <= 6))
+    if act == "hardswish":  # (relu6(a) + x [0 <= a <= 6]) / 6, a = x + 3 rounded to float32
+        a = (x.float() + 3).to(x.dtype)
+        return dy * (a.clamp(0, 6) + x * ((a >= 0) & (a <= 6))) / 6
     raise ValueError(act)
 
 
@@ -262,9 +269,10 @@ def ref_attention(do, q, k, v, p, sq_, sk_, kt, mask=None, ratio=0.0, nan_guard=
     return dq, (dk.transpose(-1, -2) if kt else dk), dv, ds
 
 
-def ref_conv(dy, y, x, w, cv, gamma, mean, inv_std, strides, pads, dilations, group, relu):
+def ref_conv(dy, y, x, w, cv, gamma, mean, inv_std, strides, pads, dilations, group,
+             activation="relu"):
     import torch
-    d = dy * (y > 0) if relu else dy
+    d = ref_act_grad(dy, y, activation)
     sh = (1, -1, 1, 1)
     xhat = (cv - mean.view(sh)) * inv_std.view(sh)
     r = cv.shape[0] * cv.shape[2] * cv.shape[3]

@@ -266,7 +266,7 @@ CONV = [
 ]
 
 
-def _conv_inputs(n, cin, hin, win, c, kh, kw, strides, pads, dil, group):
+def _conv_inputs(n, cin, hin, win, c, kh, kw, strides, pads, dil, group, activation="relu"):
     x = _rand(n, cin, hin, win)
     w = _rand(c, cin // group, kh, kw, scale=0.5)
     h = (hin + pads[0] + pads[2] - dil[0] * (kh - 1) - 1) // strides[0] + 1
@@ -275,17 +275,24 @@ def _conv_inputs(n, cin, hin, win, c, kh, kw, strides, pads, dil, group):
     mean = cv.mean((0, 2, 3))
     inv_std = 1 / torch.sqrt(cv.var((0, 2, 3), unbiased=False) + 1e-5)
     gamma = _rand(c).abs() + 0.5
-    y = torch.relu(_rand(n, c, h, wd))
+    if activation == "relu":
+        y = torch.relu(_rand(n, c, h, wd))
+    else:  # the BN output, over every branch, some values on the kinks
+        y = _rand(n, c, h, wd, scale=4.0) + (3.0 if activation == "relu6" else 0.0)
+        kinks = {"relu6": [0.0, 6.0], "hardswish": [-3.0, 3.0]}.get(activation)
+        if kinks:
+            y.view(-1)[::7] = torch.tensor(kinks, device=y.device).repeat(
+                (y.numel() + 13) // 14)[:y.view(-1)[::7].numel()]
     return _rand(n, c, h, wd), y, x, w, cv, gamma, mean, inv_std
 
 
-@pytest.mark.parametrize("relu", [1, 0])
+@pytest.mark.parametrize("activation", ["relu", "relu6", "silu", "hardswish", "identity"])
 @pytest.mark.parametrize("case", CONV)
-def test_conv_bn_relu_grad(case, relu):
+def test_conv_bn_relu_grad(case, activation):
     *dims, strides, pads, dil, group = case
-    ins = _conv_inputs(*dims, strides, pads, dil, group)
-    got = L.conv_bn_relu_grad(*ins, strides, pads, dil, group, relu)
-    ref = L.ref_conv(*(t.double() for t in ins), strides, pads, dil, group, relu)
+    ins = _conv_inputs(*dims, strides, pads, dil, group, activation)
+    got = L.conv_bn_relu_grad(*ins, strides, pads, dil, group, activation)
+    ref = L.ref_conv(*(t.double() for t in ins), strides, pads, dil, group, activation)
     for g, r, nm in zip(got, ref, "dX dW dBc dGamma dBeta".split()):
         _close(g, r, 1e-3, nm)
 
@@ -298,8 +305,8 @@ def test_conv_bn_relu_grad_optional(want, dc):
     onnxruntime's in-place plan may place it."""
     *dims, strides, pads, dil, group = CONV[1]
     ins = _conv_inputs(*dims, strides, pads, dil, group)
-    got = L.conv_bn_relu_grad(*ins, strides, pads, dil, group, 1, want, dc=dc)
-    ref = L.ref_conv(*(t.double() for t in ins), strides, pads, dil, group, 1)
+    got = L.conv_bn_relu_grad(*ins, strides, pads, dil, group, "relu", want, dc=dc)
+    ref = L.ref_conv(*(t.double() for t in ins), strides, pads, dil, group, "relu")
     _check_requested(list(want) + ([1] if dc else []), got, ref, 1e-3)
 
 
