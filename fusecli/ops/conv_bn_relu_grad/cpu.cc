@@ -25,6 +25,11 @@ struct ConvKernel : CpuKernel<ConvKernel, kConvBnReluGrad> {  // attributes: see
   OrtMatMul mm;
 };
 
+// row-major blocks of a plane with their row stride (a depthwise tap's rows)
+using Arr2 = Eigen::Array<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using CA2 = Eigen::Map<const Arr2, 0, Eigen::OuterStride<>>;
+using MA2 = Eigen::Map<Arr2, 0, Eigen::OuterStride<>>;
+
 struct ConvGeom {
   int64_t cin_g, hin, win, kh, kw, ho, wo, sh, sw, pt, pl, dh, dw;
 };
@@ -320,6 +325,65 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
   if (want_dbc) std::copy(dbias.begin(), dbias.end(), dbc);
   if (!want_dx && !want_dw && !have_dc) return;
 
+  const float rf = static_cast<float>(R);
+  // ---- depthwise (one input channel per output channel: MobileNet's 3x3 / 5x5 convs) ----
+  // Every channel is independent: per channel, its dC planes, then per tap the direct
+  // correlation (dW) and the direct scatter (dX) of the whole plane block at once: no column
+  // matrix and no per-group GEMM (a 1 x kh*kw GEMM per group and chunk costs more in calls
+  // than in flops). Strided convolutions read the dC rows spread onto every sw-th lane of `up`
+  // (zeros between), so that the X / dX rows stay contiguous.
+  if (group == C && Cin == C && g.cin_g == 1) {
+    const float* xp = x.ptr<float>();
+    const float* wp = w.ptr<float>();
+    const int64_t Khw = kh * kw, HWin = Hin * Win;
+    parallel_for(C, 1, [&](int, int64_t c0, int64_t c1) {
+      std::vector<float> dzb(has_act ? HW : 0), dcb(have_dc ? 0 : HW);
+      std::vector<double> dwacc(Khw);
+      const int64_t upw = g.sw > 1 ? Wd * g.sw : 0;
+      std::vector<float> up(static_cast<size_t>(H * upw), 0.f);
+      for (int64_t ch = c0; ch < c1; ++ch) {
+        std::fill(dwacc.begin(), dwacc.end(), 0.0);
+        const float* wc = wp + ch * Khw;
+        for (int64_t n = 0; n < N; ++n) {
+          const int64_t off = (n * C + ch) * HW;
+          float* dcp = have_dc ? dc_out + off : dcb.data();
+          {
+            CA d(dz_row(off, dzb.data()), HW), cc(cvp + off, HW);
+            MA(dcp, HW) = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
+          }
+          if (g.sw > 1)  // up[oh][ow * sw] = dC[oh][ow], zeros between
+            for (int64_t oh = 0; oh < H; ++oh)
+              for (int64_t ow = 0; ow < Wd; ++ow) up[oh * upw + ow * g.sw] = dcp[oh * Wd + ow];
+          const float* xc = xp + (n * C + ch) * HWin;
+          float* dxc = want_dx ? dx + (n * C + ch) * HWin : nullptr;
+          if (dxc) std::fill(dxc, dxc + HWin, 0.f);
+          for (int64_t i = 0; i < kh; ++i)
+            for (int64_t j = 0; j < kw; ++j) {
+              // output columns whose input column ow*sw + offw lies inside [0, win), rows alike
+              const int64_t offw = j * g.dw - g.pl, offh = i * g.dh - g.pt;
+              const int64_t lo = std::min(g.wo, std::max<int64_t>(0, (-offw + g.sw - 1) / g.sw));
+              const int64_t hi = std::max(lo, std::min(g.wo, (Win - offw + g.sw - 1) / g.sw));
+              const int64_t r0 = std::min(H, std::max<int64_t>(0, (-offh + g.sh - 1) / g.sh));
+              const int64_t r1 = std::max(r0, std::min(H, (Hin - offh + g.sh - 1) / g.sh));
+              if (hi <= lo || r1 <= r0) continue;
+              const int64_t b0 = lo * g.sw, len = (hi - 1 - lo) * g.sw + 1, rows = r1 - r0;
+              const int64_t ld_d = g.sw == 1 ? Wd : upw, ld_x = g.sh * Win;
+              const float* dsrc = (g.sw == 1 ? dcp : up.data()) + r0 * ld_d + b0;
+              const int64_t xoff = (r0 * g.sh + offh) * Win + offw + b0;
+              const CA2 D(dsrc, rows, len, Eigen::OuterStride<>(ld_d));
+              if (want_dw)
+                dwacc[i * kw + j] +=
+                    (D * CA2(xc + xoff, rows, len, Eigen::OuterStride<>(ld_x))).sum();
+              if (dxc) MA2(dxc + xoff, rows, len, Eigen::OuterStride<>(ld_x)) += wc[i * kw + j] * D;
+            }
+        }
+        if (want_dw)
+          for (int64_t k = 0; k < Khw; ++k) dw[ch * Khw + k] = static_cast<float>(dwacc[k]);
+      }
+    });
+    return;
+  }
+
   // ---- conv dgrad (col2im of W^T dC) and wgrad (dC im2col(X)^T), per (image chunk, group) ----
   // Images go in chunks of nb, laid out channel-major across the chunk: the columns are
   // [Kc, nb*HW] and dC_g is [Cg, nb*HW], so wgrad is ONE GEMM per chunk with inner dimension
@@ -362,7 +426,6 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
   const bool many_chunks = nb_max < N;
   std::unique_ptr<float[]> dwt(want_dw && many_chunks ? new float[static_cast<size_t>(Cg * Kc)]
                                                       : nullptr);
-  const float rf = static_cast<float>(R);
   std::unique_ptr<Col2imPlan> c2i_plan;
 #if defined(__AVX512F__)
   if (want_dx && !pointwise && (g.sh != 1 || g.sw != 1) && g.sw <= 16)
