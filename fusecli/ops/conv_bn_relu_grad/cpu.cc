@@ -326,21 +326,20 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
   if (!want_dx && !want_dw && !have_dc) return;
 
   const float rf = static_cast<float>(R);
-  // ---- depthwise (one input channel per output channel: MobileNet's 3x3 / 5x5 convs) ----
+  // ---- depthwise, unit stride (one input channel per output channel: MobileNet's 3x3 / 5x5
+  // convs) ----
   // Every channel is independent: per channel, its dC planes, then per tap the direct
   // correlation (dW) and the direct scatter (dX) of the whole plane block at once: no column
   // matrix and no per-group GEMM (a 1 x kh*kw GEMM per group and chunk costs more in calls
-  // than in flops). Strided convolutions read the dC rows spread onto every sw-th lane of `up`
-  // (zeros between), so that the X / dX rows stay contiguous.
-  if (group == C && Cin == C && g.cin_g == 1) {
+  // than in flops). Strided depthwise convolutions take the general path below (measured
+  // faster there: their taps read every sw-th input column).
+  if (group == C && Cin == C && g.cin_g == 1 && g.sh == 1 && g.sw == 1) {
     const float* xp = x.ptr<float>();
     const float* wp = w.ptr<float>();
     const int64_t Khw = kh * kw, HWin = Hin * Win;
     parallel_for(C, 1, [&](int, int64_t c0, int64_t c1) {
       std::vector<float> dzb(has_act ? HW : 0), dcb(have_dc ? 0 : HW);
       std::vector<double> dwacc(Khw);
-      const int64_t upw = g.sw > 1 ? Wd * g.sw : 0;
-      std::vector<float> up(static_cast<size_t>(H * upw), 0.f);
       for (int64_t ch = c0; ch < c1; ++ch) {
         std::fill(dwacc.begin(), dwacc.end(), 0.0);
         const float* wc = wp + ch * Khw;
@@ -351,30 +350,25 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
             CA d(dz_row(off, dzb.data()), HW), cc(cvp + off, HW);
             MA(dcp, HW) = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
           }
-          if (g.sw > 1)  // up[oh][ow * sw] = dC[oh][ow], zeros between
-            for (int64_t oh = 0; oh < H; ++oh)
-              for (int64_t ow = 0; ow < Wd; ++ow) up[oh * upw + ow * g.sw] = dcp[oh * Wd + ow];
           const float* xc = xp + (n * C + ch) * HWin;
           float* dxc = want_dx ? dx + (n * C + ch) * HWin : nullptr;
           if (dxc) std::fill(dxc, dxc + HWin, 0.f);
           for (int64_t i = 0; i < kh; ++i)
             for (int64_t j = 0; j < kw; ++j) {
-              // output columns whose input column ow*sw + offw lies inside [0, win), rows alike
+              // output columns whose input column ow + offw lies inside [0, win), rows alike
               const int64_t offw = j * g.dw - g.pl, offh = i * g.dh - g.pt;
-              const int64_t lo = std::min(g.wo, std::max<int64_t>(0, (-offw + g.sw - 1) / g.sw));
-              const int64_t hi = std::max(lo, std::min(g.wo, (Win - offw + g.sw - 1) / g.sw));
-              const int64_t r0 = std::min(H, std::max<int64_t>(0, (-offh + g.sh - 1) / g.sh));
-              const int64_t r1 = std::max(r0, std::min(H, (Hin - offh + g.sh - 1) / g.sh));
+              const int64_t lo = std::min(g.wo, std::max<int64_t>(0, -offw));
+              const int64_t hi = std::max(lo, std::min(g.wo, Win - offw));
+              const int64_t r0 = std::min(H, std::max<int64_t>(0, -offh));
+              const int64_t r1 = std::max(r0, std::min(H, Hin - offh));
               if (hi <= lo || r1 <= r0) continue;
-              const int64_t b0 = lo * g.sw, len = (hi - 1 - lo) * g.sw + 1, rows = r1 - r0;
-              const int64_t ld_d = g.sw == 1 ? Wd : upw, ld_x = g.sh * Win;
-              const float* dsrc = (g.sw == 1 ? dcp : up.data()) + r0 * ld_d + b0;
-              const int64_t xoff = (r0 * g.sh + offh) * Win + offw + b0;
-              const CA2 D(dsrc, rows, len, Eigen::OuterStride<>(ld_d));
+              const int64_t len = hi - lo, rows = r1 - r0;
+              const int64_t xoff = (r0 + offh) * Win + offw + lo;
+              const CA2 D(dcp + r0 * Wd + lo, rows, len, Eigen::OuterStride<>(Wd));
               if (want_dw)
                 dwacc[i * kw + j] +=
-                    (D * CA2(xc + xoff, rows, len, Eigen::OuterStride<>(ld_x))).sum();
-              if (dxc) MA2(dxc + xoff, rows, len, Eigen::OuterStride<>(ld_x)) += wc[i * kw + j] * D;
+                    (D * CA2(xc + xoff, rows, len, Eigen::OuterStride<>(Win))).sum();
+              if (dxc) MA2(dxc + xoff, rows, len, Eigen::OuterStride<>(Win)) += wc[i * kw + j] * D;
             }
         }
         if (want_dw)
