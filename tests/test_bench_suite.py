@@ -22,7 +22,12 @@ def _small_cases(outliers):
         S.conv_case("t", 3, 8, 8, 5, 3, rng, outliers=outliers),
         S.conv_case("t", 3, 16, 8, 4, 1, rng, outliers=outliers),
         S.conv_case("t", 3, 8, 8, 3, 3, rng, outliers=outliers, stride=2),
-        S.conv_case("t", 2, 16, 8, 2, 1, rng, outliers=outliers, stride=2)]
+        S.conv_case("t", 2, 16, 8, 2, 1, rng, outliers=outliers, stride=2),
+        # MobileNetV2's: depthwise + ReLU6 (stride 1 and 2), 1x1 + ReLU6, projection (identity)
+        S.conv_case("t", 2, 8, 8, 5, 3, rng, outliers=outliers, group=8, act="relu6"),
+        S.conv_case("t", 2, 8, 8, 3, 3, rng, outliers=outliers, stride=2, group=8, act="relu6"),
+        S.conv_case("t", 2, 4, 12, 4, 1, rng, outliers=outliers, act="relu6"),
+        S.conv_case("t", 2, 12, 4, 4, 1, rng, outliers=outliers, act="identity")]
 
 
 def test_synthetic_cases_match_their_unfused_chains():

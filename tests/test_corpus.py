@@ -4,8 +4,8 @@ For every corpus graph: the fused counts per pattern equal EXACTLY the architect
 (derived from the model's code at generation) minus the manifest's `known_gaps`; the fused graph
 loads and runs in its runtime wherever the original runs and computes the same outputs
 (`fusecli verify`); every fusion matches its NumPy reference on the original's tensors; and the
-look-alikes that are not patterns (RMSNorm, Linear+Tanh, Conv+BN without ReLU, Conv+BN+ReLU6)
-are left alone.
+look-alikes that are not patterns (RMSNorm, Linear+Tanh, Conv+BN without activation, Conv+BN+ReLU6
+as conv_bn_relu) are left alone.
 """
 from __future__ import annotations
 
@@ -131,10 +131,31 @@ def test_linear_tanh_pooler_is_not_linear_gelu(name, fused):
                                   if MANIFEST[n]["architecture"] in ("timm_resnet",
                                                                      "tv_mobilenet_v2")])
 def test_conv_bn_without_relu_is_not_conv_bn_relu(name, fused):
-    """ResNet's 1x1 Conv+BN downsample shortcuts and every conv of MobileNetV2 (Conv+BN+ReLU6 or
-    Conv+BN linear bottleneck) are no Conv->BN->ReLU triplet."""
+    """ResNet's 1x1 Conv+BN downsample shortcuts and MobileNetV2's Conv+BN linear bottlenecks
+    are Conv->BN without activation (conv_bn: activation identity, no Y), and MobileNetV2's
+    Conv+BN+ReLU6 is no Conv->BN->ReLU: each fused ConvBnReluGrad carries its chain's
+    activation."""
     nodes = [n for n in _fused_nodes(fused[name][0]) if n.op_type == "ConvBnReluGrad"]
-    assert len(nodes) == fused[name][1].patterns["conv_bn_relu"].fused
-    assert not [n.name for n in nodes if _reads(n, ".downsample.")]
+    acts = {n.name: next((a.s.decode() for a in n.attribute if a.name == "activation"), "relu")
+            for n in nodes}
+    stats = fused[name][1].patterns
+    for act, pattern in (("relu", "conv_bn_relu"), ("relu6", "conv_bn_relu6"),
+                         ("identity", "conv_bn")):
+        assert list(acts.values()).count(act) == stats[pattern].fused, act
+    assert len(nodes) == sum(stats[p].fused for p in stats
+                             if p == "conv_bn" or p.startswith("conv_bn_"))
+    for n in nodes:
+        assert (acts[n.name] == "identity") == (n.input[1] == ""), n.name
+    # ResNet: every downsample is a conv_bn
+    down = [n.name for n in nodes if _reads(n, ".downsample.")]
+    assert all(acts[d] == "identity" for d in down)
+    if MANIFEST[name]["architecture"] == "timm_resnet":
+        assert len(down) == 4
     if MANIFEST[name]["architecture"] == "tv_mobilenet_v2":
-        assert MANIFEST[name]["expected"]["conv_bn_relu"] == 0 and not nodes
+        assert MANIFEST[name]["expected"]["conv_bn_relu"] == 0 and "relu" not in acts.values()
+        # the projections (features.N.conv.2, features.1.conv.1 for t=1: Conv+BN, no
+        # activation) and nothing else are identity
+        proj = {n.name for n in nodes if n.input[3].endswith(".conv.2.weight")
+                or n.input[3] == "features.1.conv.1.weight"}
+        assert len(proj) == 4
+        assert proj == {k for k, a in acts.items() if a == "identity"}

@@ -90,6 +90,10 @@ for _fam in ("ortt", "torch"):
 for _fam in ("ortt", "torch"):
     SAMPLE_MODELS[f"rope_{_fam}_half"] = onnx.load(DATA / f"{_fam}_rope_half.onnx")
 SAMPLE_MODELS["rope_torch_interleaved"] = onnx.load(DATA / "torch_rope_interleaved.onnx")
+# Conv + BN + ReLU6 / SiLU / hardswish (two spellings), ort-training exports of MobileNet-style
+# blocks (tests/data/make_conv_act.py; counts and look-alikes in tests/test_conv_act.py)
+for _name in ("ortt_conv_mbv2", "ortt_conv_effnet_silu", "ortt_conv_mbv3_hswish"):
+    SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 
 
 def _upto(rule_name):
@@ -407,6 +411,11 @@ def test_shortcut_conv_bn_without_relu_is_not_conv_bn_relu():
     assert shortcut_bn
     recs = _fusions(m, "conv_bn_relu_ortt")
     assert all(not set(shortcut_bn) & set(r.replaced) for r in recs)
+    # the shortcut is a conv_bn: BN + conv backward without an activation (identity, no Y)
+    [rec] = _fusions(copy.deepcopy(m), "conv_bn_ortt")
+    assert set(shortcut_bn) <= set(rec.replaced)
+    assert [a.s for a in rec.node.attribute if a.name == "activation"] == [b"identity"]
+    assert rec.node.input[1] == ""
 
 
 def test_missing_kernel_for_the_chosen_provider_is_a_skip_reason():

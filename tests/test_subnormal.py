@@ -130,9 +130,9 @@ def test_conv_bn_relu_grad_with_tiny_variances():
                inv_std=inv_std)
     outs = ["dX", "dW", "dBc", "dGamma", "dBeta"]
     got = run_fused("ConvBnReluGrad", list(ins.items()), [(o, F32) for o in outs],
-                    strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1, relu=1)
+                    strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1, activation="relu")
     ref = conv_bn_relu_grad(*ins.values(), strides=(1, 1), pads=(1, 1, 1, 1),
-                              dilations=(1, 1), group=1, relu=1)
+                              dilations=(1, 1), group=1, activation="relu")
     for g, r, nm in zip(got, ref, outs):
         assert np.isfinite(g).all(), nm
         assert_close(g, r, rtol=1e-3, atol_scale=1e-3, what=nm)

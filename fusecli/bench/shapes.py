@@ -8,7 +8,7 @@ largest difference relative to the largest output) before they are timed side by
 
 Shapes: ResNet-50's four stages at 64x64 input, batch 8 (each stage's 3x3 conv and its 1x1
 reduce conv, and the stride-2 3x3 conv of the first block of layer2/3/4; the stride-2 1x1
-downsample conv is followed by BatchNorm without ReLU, so the pattern leaves it unfused); a BERT-base layer (d=768, 12 heads of 64, FF 3072, seq 128, batch 8); a Llama-style
+downsample conv is followed by BatchNorm without ReLU: a conv_bn, not timed here); a MobileNetV2 block at 112x112, batch 8 (1x1 expand + ReLU6, 3x3 depthwise + ReLU6, 1x1 projection without activation, a stride-2 depthwise); a BERT-base layer (d=768, 12 heads of 64, FF 3072, seq 128, batch 8); a Llama-style
 layer at TinyLlama-1.1B's sizes (d=2048, 32 heads of 64, FF 5632 with SiLU, seq 256, batch 1).
 
 Outlier inputs (``outliers=True``): pre-activations uniform in [-40, 40] (the exp/erf tails of
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from fusecli.ops.contracts import FUSED_DOMAIN
 
@@ -137,10 +137,12 @@ def attention_case(model, bh, s, d, rng, outliers=False) -> Case:
                 _model(chain, feeds, outs, [sc]), _model([fused], feeds, outs), feeds, outs)
 
 
-def conv_case(model, n, cin, c, hw, k, rng, outliers=False, stride=1) -> Case:
-    """ConvBnReluGrad vs ReluGrad + BatchNormalizationGrad + ConvGrad (pads k // 2: 'same' at
-    stride 1; at stride s the input is s*hw square and the output hw square, as in ResNet's
-    downsampling convs)."""
+def conv_case(model, n, cin, c, hw, k, rng, outliers=False, stride=1, group=1,
+              act="relu") -> Case:
+    """ConvBnReluGrad vs activation gradient + BatchNormalizationGrad + ConvGrad (pads k // 2:
+    'same' at stride 1; at stride s the input is s*hw square and the output hw square, as in
+    ResNet's downsampling convs). act: relu (ReluGrad), relu6 (onnxruntime-training's Clip
+    gradient mask on the BN output), identity (none: a linear bottleneck)."""
     p = k // 2
     hin = hw * stride
     cv = rng.standard_normal((n, c, hw, hw))
@@ -149,27 +151,48 @@ def conv_case(model, n, cin, c, hw, k, rng, outliers=False, stride=1) -> Case:
         cv[:, : c // 4] = 0.7 + 1e-6 * rng.standard_normal((n, c // 4, hw, hw))  # var << eps
     mean = cv.mean(axis=(0, 2, 3))
     inv_std = 1.0 / np.sqrt(cv.var(axis=(0, 2, 3)) + 1e-5)
-    y = np.maximum((cv - mean[None, :, None, None]) * inv_std[None, :, None, None], 0)
+    xhat = (cv - mean[None, :, None, None]) * inv_std[None, :, None, None]
+    # relu: the ReLU output; else the BN output (gamma 1, beta 1: ReLU6's mask cuts both sides)
+    y = np.maximum(xhat, 0) if act == "relu" else 3.0 * xhat + 1.0
     feeds = {"dY": _f32(rng.standard_normal((n, c, hw, hw))), "Y": _f32(y),
              "X": _f32(_big(rng, (n, cin, hin, hin)) if outliers
                        else rng.standard_normal((n, cin, hin, hin))),
-             "W": _f32(rng.standard_normal((c, cin, k, k)) / np.sqrt(cin * k * k)),
+             "W": _f32(rng.standard_normal((c, cin // group, k, k)) / np.sqrt(cin // group * k * k)),
              "Cv": _f32(cv), "gamma": _f32(np.ones(c)), "mean": _f32(mean),
              "inv_std": _f32(inv_std)}
-    attrs = dict(strides=[stride, stride], pads=[p] * 4, dilations=[1, 1], group=1)
-    chain = [helper.make_node("ReluGrad", ["dY", "Y"], ["dZ"], domain=MS),
-             helper.make_node("BatchNormalizationGrad", ["dZ", "Cv", "gamma", "mean", "inv_std"],
+    attrs = dict(strides=[stride, stride], pads=[p] * 4, dilations=[1, 1], group=group)
+    consts = []
+    if act == "relu":
+        grad = [helper.make_node("ReluGrad", ["dY", "Y"], ["dZ"], domain=MS)]
+    elif act == "relu6":
+        consts = [numpy_helper.from_array(np.array(0, np.float32), "c0"),
+                  numpy_helper.from_array(np.array(6, np.float32), "c6")]
+        grad = [helper.make_node("GreaterOrEqual", ["Y", "c0"], ["ge"]),
+                helper.make_node("LessOrEqual", ["Y", "c6"], ["le"]),
+                helper.make_node("And", ["ge", "le"], ["m"]),
+                helper.make_node("Cast", ["m"], ["mf"], to=1),
+                helper.make_node("Mul", ["dY", "mf"], ["dZ"])]
+    else:  # no activation: BatchNormalizationGrad reads dY
+        grad = []
+    chain = [*grad,
+             helper.make_node("BatchNormalizationGrad",
+                              ["dZ" if grad else "dY", "Cv", "gamma", "mean", "inv_std"],
                               ["dC", "dGamma", "dBeta"], domain=MS, epsilon=1e-5),
              helper.make_node("ConvGrad", ["dC", "X", "W"], ["dX", "dW"], domain=MS,
                               kernel_shape=[k, k], **attrs)]
     fused = helper.make_node("ConvBnReluGrad", list(feeds), ["dX", "dW", "", "dGamma", "dBeta",
                                                               "dC_ws"],
-                             domain=FUSED_DOMAIN, relu=1, **attrs)
+                             domain=FUSED_DOMAIN, activation=act, **attrs)
+    if act == "identity":
+        fused.input[1] = ""
     outs = ["dX", "dW", "dGamma", "dBeta"]
     return Case(model, "ConvBnReluGrad", "ConvBnReluGrad",
                 f"N={n} C={c} Cin={cin} {hw}x{hw} k={k}x{k}"
-                + (f" stride {stride} (input {hin}x{hin})" if stride != 1 else ""),
-                _model(chain, feeds, outs),
+                + (f" stride {stride} (input {hin}x{hin})" if stride != 1 else "")
+                + (" depthwise" if group == c and group > 1 else
+                   f" group {group}" if group > 1 else "")
+                + ("" if act == "relu" else f" {act}"),
+                _model(chain, feeds, outs, consts),
                 _model([fused], feeds, outs), feeds, outs)
 
 
@@ -188,6 +211,14 @@ def real_shape_cases(seed: int = 0) -> list[Case]:
         cases.append(conv_case(name, 8, cin, width, hw, 1, rng))
         if stage > 1:  # the stage's first block: its 3x3 conv halves the map (torchvision v1.5)
             cases.append(conv_case(name, 8, width, width, hw, 3, rng, stride=2))
+    # MobileNetV2 (torchvision, width 1.0) at 112x112, batch 8: an inverted-residual block of
+    # the 24-channel stage (1x1 expand to 144 + ReLU6, 3x3 depthwise + ReLU6, 1x1 projection
+    # without activation) and the next block's stride-2 depthwise conv
+    name = "MobileNetV2 block (112x112, batch 8)"
+    cases.append(conv_case(name, 8, 24, 144, 28, 1, rng, act="relu6"))
+    cases.append(conv_case(name, 8, 144, 144, 28, 3, rng, group=144, act="relu6"))
+    cases.append(conv_case(name, 8, 144, 24, 28, 1, rng, act="identity"))
+    cases.append(conv_case(name, 8, 144, 144, 14, 3, rng, stride=2, group=144, act="relu6"))
     for name, cfg, act in (("BERT-base (seq 128, batch 8)", BERT_BASE, "gelu"),
                            ("Llama-style, TinyLlama-1.1B sizes (seq 256, batch 1)", LLAMA_STYLE,
                             "silu")):

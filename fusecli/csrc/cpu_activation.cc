@@ -61,6 +61,20 @@ inline __m512 silu_grad16(__m512 v) {
   const __m512 s = recip16(_mm512_add_ps(one, e));
   return _mm512_mul_ps(s, _mm512_fmadd_ps(v, _mm512_mul_ps(e, s), one));
 }
+// relu6'(x) with the bounds kept (onnxruntime-training's Clip gradient): 1 on [0, 6], else 0
+inline __m512 relu6_grad16(__m512 v) {
+  const __mmask16 m = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GE_OQ) &
+                      _mm512_cmp_ps_mask(v, _mm512_set1_ps(6.f), _CMP_LE_OQ);
+  return _mm512_maskz_mov_ps(m, _mm512_set1_ps(1.f));
+}
+// hardswish'(x) = (relu6(a) + x [0 <= a <= 6]) / 6 with a = x + 3 (as in the scalar case)
+inline __m512 hardswish_grad16(__m512 v) {
+  const __m512 a = _mm512_add_ps(v, _mm512_set1_ps(3.f));
+  const __mmask16 m = _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_GE_OQ) &
+                      _mm512_cmp_ps_mask(a, _mm512_set1_ps(6.f), _CMP_LE_OQ);
+  const __m512 r6 = _mm512_min_ps(_mm512_max_ps(a, _mm512_setzero_ps()), _mm512_set1_ps(6.f));
+  return _mm512_mul_ps(_mm512_mask_add_ps(r6, m, r6, v), _mm512_set1_ps(1.f / 6.f));
+}
 template <__m512 (*G)(__m512)>
 void act_grad16(const float* dy, const float* x, float* out, int64_t n) {
   int64_t i = 0;
@@ -96,6 +110,8 @@ void act_grad_unscaled(Act act, const float* dy, const float* x, float* out, int
 #if defined(__AVX512F__)
   if (act == Act::kGelu) return act_grad16<gelu_grad16>(dy, x, out, n);
   if (act == Act::kSilu) return act_grad16<silu_grad16>(dy, x, out, n);
+  if (act == Act::kRelu6) return act_grad16<relu6_grad16>(dy, x, out, n);
+  if (act == Act::kHardswish) return act_grad16<hardswish_grad16>(dy, x, out, n);
 #endif
   using Arr = Eigen::Array<float, Eigen::Dynamic, 1>;
   using CA = Eigen::Map<const Arr>;
@@ -129,6 +145,15 @@ void act_grad_unscaled(Act act, const float* dy, const float* x, float* out, int
       }
       case Act::kIdentity:
         if (o.data() != d.data()) o = d;
+        break;
+      case Act::kRelu6:  // Clip(x, 0, 6): dY where 0 <= x <= 6 (bounds kept, as in ORT)
+        o = (v >= 0.f && v <= 6.f).select(d, 0.f);
+        break;
+      case Act::kHardswish:  // x relu6(x + 3) / 6: (relu6(a) + x [0 <= a <= 6]) / 6, a = x + 3
+        // in float (0 below -3, (2x + 3) / 6 up to 3, 1 above; the mask flips where the graph's
+        // Clip gradient flips it)
+        t = v + 3.f;
+        o = d * (t.max(0.f).min(6.f) + (t >= 0.f && t <= 6.f).select(v, 0.f)) * (1.f / 6.f);
         break;
     }
   }

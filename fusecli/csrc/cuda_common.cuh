@@ -20,7 +20,8 @@
 namespace {
 
 constexpr int kRelu = FUSECLI_ACT_RELU, kGelu = FUSECLI_ACT_GELU, kGeluTanh = FUSECLI_ACT_GELU_TANH,
-              kSilu = FUSECLI_ACT_SILU, kIdentity = FUSECLI_ACT_IDENTITY;
+              kSilu = FUSECLI_ACT_SILU, kIdentity = FUSECLI_ACT_IDENTITY,
+              kRelu6 = FUSECLI_ACT_RELU6, kHardswish = FUSECLI_ACT_HARDSWISH;
 
 __device__ __forceinline__ float act_grad(float dy, float x, int act) {
   switch (act) {
@@ -39,6 +40,12 @@ __device__ __forceinline__ float act_grad(float dy, float x, int act) {
     case kSilu: {
       const float s = 1.f / (1.f + expf(-x));
       return dy * s * (1.f + x * (1.f - s));
+    }
+    case kRelu6:  // Clip(x, 0, 6): bounds kept, as in onnxruntime-training's Clip gradient
+      return x >= 0.f && x <= 6.f ? dy : 0.f;
+    case kHardswish: {  // (relu6(a) + x [0 <= a <= 6]) / 6 with a = x + 3 (see cpu_activation)
+      const float a = x + 3.f;
+      return dy * (fminf(fmaxf(a, 0.f), 6.f) + (a >= 0.f && a <= 6.f ? x : 0.f)) * (1.f / 6.f);
     }
     default:
       return dy;

@@ -94,7 +94,10 @@ def _attr_member(c, name: str, spec: dict, acts) -> tuple[str, str]:
     init = f"{reader}(info, \"{name}\", {dflt})"
     if kind == "string" and values and set(values) <= set(acts):
         mask = " | ".join(f"(1u << FUSECLI_ACT_{v.upper()})" for v in values)
-        return f"Act {name};", f"{name}(attr_act(info, \"{name}\", {mask}))"
+        if default is not None and default not in values:
+            raise SystemExit(f"{where}: default {default!r} is not one of its values {values}")
+        dflt = "" if default is None else f', "{default}"'
+        return f"Act {name};", f"{name}(attr_act(info, \"{name}\", {mask}{dflt}))"
     if kind == "int" and values is not None and sorted(values) == [0, 1]:
         return f"bool {name};", f"{name}({init} != 0)"
     return f"{ctype} {name};", f"{name}({init})"

@@ -22,8 +22,8 @@ float attr_float(const OrtKernelInfo* info, const char* name, float dflt) {
   }
   return v;
 }
-Act attr_act(const OrtKernelInfo* info, const char* name, uint32_t allowed) {
-  const std::string s = attr_string(info, name, "");
+Act attr_act(const OrtKernelInfo* info, const char* name, uint32_t allowed, const char* dflt) {
+  const std::string s = attr_string(info, name, dflt);
   for (int i = 0; i < FUSECLI_NUM_ACTS; ++i)
     if (s == kActNames[i] && (allowed >> i & 1u)) return static_cast<Act>(i);
   throw OpError("fusecli: unsupported activation '" + s + "'");

@@ -54,7 +54,8 @@ std::string attr_string(const OrtKernelInfo* info, const char* name, const std::
 std::vector<int64_t> attr_ints(const OrtKernelInfo* info, const char* name,
                                const std::vector<int64_t>& dflt);
 // A string attribute naming an activation; `allowed`: bit i = activation code i may be used.
-Act attr_act(const OrtKernelInfo* info, const char* name, uint32_t allowed);
+// dflt: the contract's default when the node has no such attribute ("": required)
+Act attr_act(const OrtKernelInfo* info, const char* name, uint32_t allowed, const char* dflt = "");
 // Each op's attributes with their contract defaults: OpAttrs<k<Op>> (op_attrs.h, generated).
 template <OpId Id> struct OpAttrs;
 

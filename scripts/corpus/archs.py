@@ -13,8 +13,12 @@ From that dataflow:
     whose input tensor is exactly the output of a Linear-like module (nn.Linear or
     transformers' Conv1D, the [in, out] addmm Linear of GPT-2). nn.ReLU6, nn.Tanh, Hardswish...
     are not counted (a Linear followed by Tanh is no linear_gelu).
-  conv_bn_relu: an nn.ReLU whose input is the output of a BatchNorm2d whose input is the output
-    of a Conv2d (a Conv->BN shortcut without ReLU, or Conv->BN->ReLU6, does not count).
+  conv_bn_relu / conv_bn_relu6 / conv_bn_silu / conv_bn_hardswish: an nn.ReLU / nn.ReLU6 /
+    nn.SiLU / nn.Hardswish whose input is the output of a BatchNorm2d whose input is the output
+    of a Conv2d.
+  conv_bn: a BatchNorm2d call whose input is the output of a Conv2d and whose output is the input
+    of none of those activation modules (a shortcut, a linear bottleneck, a residual branch
+    before its add).
   layernorm: every nn.LayerNorm call (and of the LayerNorm modules in LAYERNORM_MODULES).
   rmsnorm: every call of an RMSNorm module (LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm,
     T5LayerNorm: x * rsqrt(mean(x^2) + eps) * weight, no mean subtraction, no bias).
@@ -119,6 +123,11 @@ def _is_rmsnorm(m: nn.Module) -> bool:
     return name.endswith("RMSNorm") or name == "T5LayerNorm"
 
 
+# the activation modules after Conv -> BatchNorm2d, and their pattern (exact types)
+CONV_BN_ACT = {nn.ReLU: "conv_bn_relu", nn.ReLU6: "conv_bn_relu6", nn.SiLU: "conv_bn_silu",
+               nn.Hardswish: "conv_bn_hardswish"}
+
+
 def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...]) -> dict[str, int]:
     """Pattern counts from the model's own dataflow (see the module docstring). A tensor is
     identified by (id, _version): one modified in place after a module returned it (timm's
@@ -157,7 +166,11 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...]) -
     # gated MLPs and rotary embeddings (helper "gated", issue 23)
     gated_act = {id(a): _act_kind(a) for m in model.modules() if (a := _gated_act(m)) is not None}
     rotary = any(type(m).__name__.endswith("RotaryEmbedding") for m in model.modules())
-    for mod, ins, _ in calls:
+    act_inputs = {ins[0] for mod, ins, _ in calls if type(mod) in CONV_BN_ACT and ins}
+    for mod, ins, out in calls:
+        if (isinstance(mod, nn.BatchNorm2d) and ins and out not in act_inputs
+                and isinstance(made_by.get(ins[0]), nn.Conv2d)):
+            counts["conv_bn"] += 1
         kind = _act_kind(mod)
         src = made_by.get(ins[0]) if ins else None
         g = _gated_act(mod)
@@ -165,10 +178,11 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...]) -
             counts["swiglu" if gated_act[id(g)] == "silu" else "geglu"] += 1
         if kind and src is not None and _is_linear(src) and id(mod) not in gated_act:
             counts[f"linear_{kind}"] += 1
-        if kind == "relu" and isinstance(src, nn.BatchNorm2d):
+        conv_pattern = CONV_BN_ACT.get(type(mod))
+        if conv_pattern and isinstance(src, nn.BatchNorm2d):
             bn_in = input_of.get(id(src), [])
             if bn_in and isinstance(made_by.get(bn_in[0]), nn.Conv2d):
-                counts["conv_bn_relu"] += 1
+                counts[conv_pattern] += 1
         if isinstance(mod, nn.LayerNorm) or type(mod).__name__ in LAYERNORM_MODULES:
             counts["layernorm"] += 1
         if _is_rmsnorm(mod):
@@ -528,14 +542,17 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          "64x64 image (so that the last stage's BatchNorm still normalises 2x2 x batch values)",
          _timm_resnet, _image(64), families=("ort-training",),
          count_notes="conv_bn_relu 9 = stem conv1 -> bn1 -> act1 (first layer, no dX: still a "
-         "chain) + per BasicBlock conv1 -> bn1 -> act1 (8 blocks); conv2 -> bn2 is followed by "
-         "the residual add before act2 and the downsample Conv+BN has no ReLU: not counted"),
+         "chain) + per BasicBlock conv1 -> bn1 -> act1 (8 blocks); conv_bn 12 = per BasicBlock "
+         "conv2 -> bn2, followed by the residual add before act2 (8), + the 4 downsample "
+         "Conv+BN shortcuts (layer1's too: the 64-channel stem into 8 channels)"),
     Arch("tv_mobilenet_v2", "torchvision",
-         "torchvision MobileNetV2 (negative): Conv+BN+ReLU6 blocks, depthwise convs, linear "
+         "torchvision MobileNetV2: Conv+BN+ReLU6 blocks, depthwise convs, linear "
          "bottlenecks (Conv+BN without activation), width 0.25, 3 stages, 16x16 image",
          _tv_mobilenet, _image(16), families=("ort-training",),
-         count_notes="0 of everything: Conv2dNormActivation uses ReLU6 (not ReLU), the "
-         "projection convs are Conv+BN without activation, the classifier Linear has none"),
+         count_notes="conv_bn_relu6 9 = stem Conv2dNormActivation (first layer, no dX) + the "
+         "t=1 block's depthwise + expand and depthwise of each of the three t=6 blocks + the "
+         "last 1x1 Conv2dNormActivation; conv_bn 4 = the projection convs (Conv+BN without "
+         "activation) of the four blocks; the classifier Linear has none: 0 of everything else"),
 ]}
 
 

@@ -131,12 +131,12 @@ class CNN(nn.Module):
 
     stem: Conv(3->8, 3x3, bias=False) + BN + ReLU              (conv_bn_relu #1)
     body: Conv(8->8, 3x3) + BN + ReLU                           (conv_bn_relu #2)
-    shortcut: Conv(8->8, 1x1) + BN, NO ReLU, added to the body  (not a conv_bn_relu)
+    shortcut: Conv(8->8, 1x1) + BN, NO ReLU, added to the body  (conv_bn #1, no conv_bn_relu)
     MaxPool 2x2, mean over H,W, Linear(8 -> 4).
     """
 
     NUM_CLASSES = 4
-    PATTERNS = patterns(conv_bn_relu=2)
+    PATTERNS = patterns(conv_bn_relu=2, conv_bn=1)
     # a conv bias right before a training-mode BatchNorm gets an exactly-zero gradient
     ZERO_GRAD = ["conv2.bias", "conv_s.bias"]
 
@@ -161,7 +161,8 @@ class CNN(nn.Module):
 
 class Bottleneck(nn.Module):
     """ResNet-50's bottleneck: 1x1 reduce, 3x3 (stride here), 1x1 expand x4; BN after each conv,
-    ReLU after the first two (conv_bn_relu x2) and after the residual add."""
+    ReLU after the first two (conv_bn_relu x2) and after the residual add (conv3 + bn3 and the
+    downsample Conv + BN: conv_bn)."""
 
     def __init__(self, cin: int, width: int, stride: int) -> None:
         super().__init__()
@@ -190,7 +191,9 @@ class ResNet50(nn.Module):
     Used at real size by the benchmark suite (64x64 input, batch 8), never shipped."""
 
     NUM_CLASSES = 1000
-    PATTERNS = patterns(conv_bn_relu=1 + 2 * (3 + 4 + 6 + 3))
+    # conv_bn: each bottleneck's conv3 + bn3 (16) and the first block of each stage's
+    # downsample (4)
+    PATTERNS = patterns(conv_bn_relu=1 + 2 * (3 + 4 + 6 + 3), conv_bn=(3 + 4 + 6 + 3) + 4)
 
     def __init__(self) -> None:
         super().__init__()

@@ -44,8 +44,9 @@ HEADER = """\
 #
 # patterns: counted from the model code (scripts/samples/models.py), not from the graph:
 #   each Linear immediately followed by relu/gelu/silu = one linear_<act>; each attention = one
-#   sdpa; each Conv->BN->ReLU = one conv_bn_relu (a Conv->BN shortcut without ReLU does not
-#   count); each LayerNorm = one layernorm; each RMSNorm (with or without weight) = one rmsnorm.
+#   sdpa; each Conv->BN->ReLU = one conv_bn_relu (ReLU6 / SiLU / hardswish: conv_bn_<act>), each
+#   Conv->BN without activation (a shortcut, the branch before a residual add) = one conv_bn;
+#   each LayerNorm = one layernorm; each RMSNorm (with or without weight) = one rmsnorm.
 """
 
 _PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")

@@ -24,7 +24,9 @@ ConvInputs::ConvInputs(Ort::KernelContext& ctx, const OpAttrs<kConvBnReluGrad>& 
   N = dy.shape[0], C = dy.shape[1], H = dy.shape[2], W = dy.shape[3];
   Cin = x.shape[1], Hin = x.shape[2], Win = x.shape[3], kh = w.shape[2], kw = w.shape[3];
   FUSECLI_CHECK(x.shape[0] == N, "ConvBnReluGrad: batch of X and dY differ");
-  FUSECLI_CHECK(y.numel() == dy.numel() && cv.numel() == dy.numel(),
+  FUSECLI_CHECK(y.present || a.activation == Act::kIdentity,
+                "ConvBnReluGrad: Y is required unless activation is identity");
+  FUSECLI_CHECK((!y.present || y.numel() == dy.numel()) && cv.numel() == dy.numel(),
                 "ConvBnReluGrad: Y/Cv must match dY");
   FUSECLI_CHECK(gamma.numel() == C && mean.numel() == C && istd.numel() == C,
                 "ConvBnReluGrad: gamma/mean/inv_std must be [C]");

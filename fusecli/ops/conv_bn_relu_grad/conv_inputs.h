@@ -6,7 +6,8 @@
 namespace fusecli {
 
 // ---- ConvBnReluGrad: attributes and the shape checks shared by its CPU and CUDA kernels ----
-// The attributes (OpAttrs, generated from the contract: strides, pads, dilations, group, relu)
+// The attributes (OpAttrs, generated from the contract: strides, pads, dilations, group,
+// activation)
 // and what their types cannot say (check_conv_attrs: 2-D only, group >= 1; throws OpError).
 void check_conv_attrs(const OpAttrs<kConvBnReluGrad>& a);
 // The op's eight inputs, read from the kernel context and validated against the attributes

@@ -6,6 +6,7 @@
 #endif
 
 #include "conv_inputs.h"
+#include "cpu_activation.h"
 #include "cpu_kernel.h"
 #include "cpu_eigen.h"
 #include "cpu_gemm.h"
@@ -23,6 +24,11 @@ struct ConvKernel : CpuKernel<ConvKernel, kConvBnReluGrad> {  // attributes: see
   void Compute(Ort::KernelContext& ctx);
   OrtMatMul mm;
 };
+
+// row-major blocks of a plane with their row stride (a depthwise tap's rows)
+using Arr2 = Eigen::Array<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using CA2 = Eigen::Map<const Arr2, 0, Eigen::OuterStride<>>;
+using MA2 = Eigen::Map<Arr2, 0, Eigen::OuterStride<>>;
 
 struct ConvGeom {
   int64_t cin_g, hin, win, kh, kw, ho, wo, sh, sw, pt, pl, dh, dw;
@@ -278,22 +284,28 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
   const float* gp = gamma.ptr<float>();
   const float* mp = mean.ptr<float>();
   const float* sp = istd.ptr<float>();
-  // BN + ReLU backward in two steps that never hold a full-size dC:
+  // BN + activation backward in two steps that never hold a full-size dC:
   // 1. one read of dY, Y, Cv per channel gives the per-channel sums (dBeta, dGamma, and dBc,
   //    which follows from the sums: sum dC = -coef * sum(dZ xhat) * sum(xhat));
-  // 2. dC is formed image chunk by image chunk right before the conv GEMMs that consume it.
+  // 2. dC is formed image chunk by image chunk right before the conv GEMMs that consume it,
+  //    with dZ = act'(Y) dY recomputed per row (cheaper than a full-size dZ buffer).
+  const bool has_act = activation != Act::kIdentity;
+  // dZ of one row (n, ch) into buf (HW floats), or dY's row itself for identity
+  auto dz_row = [&](int64_t off, float* buf) -> const float* {
+    if (!has_act) return dyp + off;
+    act_grad_block(activation, 1.f, dyp + off, yp + off, buf, HW);
+    return buf;
+  };
   std::vector<float> dgam(C), dbet(C), dbias(C), cfv(C), a0v(C), a1v(C);
   parallel_for(C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, N * HW)),
                [&](int, int64_t c0, int64_t c1) {
-                 std::vector<float> dzb(relu ? HW : 0);  // one row of dZ, stays in L1
+                 std::vector<float> dzb(has_act ? HW : 0);  // one row of dZ, stays in L1
                  for (int64_t ch = c0; ch < c1; ++ch) {
                    const float mu = mp[ch], is = sp[ch];
                    double sdz = 0, sdzc = 0, scv = 0;
                    for (int64_t n = 0; n < N; ++n) {
                      const int64_t off = (n * C + ch) * HW;
-                     CA d(dyp + off, HW), yy(yp + off, HW), cc(cvp + off, HW);
-                     if (relu) MA(dzb.data(), HW) = (yy > 0.f).select(d, 0.f);
-                     CA dz(relu ? dzb.data() : dyp + off, HW);
+                     CA dz(dz_row(off, dzb.data()), HW), cc(cvp + off, HW);
                      sdz += dz.sum();
                      sdzc += (dz * (cc - mu)).sum();
                      if (want_dbc) scv += cc.sum() - mu * static_cast<float>(HW);
@@ -312,6 +324,59 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
   if (want_db) std::copy(dbet.begin(), dbet.end(), dbo);
   if (want_dbc) std::copy(dbias.begin(), dbias.end(), dbc);
   if (!want_dx && !want_dw && !have_dc) return;
+
+  const float rf = static_cast<float>(R);
+  // ---- depthwise, unit stride (one input channel per output channel: MobileNet's 3x3 / 5x5
+  // convs) ----
+  // Every channel is independent: per channel, its dC planes, then per tap the direct
+  // correlation (dW) and the direct scatter (dX) of the whole plane block at once: no column
+  // matrix and no per-group GEMM (a 1 x kh*kw GEMM per group and chunk costs more in calls
+  // than in flops). Strided depthwise convolutions take the general path below (measured
+  // faster there: their taps read every sw-th input column).
+  if (group == C && Cin == C && g.cin_g == 1 && g.sh == 1 && g.sw == 1) {
+    const float* xp = x.ptr<float>();
+    const float* wp = w.ptr<float>();
+    const int64_t Khw = kh * kw, HWin = Hin * Win;
+    parallel_for(C, 1, [&](int, int64_t c0, int64_t c1) {
+      std::vector<float> dzb(has_act ? HW : 0), dcb(have_dc ? 0 : HW);
+      std::vector<double> dwacc(Khw);
+      for (int64_t ch = c0; ch < c1; ++ch) {
+        std::fill(dwacc.begin(), dwacc.end(), 0.0);
+        const float* wc = wp + ch * Khw;
+        for (int64_t n = 0; n < N; ++n) {
+          const int64_t off = (n * C + ch) * HW;
+          float* dcp = have_dc ? dc_out + off : dcb.data();
+          {
+            CA d(dz_row(off, dzb.data()), HW), cc(cvp + off, HW);
+            MA(dcp, HW) = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
+          }
+          const float* xc = xp + (n * C + ch) * HWin;
+          float* dxc = want_dx ? dx + (n * C + ch) * HWin : nullptr;
+          if (dxc) std::fill(dxc, dxc + HWin, 0.f);
+          for (int64_t i = 0; i < kh; ++i)
+            for (int64_t j = 0; j < kw; ++j) {
+              // output columns whose input column ow + offw lies inside [0, win), rows alike
+              const int64_t offw = j * g.dw - g.pl, offh = i * g.dh - g.pt;
+              const int64_t lo = std::min(g.wo, std::max<int64_t>(0, -offw));
+              const int64_t hi = std::max(lo, std::min(g.wo, Win - offw));
+              const int64_t r0 = std::min(H, std::max<int64_t>(0, -offh));
+              const int64_t r1 = std::max(r0, std::min(H, Hin - offh));
+              if (hi <= lo || r1 <= r0) continue;
+              const int64_t len = hi - lo, rows = r1 - r0;
+              const int64_t xoff = (r0 + offh) * Win + offw + lo;
+              const CA2 D(dcp + r0 * Wd + lo, rows, len, Eigen::OuterStride<>(Wd));
+              if (want_dw)
+                dwacc[i * kw + j] +=
+                    (D * CA2(xc + xoff, rows, len, Eigen::OuterStride<>(Win))).sum();
+              if (dxc) MA2(dxc + xoff, rows, len, Eigen::OuterStride<>(Win)) += wc[i * kw + j] * D;
+            }
+        }
+        if (want_dw)
+          for (int64_t k = 0; k < Khw; ++k) dw[ch * Khw + k] = static_cast<float>(dwacc[k]);
+      }
+    });
+    return;
+  }
 
   // ---- conv dgrad (col2im of W^T dC) and wgrad (dC im2col(X)^T), per (image chunk, group) ----
   // Images go in chunks of nb, laid out channel-major across the chunk: the columns are
@@ -355,7 +420,6 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
   const bool many_chunks = nb_max < N;
   std::unique_ptr<float[]> dwt(want_dw && many_chunks ? new float[static_cast<size_t>(Cg * Kc)]
                                                       : nullptr);
-  const float rf = static_cast<float>(R);
   std::unique_ptr<Col2imPlan> c2i_plan;
 #if defined(__AVX512F__)
   if (want_dx && !pointwise && (g.sh != 1 || g.sw != 1) && g.sw <= 16)
@@ -367,17 +431,15 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
     const int64_t rows_grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, L));
     float* dcn = have_dc ? dc_out + n0 * C * HW : dcc.get();  // the chunk's dC, [nb, C, HW]
     // dC = gamma inv_std / R (R dZ - sum dZ - xhat sum(dZ xhat)) for the chunk's images
+    // (dC may be dY's buffer: each element is written from the dY element at its position)
     parallel_for(nb * C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
                  [&](int, int64_t j0, int64_t j1) {
+                   std::vector<float> dzb(has_act ? HW : 0);
                    for (int64_t j = j0; j < j1; ++j) {
                      const int64_t ch = j % C, off = (n0 * C + j) * HW;
-                     CA d(dyp + off, HW), yy(yp + off, HW), cc(cvp + off, HW);
+                     CA d(dz_row(off, dzb.data()), HW), cc(cvp + off, HW);
                      MA o(dcn + j * HW, HW);
-                     if (relu)
-                       o = cfv[ch] *
-                           (rf * (yy > 0.f).select(d, 0.f) - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
-                     else
-                       o = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
+                     o = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
                    }
                  });
     if (!want_dx && !want_dw) continue;

@@ -3,21 +3,21 @@
 
 namespace {
 
-// ---- BN + ReLU backward -------------------------------------------------------------------
-// Per channel c: dbeta = sum dz, dgamma = sum dz * xhat (one block per channel).
+// ---- BN + activation backward -------------------------------------------------------------------
+// Per channel c: dbeta = sum dz, dgamma = sum dz * xhat (one block per channel), with
+// dz = act'(y) dy (y unread for identity).
 __global__ void bn_stats_kernel(const float* __restrict__ dy, const float* __restrict__ y,
                                 const float* __restrict__ cv, const float* __restrict__ mean,
                                 const float* __restrict__ istd, float* __restrict__ dgamma,
                                 float* __restrict__ dbeta, int64_t n, int64_t c, int64_t hw,
-                                int relu) {
+                                int act) {
   const int64_t ch = blockIdx.x;
   const float mu = mean[ch], is = istd[ch];
   float s1 = 0.f, s2 = 0.f;
   for (int64_t b = 0; b < n; ++b) {
     const int64_t off = (b * c + ch) * hw;
     for (int64_t i = threadIdx.x; i < hw; i += blockDim.x) {
-      float dz = dy[off + i];
-      if (relu && !(y[off + i] > 0.f)) dz = 0.f;
+      const float dz = act == kIdentity ? dy[off + i] : act_grad(dy[off + i], y[off + i], act);
       s1 += dz;
       s2 += dz * (cv[off + i] - mu) * is;
     }
@@ -37,7 +37,7 @@ __global__ void bn_dc_kernel(const float* dy, const float* __restrict__ y,
                              const float* __restrict__ dgamma, const float* __restrict__ dbeta,
                              float* dc, float* __restrict__ dbc, int64_t n,
                              int64_t c,  // dc may be dy
-                             int64_t hw, int relu) {
+                             int64_t hw, int act) {
   const int64_t ch = blockIdx.x;
   const float R = static_cast<float>(n * hw);
   const float mu = mean[ch], is = istd[ch], coef = gamma[ch] * is / R;
@@ -46,8 +46,7 @@ __global__ void bn_dc_kernel(const float* dy, const float* __restrict__ y,
   for (int64_t b = 0; b < n; ++b) {
     const int64_t off = (b * c + ch) * hw;
     for (int64_t i = threadIdx.x; i < hw; i += blockDim.x) {
-      float dz = dy[off + i];
-      if (relu && !(y[off + i] > 0.f)) dz = 0.f;
+      const float dz = act == kIdentity ? dy[off + i] : act_grad(dy[off + i], y[off + i], act);
       const float v = coef * (R * dz - db - (cv[off + i] - mu) * is * dg);
       if (dc) dc[off + i] = v;
       s += v;
@@ -107,7 +106,7 @@ FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(
     float* dgamma, float* dbeta, float* dc_out, int64_t n, int64_t c, int64_t h, int64_t wd,
     int64_t cin, int64_t hin, int64_t win, int64_t kh, int64_t kw, int64_t stride_h,
     int64_t stride_w, int64_t pad_t, int64_t pad_l, int64_t pad_b, int64_t pad_r, int64_t dil_h,
-    int64_t dil_w, int64_t group, int relu) {
+    int64_t dil_w, int64_t group, int act) {
   (void)pad_b;
   (void)pad_r;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -120,7 +119,7 @@ FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(
   float* sb = sg + c;
   if (c > 0) {
     bn_stats_kernel<<<static_cast<unsigned>(c), 256, 0, s>>>(dy, y, cv, mean, inv_std, sg, sb, n, c,
-                                                             hw, relu);
+                                                             hw, act);
     RETURN_IF_ERR(cudaGetLastError());
     if (dgamma)
       RETURN_IF_ERR(cudaMemcpyAsync(dgamma, sg, c * sizeof(float), cudaMemcpyDeviceToDevice, s));
@@ -137,7 +136,7 @@ FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(
   }
   if (c > 0) {
     bn_dc_kernel<<<static_cast<unsigned>(c), 256, 0, s>>>(dy, y, cv, gamma, mean, inv_std, sg, sb,
-                                                          dc, dbc, n, c, hw, relu);
+                                                          dc, dbc, n, c, hw, act);
     RETURN_IF_ERR(cudaGetLastError());
   }
   if (!dx && !dw) return cudaSuccess;

@@ -4,11 +4,11 @@ tests/gpu/bench_cuda.py."""
 
 from __future__ import annotations
 
-from fusecli.ops.gpu import launch, workspace
+from fusecli.ops.gpu import ACT, launch, workspace
 
 
 def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pads=(0, 0, 0, 0),
-                      dilations=(1, 1), group=1, relu=1, want=(1, 1, 1, 1, 1), dc=None):
+                      dilations=(1, 1), group=1, activation="relu", want=(1, 1, 1, 1, 1), dc=None):
     """dc: None, "out" (a separate dC output) or "inplace" (dC written over a copy of dY, as
     onnxruntime's in-place plan does); with dc the result has a 6th item."""
     import torch
@@ -24,14 +24,17 @@ def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pad
            cin=x.shape[1], hin=x.shape[2], win=x.shape[3], kh=w.shape[2], kw=w.shape[3],
            stride_h=strides[0], stride_w=strides[1], pad_t=pads[0], pad_l=pads[1],
            pad_b=pads[2], pad_r=pads[3], dil_h=dilations[0], dil_w=dilations[1], group=group,
-           relu=relu)
+           act=ACT[activation])
     return outs if dc is None else outs + [dc_t]
 
 
-def ref_conv(dy, y, x, w, cv, gamma, mean, inv_std, strides, pads, dilations, group, relu):
+def ref_conv(dy, y, x, w, cv, gamma, mean, inv_std, strides, pads, dilations, group,
+             activation="relu"):
     import torch
 
-    d = dy * (y > 0) if relu else dy
+    if activation not in ("relu", "identity"):
+        raise NotImplementedError(f"ref_conv: activation {activation!r}")
+    d = dy * (y > 0) if activation == "relu" else dy
     sh = (1, -1, 1, 1)
     xhat = (cv - mean.view(sh)) * inv_std.view(sh)
     r = cv.shape[0] * cv.shape[2] * cv.shape[3]

@@ -5,14 +5,29 @@ from __future__ import annotations
 import numpy as np
 from onnx.reference.op_run import OpRun
 
-from fusecli.ops.reference import _fit
+from fusecli.ops.activation_grad.reference import activation_grad
+from fusecli.ops.reference import _fit, _s
+
+
+def act_grad(d, y, activation):
+    """dY * act'(Y) in float64 (d is float64): the activations of this op's contract."""
+    if activation == "identity":
+        return d
+    v = y.astype(np.float64)
+    if activation == "relu6":  # Clip(Z, 0, 6) on its input Z, bounds kept (ORT's Clip gradient)
+        return d * ((v >= 0) & (v <= 6))
+    if activation == "hardswish":  # x relu6(x + 3) / 6: (relu6(a) + x [0 <= a <= 6]) / 6,
+        # a = x + 3 rounded to float32 as the graph computes it (where the mask flips)
+        a = (y.astype(np.float32) + np.float32(3)).astype(np.float64)
+        return d * (np.clip(a, 0, 6) + v * ((a >= 0) & (a <= 6))) / 6
+    if activation in ("relu", "silu"):
+        return activation_grad(d, v, activation)
+    raise NotImplementedError(f"activation {activation!r}")
 
 
 def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pads=(0, 0, 0, 0),
-                      dilations=(1, 1), group=1, relu=1):
-    d = dy.astype(np.float64)
-    if relu:
-        d = d * (y > 0)
+                      dilations=(1, 1), group=1, activation="relu"):
+    d = act_grad(dy.astype(np.float64), y, activation)
     c = cv.shape[1]
     shp = (1, c, 1, 1)
     xhat = (cv.astype(np.float64) - mean.reshape(shp)) * inv_std.astype(np.float64).reshape(shp)
@@ -74,8 +89,8 @@ def _conv_vjp_w(dc, x, w_shape, strides, pads, dilations, group):
 class Reference(OpRun):
 
     def _run(self, dy, y, x, w, cv, gamma, mean, inv_std, strides=None, pads=None,
-             dilations=None, group=1, relu=1):
+             dilations=None, group=1, activation="relu"):
         return _fit(self, conv_bn_relu_grad(
             dy, y, x, w, cv, gamma, mean, inv_std, tuple(strides or (1, 1)),
             tuple(pads or (0, 0, 0, 0)), tuple(dilations or (1, 1)), group or 1,
-            1 if relu is None else relu))
+            _s(activation) or "relu"))

@@ -15,7 +15,27 @@ from kernel_helpers import (F32, OPSET, _built, _inplace_run, _rng, assert_close
                             fused_model, ort_session, rand, run_fused, run_in_ortt)
 
 
-def _conv_inputs(rng, n, cin, hin, win, c, kh, kw, strides, pads, dilations, group):
+ACTS = ["relu", "relu6", "silu", "hardswish", "identity"]
+
+
+def _act_input(rng, shape, activation):
+    """Y as the activation gradient reads it, with values ON the kinks (ORT's Clip gradient
+    keeps the bounds: 0 <= Z <= 6 for relu6, -3 <= Z <= 3 for hardswish's Z + 3)."""
+    if activation == "relu":  # the ReLU output: >= 0, some exact zeros
+        return np.maximum(rand(rng, shape), 0).astype(F32) + (rng.random(shape) < 0.1).astype(F32)
+    if activation == "identity":
+        return None
+    z = rand(rng, shape, scale=4.0)  # the BN output, spread over every branch
+    if activation == "relu6":
+        z = z + 3.0
+        z.flat[::7] = rng.choice([0.0, 6.0, -1e-7, 6.0000005], size=z.flat[::7].shape)
+    elif activation == "hardswish":
+        z.flat[::7] = rng.choice([-3.0, 3.0, -3.0000002, 3.0000002], size=z.flat[::7].shape)
+    return z.astype(F32)
+
+
+def _conv_inputs(rng, n, cin, hin, win, c, kh, kw, strides, pads, dilations, group,
+                 activation="relu"):
     x = rand(rng, (n, cin, hin, win))
     w = rand(rng, (c, cin // group, kh, kw), scale=0.5)
     h = (hin + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
@@ -24,7 +44,7 @@ def _conv_inputs(rng, n, cin, hin, win, c, kh, kw, strides, pads, dilations, gro
     mean = cv.mean(axis=(0, 2, 3)).astype(F32)
     inv_std = (1 / np.sqrt(cv.var(axis=(0, 2, 3)) + 1e-5)).astype(F32)
     gamma = rand(rng, (c,), positive=True)
-    y = np.maximum(rand(rng, cv.shape), 0).astype(F32) + (rng.random(cv.shape) < 0.1).astype(F32)
+    y = _act_input(rng, cv.shape, activation)
     dy = rand(rng, cv.shape)
     return dict(dY=dy, Y=y, X=x, W=w, Cv=cv, gamma=gamma, mean=mean, inv_std=inv_std)
 
@@ -58,23 +78,65 @@ CONV_CASES = [
 CONV_OUTS = ["dX", "dW", "dBc", "dGamma", "dBeta"]
 
 
-def _conv_attrs(strides, pads, dilations, group, relu=1):
+def _conv_attrs(strides, pads, dilations, group, activation="relu"):
     return dict(strides=list(strides), pads=list(pads), dilations=list(dilations), group=group,
-                relu=relu)
+                activation=activation)
 
 
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "x".join(map(str, c[:7])) + f"g{c[-1]}")
-@pytest.mark.parametrize("relu", [1, 0])
-def test_conv_bn_relu_grad_vs_reference(case, relu):
+@pytest.mark.parametrize("activation", ["relu", "identity"])
+def test_conv_bn_relu_grad_vs_reference(case, activation):
     *dims, strides, pads, dilations, group = case
-    rng = _rng("conv", case, relu)
-    ins = _conv_inputs(rng, *dims, strides, pads, dilations, group)
+    rng = _rng("conv", case, activation)
+    ins = _conv_inputs(rng, *dims, strides, pads, dilations, group, activation)
     got = run_fused("ConvBnReluGrad", list(ins.items()), [(o, F32) for o in CONV_OUTS],
-                    **_conv_attrs(strides, pads, dilations, group, relu))
+                    **_conv_attrs(strides, pads, dilations, group, activation))
     ref = conv_bn_relu_grad(*ins.values(), strides=strides, pads=pads, dilations=dilations,
-                              group=group, relu=relu)
+                              group=group, activation=activation)
     for g, r, nm in zip(got, ref, CONV_OUTS):
         assert_close(g, r, rtol=1e-3, atol_scale=1e-3, what=nm)
+
+
+# MobileNet-style convolutions: depthwise 3x3 (stride 1 and 2), pointwise expand/project,
+# grouped, a dense stem with a conv bias; every activation on each
+ACT_CASES = [
+    (2, 3, 9, 9, 8, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),      # stem, stride 2
+    (2, 8, 8, 8, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 8),      # depthwise
+    (3, 12, 9, 7, 12, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 12),   # depthwise, stride 2
+    (2, 8, 6, 6, 24, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),     # pointwise expand
+    (2, 12, 5, 5, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 4),     # grouped
+    (5, 128, 13, 13, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),  # image chunks
+    (3, 16, 7, 7, 16, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 16),   # depthwise 5x5
+    (2, 6, 11, 10, 6, 3, 3, (2, 1), (1, 0, 2, 1), (2, 1), 6),    # depthwise, odd geometry
+    (2, 5, 9, 40, 5, 3, 3, (3, 2), (1, 1, 0, 2), (1, 2), 5),     # depthwise, strides 3 / 2
+]
+
+
+@pytest.mark.parametrize("case", ACT_CASES, ids=lambda c: "x".join(map(str, c[:7])) + f"g{c[-1]}")
+@pytest.mark.parametrize("activation", ACTS)
+def test_conv_bn_act_grad_vs_reference(case, activation):
+    *dims, strides, pads, dilations, group = case
+    rng = _rng("conv-act", case, activation)
+    ins = _conv_inputs(rng, *dims, strides, pads, dilations, group, activation)
+    got = run_fused("ConvBnReluGrad", list(ins.items()), [(o, F32) for o in CONV_OUTS + ["dC"]],
+                    **_conv_attrs(strides, pads, dilations, group, activation))
+    ref = conv_bn_relu_grad(*ins.values(), strides=strides, pads=pads, dilations=dilations,
+                              group=group, activation=activation)
+    for g, r, nm in zip(got, ref, CONV_OUTS + ["dC"]):
+        assert_close(g, r, rtol=1e-3, atol_scale=1e-3, what=nm)
+
+
+def test_act_grad_reference_on_the_kinks():
+    """The reference's activation derivatives, written out by hand at and around the kinks
+    (onnxruntime-training's Clip gradient keeps both bounds)."""
+    from fusecli.ops.conv_bn_relu_grad.reference import act_grad
+    d = np.ones(9)
+    z6 = np.array([-1.0, -1e-7, 0.0, 1e-7, 3.0, 6.0 - 1e-6, 6.0, 6.0 + 1e-6, 9.0])
+    np.testing.assert_array_equal(act_grad(d, z6, "relu6"), [0, 0, 1, 1, 1, 1, 1, 0, 0])
+    zh = np.array([-5.0, -3.0 - 1e-6, -3.0, -1.5, 0.0, 1.5, 3.0, 3.0 + 1e-6, 5.0])
+    np.testing.assert_allclose(act_grad(d, zh, "hardswish"),
+                               [0, 0, -0.5, 0.0, 0.5, 1.0, 1.5, 1, 1])
+    np.testing.assert_allclose(act_grad(2 * d, zh, "identity"), 2 * d)
 
 
 @pytest.mark.parametrize("case", [CONV_CASES[2], CONV_CASES[3], CONV_CASES[6],
@@ -130,19 +192,55 @@ def test_conv_bn_relu_grad_default_attributes():
         assert_close(g, r, rtol=1e-3, atol_scale=1e-3)
 
 
-def _conv_unfused_chain(ins, strides, pads, dilations, group):
-    """ReluGrad -> BatchNormalizationGrad -> ConvGrad (com.microsoft, onnxruntime-training)."""
+def _act_grad_nodes(activation):
+    """The activation gradient dY -> dZ as onnxruntime-training 1.19.2's generate_artifacts
+    writes it (constants c0, c3, c6 are graph inputs fed 0, 3, 6)."""
+    ms = dict(domain="com.microsoft")
+    mask = [  # Clip's gradient: the bounds kept
+        helper.make_node("GreaterOrEqual", ["A", "c0"], ["ge"]),
+        helper.make_node("LessOrEqual", ["A", "c6"], ["le"]),
+        helper.make_node("And", ["ge", "le"], ["m"]),
+        helper.make_node("Cast", ["m"], ["mf"], to=1)]
+    if activation == "relu":
+        return [helper.make_node("ReluGrad", ["dY", "Y"], ["dZ"], **ms)]
+    if activation == "silu":
+        return [helper.make_node("QuickGeluGrad", ["dY", "Y"], ["dZ"], alpha=1.0, **ms)]
+    if activation == "relu6":
+        return [helper.make_node("Identity", ["Y"], ["A"]), *mask,
+                helper.make_node("Mul", ["dY", "mf"], ["dZ"])]
+    if activation == "hardswish":  # z * relu6(z + 3) / 6, its product-rule backward
+        return [helper.make_node("Add", ["Y", "c3"], ["A"]),
+                helper.make_node("Clip", ["A", "c0", "c6"], ["Cl"]),
+                helper.make_node("Div", ["dY", "c6"], ["dM"]),
+                helper.make_node("Mul", ["dM", "Cl"], ["dZ1"]),
+                helper.make_node("Mul", ["dM", "Y"], ["dCl"]), *mask,
+                helper.make_node("Mul", ["dCl", "mf"], ["dA"]),
+                helper.make_node("Sum", ["dA", "dZ1"], ["dZ"])]
+    assert activation == "identity"
+    return [helper.make_node("Identity", ["dY"], ["dZ"])]
+
+
+def _conv_unfused_chain(ins, strides, pads, dilations, group, activation="relu", present=None):
+    """activation gradient -> BatchNormalizationGrad -> ConvGrad (com.microsoft,
+    onnxruntime-training); `present`: which of CONV_OUTS the graph reads. ConvGrad writes ''
+    for the others (as generate_artifacts does for a frozen weight); BatchNormalizationGrad's
+    dGamma/dBeta are not optional in onnxruntime-training, a frozen BN affine leaves them
+    unread."""
     w = ins["W"]
-    nodes = [
-        helper.make_node("ReluGrad", ["dY", "Y"], ["dZ"], domain="com.microsoft"),
+    outs = [o if p else "" for o, p in zip(CONV_OUTS, present or [1] * 5)]
+    bn_outs = [o or f"unread_{i}" for i, o in enumerate(outs[3:])]
+    nodes = _act_grad_nodes(activation) + [
         helper.make_node("BatchNormalizationGrad", ["dZ", "Cv", "gamma", "mean", "inv_std"],
-                         ["dC", "dGamma", "dBeta"], domain="com.microsoft", epsilon=1e-5),
-        helper.make_node("ConvGrad", ["dC", "X", "W"], ["dX", "dW", "dBc"], domain="com.microsoft",
+                         ["dC", *bn_outs], domain="com.microsoft", epsilon=1e-5),
+        helper.make_node("ConvGrad", ["dC", "X", "W"], outs[:3], domain="com.microsoft",
                          strides=list(strides), pads=list(pads), dilations=list(dilations),
                          group=group, kernel_shape=list(w.shape[2:])),
     ]
-    g_in = [helper.make_tensor_value_info(k, 1, list(v.shape)) for k, v in ins.items()]
-    g_out = [helper.make_tensor_value_info(o, 1, None) for o in CONV_OUTS]
+    g_in = [helper.make_tensor_value_info(k, 1, list(v.shape)) for k, v in ins.items()
+            if v is not None]
+    if activation in ("relu6", "hardswish"):
+        g_in += [helper.make_tensor_value_info(c, 1, []) for c in ("c0", "c3", "c6")]
+    g_out = [helper.make_tensor_value_info(o, 1, None) for o in outs if o]
     graph = helper.make_graph(nodes, "conv_unfused", g_in, g_out)
     return helper.make_model(graph, ir_version=9, opset_imports=[
         helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
@@ -172,3 +270,58 @@ def test_conv_bn_relu_grad_vs_unfused_ortt_chain_and_same_so_in_ortt():
             assert_close(f, u, rtol=1e-3, atol_scale=1e-3, what=f"case {i} {nm} fused vs unfused")
             # not bitwise: vectorized sums peel differently with the buffers' alignment
             assert_close(f, h, rtol=1e-5, atol_scale=1e-5, what=f"{nm}: same .so, two onnxruntimes")
+
+
+# (activation, case, outputs present): every activation, depthwise / grouped / dense, and the
+# frozen spellings: conv weight frozen (no dW), BN affine frozen (no dGamma, dBeta), both, the
+# first layer (no dX), a conv with bias (dBc)
+UNFUSED_ACT_CASES = [
+    ("relu6", ACT_CASES[1], (1, 1, 0, 1, 1)),
+    ("relu6", ACT_CASES[0], (0, 1, 1, 1, 1)),
+    ("relu6", ACT_CASES[3], (1, 0, 0, 1, 1)),
+    ("silu", ACT_CASES[2], (1, 1, 0, 1, 1)),
+    ("silu", ACT_CASES[4], (1, 1, 1, 0, 0)),
+    ("hardswish", ACT_CASES[1], (1, 1, 0, 1, 1)),
+    ("hardswish", ACT_CASES[3], (1, 0, 0, 0, 0)),
+    ("identity", ACT_CASES[3], (1, 1, 0, 1, 1)),
+    ("relu", ACT_CASES[1], (1, 0, 0, 0, 0)),
+]
+
+
+def test_conv_bn_act_grad_vs_unfused_ortt_chain():
+    """Each activation's unfused onnxruntime-training chain (ReluGrad, the Clip-gradient mask,
+    QuickGeluGrad, hardswish's product rule, none) + BatchNormalizationGrad + ConvGrad computing
+    only some outputs, against the fused op asked for the same outputs, both in
+    onnxruntime-training 1.19.2; the fused op also against the reference."""
+    jobs, refs = [], []
+    consts = {"c0": np.array(0, F32), "c3": np.array(3, F32), "c6": np.array(6, F32)}
+    for activation, case, present in UNFUSED_ACT_CASES:
+        *dims, strides, pads, dilations, group = case
+        ins = _conv_inputs(_rng("conv-ortt-act", activation, case), *dims, strides, pads,
+                           dilations, group, activation)
+        names = [o for o, p in zip(CONV_OUTS, present) if p]
+        feeds = {k: v for k, v in ins.items() if v is not None}
+        chain_feeds = dict(feeds, **consts) if activation in ("relu6", "hardswish") else feeds
+        jobs.append(dict(model=_conv_unfused_chain(ins, strides, pads, dilations, group,
+                                                   activation, present),
+                         feeds=chain_feeds, outputs=names))
+        outs = [(o, F32) if p else None for o, p in zip(CONV_OUTS, present)]
+        fused = fused_model("ConvBnReluGrad", list(ins.items()), outs,
+                            **_conv_attrs(strides, pads, dilations, group, activation))
+        jobs.append(dict(model=fused, feeds=feeds, outputs=names, library=True,
+                         count=["ConvBnReluGrad"]))
+        ref = dict(zip(CONV_OUTS, conv_bn_relu_grad(
+            *ins.values(), strides=strides, pads=pads, dilations=dilations, group=group,
+            activation=activation)))
+        refs.append([ref[o] for o in names])
+    version, results, calls = run_in_ortt(jobs)
+    assert version == "1.19.2"
+    for i, (activation, case, present) in enumerate(UNFUSED_ACT_CASES):
+        unfused, fused = results[2 * i], results[2 * i + 1]
+        assert calls[2 * i + 1] == {"ConvBnReluGrad": 1}
+        names = [o for o, p in zip(CONV_OUTS, present) if p]
+        assert len(unfused) == len(fused) == len(names)
+        for nm, u, f, r in zip(names, unfused, fused, refs[i]):
+            what = f"{activation} {case} {nm}"
+            assert_close(f, u, rtol=1e-3, atol_scale=1e-3, what=what + " fused vs unfused")
+            assert_close(f, r, rtol=1e-3, atol_scale=1e-3, what=what + " fused vs reference")
