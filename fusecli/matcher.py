@@ -491,12 +491,14 @@ class Matcher:
                                "an input of the fused op is produced after one of its outputs is "
                                "consumed; fusing would create a cycle")
         # an optional output whose tensor only the matched nodes read (AttentionGrad's dS when
-        # no learned bias takes its gradient) is left empty: the op need not compute it
+        # no learned bias takes its gradient), or nothing reads (onnxruntime-training's
+        # LayerNormalizationGrad computes dGamma/dBeta of a frozen gamma/beta all the same), is
+        # left empty: the op need not compute it
         out_ports = load_contracts().ops[rule.replace.op].outputs
         unread = frozenset(
             t for v, port in zip(rule.replace.outputs, out_ports)
             if port.optional and (t := tensors.get(v, "")) and t not in self.g.graph_outputs
-            and self.g.consumers.get(t) and all(c.uid in matched for c in self.g.consumers[t]))
+            and all(c.uid in matched for c in self.g.consumers.get(t, ())))
         inter = sorted({t for n in removed.values() for t in n.outputs
                         if t and (t not in rep_out or t in unread)})
         match = Match(rule, removed, dict(tensors), dict(captures), key, inter, frozenset(nodes),

@@ -187,7 +187,8 @@ def same_shape(a, b) -> bool | None:
     return True if sure else None
 
 
-_INPUT_CHECKED = {"AttentionGrad", "LayerNormGrad"}  # ops whose input shapes input_problem checks
+# ops whose input shapes input_problem checks
+_INPUT_CHECKED = {"AttentionGrad", "LayerNormGrad", "LinearActivationGrad"}
 
 
 def _numel(dims):
@@ -209,10 +210,28 @@ def _layernorm_problem(attrs: dict, ins: list) -> str | None:
     return None
 
 
+def _linear_problem(attrs: dict, ins: list) -> str | None:
+    """LinearActivationGrad's W is one [N, K] matrix (trans_w: [K, N]): a batched right operand
+    of the input-gradient MatMul (which a frozen-weight rule binds without a weight gradient to
+    prove it) is no weight."""
+    dy, w = ins[0], ins[3] if len(ins) > 3 else None
+    if w is None:
+        return None
+    if len(w) != 2:
+        return f"LinearActivationGrad's W {_show(w)} is not a 2-D weight"
+    n = w[0 if not attrs.get("trans_w", 0) else 1]
+    if dy and isinstance(dy[-1], int) and isinstance(n, int) and dy[-1] != n:
+        return (f"LinearActivationGrad's W {_show(w)} does not fit dY {_show(dy)} "
+                f"(trans_w={attrs.get('trans_w', 0)})")
+    return None
+
+
 def input_problem(op: str, attrs: dict, ins: list, names: list) -> str | None:
     """Why the fused op could not run on inputs of these shapes (None: fine or unknown)."""
     if op == "LayerNormGrad":
         return _layernorm_problem(attrs, ins)
+    if op == "LinearActivationGrad":
+        return _linear_problem(attrs, ins)
     if op != "AttentionGrad" or len(ins) < 5:
         return None
     dO, q, k, v, p = ins[:5]

@@ -61,6 +61,31 @@ EXPORTS = {"torch_gelu_new": {"linear_gelu_tanh_torch": 1},
            "torch_layernorm_noaffine": {"layernorm_torch": 1}}
 for _name in EXPORTS:
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
+# fine-tuning exports with frozen parameters (tests/data/make_frozen.py; counts and verify in
+# tests/test_frozen.py): Linear+activation backward without the weight gradient, and a first
+# layer whose bias gradient is all there is
+for _name in ("ortt_frozen_mlp", "ortt_frozen_first", "torch_frozen_mlp", "torch_frozen_first"):
+    SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
+# the frozen-weight variants of every activation the exports lack (dA [+ dB] without dW; the
+# first layer's dB alone, also on GPT-2's 2-D view)
+for _act in ("relu", "gelu", "gelu_fast", "silu", "quick_gelu"):
+    SAMPLE_MODELS[f"synthetic_ortt_{_act}_gemm_frozen_w"] = builders.ortt_linear_act(
+        _act, frozen_w=True)
+    SAMPLE_MODELS[f"synthetic_ortt_{_act}_gemm_frozen_w_first"] = builders.ortt_linear_act(
+        _act, frozen_w=True, first=True)
+    SAMPLE_MODELS[f"synthetic_ortt_{_act}_matmul_frozen_w"] = builders.ortt_linear_act_matmul(
+        _act, frozen_w=True)
+    SAMPLE_MODELS[f"synthetic_ortt_{_act}_gemm2d_frozen_w_first"] = (
+        builders.ortt_linear_act_gemm2d(_act, frozen_w=True, first=True))
+for _act in ("relu", "gelu", "gelu_tanh", "silu"):
+    for _first in (False, True):
+        SAMPLE_MODELS[f"synthetic_torch_{_act}_frozen_w{'_first' * _first}"] = (
+            builders.torch_linear_act(_BY_NAME[f"act_{_act}_grad_torch"], frozen_w=True,
+                                      first=_first))
+for _first in (False, True):
+    SAMPLE_MODELS[f"synthetic_torch_quick_gelu_frozen_w{'_first' * _first}"] = (
+        builders.torch_linear_act(_BY_NAME["act_silu_scaled_grad_torch"], frozen_w=True,
+                                  first=_first, act_consts={"c": 1.702}))
 # (after the real exports, which are the QuickGELU stage's fixture)
 # QuickGELU x * sigmoid(1.702 x) behind a Conv1D (no real export has that layout)
 SAMPLE_MODELS["synthetic_torch_quick_gelu_conv1d"] = builders.torch_linear_act(
@@ -356,12 +381,23 @@ def test_ortt_linear_guards_name_their_reason(extra, reason):
     assert fp.stats.patterns["linear_relu"].detected == 1
 
 
-@pytest.mark.parametrize("extra", ["wrong_attr", "wrong_domain"])
-def test_ortt_linear_structural_negatives_are_not_detected(extra):
-    m = builders.ortt_linear_act("relu", extra=extra)
+def test_ortt_linear_structural_negatives_are_not_detected():
+    m = builders.ortt_linear_act("relu", extra="wrong_domain")
     fp = FusionPass()
     assert fp.run(m) == 0
     assert fp.stats.patterns["linear_relu"].detected == 0
+
+
+def test_ortt_linear_wrong_weight_grad_is_no_frozen_weight():
+    """A weight-grad Gemm with the wrong attribute fits no rule node; the frozen-weight variant
+    variants (dA and dB without dW; dB alone) then see the chain and refuse it: dZ is read by
+    that Gemm (one skip for the chain)."""
+    m = builders.ortt_linear_act("relu", extra="wrong_attr")
+    fp = FusionPass()
+    assert fp.run(m) == 0
+    assert fp.stats.patterns["linear_relu"].skipped == {"intermediate_consumed_outside": 1}
+    assert {s.rule for s in fp.stats.skips} == {"linear_relu_ortt_gemm_frozen_w",
+                                                 "linear_relu_ortt_gemm_frozen_w_first"}
 
 
 def test_layernorm_residual_guard():

@@ -21,14 +21,17 @@ struct LinKernel : CpuKernel<LinKernel, kLinearActivationGrad> {
 
 void LinKernel::Compute(Ort::KernelContext& ctx) {
   In dy = get_input(ctx, 0), x = get_input(ctx, 1), a = get_input(ctx, 2), w = get_input(ctx, 3);
-  FUSECLI_CHECK(!dy.shape.empty() && !a.shape.empty(),
+  FUSECLI_CHECK(!dy.shape.empty() && (!a.present || !a.shape.empty()),
                 "LinearActivationGrad: dY and A need rank >= 1");
-  const int64_t N = dy.shape.back(), K = a.shape.back();
+  FUSECLI_CHECK(!w.present || w.shape.size() == 2, "LinearActivationGrad: W must be 2-D");
+  // K: A's last dim; without A (a frozen weight: no dW), W's input dim
+  const int64_t N = dy.shape.back();
+  const int64_t K = a.present ? a.shape.back() : w.present ? w.shape[trans_w ? 0 : 1] : 0;
   const int64_t M = N ? dy.numel() / N : 0;
   FUSECLI_CHECK(x.numel() == dy.numel(), "LinearActivationGrad: X and dY must have the same size");
-  FUSECLI_CHECK(a.numel() == M * K, "LinearActivationGrad: A rows must match dY rows");
+  FUSECLI_CHECK(!a.present || a.numel() == M * K,
+                "LinearActivationGrad: A rows must match dY rows");
   if (w.present) {
-    FUSECLI_CHECK(w.shape.size() == 2, "LinearActivationGrad: W must be 2-D");
     if (!trans_w)
       FUSECLI_CHECK(w.shape[0] == N && w.shape[1] == K,
                     "LinearActivationGrad: W must be [N, K] (trans_w=0)");
@@ -38,13 +41,14 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
   }
   const std::vector<int64_t> w_shape =
       trans_dw ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K};
-  std::vector<int64_t> da_shape = a.shape;
+  std::vector<int64_t> da_shape = a.present ? a.shape : dy.shape;
   da_shape.back() = K;
 
   bool want_da, want_dw, want_db;
   float* da = output_or_null<float>(ctx, 0, da_shape, &want_da);
   FUSECLI_CHECK(!want_da || w.present, "LinearActivationGrad: dA is requested but W is absent");
   float* dw = output_or_null<float>(ctx, 1, w_shape, &want_dw);
+  FUSECLI_CHECK(!want_dw || a.present, "LinearActivationGrad: dW is requested but A is absent");
   float* db = output_or_null<float>(ctx, 2, {N}, &want_db);
   // dZ is written to output 3 when the node names it. The runtime may have placed that output in
   // dY's buffer (in-place pair dY -> dZ): the activation pass reads and writes each element at
@@ -58,7 +62,7 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
 
   const float* dyp = dy.ptr<float>();
   const float* xp = x.ptr<float>();
-  const float* ap = a.ptr<float>();
+  const float* ap = a.present ? a.ptr<float>() : nullptr;
   const float* wp = w.present ? w.ptr<float>() : nullptr;
   if (M == 0) {
     if (want_da) std::fill(da, da + M * K, 0.f);
@@ -100,6 +104,7 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
         },
         T);
     if (want_db) {
+      add_work(kWorkLinDbRows, M);
       MA out(db, N);
       out = CA(part.data(), N);
       for (int t = 1; t < T; ++t) out += CA(part.data() + t * N, N);

@@ -1,0 +1,105 @@
+"""Regenerates the fine-tuning fixtures tests/data/{ortt,torch}_frozen_*.onnx: small models with
+some parameters frozen (requires_grad=False), so that their backward lacks those gradients.
+
+- frozen_mlp: Linear(8->16) ReLU Linear(16->16) GELU Linear(16->16) SiLU Linear(16->4), input
+  [4, 8]. fc1 trains its weight only (bias frozen: dW, no dB; first layer: no dA); fc2 is frozen
+  entirely (the gradient flows through it to fc1: dA only); fc3 has a frozen weight and a
+  trainable bias (dA and dB, no dW); fc4 trains. Linear+activation chains whose backward is in
+  the graph: (fc1, ReLU), (fc2, GELU), (fc3, SiLU): linear_relu 1, linear_gelu 1, linear_silu 1.
+- frozen_first: Linear(8->16) GELU Linear(16->4), input [4, 8], fc1's weight frozen, its bias
+  trainable (the first layer's bias gradient alone): linear_gelu 1.
+- frozen_norms: Linear(8->16) LayerNorm(16) Linear(16->16) RMSNorm(16) (Llama's
+  x * rsqrt(mean(x^2) + eps) * weight) Linear(16->4), input [2, 3, 8], the norms' gamma/beta
+  frozen, the Linears trainable (the gradient flows through both norms): layernorm 1,
+  rmsnorm 1.
+
+Through the corpus exporters (scripts/corpus/gen.py; parameters with requires_grad=False are
+frozen: `generate_artifacts(requires_grad=[trainable only], frozen_params=[the rest])` and
+aot_export_module's joint graph without their gradients), each checked against torch autograd.
+Run with the corpus venvs (torch 2.13 + onnxruntime-training 1.19.2, or + onnxscript):
+build/venv-corpus-ortt/bin/python tests/data/make_frozen.py ort-training
+build/venv-corpus-torch/bin/python tests/data/make_frozen.py torch-joint
+"""
+
+import shutil
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "scripts" / "corpus"))
+import gen  # noqa: E402
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, n, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = torch.nn.Parameter(torch.ones(n) + 0.1 * torch.randn(n)), eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+class FrozenMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 16)
+        self.fc3, self.fc4 = torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
+        for p in (self.fc1.bias, self.fc2.weight, self.fc2.bias, self.fc3.weight):
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        x = torch.relu(self.fc1(x))
+        x = torch.nn.functional.gelu(self.fc2(x))
+        return self.fc4(torch.nn.functional.silu(self.fc3(x)))
+
+
+class FrozenFirst(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+        self.fc1.weight.requires_grad_(False)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+class FrozenNorms(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.ln = torch.nn.Linear(8, 16), torch.nn.LayerNorm(16)
+        self.fc2, self.rms, self.fc3 = torch.nn.Linear(16, 16), RMSNorm(16), torch.nn.Linear(16, 4)
+        with torch.no_grad():  # not the identity affine
+            self.ln.weight.add_(0.1 * torch.randn(16))
+            self.ln.bias.add_(0.1 * torch.randn(16))
+        for p in (self.ln.weight, self.ln.bias, self.rms.weight):
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        return self.fc3(self.rms(self.fc2(self.ln(self.fc1(x)))))
+
+
+GRAPHS = [("frozen_mlp", FrozenMLP, (4, 8)), ("frozen_first", FrozenFirst, (4, 8)),
+          ("frozen_norms", FrozenNorms, (2, 3, 8))]
+
+
+def main(family: str, only: list[str]) -> None:
+    prefix = gen.PREFIX[family]
+    builder = gen.build_ortt if family == "ort-training" else gen.build_torch
+    arch = types.SimpleNamespace(library="torch", input_ranges={})
+    for name, cls, shape in GRAPHS:
+        if only and name not in only:
+            continue
+        torch.manual_seed(0)
+        model, inputs = cls().train(), {"x": torch.randn(*shape)}
+        with tempfile.TemporaryDirectory() as td:
+            res = builder(arch, model, inputs, f"{prefix}_{name}", Path(td), True)
+            shutil.copy(Path(td) / f"{prefix}_{name}.onnx", HERE / f"{prefix}_{name}.onnx")
+        print(f"{prefix}_{name}: max |grad - torch| {res['max_abs_grad_err_vs_torch']:.3g}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
