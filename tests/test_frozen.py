@@ -26,6 +26,8 @@ EXPECTED = {
     "frozen_mlp": {"linear_relu": 1, "linear_gelu": 1, "linear_silu": 1},
     "frozen_first": {"linear_gelu": 1},
     "frozen_norms": {"layernorm": 1, "rmsnorm": 1},
+    # ln1 has no backward (its input and parameters need no gradient); the attention has no dK
+    "frozen_block": {"sdpa": 1, "layernorm": 1, "linear_gelu": 1},
 }
 CASES = [(f"{p}_{n}", n) for p in ("ortt", "torch") for n in EXPECTED]
 
@@ -201,3 +203,40 @@ def test_frozen_weight_variant_guards(rule, guard):
     assert not [f for f in fp.stats.fusions if f.rule.startswith("linear_")]
     assert fp.stats.patterns[pattern].skipped == {guard: 1}
     assert any(s.rule == rule and s.failure.reason == guard for s in fp.stats.skips)
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+def test_attention_without_dk_fuses_into_dq_dv_only(family):
+    """k_proj and everything below it frozen: the fused AttentionGrad writes dQ and dV, no dK,
+    and reads Q (bound through the forward score MatMul, kept)."""
+    m = onnx.load(DATA / f"{family}_frozen_block.onnx")
+    fp = FusionPass()
+    fp.run(m)
+    assert [f.rule for f in fp.stats.fusions if f.pattern == "sdpa"] == [
+        "sdpa_ortt_scores_plain_nok" if family == "ortt" else "sdpa_torch_plain_nok"]
+    (n,) = [n for n in m.graph.node if n.op_type == "AttentionGrad"]
+    assert _given(n.output, 0, 3) == [True, False, True]
+    assert all(n.input[:5])
+
+
+def test_attention_grad_without_dk_skips_its_gemm():
+    """AttentionGrad asked for dQ and dV only runs the dV, dP and dQ GEMMs: the multiply-adds
+    of the dK GEMM (b * Sk * D * Sq) are not spent; the outputs equal the reference."""
+    from fusecli.ops.attention_grad.reference import attention_grad
+    from fusecli.ops.attention_grad.test_attention_grad import _attn_inputs
+
+    b, sq, sk, d, dv = 3, 7, 6, 5, 4
+    ins = _attn_inputs(_rng("frozen-attn"), (b,), sq, sk, d, dv, 1)
+    ref = attention_grad(*ins, 0.5, 0.5, 1)
+    feeds = list(zip(["dO", "Q", "K", "V", "P"], ins))
+    macs = {}
+    for outs in ([("dQ", F32), ("dK", F32), ("dV", F32)], [("dQ", F32), None, ("dV", F32)]):
+        library.reset_kernel_calls()
+        got = run_fused("AttentionGrad", feeds, outs, scale_q=0.5, scale_k=0.5, k_transposed=1)
+        assert library.kernel_calls("AttentionGrad") == 1
+        for g, r, o in zip(got, ref, outs):
+            if o:
+                assert_close(g, r, what=o[0])
+        macs[outs[1] is None] = library.kernel_calls("cpu/gemm_macs")
+    assert macs[False] == b * (2 * sq * sk * dv + 2 * sq * sk * d)
+    assert macs[True] == macs[False] - b * sk * d * sq

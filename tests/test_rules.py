@@ -64,7 +64,9 @@ for _name in EXPORTS:
 # fine-tuning exports with frozen parameters (tests/data/make_frozen.py; counts and verify in
 # tests/test_frozen.py): Linear+activation backward without the weight gradient, and a first
 # layer whose bias gradient is all there is
-for _name in ("ortt_frozen_mlp", "ortt_frozen_first", "torch_frozen_mlp", "torch_frozen_first"):
+# (and attention without dK: k_proj and everything below it frozen)
+for _name in ("ortt_frozen_mlp", "ortt_frozen_first", "torch_frozen_mlp", "torch_frozen_first",
+              "ortt_frozen_block", "torch_frozen_block"):
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 # the frozen-weight variants of every activation the exports lack (dA [+ dB] without dW; the
 # first layer's dB alone, also on GPT-2's 2-D view)

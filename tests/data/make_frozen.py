@@ -12,6 +12,11 @@ some parameters frozen (requires_grad=False), so that their backward lacks those
   x * rsqrt(mean(x^2) + eps) * weight) Linear(16->4), input [2, 3, 8], the norms' gamma/beta
   frozen, the Linears trainable (the gradient flows through both norms): layernorm 1,
   rmsnorm 1.
+- frozen_block: a pre-norm transformer block (LayerNorm, q/k/v/o Linear, explicit attention
+  softmax(q k^T / sqrt(4)) v with 2 heads, residual, LayerNorm, Linear(8->16) GELU
+  Linear(16->8), residual), input [2, 4, 8] (no gradient), ln1, k_proj and ln2 frozen: the
+  attention backward has no dK (k_proj and everything below it frozen), ln1 has no backward,
+  ln2's has no dGamma/dBeta: sdpa 1, layernorm 1, linear_gelu 1.
 
 Through the corpus exporters (scripts/corpus/gen.py; parameters with requires_grad=False are
 frozen: `generate_artifacts(requires_grad=[trainable only], frozen_params=[the rest])` and
@@ -82,8 +87,38 @@ class FrozenNorms(torch.nn.Module):
         return self.fc3(self.rms(self.fc2(self.ln(self.fc1(x)))))
 
 
+class FrozenBlock(torch.nn.Module):
+    """Pre-norm transformer block, explicit attention softmax(q k^T / sqrt(d)) v, 2 heads of 4."""
+
+    def __init__(self, d=8, heads=2):
+        super().__init__()
+        self.h, self.dh = heads, d // heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+        self.fc1, self.fc2 = torch.nn.Linear(d, 2 * d), torch.nn.Linear(2 * d, d)
+        with torch.no_grad():
+            for ln in (self.ln1, self.ln2):
+                ln.weight.add_(0.1 * torch.randn(d))
+                ln.bias.add_(0.1 * torch.randn(d))
+        for m in (self.ln1, self.k, self.ln2):
+            for p in m.parameters():
+                p.requires_grad_(False)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        h = self.ln1(x)
+
+        def heads(t):
+            return t.view(b, s, self.h, self.dh).transpose(1, 2)
+
+        q, k, v = heads(self.q(h)), heads(self.k(h)), heads(self.v(h))
+        p = torch.softmax(q @ k.transpose(-2, -1) / self.dh ** 0.5, dim=-1)
+        x = x + self.o((p @ v).transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
 GRAPHS = [("frozen_mlp", FrozenMLP, (4, 8)), ("frozen_first", FrozenFirst, (4, 8)),
-          ("frozen_norms", FrozenNorms, (2, 3, 8))]
+          ("frozen_norms", FrozenNorms, (2, 3, 8)), ("frozen_block", FrozenBlock, (2, 4, 8))]
 
 
 def main(family: str, only: list[str]) -> None:

@@ -20,7 +20,8 @@ def linear_activation_grad(dy, x, a=None, w=None, activation: str = "relu", tran
     else:
         w64 = w.astype(np.float64)
         wnk = w64.T if trans_w else w64  # [N, K]
-        da = (dz @ wnk).reshape(*dy.shape[:-1], wnk.shape[1]).astype(dy.dtype)
+        lead = (a if a is not None else dy).shape[:-1]  # A's rows (a 2-D view), else dY's
+        da = (dz @ wnk).reshape(*lead, wnk.shape[1]).astype(dy.dtype)
     trans_dw = trans_w if trans_dw is None else trans_dw
     if a is None:
         dw = None
