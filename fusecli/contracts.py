@@ -176,8 +176,8 @@ def _eval_like(contract: OpContract, rule: str, attrs: dict, type_of_port):
     import onnx
 
     expr, _, cond = rule.partition(" if ")
-    if cond:
-        a, op, b = _COND.fullmatch(cond.strip()).groups()
+    for part in cond.split(" and ") if cond else ():
+        a, op, b = _COND.fullmatch(part.strip()).groups()
         va, vb = _attr_value(contract, attrs, a), _attr_value(contract, attrs, b)
         if (va == vb) != (op == "=="):
             return None

@@ -240,3 +240,27 @@ def test_attention_grad_without_dk_skips_its_gemm():
         macs[outs[1] is None] = library.kernel_calls("cpu/gemm_macs")
     assert macs[False] == b * (2 * sq * sk * dv + 2 * sq * sk * d)
     assert macs[True] == macs[False] - b * sk * d * sq
+
+
+@pytest.mark.parametrize("act", ["relu", "quick_gelu"])
+@pytest.mark.parametrize("build,kw,rule", [
+    ("ortt_linear_act", {}, "gemm_frozen_w"),
+    ("ortt_linear_act", {"first": True}, "gemm_frozen_w_first"),
+    ("ortt_linear_act_matmul", {}, "matmul_frozen_w"),
+    ("ortt_linear_act_gemm2d", {}, "matmul_2d_frozen_w"),
+    ("ortt_linear_act_gemm2d", {"first": True}, "matmul_2d_frozen_w_first")])
+def test_ortt_frozen_weight_variants_compute_the_same(act, build, kw, rule, tmp_path):
+    """Every ort-training frozen-weight variant: the fused graph runs in onnxruntime-training
+    with the original's results (the 2-D view: dA written [rows, K], flat_da)."""
+    import builders
+
+    m = getattr(builders, build)(act, frozen_w=True, **kw)
+    fused = onnx.ModelProto.FromString(m.SerializeToString())
+    fp = FusionPass()
+    assert fp.run(fused) == 1
+    assert [f.rule for f in fp.stats.fusions] == [f"linear_{act}_ortt_{rule}"]
+    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
+    onnx.save(m, src)
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report

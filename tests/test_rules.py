@@ -586,12 +586,14 @@ def _feeds(model, seed=0):
 @pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "gelu_tanh_pow", "silu"])
 @pytest.mark.parametrize("layout,trans", [("linear", (0, 0)), ("conv1d", (1, 1)),
                                           ("at_t", (0, 0))])
-@pytest.mark.parametrize("variant", [{}, {"three_d": True}, {"first": True}, {"bias": False}])
+@pytest.mark.parametrize("variant", [{}, {"three_d": True}, {"first": True}, {"bias": False},
+                                     {"frozen_w": True}, {"frozen_w": True, "three_d": True},
+                                     {"frozen_w": True, "bias": False, "three_d": True}])
 def test_torch_linear_layouts_fuse_and_compute_the_same(act, layout, trans, variant):
     """W [out, in] (nn.Linear) or [in, out] (Conv1D through addmm), weight grad dZ^T A or
-    A^T dZ (transposed back or not), 2-D or 3-D, with or without bias, first layer or not:
-    one LinearActivationGrad that computes what the unfused graph computes (onnxruntime,
-    graph optimizations off)."""
+    A^T dZ (transposed back or not), 2-D or 3-D, with or without bias, first layer or not,
+    frozen weight (no dW; 3-D: the op writes the 2-D dA, flat_da): one LinearActivationGrad
+    that computes what the unfused graph computes (onnxruntime, graph optimizations off)."""
     m = builders.torch_linear_act(_BY_NAME[f"act_{act}_grad_torch"], layout=layout, **variant)
     fused = copy.deepcopy(m)
     fp = FusionPass()

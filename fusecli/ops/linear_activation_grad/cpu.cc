@@ -11,7 +11,7 @@ namespace {
 
 // ============================= LinearActivationGrad =========================================
 // attributes: activation, alpha (its input scale), trans_w / trans_dw (layout of the W input / of
-// the dW output: [K, N] when set)
+// the dW output: [K, N] when set), flat_da (without A: dA as the 2-D [rows, K])
 struct LinKernel : CpuKernel<LinKernel, kLinearActivationGrad> {
   template <typename TOp>
   LinKernel(const OrtKernelInfo* info, const TOp* op) : CpuKernel(info, op), mm(info) {}
@@ -41,7 +41,9 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
   }
   const std::vector<int64_t> w_shape =
       trans_dw ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K};
-  std::vector<int64_t> da_shape = a.present ? a.shape : dy.shape;
+  // dA: A's shape; without A, dY's leading dims or (flat_da) the 2-D [rows, K]
+  std::vector<int64_t> da_shape =
+      a.present ? a.shape : flat_da ? std::vector<int64_t>{M, K} : dy.shape;
   da_shape.back() = K;
 
   bool want_da, want_dw, want_db;

@@ -11,7 +11,7 @@ from ..reference import _fit, _s
 
 
 def linear_activation_grad(dy, x, a=None, w=None, activation: str = "relu", trans_w: int = 0,
-                           trans_dw: int | None = None, alpha: float = 1.0):
+                           trans_dw: int | None = None, alpha: float = 1.0, flat_da: int = 0):
     """(dA, dW, dB, dZ); dA is None without W, dW None without A (a frozen weight)."""
     n = dy.shape[-1]
     dz = activation_grad(dy, x, activation, alpha).astype(np.float64).reshape(-1, n)
@@ -20,7 +20,8 @@ def linear_activation_grad(dy, x, a=None, w=None, activation: str = "relu", tran
     else:
         w64 = w.astype(np.float64)
         wnk = w64.T if trans_w else w64  # [N, K]
-        lead = (a if a is not None else dy).shape[:-1]  # A's rows (a 2-D view), else dY's
+        # A's leading dims (a 2-D view, maybe), else dY's, or one row axis (flat_da)
+        lead = a.shape[:-1] if a is not None else (-1,) if flat_da else dy.shape[:-1]
         da = (dz @ wnk).reshape(*lead, wnk.shape[1]).astype(dy.dtype)
     trans_dw = trans_w if trans_dw is None else trans_dw
     if a is None:
@@ -34,6 +35,7 @@ def linear_activation_grad(dy, x, a=None, w=None, activation: str = "relu", tran
 
 class Reference(OpRun):
 
-    def _run(self, dy, x, a=None, w=None, activation=None, alpha=1.0, trans_w=0, trans_dw=None):
+    def _run(self, dy, x, a=None, w=None, activation=None, alpha=1.0, trans_w=0, trans_dw=None,
+             flat_da=0):
         return _fit(self, linear_activation_grad(dy, x, a, w, _s(activation), trans_w or 0,
-                                                 trans_dw, alpha))
+                                                 trans_dw, alpha, flat_da or 0))
