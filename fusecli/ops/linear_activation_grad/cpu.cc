@@ -42,8 +42,9 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
   const std::vector<int64_t> w_shape =
       trans_dw ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K};
   // dA: A's shape; without A, dY's leading dims or (flat_da) the 2-D [rows, K]
-  std::vector<int64_t> da_shape =
-      a.present ? a.shape : flat_da ? std::vector<int64_t>{M, K} : dy.shape;
+  std::vector<int64_t> da_shape = a.present ? a.shape
+                                  : flat_da ? std::vector<int64_t>{M, K}
+                                            : dy.shape;
   da_shape.back() = K;
 
   bool want_da, want_dw, want_db;

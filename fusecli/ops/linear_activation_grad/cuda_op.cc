@@ -21,8 +21,9 @@ struct LinKernel : CudaKernel<LinKernel, kLinearActivationGrad> {
     FUSECLI_CHECK(!w.present || (trans_w ? (w.shape[0] == K && w.shape[1] == N)
                                          : (w.shape[0] == N && w.shape[1] == K)),
                   "LinearActivationGrad: W shape does not match trans_w");
-    std::vector<int64_t> da_shape =
-        a.present ? a.shape : flat_da ? std::vector<int64_t>{M, K} : dy.shape;
+    std::vector<int64_t> da_shape = a.present ? a.shape
+                                    : flat_da ? std::vector<int64_t>{M, K}
+                                              : dy.shape;
     da_shape.back() = K;
     float* da = opt_out<float>(ctx, 0, da_shape);
     FUSECLI_CHECK(!da || w.present, "LinearActivationGrad: dA is requested but W is absent");
