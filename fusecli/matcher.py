@@ -232,6 +232,7 @@ class Matcher:
                  explain: bool = True):
         self.g = index
         self.rule = rule
+        self._roles = {s.id: s.role for s in rule.nodes if s.role and not s.optional}
         # False (FusionPass): a node of the wrong op type is not recorded as a failure (only
         # explain reads those: MatchResult.deepest / node_failures); the match is the same
         self.explain = explain
@@ -254,6 +255,12 @@ class Matcher:
                  "dataflow": 3, "attribute": 4, "constant": 4}
 
     def _fail(self, depth, nodes, spec, reason, detail, node: GNode | None = None):
+        # a required rule node with a role names the missing piece of the chain ("no weight
+        # gradient (dW) branch: ..."): a gradient the graph does not compute, or whose nodes
+        # are spelled otherwise
+        role = self._roles.get(spec)
+        if role:
+            detail = f"no {role} branch: {detail}"
         f = Failure(depth, {k: n.name for k, n in nodes.items()}, spec, reason, detail,
                     node.name if node is not None else None)
         if node is not None:
@@ -266,9 +273,10 @@ class Matcher:
         if d is None or self._rank(f) > self._rank(d):
             self._res.deepest = f
 
-    @classmethod
-    def _rank(cls, f: Failure) -> tuple[int, int]:
-        return f.depth, cls._SPECIFIC.get(f.reason, 0)
+    def _rank(self, f: Failure) -> tuple[int, int, int]:
+        # (at equal depth and kind, a required node with a role: a missing gradient branch
+        # says more than an optional pass-through that was not there)
+        return f.depth, self._SPECIFIC.get(f.reason, 0), int(f.spec in self._roles)
 
     # -- search ----------------------------------------------------------------------------
     def _search(self, i, nodes, tensors, captures) -> Match | None:
@@ -289,9 +297,11 @@ class Matcher:
                     return m
         if spec.optional:
             return self._absent(i, spec, nodes, tensors, captures)
-        if not cands and self.explain:
+        # no candidate, or only nodes the match already took (the dK MatMul of an attention
+        # whose dK is not computed: dS's only MatMul reader is dQ's)
+        if self.explain and all(any(n is m for m in nodes.values()) for n in cands):
             self._fail(len(nodes), nodes, spec.id, "no_candidate",
-                       self._no_candidate_detail(spec, tensors))
+                       self._no_candidate_detail(spec, tensors, nodes))
         return None
 
     def _absent(self, i, spec, nodes, tensors, captures):
@@ -307,12 +317,14 @@ class Matcher:
                 t2[src] = t2[dst]
         return self._search(i + 1, nodes, t2, captures)
 
-    def _no_candidate_detail(self, spec: NodeSpec, tensors) -> str:
+    def _no_candidate_detail(self, spec: NodeSpec, tensors, nodes=None) -> str:
         ops = "|".join(spec.ops)
+        taken = {n.uid: k for k, n in (nodes or {}).items()}
         for t in spec.inputs:
             v = var_name(t)
             if t != "_" and v in tensors and tensors[v]:
                 users = [f"{n.domain + '::' if n.domain else ''}{n.op}"
+                         + (f" (matched as '{taken[n.uid]}')" if n.uid in taken else "")
                          for n in self.g.consumers.get(tensors[v], [])]
                 return (f"no {ops} node consumes tensor '{tensors[v]}' (bound to {v}); its "
                         f"consumers are {users or 'none'}")

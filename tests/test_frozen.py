@@ -264,3 +264,22 @@ def test_ortt_frozen_weight_variants_compute_the_same(act, build, kw, rule, tmp_
     onnx.save(fused, out)
     report = verify_models(src, out)
     assert report.ok and report.max_rel <= 1e-5, report
+
+
+# --- explain names the missing gradient ---------------------------------------------------------
+# a full-training rule explained on a fine-tuning graph (the frozen-weight / no-dK variants fuse
+# these chains; the full rule's near miss says which gradient the graph does not compute)
+@pytest.mark.parametrize("name,rule,node,branch", [
+    ("ortt_frozen_mlp", "linear_gelu_ortt_gemm", "wgrad", "weight gradient (dW)"),
+    ("torch_frozen_mlp", "linear_gelu_torch", "tz", "weight gradient (dW)"),
+    ("ortt_frozen_first", "linear_gelu_ortt_gemm_frozen_w", "dgrad", "input gradient (dA)"),
+    ("ortt_frozen_block", "sdpa_ortt_scores_plain", "dk", "key gradient (dK)"),
+    ("torch_frozen_block", "sdpa_torch_plain", "dk", "key gradient (dK)")])
+def test_explain_names_the_missing_gradient(name, rule, node, branch):
+    from fusecli.explain import explain_model
+
+    fp = FusionPass(only={rule})  # (the earlier stages apply first, as in `fusecli explain`)
+    misses = [m for m in explain_model(onnx.load(DATA / f"{name}.onnx"), fp) if m["rule"] == rule]
+    assert misses
+    assert misses[0]["node"] == node
+    assert misses[0]["detail"].startswith(f"no {branch} branch: ")
