@@ -420,6 +420,17 @@ class Matcher:
             if ok:
                 yield t2, caps
 
+    def _same_constant(self, a: str, b: str) -> bool:
+        """Two constant tensors of the same type, shape and values are the same variable (a raw
+        export's Constant nodes: one per use of the same number)."""
+        if not a or not b:
+            return False
+        va, vb = self.g.const_value(a), self.g.const_value(b)
+        if va is None or vb is None:
+            return False
+        va, vb = np.asarray(va), np.asarray(vb)
+        return va.dtype == vb.dtype and va.shape == vb.shape and np.array_equal(va, vb)
+
     def _bind_ports(self, depth, nodes, spec, node, tokens, actual, t2, kind, caps) -> bool:
         for pos, (tok, name) in enumerate(zip(tokens, actual)):
             if tok == "_":
@@ -430,7 +441,7 @@ class Matcher:
                            f"node {node.name} has no {kind} {pos} (rule: {tok})", node)
                 return False
             if v in t2:
-                if t2[v] != name:
+                if t2[v] != name and not (kind == "input" and self._same_constant(t2[v], name)):
                     self._fail(depth, nodes, spec.id, "dataflow",
                                f"node {node.name} {kind} {pos} is '{name}', but {v} is already "
                                f"bound to '{t2[v]}'", node)

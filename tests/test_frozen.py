@@ -283,3 +283,43 @@ def test_explain_names_the_missing_gradient(name, rule, node, branch):
     assert misses
     assert misses[0]["node"] == node
     assert misses[0]["detail"].startswith(f"no {branch} branch: ")
+
+
+# --- a rule variable bound to a constant binds by value -------------------------------------------
+@pytest.mark.parametrize("spelling", ["initializer", "constant_node"])
+def test_same_constant_in_two_tensors_is_one_variable(spelling):
+    """QuickGELU x * sigmoid(c x) whose forward and backward Mul read c from two tensors of the
+    same value (a raw export: one Constant node per use) fuses as if they shared one, and the
+    fused graph computes what the original computes; another value stays unfused (the
+    `bwd_other_value` case of tests/test_rules.py::test_torch_quick_gelu_scale_guards)."""
+    import builders
+    from onnx import helper, numpy_helper
+
+    from fusecli import load_rules
+
+    by = {r.name: r for r in load_rules()}
+    m = builders.torch_linear_act(by["act_silu_scaled_grad_torch"], act_consts={"c": 1.702})
+    (bwd,) = [n for n in m.graph.node if n.name == "act.bwd_scale"]
+    c2 = np.asarray(1.702, np.float32)
+    if spelling == "initializer":
+        m.graph.initializer.append(numpy_helper.from_array(c2, "c_again"))
+    else:
+        m.graph.node.insert(0, helper.make_node("Constant", [], ["c_again"],
+                                                value=numpy_helper.from_array(c2)))
+    bwd.input[list(bwd.input).index(next(i for i in bwd.input if i.endswith("c")))] = "c_again"
+    fused = onnx.ModelProto.FromString(m.SerializeToString())
+    fp = FusionPass()
+    assert fp.run(fused) == 1
+    assert fp.stats.patterns["linear_gelu"].fused == 1
+    import onnxruntime as ort
+
+    from fusecli.library import session_options
+
+    so = session_options(opt_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    rng = np.random.default_rng(0)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim])
+             .astype(np.float32) for i in m.graph.input}
+    want = ort.InferenceSession(m.SerializeToString(), so).run(None, feeds)
+    got = ort.InferenceSession(fused.SerializeToString(), so).run(None, feeds)
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
