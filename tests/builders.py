@@ -39,9 +39,10 @@ def const(name, value, dtype=np.float32):
     return numpy_helper.from_array(np.asarray(value, dtype=dtype), name)
 
 
-def ortt_linear_act(act="relu", *, first=False, bias=True, identity=True, M=6, N=5, K=4,
-                    extra=None):
-    """onnxruntime-training backward of Gemm(transB=1)+activation.
+def ortt_linear_act(act="relu", *, first=False, bias=True, identity=True, frozen_w=False, M=6,
+                    N=5, K=4, extra=None):
+    """onnxruntime-training backward of Gemm(transB=1)+activation. frozen_w: no weight
+    gradient (requires_grad without the weight), so no weight-grad Gemm and no A input.
 
     extra: None | "consumer" (dZ also feeds an outside node) | "graph_output" (dZ is an output)
            | "wrong_attr" (weight Gemm transA=0) | "wrong_const" (ReduceSum over axis 1)
@@ -51,26 +52,32 @@ def ortt_linear_act(act="relu", *, first=False, bias=True, identity=True, M=6, N
     kw = ORTT_ACT_ATTRS.get(act, {})
     domain = "" if extra == "wrong_domain" else MS
     nodes = [helper.make_node(op, ["dY", "X"], ["dZ"], name="act_grad", domain=domain, **kw)]
-    outputs = [vi("dW", [N, K])]
+    outputs = [] if frozen_w else [vi("dW", [N, K])]
     inits = []
     if bias:
         inits.append(const("axes0", [1] if extra == "wrong_const" else [0], np.int64))
         nodes.append(helper.make_node("ReduceSum", ["dZ", "axes0"],
-                                      ["db_raw" if identity else "db"], keepdims=0))
+                                      ["db_raw" if identity else "db"], keepdims=0,
+                                      name="bgrad"))
         if identity:
-            nodes.append(helper.make_node("Identity", ["db_raw"], ["db"]))
+            nodes.append(helper.make_node("Identity", ["db_raw"], ["db"], name="bgrad_id"))
         outputs.append(vi("db", [N] if extra != "wrong_const" else [M]))
-    nodes.append(helper.make_node("Gemm", ["dZ", "A"], ["dW"], name="wgrad",
-                                  transA=0 if extra == "wrong_attr" else 1, transB=0, beta=0.0))
+    if not frozen_w:
+        nodes.append(helper.make_node("Gemm", ["dZ", "A"], ["dW"], name="wgrad",
+                                      transA=0 if extra == "wrong_attr" else 1, transB=0,
+                                      beta=0.0))
     if not first:
-        nodes.append(helper.make_node("Gemm", ["dZ", "W"], ["dA"], name="dgrad"))
+        nodes.append(helper.make_node("Gemm", ["dZ", "W"], ["dA"], name="dgrad",
+                                      transA=1 if extra == "wrong_attr" and frozen_w else 0))
         outputs.append(vi("dA", [M, K]))
     if extra == "consumer":
         nodes.append(helper.make_node("Neg", ["dZ"], ["dZ_neg"], name="outside"))
         outputs.append(vi("dZ_neg", [M, N]))
     if extra == "graph_output":
         outputs.append(vi("dZ", [M, N]))
-    inputs = [vi("dY", [M, N]), vi("X", [M, N]), vi("A", [M, K]), vi("W", [N, K])]
+    inputs = [vi("dY", [M, N]), vi("X", [M, N])] + ([] if frozen_w else [vi("A", [M, K])])
+    if not first:
+        inputs.append(vi("W", [N, K]))
     return model(nodes, inputs, outputs, inits)
 
 
@@ -173,28 +180,31 @@ def compose(fragments, extra_nodes=(), extra_outputs=(), opset=17):
     return model(nodes, inputs, outputs, inits, opset=opset)
 
 
-def ortt_linear_act_matmul(act="silu", *, three_d=True, bias=True, first=False, B=2, S=3, N=5,
-                           K=4):
+def ortt_linear_act_matmul(act="silu", *, three_d=True, bias=True, first=False, frozen_w=False,
+                           B=2, S=3, N=5, K=4):
     """onnxruntime-training backward of Transpose(W) + MatMul (+ Add) + activation, as in the
     transformer MLP (3-D, FusedMatMul, Reshape to 2-D for the weight grad) or a 2-D bias-free
-    layer (Gemm with transB=1 for the input grad)."""
+    layer (Gemm with transB=1 for the input grad). frozen_w: no weight gradient (no weight-grad
+    Gemm, no A)."""
     op = ORTT_ACT_GRAD[act]
     kw = ORTT_ACT_ATTRS.get(act, {})
     lead = [B, S] if three_d else [B * S]
     nodes = [helper.make_node(op, ["dY", "X"], ["dZ"], name="act_grad", domain=MS, **kw)]
     inits = []
-    outputs = [vi("dWt", [K, N])]
+    outputs = [] if frozen_w else [vi("dWt", [K, N])]
     if three_d:
         nodes.append(helper.make_node("Identity", ["dZ"], ["dZm"], name="add_grad_id"))
-        inits += [const("shape_dz", [-1, N], np.int64), const("shape_a", [-1, K], np.int64)]
-        nodes += [helper.make_node("Reshape", ["dZm", "shape_dz"], ["dZ2"], name="flat_dz"),
-                  helper.make_node("Reshape", ["A", "shape_a"], ["A2"], name="flat_a"),
-                  helper.make_node("Gemm", ["A2", "dZ2"], ["dWt"], name="wgrad", transA=1,
-                                   beta=1.0)]
+        if not frozen_w:
+            inits += [const("shape_dz", [-1, N], np.int64), const("shape_a", [-1, K], np.int64)]
+            nodes += [helper.make_node("Reshape", ["dZm", "shape_dz"], ["dZ2"], name="flat_dz"),
+                      helper.make_node("Reshape", ["A", "shape_a"], ["A2"], name="flat_a"),
+                      helper.make_node("Gemm", ["A2", "dZ2"], ["dWt"], name="wgrad", transA=1,
+                                       beta=1.0)]
         src = "dZm"
     else:
-        nodes.append(helper.make_node("Gemm", ["A", "dZ"], ["dWt"], name="wgrad", transA=1,
-                                      transB=0, beta=0.0))
+        if not frozen_w:
+            nodes.append(helper.make_node("Gemm", ["A", "dZ"], ["dWt"], name="wgrad", transA=1,
+                                          transB=0, beta=0.0))
         src = "dZ"
     if bias:
         inits.append(const("axes", list(range(len(lead))), np.int64))
@@ -210,24 +220,28 @@ def ortt_linear_act_matmul(act="silu", *, three_d=True, bias=True, first=False, 
             nodes.append(helper.make_node("Gemm", [src, "Wt"], ["dA"], name="dgrad", transA=0,
                                           transB=1, beta=0.0))
         outputs.append(vi("dA", lead + [K]))
-    inputs = [vi("dY", lead + [N]), vi("X", lead + [N]), vi("A", lead + [K]), vi("Wt", [K, N])]
+    inputs = [vi("dY", lead + [N]), vi("X", lead + [N])]
+    inputs += ([] if frozen_w else [vi("A", lead + [K])]) + ([] if first else [vi("Wt", [K, N])])
     return model(nodes, inputs, outputs, inits)
 
 
-def ortt_linear_act_gemm2d(act="relu", *, bias=True, first=False, B=2, S=3, N=5, K=4):
+def ortt_linear_act_gemm2d(act="relu", *, bias=True, first=False, frozen_w=False, B=2, S=3, N=5,
+                           K=4):
     """onnxruntime-training backward of a 3-D Linear exported as Gemm on a 2-D Reshape of its
     input, W [in, out] (Hugging Face Conv1D through addmm, GPT-2's MLP), + activation: the
     activation gradient (3-D) -> Reshape [-1, N] -> dZ2, which the bias ReduceSum(axes [0]), the
     weight grad Gemm(A2, dZ2, transA=1) -> [K, N] and the input grad Gemm(dZ2, W, transB=1)
-    -> [B*S, K] all read; A2 is the forward's 2-D view of the input."""
+    -> [B*S, K] all read; A2 is the forward's 2-D view of the input. frozen_w: no weight
+    gradient (no weight-grad Gemm, no A2)."""
     op = ORTT_ACT_GRAD[act]
     kw = ORTT_ACT_ATTRS.get(act, {})
     nodes = [helper.make_node(op, ["dY", "X"], ["dZ"], name="act_grad", domain=MS, **kw),
-             helper.make_node("Reshape", ["dZ", "shape_dz"], ["dZ2"], name="flat_dz"),
-             helper.make_node("Gemm", ["A2", "dZ2"], ["dW"], name="wgrad", transA=1, transB=0,
-                              alpha=1.0, beta=0.0)]
+             helper.make_node("Reshape", ["dZ", "shape_dz"], ["dZ2"], name="flat_dz")]
+    if not frozen_w:
+        nodes.append(helper.make_node("Gemm", ["A2", "dZ2"], ["dW"], name="wgrad", transA=1,
+                                      transB=0, alpha=1.0, beta=0.0))
     inits = [const("shape_dz", [-1, N], np.int64)]
-    outputs = [vi("dW", [K, N])]
+    outputs = [] if frozen_w else [vi("dW", [K, N])]
     if bias:
         inits.append(const("axes", [0], np.int64))
         nodes.append(helper.make_node("ReduceSum", ["dZ2", "axes"], ["dB"], name="bgrad",
@@ -237,7 +251,8 @@ def ortt_linear_act_gemm2d(act="relu", *, bias=True, first=False, B=2, S=3, N=5,
         nodes.append(helper.make_node("Gemm", ["dZ2", "W"], ["dA2"], name="dgrad", transA=0,
                                       transB=1, alpha=1.0, beta=0.0))
         outputs.append(vi("dA2", [B * S, K]))
-    inputs = [vi("dY", [B, S, N]), vi("X", [B, S, N]), vi("A2", [B * S, K]), vi("W", [K, N])]
+    inputs = [vi("dY", [B, S, N]), vi("X", [B, S, N])]
+    inputs += ([] if frozen_w else [vi("A2", [B * S, K])]) + ([] if first else [vi("W", [K, N])])
     return model(nodes, inputs, outputs, inits)
 
 
@@ -463,7 +478,7 @@ def chain_from_rule(rule, prefix, bind, consts=None):
 
 
 def torch_linear_act(act_rule, *, layout="linear", three_d=False, bias=True, first=False,
-                     B=2, S=3, N=5, K=4, act_consts=None):
+                     frozen_w=False, B=2, S=3, N=5, K=4, act_consts=None):
     """torch-joint backward of Linear + activation: the activation gradient in standard ops
     (written from ``act_rule``, an act_*_grad_torch rule), then
       layout "linear":  dW = MatMul(Transpose(dZ), A) [N, K]; dA = MatMul(dZ, W), W [N, K]
@@ -472,7 +487,8 @@ def torch_linear_act(act_rule, *, layout="linear", three_d=False, bias=True, fir
       layout "at_t":    dW = Transpose(MatMul(Transpose(A), dZ)) [N, K]; dA = MatMul(dZ, W)
     bias grad ReduceSum(dZ, [0], keepdims=1) -> Reshape [N]. 3-D: dY/X [B, S, N] and dZ
     reshaped to [-1, N]; A is the 2-D view [B*S, K] the forward multiplied. act_consts: values
-    of the activation chain's constants the rule does not fix (QuickGELU's scale c)."""
+    of the activation chain's constants the rule does not fix (QuickGELU's scale c).
+    frozen_w: no weight gradient (W with requires_grad=False: no dW MatMul, no A)."""
     M = B * S
     lead = [B, S] if three_d else [M]
     nodes, inits = chain_from_rule(act_rule, "act.", {"dY": "dY", "X": "X", "dZ": "dZ"},
@@ -482,7 +498,9 @@ def torch_linear_act(act_rule, *, layout="linear", three_d=False, bias=True, fir
         inits.append(const("shape_dz", [-1, N], np.int64))
         nodes.append(helper.make_node("Reshape", ["dZ", "shape_dz"], ["dZ2"], name="flat"))
         dz = "dZ2"
-    if layout == "linear":
+    if frozen_w:
+        pass
+    elif layout == "linear":
         nodes += [helper.make_node("Transpose", [dz], ["dZt"], perm=[1, 0], name="tz"),
                   helper.make_node("MatMul", ["dZt", "A"], ["dW"], name="wgrad")]
     else:
@@ -493,7 +511,7 @@ def torch_linear_act(act_rule, *, layout="linear", three_d=False, bias=True, fir
             nodes.append(helper.make_node("Transpose", ["dWt"], ["dW"], perm=[1, 0],
                                           name="wgrad_t"))
     w_shape = [K, N] if layout == "conv1d" else [N, K]
-    outputs = [vi("dW", w_shape)]
+    outputs = [] if frozen_w else [vi("dW", w_shape)]
     if bias:
         inits += [const("axes0", [0], np.int64), const("shape_b", [N], np.int64)]
         nodes += [helper.make_node("ReduceSum", [dz, "axes0"], ["dB1"], keepdims=1,
@@ -507,7 +525,7 @@ def torch_linear_act(act_rule, *, layout="linear", three_d=False, bias=True, fir
             w = "Wt"
         nodes.append(helper.make_node("MatMul", [dz, w], ["dA"], name="dgrad"))
         outputs.append(vi("dA", [M, K]))
-    inputs = [vi("dY", lead + [N]), vi("X", lead + [N]), vi("A", [M, K])]
+    inputs = [vi("dY", lead + [N]), vi("X", lead + [N])] + ([] if frozen_w else [vi("A", [M, K])])
     if not first:
         inputs.append(vi("W", w_shape))
     return model(nodes, inputs, outputs, inits, opset=18, ms=False)

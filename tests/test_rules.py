@@ -61,6 +61,35 @@ EXPORTS = {"torch_gelu_new": {"linear_gelu_tanh_torch": 1},
            "torch_layernorm_noaffine": {"layernorm_torch": 1}}
 for _name in EXPORTS:
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
+# fine-tuning exports with frozen parameters (tests/data/make_frozen.py; counts and verify in
+# tests/test_frozen.py): Linear+activation backward without the weight gradient, and a first
+# layer whose bias gradient is all there is
+# (and attention without dK: k_proj and everything below it frozen)
+for _name in ("ortt_frozen_mlp", "ortt_frozen_first", "torch_frozen_mlp", "torch_frozen_first",
+              "ortt_frozen_block", "torch_frozen_block"):
+    SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
+# the frozen-weight variants of every activation the exports lack (dA [+ dB] without dW; the
+# first layer's dB alone, also on GPT-2's 2-D view)
+for _act in ("relu", "gelu", "gelu_fast", "silu", "quick_gelu"):
+    SAMPLE_MODELS[f"synthetic_ortt_{_act}_gemm_frozen_w"] = builders.ortt_linear_act(
+        _act, frozen_w=True)
+    SAMPLE_MODELS[f"synthetic_ortt_{_act}_gemm_frozen_w_first"] = builders.ortt_linear_act(
+        _act, frozen_w=True, first=True)
+    SAMPLE_MODELS[f"synthetic_ortt_{_act}_matmul_frozen_w"] = builders.ortt_linear_act_matmul(
+        _act, frozen_w=True)
+    SAMPLE_MODELS[f"synthetic_ortt_{_act}_gemm2d_frozen_w"] = builders.ortt_linear_act_gemm2d(
+        _act, frozen_w=True)
+    SAMPLE_MODELS[f"synthetic_ortt_{_act}_gemm2d_frozen_w_first"] = (
+        builders.ortt_linear_act_gemm2d(_act, frozen_w=True, first=True))
+for _act in ("relu", "gelu", "gelu_tanh", "silu"):
+    for _first in (False, True):
+        SAMPLE_MODELS[f"synthetic_torch_{_act}_frozen_w{'_first' * _first}"] = (
+            builders.torch_linear_act(_BY_NAME[f"act_{_act}_grad_torch"], frozen_w=True,
+                                      first=_first))
+for _first in (False, True):
+    SAMPLE_MODELS[f"synthetic_torch_quick_gelu_frozen_w{'_first' * _first}"] = (
+        builders.torch_linear_act(_BY_NAME["act_silu_scaled_grad_torch"], frozen_w=True,
+                                  first=_first, act_consts={"c": 1.702}))
 # (after the real exports, which are the QuickGELU stage's fixture)
 # QuickGELU x * sigmoid(1.702 x) behind a Conv1D (no real export has that layout)
 SAMPLE_MODELS["synthetic_torch_quick_gelu_conv1d"] = builders.torch_linear_act(
@@ -370,25 +399,42 @@ def test_ortt_linear_guards_name_their_reason(extra, reason):
     assert fp.stats.patterns["linear_relu"].detected == 1
 
 
-@pytest.mark.parametrize("extra", ["wrong_attr", "wrong_domain"])
-def test_ortt_linear_structural_negatives_are_not_detected(extra):
-    m = builders.ortt_linear_act("relu", extra=extra)
+def test_ortt_linear_structural_negatives_are_not_detected():
+    m = builders.ortt_linear_act("relu", extra="wrong_domain")
     fp = FusionPass()
     assert fp.run(m) == 0
     assert fp.stats.patterns["linear_relu"].detected == 0
 
 
+def test_ortt_linear_wrong_weight_grad_is_no_frozen_weight():
+    """A weight-grad Gemm with the wrong attribute fits no rule node; the frozen-weight variant
+    variants (dA and dB without dW; dB alone) then see the chain and refuse it: dZ is read by
+    that Gemm."""
+    m = builders.ortt_linear_act("relu", extra="wrong_attr")
+    fp = FusionPass()
+    assert fp.run(m) == 0
+    assert fp.stats.patterns["linear_relu"].skipped == {"intermediate_consumed_outside": 1}
+    # (the chain's one skip is the variant's that would have replaced the most nodes)
+    assert [s.rule for s in fp.stats.skips] == ["linear_relu_ortt_gemm_frozen_w"]
+
+
 def test_layernorm_residual_guard():
     """LayerNormGrad with its residual Sum: an outside reader of the LN's own dX keeps the Sum
-    outside (the fused op then produces that dX), never drops it."""
+    outside (the fused op then produces that dX), never drops it. (The other LayerNorm, on the
+    model input, has a dX that nothing reads: onnxruntime-training computes it, the fused op
+    does not.)"""
     m = copy.deepcopy(SAMPLE_MODELS["ortt_block"])
     ln = next(n for n in m.graph.node if n.op_type == "LayerNormalizationGrad"
               and any(c.op_type == "Sum" and n.output[0] in c.input for c in m.graph.node))
     dx = ln.output[0]
+    read = {t for n in m.graph.node for t in n.input} | {o.name for o in m.graph.output} | {dx}
     m.graph.output.append(helper.make_tensor_value_info(dx, onnx.TensorProto.FLOAT, None))
+    lns = {n.name: n.output[0] for n in m.graph.node if n.op_type == "LayerNormalizationGrad"}
     recs = _fusions(m, "layernorm_ortt")
     assert len(recs) == 2
-    assert all(r.node.output[0] != "" for r in recs)
+    for r in recs:
+        (orig,) = [lns[n] for n in r.replaced if n in lns]
+        assert (r.node.output[0] != "") == (orig in read)
     assert any(dx in r.node.output for r in recs)
 
 
@@ -567,12 +613,14 @@ def _feeds(model, seed=0):
 @pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "gelu_tanh_pow", "silu"])
 @pytest.mark.parametrize("layout,trans", [("linear", (0, 0)), ("conv1d", (1, 1)),
                                           ("at_t", (0, 0))])
-@pytest.mark.parametrize("variant", [{}, {"three_d": True}, {"first": True}, {"bias": False}])
+@pytest.mark.parametrize("variant", [{}, {"three_d": True}, {"first": True}, {"bias": False},
+                                     {"frozen_w": True}, {"frozen_w": True, "three_d": True},
+                                     {"frozen_w": True, "bias": False, "three_d": True}])
 def test_torch_linear_layouts_fuse_and_compute_the_same(act, layout, trans, variant):
     """W [out, in] (nn.Linear) or [in, out] (Conv1D through addmm), weight grad dZ^T A or
-    A^T dZ (transposed back or not), 2-D or 3-D, with or without bias, first layer or not:
-    one LinearActivationGrad that computes what the unfused graph computes (onnxruntime,
-    graph optimizations off)."""
+    A^T dZ (transposed back or not), 2-D or 3-D, with or without bias, first layer or not,
+    frozen weight (no dW; 3-D: the op writes the 2-D dA, flat_da): one LinearActivationGrad
+    that computes what the unfused graph computes (onnxruntime, graph optimizations off)."""
     m = builders.torch_linear_act(_BY_NAME[f"act_{act}_grad_torch"], layout=layout, **variant)
     fused = copy.deepcopy(m)
     fp = FusionPass()

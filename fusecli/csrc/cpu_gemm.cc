@@ -131,6 +131,8 @@ void OrtMatMul::run(const OrtKernelContext* ctx, bool ta, bool tb, int64_t batch
                     int64_t n, int64_t k, const float* a, const float* b, float* c, bool a_batched,
                     bool b_batched) const {
   if (batch <= 0 || m <= 0 || n <= 0) return;
+  add_work(kWorkGemmCalls, 1);
+  add_work(kWorkGemmMacs, batch * m * n * k);
   if (k <= 0) {
     std::fill(c, c + batch * m * n, 0.f);
     return;

@@ -24,17 +24,26 @@ static std::atomic<int64_t> g_phase_ns[kNumPhases];
 void add_phase_ns(PhaseId phase, int64_t ns) {
   g_phase_ns[phase].fetch_add(ns, std::memory_order_relaxed);
 }
+static const char* const kWorkNames[kNumWork] = {"cpu/gemm_calls", "cpu/gemm_macs",
+                                                 "LinearActivationGrad/db_rows"};
+static std::atomic<int64_t> g_work[kNumWork];
+void add_work(WorkId work, int64_t n) {
+  g_work[work].fetch_add(n, std::memory_order_relaxed);
+}
 
 }  // namespace fusecli
 
 // ---- exported C entry points ----------------------------------------------------------------
 // Counters: "Op": calls of the op's kernels; "Op/inplace": calls whose in-place output
 // (GetMayInplace) the runtime had placed in the input's own buffer; "Op/<phase>_ns": wall time
-// spent in a timed phase (see PhaseId). -1 for an unknown name.
+// spent in a timed phase (see PhaseId); "cpu/gemm_calls" etc.: work counters (see WorkId).
+// -1 for an unknown name.
 FUSECLI_EXPORT int64_t fusecli_kernel_calls(const char* op_name) {
   if (!op_name) return -1;
   for (int i = 0; i < fusecli::kNumPhases; ++i)
     if (std::strcmp(op_name, fusecli::kPhaseNames[i]) == 0) return fusecli::g_phase_ns[i].load();
+  for (int i = 0; i < fusecli::kNumWork; ++i)
+    if (std::strcmp(op_name, fusecli::kWorkNames[i]) == 0) return fusecli::g_work[i].load();
   static const char kSuffix[] = "/inplace";
   const size_t len = std::strlen(op_name), sl = sizeof(kSuffix) - 1;
   const bool inplace = len > sl && std::strcmp(op_name + len - sl, kSuffix) == 0;
@@ -49,6 +58,7 @@ FUSECLI_EXPORT void fusecli_reset_kernel_calls(void) {
   for (auto& c : fusecli::g_calls) c.store(0);
   for (auto& c : fusecli::g_inplace) c.store(0);
   for (auto& c : fusecli::g_phase_ns) c.store(0);
+  for (auto& c : fusecli::g_work) c.store(0);
 }
 
 FUSECLI_EXPORT int fusecli_has_cuda(void) {

@@ -37,6 +37,12 @@ void count_inplace(OpId op);  // the runtime placed an output in its input's buf
 // (AttentionGrad's softmax backward between its GEMMs). Read as "<Op>/<phase>_ns".
 enum PhaseId { kAttnSoftmaxPhase = 0, kNumPhases };
 void add_phase_ns(PhaseId phase, int64_t ns);
+// Work done by the CPU kernels, for tests that check a kernel skips the work of an absent output
+// (timing-free): GEMMs run through OrtMatMul and their multiply-adds (batch * m * n * k), and the
+// rows LinearActivationGrad sums into its bias gradient. Read as "cpu/gemm_calls",
+// "cpu/gemm_macs", "LinearActivationGrad/db_rows".
+enum WorkId { kWorkGemmCalls = 0, kWorkGemmMacs, kWorkLinDbRows, kNumWork };
+void add_work(WorkId work, int64_t n);
 
 // ---- errors -------------------------------------------------------------------------------
 struct OpError : std::runtime_error {

@@ -251,15 +251,24 @@ class FusionPass:
             if not touched:
                 break
             dirty = touched
-        counted: set[tuple[str, int]] = set()
+        # a chain several variants failed on counts once, with the reason of the variant that
+        # would have replaced the most nodes (a full-training variant's, not that of a variant
+        # for fewer gradients, which only sees the other gradients as outside readers)
+        def weight(rule: Rule, failure: Failure) -> int:
+            keep = {s.id for s in rule.nodes if s.keep}
+            return sum(1 for k in failure.bound if k not in keep)
+
+        deepest: dict[tuple[str, int], tuple[Rule, Failure, int]] = {}
         for (_, uid), (rule, failure) in skipped.items():
             chain = (rule.pattern, uid)
             if chain in fused_chains:  # another variant of the pattern fused this chain
                 continue
-            if chain not in counted:   # a chain several variants failed on counts once
-                counted.add(chain)
-                ps = stats.patterns[rule.pattern]
-                ps.skipped[failure.reason] = ps.skipped.get(failure.reason, 0) + 1
+            w = weight(rule, failure)
+            if chain not in deepest or w > deepest[chain][2]:
+                deepest[chain] = (rule, failure, w)
+        for (pattern, uid), (rule, failure, _) in deepest.items():
+            ps = stats.patterns[pattern]
+            ps.skipped[failure.reason] = ps.skipped.get(failure.reason, 0) + 1
             stats.skips.append(Skip(rule.name, rule.pattern, index.nodes[uid].name, failure))
         self._check_fused(index, credit)
         stats.fusions = list(credit.values())  # fusions that survive in the output graph

@@ -241,6 +241,7 @@ class Matcher:
                  explain: bool = True):
         self.g = index
         self.rule = rule
+        self._roles = {s.id: s.role for s in rule.nodes if s.role and not s.optional}
         # False (FusionPass): a node of the wrong op type is not recorded as a failure (only
         # explain reads those: MatchResult.deepest / node_failures); the match is the same
         self.explain = explain
@@ -263,6 +264,12 @@ class Matcher:
                  "dataflow": 3, "attribute": 4, "constant": 4}
 
     def _fail(self, depth, nodes, spec, reason, detail, node: GNode | None = None):
+        # a required rule node with a role names the missing piece of the chain ("no weight
+        # gradient (dW) branch: ..."): a gradient the graph does not compute, or whose nodes
+        # are spelled otherwise
+        role = self._roles.get(spec)
+        if role:
+            detail = f"no {role} branch: {detail}"
         f = Failure(depth, {k: n.name for k, n in nodes.items()}, spec, reason, detail,
                     node.name if node is not None else None)
         if node is not None:
@@ -275,9 +282,10 @@ class Matcher:
         if d is None or self._rank(f) > self._rank(d):
             self._res.deepest = f
 
-    @classmethod
-    def _rank(cls, f: Failure) -> tuple[int, int]:
-        return f.depth, cls._SPECIFIC.get(f.reason, 0)
+    def _rank(self, f: Failure) -> tuple[int, int, int]:
+        # (at equal depth and kind, a required node with a role: a missing gradient branch
+        # says more than an optional pass-through that was not there)
+        return f.depth, self._SPECIFIC.get(f.reason, 0), int(f.spec in self._roles)
 
     # -- search ----------------------------------------------------------------------------
     def _search(self, i, nodes, tensors, captures) -> Match | None:
@@ -298,9 +306,11 @@ class Matcher:
                     return m
         if spec.optional:
             return self._absent(i, spec, nodes, tensors, captures)
-        if not cands and self.explain:
+        # no candidate, or only nodes the match already took (the dK MatMul of an attention
+        # whose dK is not computed: dS's only MatMul reader is dQ's)
+        if self.explain and all(any(n is m for m in nodes.values()) for n in cands):
             self._fail(len(nodes), nodes, spec.id, "no_candidate",
-                       self._no_candidate_detail(spec, tensors))
+                       self._no_candidate_detail(spec, tensors, nodes))
         return None
 
     def _absent(self, i, spec, nodes, tensors, captures):
@@ -316,12 +326,14 @@ class Matcher:
                 t2[src] = t2[dst]
         return self._search(i + 1, nodes, t2, captures)
 
-    def _no_candidate_detail(self, spec: NodeSpec, tensors) -> str:
+    def _no_candidate_detail(self, spec: NodeSpec, tensors, nodes=None) -> str:
         ops = "|".join(spec.ops)
+        taken = {n.uid: k for k, n in (nodes or {}).items()}
         for t in spec.inputs:
             v = var_name(t)
             if t != "_" and v in tensors and tensors[v]:
                 users = [f"{n.domain + '::' if n.domain else ''}{n.op}"
+                         + (f" (matched as '{taken[n.uid]}')" if n.uid in taken else "")
                          for n in self.g.consumers.get(tensors[v], [])]
                 return (f"no {ops} node consumes tensor '{tensors[v]}' (bound to {v}); its "
                         f"consumers are {users or 'none'}")
@@ -417,6 +429,17 @@ class Matcher:
             if ok:
                 yield t2, caps
 
+    def _same_constant(self, a: str, b: str) -> bool:
+        """Two constant tensors of the same type, shape and values are the same variable (a raw
+        export's Constant nodes: one per use of the same number)."""
+        if not a or not b:
+            return False
+        va, vb = self.g.const_value(a), self.g.const_value(b)
+        if va is None or vb is None:
+            return False
+        va, vb = np.asarray(va), np.asarray(vb)
+        return va.dtype == vb.dtype and va.shape == vb.shape and np.array_equal(va, vb)
+
     def _bind_ports(self, depth, nodes, spec, node, tokens, actual, t2, kind, caps) -> bool:
         for pos, (tok, name) in enumerate(zip(tokens, actual)):
             if tok == "_":
@@ -427,7 +450,7 @@ class Matcher:
                            f"node {node.name} has no {kind} {pos} (rule: {tok})", node)
                 return False
             if v in t2:
-                if t2[v] != name:
+                if t2[v] != name and not (kind == "input" and self._same_constant(t2[v], name)):
                     self._fail(depth, nodes, spec.id, "dataflow",
                                f"node {node.name} {kind} {pos} is '{name}', but {v} is already "
                                f"bound to '{t2[v]}'", node)
@@ -531,12 +554,14 @@ class Matcher:
                                "an input of the fused op is produced after one of its outputs is "
                                "consumed; fusing would create a cycle")
         # an optional output whose tensor only the matched nodes read (AttentionGrad's dS when
-        # no learned bias takes its gradient) is left empty: the op need not compute it
+        # no learned bias takes its gradient), or nothing reads (onnxruntime-training's
+        # LayerNormalizationGrad computes dGamma/dBeta of a frozen gamma/beta all the same), is
+        # left empty: the op need not compute it
         out_ports = load_contracts().ops[rule.replace.op].outputs
         unread = frozenset(
             t for v, port in zip(rule.replace.outputs, out_ports)
             if port.optional and (t := tensors.get(v, "")) and t not in self.g.graph_outputs
-            and self.g.consumers.get(t) and all(c.uid in matched for c in self.g.consumers[t]))
+            and all(c.uid in matched for c in self.g.consumers.get(t, ())))
         inter = sorted({t for n in removed.values() for t in n.outputs
                         if t and (t not in rep_out or t in unread)})
         match = Match(rule, removed, dict(tensors), dict(captures), key, inter, frozenset(nodes),

@@ -31,7 +31,7 @@ CONST_FUNCS = {
 }
 _ATTR_CONSTRAINT_KEYS = {"equals", "one_of", "absent_or", "absent", "capture", "not"}
 _NODE_KEYS = {"id", "op", "domain", "inputs", "outputs", "attrs", "commutative", "optional",
-              "keep", "repeat"}
+              "keep", "repeat", "role"}
 MAX_REPEAT = 8
 MAX_VARIANTS = 1000           # rules one file may define (variants, crossed or listed)
 _ALT_KEYS = {"op", "domain", "attrs", "value"}
@@ -132,6 +132,7 @@ class NodeSpec:
     keep: bool = False              # context node: must match, is not removed
     line: int | None = None
     alts: dict = field(default_factory=dict)  # op -> OpAlt (its domains, attrs, value)
+    role: str | None = None          # what the node computes, for explain ("weight gradient (dW)")
 
     def alt(self, op: str) -> OpAlt:
         return self.alts[op]
@@ -357,8 +358,12 @@ def _parse_node(src, raw, index) -> list[NodeSpec]:
             if v not in variables:
                 raise RuleError(src, f"node '{nid}': alternative {op}: value names '{v}', which "
                                 "is not one of the node's tensors", line)
+    role = raw.get("role")
+    if role is not None and not isinstance(role, str):
+        raise RuleError(src, f"node '{nid}': role must be a string (what the node computes)",
+                        _line(raw, "role"))
     spec = NodeSpec(nid, ops, domains, inputs, outputs, attrs, commutative, optional, keep, line,
-                    alts)
+                    alts, role)
     return _repeated(spec, repeat)
 
 

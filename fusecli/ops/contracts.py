@@ -157,7 +157,7 @@ def floor_bytes(node, size_of) -> int:
 
 # --- output types -----------------------------------------------------------------------------
 
-_TERM = re.compile(r"(\w+)(\^T)?(?:\[(-?\w+):\])?")
+_TERM = re.compile(r"(\w+)(\^T)?(?:\[(-?\w+)?:(-?\w+)?\])?")
 _COND = re.compile(r"(\w+)\s*(==|!=)\s*(\w+)")
 
 
@@ -176,26 +176,29 @@ def _eval_like(contract: OpContract, rule: str, attrs: dict, type_of_port):
     import onnx
 
     expr, _, cond = rule.partition(" if ")
-    if cond:
-        a, op, b = _COND.fullmatch(cond.strip()).groups()
+    for part in cond.split(" and ") if cond else ():
+        a, op, b = _COND.fullmatch(part.strip()).groups()
         va, vb = _attr_value(contract, attrs, a), _attr_value(contract, attrs, b)
         if (va == vb) != (op == "=="):
             return None
     dims, elem = [], None
     for term in expr.split("+"):
-        port, transpose, start = _TERM.fullmatch(term.strip()).groups()
+        port, transpose, start, end = _TERM.fullmatch(term.strip()).groups()
         t = type_of_port(port)
-        if t is None or (start is None and not transpose and len(expr.split("+")) == 1):
+        sliced = start is not None or end is not None
+        if t is None or (not sliced and not transpose and len(expr.split("+")) == 1):
             return t
         d = list(t.tensor_type.shape.dim)
         if transpose:
             if len(d) != 2:
                 return None
             d = d[::-1]
-        if start is not None:
+        if sliced:
             if not d:
                 return None
-            d = d[int(_attr_value(contract, attrs, start)):]
+            lo = None if start is None else int(_attr_value(contract, attrs, start))
+            hi = None if end is None else int(_attr_value(contract, attrs, end))
+            d = d[lo:hi]
         dims += d
         elem = elem or t.tensor_type.elem_type
     out = onnx.TypeProto()

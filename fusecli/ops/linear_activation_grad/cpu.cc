@@ -11,7 +11,7 @@ namespace {
 
 // ============================= LinearActivationGrad =========================================
 // attributes: activation, alpha (its input scale), trans_w / trans_dw (layout of the W input / of
-// the dW output: [K, N] when set)
+// the dW output: [K, N] when set), flat_da (without A: dA as the 2-D [rows, K])
 struct LinKernel : CpuKernel<LinKernel, kLinearActivationGrad> {
   template <typename TOp>
   LinKernel(const OrtKernelInfo* info, const TOp* op) : CpuKernel(info, op), mm(info) {}
@@ -21,15 +21,18 @@ struct LinKernel : CpuKernel<LinKernel, kLinearActivationGrad> {
 
 void LinKernel::Compute(Ort::KernelContext& ctx) {
   In dy = get_input(ctx, 0), x = get_input(ctx, 1), a = get_input(ctx, 2), w = get_input(ctx, 3);
-  FUSECLI_CHECK(!dy.shape.empty() && !a.shape.empty(),
+  FUSECLI_CHECK(!dy.shape.empty() && (!a.present || !a.shape.empty()),
                 "LinearActivationGrad: dY and A need rank >= 1");
-  const int64_t N = dy.shape.back(), K = a.shape.back();
+  FUSECLI_CHECK(!w.present || w.shape.size() == 2, "LinearActivationGrad: W must be 2-D");
+  // K: A's last dim; without A (a frozen weight: no dW), W's input dim
+  const int64_t N = dy.shape.back();
+  const int64_t K = a.present ? a.shape.back() : w.present ? w.shape[trans_w ? 0 : 1] : 0;
   int64_t M = 1;  // the rows: every dim of dY but the last (0 rows or N = 0 alike)
   for (size_t i = 0; i + 1 < dy.shape.size(); ++i) M *= dy.shape[i];
   FUSECLI_CHECK(x.numel() == dy.numel(), "LinearActivationGrad: X and dY must have the same size");
-  FUSECLI_CHECK(a.numel() == M * K, "LinearActivationGrad: A rows must match dY rows");
+  FUSECLI_CHECK(!a.present || a.numel() == M * K,
+                "LinearActivationGrad: A rows must match dY rows");
   if (w.present) {
-    FUSECLI_CHECK(w.shape.size() == 2, "LinearActivationGrad: W must be 2-D");
     if (!trans_w)
       FUSECLI_CHECK(w.shape[0] == N && w.shape[1] == K,
                     "LinearActivationGrad: W must be [N, K] (trans_w=0)");
@@ -39,13 +42,17 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
   }
   const std::vector<int64_t> w_shape =
       trans_dw ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K};
-  std::vector<int64_t> da_shape = a.shape;
+  // dA: A's shape; without A, dY's leading dims or (flat_da) the 2-D [rows, K]
+  std::vector<int64_t> da_shape = a.present ? a.shape
+                                  : flat_da ? std::vector<int64_t>{M, K}
+                                            : dy.shape;
   da_shape.back() = K;
 
   bool want_da, want_dw, want_db;
   float* da = output_or_null<float>(ctx, 0, da_shape, &want_da);
   FUSECLI_CHECK(!want_da || w.present, "LinearActivationGrad: dA is requested but W is absent");
   float* dw = output_or_null<float>(ctx, 1, w_shape, &want_dw);
+  FUSECLI_CHECK(!want_dw || a.present, "LinearActivationGrad: dW is requested but A is absent");
   float* db = output_or_null<float>(ctx, 2, {N}, &want_db);
   // dZ is written to output 3 when the node names it. The runtime may have placed that output in
   // dY's buffer (in-place pair dY -> dZ): the activation pass reads and writes each element at
@@ -59,7 +66,7 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
 
   const float* dyp = dy.ptr<float>();
   const float* xp = x.ptr<float>();
-  const float* ap = a.ptr<float>();
+  const float* ap = a.present ? a.ptr<float>() : nullptr;
   const float* wp = w.present ? w.ptr<float>() : nullptr;
   if (M == 0 || N == 0) {  // empty: dA is a sum over N = 0 terms (zeros), the rest is empty
     if (want_da) std::fill(da, da + M * K, 0.f);
@@ -101,6 +108,7 @@ void LinKernel::Compute(Ort::KernelContext& ctx) {
         },
         T);
     if (want_db) {
+      add_work(kWorkLinDbRows, M);
       MA out(db, N);
       out = CA(part.data(), N);
       for (int t = 1; t < T; ++t) out += CA(part.data() + t * N, N);

@@ -30,7 +30,7 @@ FUSECLI_EXPORT int fusecli_launch_linear_activation_grad(void* stream, const flo
       col_sum_kernel<<<static_cast<unsigned>((n + 31) / 32), dim3(32, 8), 0, s>>>(dz, db, m, n);
     RETURN_IF_ERR(cudaGetLastError());
   }
-  if (da && !w) return cudaErrorInvalidValue;
+  if ((da && !w) || (dw && !a)) return cudaErrorInvalidValue;
   if (da)  // dA[m,k] = dZ W  (W [n,k])  |  dZ W^T  (W [k,n])
     RETURN_IF_ERR(sgemm(s, false, trans_w != 0, m, k, n, 1.f, dz, n, 0, w, trans_w ? n : k, 0, 0.f,
                         da, k, 0));

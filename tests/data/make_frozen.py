@@ -1,0 +1,140 @@
+"""Regenerates the fine-tuning fixtures tests/data/{ortt,torch}_frozen_*.onnx: small models with
+some parameters frozen (requires_grad=False), so that their backward lacks those gradients.
+
+- frozen_mlp: Linear(8->16) ReLU Linear(16->16) GELU Linear(16->16) SiLU Linear(16->4), input
+  [4, 8]. fc1 trains its weight only (bias frozen: dW, no dB; first layer: no dA); fc2 is frozen
+  entirely (the gradient flows through it to fc1: dA only); fc3 has a frozen weight and a
+  trainable bias (dA and dB, no dW); fc4 trains. Linear+activation chains whose backward is in
+  the graph: (fc1, ReLU), (fc2, GELU), (fc3, SiLU): linear_relu 1, linear_gelu 1, linear_silu 1.
+- frozen_first: Linear(8->16) GELU Linear(16->4), input [4, 8], fc1's weight frozen, its bias
+  trainable (the first layer's bias gradient alone): linear_gelu 1.
+- frozen_norms: Linear(8->16) LayerNorm(16) Linear(16->16) RMSNorm(16) (Llama's
+  x * rsqrt(mean(x^2) + eps) * weight) Linear(16->4), input [2, 3, 8], the norms' gamma/beta
+  frozen, the Linears trainable (the gradient flows through both norms): layernorm 1,
+  rmsnorm 1.
+- frozen_block: a pre-norm transformer block (LayerNorm, q/k/v/o Linear, explicit attention
+  softmax(q k^T / sqrt(4)) v with 2 heads, residual, LayerNorm, Linear(8->16) GELU
+  Linear(16->8), residual), input [2, 4, 8] (no gradient), ln1, k_proj and ln2 frozen: the
+  attention backward has no dK (k_proj and everything below it frozen), ln1 has no backward,
+  ln2's has no dGamma/dBeta: sdpa 1, layernorm 1, linear_gelu 1.
+
+Through the corpus exporters (scripts/corpus/gen.py; parameters with requires_grad=False are
+frozen: `generate_artifacts(requires_grad=[trainable only], frozen_params=[the rest])` and
+aot_export_module's joint graph without their gradients), each checked against torch autograd.
+Run with the corpus venvs (torch 2.13 + onnxruntime-training 1.19.2, or + onnxscript):
+build/venv-corpus-ortt/bin/python tests/data/make_frozen.py ort-training
+build/venv-corpus-torch/bin/python tests/data/make_frozen.py torch-joint
+"""
+
+import shutil
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "scripts" / "corpus"))
+import gen  # noqa: E402
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, n, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = torch.nn.Parameter(torch.ones(n) + 0.1 * torch.randn(n)), eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+class FrozenMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 16)
+        self.fc3, self.fc4 = torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
+        for p in (self.fc1.bias, self.fc2.weight, self.fc2.bias, self.fc3.weight):
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        x = torch.relu(self.fc1(x))
+        x = torch.nn.functional.gelu(self.fc2(x))
+        return self.fc4(torch.nn.functional.silu(self.fc3(x)))
+
+
+class FrozenFirst(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+        self.fc1.weight.requires_grad_(False)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+class FrozenNorms(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.ln = torch.nn.Linear(8, 16), torch.nn.LayerNorm(16)
+        self.fc2, self.rms, self.fc3 = torch.nn.Linear(16, 16), RMSNorm(16), torch.nn.Linear(16, 4)
+        with torch.no_grad():  # not the identity affine
+            self.ln.weight.add_(0.1 * torch.randn(16))
+            self.ln.bias.add_(0.1 * torch.randn(16))
+        for p in (self.ln.weight, self.ln.bias, self.rms.weight):
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        return self.fc3(self.rms(self.fc2(self.ln(self.fc1(x)))))
+
+
+class FrozenBlock(torch.nn.Module):
+    """Pre-norm transformer block, explicit attention softmax(q k^T / sqrt(d)) v, 2 heads of 4."""
+
+    def __init__(self, d=8, heads=2):
+        super().__init__()
+        self.h, self.dh = heads, d // heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+        self.fc1, self.fc2 = torch.nn.Linear(d, 2 * d), torch.nn.Linear(2 * d, d)
+        with torch.no_grad():
+            for ln in (self.ln1, self.ln2):
+                ln.weight.add_(0.1 * torch.randn(d))
+                ln.bias.add_(0.1 * torch.randn(d))
+        for m in (self.ln1, self.k, self.ln2):
+            for p in m.parameters():
+                p.requires_grad_(False)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        h = self.ln1(x)
+
+        def heads(t):
+            return t.view(b, s, self.h, self.dh).transpose(1, 2)
+
+        q, k, v = heads(self.q(h)), heads(self.k(h)), heads(self.v(h))
+        p = torch.softmax(q @ k.transpose(-2, -1) / self.dh ** 0.5, dim=-1)
+        x = x + self.o((p @ v).transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+GRAPHS = [("frozen_mlp", FrozenMLP, (4, 8)), ("frozen_first", FrozenFirst, (4, 8)),
+          ("frozen_norms", FrozenNorms, (2, 3, 8)), ("frozen_block", FrozenBlock, (2, 4, 8))]
+
+
+def main(family: str, only: list[str]) -> None:
+    prefix = gen.PREFIX[family]
+    builder = gen.build_ortt if family == "ort-training" else gen.build_torch
+    arch = types.SimpleNamespace(library="torch", input_ranges={})
+    for name, cls, shape in GRAPHS:
+        if only and name not in only:
+            continue
+        torch.manual_seed(0)
+        model, inputs = cls().train(), {"x": torch.randn(*shape)}
+        with tempfile.TemporaryDirectory() as td:
+            res = builder(arch, model, inputs, f"{prefix}_{name}", Path(td), True)
+            shutil.copy(Path(td) / f"{prefix}_{name}.onnx", HERE / f"{prefix}_{name}.onnx")
+        print(f"{prefix}_{name}: max |grad - torch| {res['max_abs_grad_err_vs_torch']:.3g}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
