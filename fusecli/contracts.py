@@ -157,7 +157,7 @@ def floor_bytes(node, size_of) -> int:
 
 # --- output types -----------------------------------------------------------------------------
 
-_TERM = re.compile(r"(\w+)(\^T)?(?:\[(-?\w+):\])?")
+_TERM = re.compile(r"(\w+)(\^T)?(?:\[(-?\w+)?:(-?\w+)?\])?")
 _COND = re.compile(r"(\w+)\s*(==|!=)\s*(\w+)")
 
 
@@ -183,19 +183,21 @@ def _eval_like(contract: OpContract, rule: str, attrs: dict, type_of_port):
             return None
     dims, elem = [], None
     for term in expr.split("+"):
-        port, transpose, start = _TERM.fullmatch(term.strip()).groups()
+        port, transpose, start, stop = _TERM.fullmatch(term.strip()).groups()
         t = type_of_port(port)
-        if t is None or (start is None and not transpose and len(expr.split("+")) == 1):
+        if t is None or (start is None and stop is None and not transpose
+                         and len(expr.split("+")) == 1):
             return t
         d = list(t.tensor_type.shape.dim)
         if transpose:
             if len(d) != 2:
                 return None
             d = d[::-1]
-        if start is not None:
+        if start is not None or stop is not None:
             if not d:
                 return None
-            d = d[int(_attr_value(contract, attrs, start)):]
+            d = d[None if start is None else int(_attr_value(contract, attrs, start)):
+                  None if stop is None else int(_attr_value(contract, attrs, stop))]
         dims += d
         elem = elem or t.tensor_type.elem_type
     out = onnx.TypeProto()
