@@ -226,3 +226,30 @@ def test_flash_ortt_fused_graph_verifies(build, tmp_path):
     onnx.save(fused, out)
     report = verify_models(src, out)
     assert report.ok and report.max_rel <= 1e-4, report
+
+
+# real ort-training exports of grouped / multi-query attention (tests/data/make_gqa.py): the
+# repeat_kv spellings (Expand, repeat_interleave, Tile) feed repeated K^T / V to the MatMuls,
+# which the flash rule takes (their gradients' group sums stay in the graph); K / V broadcast
+# inside the MatMuls is refused (shape guard) and stays with sdpa
+GQA = {"ortt_gqa_expand_kv2": 1, "ortt_gqa_expand_kv1": 1, "ortt_gqa_interleave_kv2": 1,
+       "ortt_gqa_tile_kv2": 1, "ortt_gqa_bcast_kv2": 0, "ortt_gqa_bcast_kv1": 0}
+
+
+@pytest.mark.ortt
+@pytest.mark.parametrize("name", sorted(GQA))
+def test_flash_ortt_on_grouped_attention_exports(name, tmp_path):
+    from pathlib import Path
+
+    from fusecli.verify import check_fusions, verify_models
+
+    src = Path(__file__).parent / "data" / "gqa" / f"{name}.onnx"
+    fused, stats = _fuse(onnx.load(src))
+    assert stats.patterns["flash_attention"].fused == GQA[name]
+    assert stats.patterns["sdpa"].fused == 1 - GQA[name]
+    out = tmp_path / "m.fused.onnx"
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok, [d.as_dict() for d in report.diffs if not d.ok]
+    checks = check_fusions(src, stats.fusions, atol=1e-6)
+    assert not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]
