@@ -1,8 +1,8 @@
 // FlashAttentionGrad: CPU kernel (FlashAttention-2 backward: the probabilities are recomputed
-// tile by tile from the saved LSE). Two passes, each threaded over independent tiles, so that
-// no two threads ever add into the same output (deterministic): dK / dV per (kv item, key
-// block) over the query blocks of its group, then dQ per (query item, query block) over the
-// key blocks.
+// tile by tile from the saved LSE). No two threads ever add into the same output
+// (deterministic): with enough kv items, one pass per kv item (its dK, dV and its group's dQ);
+// else two passes, each threaded over independent tiles: dK / dV per (kv item, key block) over
+// the query blocks of its group, then dQ per (query item, query block) over the key blocks.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -106,6 +106,56 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
   const Bwd bwd{t, dop, lse, drow.data(), pscale.data()};
   const KvMap& km = in.kmap;
   const int64_t group = km.group();
+  // Enough kv items to keep every thread busy: one pass per kv item, which owns dK / dV and
+  // the dQ of its group's query items (each tile's probabilities computed once, dQ added tile
+  // by tile in a fixed order). Else the two passes below (every tile computed twice).
+  if (want_dq && km.kv_items() >= 2 * planned_threads(km.kv_items(), 1)) {
+    std::fill(dq, dq + in.q.numel(), 0.f);
+    parallel_for(km.kv_items(), 1, [&](int, int64_t t0, int64_t t1) {
+      BwdScratch w(D, Dv, kFlashBk);
+      for (int64_t c = t0; c < t1; ++c) {
+        for (int64_t j0 = 0; j0 < Sk; j0 += kFlashBk) {
+          const int64_t nc = std::min(kFlashBk, Sk - j0);
+          auto ak = w.acc_k.topRows(nc);
+          auto av = w.acc_v.topRows(nc);
+          ak.setZero();
+          av.setZero();
+          const CMat kb = t.kblock(c, j0, nc);
+          for (int64_t g = 0; g < group; ++g) {
+            const int64_t b = km.member(c, g);
+            for (int64_t qb = 0; qb < nqb; ++qb) {
+              const int64_t i0 = qb * kFlashBq, nr = std::min(kFlashBq, Sq - i0);
+              if (can_skip[b * nqb + qb] && t.masked(b, i0, nr, j0, nc)) continue;
+              const CMat dob = t.rows(dop, b, i0, nr, Dv);
+              bwd.tile(b, c, i0, nr, j0, nc, w, [&](const auto& p) {
+                if (want_dv) av.noalias() += p.transpose() * dob;
+              });
+              const auto ds = w.S.topLeftCorner(nr, nc);
+              if (want_dk) ak.noalias() += ds.transpose() * t.rows(in.q.ptr<float>(), b, i0, nr, D);
+              MMat dqb(dq + (b * Sq + i0) * D, nr, D, Eigen::OuterStride<>(D));
+              if (t.kt)
+                dqb.noalias() += ds * kb.transpose();
+              else
+                dqb.noalias() += ds * kb;
+            }
+          }
+          if (want_dv) MMat(dv + (c * Sk + j0) * Dv, nc, Dv, Eigen::OuterStride<>(Dv)) = av;
+          if (want_dk) {
+            float* kc = dk + c * Sk * D;
+            if (t.kt)
+              MMat(kc + j0, D, nc, Eigen::OuterStride<>(Sk)) = scale * ak.transpose();
+            else
+              MMat(kc + j0 * D, nc, D, Eigen::OuterStride<>(D)) = scale * ak;
+          }
+        }
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t b = km.member(c, g);
+          Eigen::Map<Eigen::ArrayXf>(dq + b * Sq * D, Sq * D) *= scale;
+        }
+      }
+    });
+    return;
+  }
   if (want_dk || want_dv) {  // pass 1: per (kv item, key block), over its group's query blocks
     parallel_for(km.kv_items() * nkb, 1, [&](int, int64_t t0, int64_t t1) {
       BwdScratch w(D, Dv, kFlashBk);
