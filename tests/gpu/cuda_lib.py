@@ -147,6 +147,41 @@ def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, wan
     return outs[:len(want)]
 
 
+def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0):
+    """(O, LSE) of fusecli_launch_flash_attention; bias: float, broadcastable to the scores."""
+    import torch
+    qb = tuple(q.shape[:-2])
+    sq, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
+    sk = k.shape[-1] if k_transposed else k.shape[-2]
+    dims = [(ctypes.c_int64 * max(1, len(qb)))(*b) for b in (qb, _kv_dims(qb, k))]
+    b = None if bias is None else bias.contiguous()
+    bs = None if b is None else (ctypes.c_int64 * (len(qb) + 2))(
+        *_fill_strides(b.shape, (*qb, sq, sk)))
+    o = torch.empty(*qb, sq, dv, device=q.device, dtype=q.dtype)
+    lse = torch.empty(*qb, sq, device=q.device, dtype=torch.float32)
+    call("fusecli_launch_flash_attention", stream(), ptr(q), ptr(k), ptr(v), ptr(b), bs, ptr(o),
+         ptr(lse), len(qb), *dims, sq, sk, d, dv, scale, k_transposed)
+    return o, lse
+
+
+def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed=0,
+                         want=(1, 1, 1)):
+    """(dQ, dK, dV) of fusecli_launch_flash_attention_grad (None where not wanted)."""
+    import torch
+    qb = tuple(q.shape[:-2])
+    sq, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
+    sk = k.shape[-1] if k_transposed else k.shape[-2]
+    dims = [(ctypes.c_int64 * max(1, len(qb)))(*b) for b in (qb, _kv_dims(qb, k))]
+    b = None if bias is None else bias.contiguous()
+    bs = None if b is None else (ctypes.c_int64 * (len(qb) + 2))(
+        *_fill_strides(b.shape, (*qb, sq, sk)))
+    outs = [torch.empty_like(t) if w_ else None for t, w_ in zip((q, k, v), want)]
+    call("fusecli_launch_flash_attention_grad", stream(), ptr(do), ptr(q), ptr(k), ptr(v),
+         ptr(o), ptr(lse), ptr(b), bs, *(ptr(t) for t in outs), len(qb), *dims, sq, sk, d, dv,
+         scale, k_transposed)
+    return outs
+
+
 def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pads=(0, 0, 0, 0),
                       dilations=(1, 1), group=1, relu=1, want=(1, 1, 1, 1, 1), dc=None):
     """dc: None, "out" (a separate dC output) or "inplace" (dC written over a copy of dY, as

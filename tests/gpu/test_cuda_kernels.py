@@ -363,3 +363,68 @@ def test_rms_norm_grad_optional_outputs():
     for want in [(1, 0), (0, 1)]:
         got = L.rms_norm_grad(dy, x, gamma, inv_rms, None, want)
         _check_requested(want, got, ref)
+
+
+# --- FlashAttention / FlashAttentionGrad: against their NumPy references ------------------------
+
+def _close_nan(got, ref, tol=2e-4, what=""):
+    """_close, with NaN required exactly where the reference has it (a -inf-masked row)."""
+    ref = ref.to(got.dtype)
+    finite = ref[torch.isfinite(ref)]
+    scale = max(1.0, finite.abs().max().item() if finite.numel() else 1.0)
+    torch.testing.assert_close(got, ref, rtol=tol, atol=tol * scale, equal_nan=True,
+                               msg=lambda m: f"{what}: {m}")
+
+
+FLASH = [((1, 1, 1), 1, 1, 1, 1), ((2, 3, 3), 17, 5, 8, 3), ((1, 4, 2), 65, 130, 16, 16),
+         ((2, 2, 1), 129, 257, 32, 8), ((1, 8, 8), 300, 300, 64, 64)]
+
+
+@pytest.mark.parametrize("kt", [0, 1])
+@pytest.mark.parametrize("mask", ["none", "causal_min", "padding_min", "rows_inf"])
+@pytest.mark.parametrize("shape", FLASH)
+def test_flash_attention_pair(kt, mask, shape):
+    """The forward and the backward launchers against the references (float64 NumPy), every
+    tile edge; finfo.min-masked rows (uniform softmax) and -inf rows (NaN) as the original."""
+    import numpy as np
+
+    from fusecli.ops.flash_attention.reference import flash_attention as ref_fwd
+    from fusecli.ops.flash_attention_grad.reference import flash_attention_grad as ref_bwd
+
+    (b, h, hk), sq, sk, d, dv = shape
+    q, do = _rand(b, h, sq, d), _rand(b, h, sq, dv)
+    k = _rand(b, hk, d, sk) if kt else _rand(b, hk, sk, d)
+    v = _rand(b, hk, sk, dv)
+    fmin = float(np.finfo(np.float32).min)
+    bias = None
+    if mask == "causal_min":
+        i = torch.arange(sq, device="cuda")[:, None] + (sk - sq)
+        bias = torch.where(torch.arange(sk, device="cuda")[None, :] <= i, 0.0, fmin)
+    elif mask == "padding_min":
+        bias = torch.zeros(b, 1, 1, sk, device="cuda")
+        bias[0] = fmin
+    elif mask == "rows_inf":
+        bias = torch.zeros(b, h, sq, sk, device="cuda")
+        bias[..., ::3, :] = float("-inf")
+    scale = 1.0 / d ** 0.5
+    o, lse = L.flash_attention(q, k, v, bias, scale, kt)
+    dq, dk, dvv = L.flash_attention_grad(do, q, k, v, o, lse, bias, scale, kt)
+    torch.cuda.synchronize()
+    npy = [t.cpu().numpy() for t in (q, k, v, do)]
+    nb = None if bias is None else bias.float().cpu().numpy()
+    ro, rl = ref_fwd(npy[0], npy[1], npy[2], nb, scale, kt)
+    _close_nan(o, torch.from_numpy(ro).cuda(), what="O")
+    _close_nan(lse, torch.from_numpy(rl).cuda(), what="LSE")
+    refs = ref_bwd(npy[3], npy[0], npy[1], npy[2], o.cpu().numpy(), lse.cpu().numpy(), nb,
+                   scale, kt)
+    for g, r, nm in zip((dq, dk, dvv), refs, ("dQ", "dK", "dV")):
+        _close_nan(g, torch.from_numpy(r).cuda(), what=nm)
+
+
+@pytest.mark.parametrize("want", [w for w in itertools.product([0, 1], repeat=3) if any(w)])
+def test_flash_attention_grad_optional_outputs(want):
+    q, k, v, do = _rand(2, 2, 33, 8), _rand(2, 1, 40, 8), _rand(2, 1, 40, 8), _rand(2, 2, 33, 8)
+    o, lse = L.flash_attention(q, k, v, None, 0.3, 0)
+    full = L.flash_attention_grad(do, q, k, v, o, lse, None, 0.3, 0)
+    got = L.flash_attention_grad(do, q, k, v, o, lse, None, 0.3, 0, want=want)
+    _check_requested(want, got, full)
