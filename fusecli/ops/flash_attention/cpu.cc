@@ -17,7 +17,8 @@ struct FlashKernel : CpuKernel<FlashKernel, kFlashAttention> {  // attributes: s
 struct FwdScratch {
   RowMat S, acc;
   std::vector<float> m, l;
-  FwdScratch(int64_t dv) : S(kFlashBq, kFlashBk), acc(kFlashBq, dv), m(kFlashBq), l(kFlashBq) {}
+  // tiles no larger than the matrices (short sequences allocate little)
+  FwdScratch(int64_t bq, int64_t bk, int64_t dv) : S(bq, bk), acc(bq, dv), m(bq), l(bq) {}
 };
 
 // One query block of item b: the online softmax over the key blocks (skipping fully masked
@@ -70,7 +71,7 @@ void FlashKernel::Compute(Ort::KernelContext& ctx) {
   const int64_t nqb = flash_blocks(in.Sq, kFlashBq), Dv = in.Dv;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   parallel_for(in.B * nqb, 1, [&](int, int64_t t0, int64_t t1) {
-    FwdScratch w(Dv);
+    FwdScratch w(std::min(kFlashBq, in.Sq), std::min(kFlashBk, in.Sk), Dv);
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / nqb, i0 = task % nqb * kFlashBq;
       const int64_t nr = std::min(kFlashBq, in.Sq - i0);

@@ -20,8 +20,12 @@ struct FlashGradKernel : CpuKernel<FlashGradKernel, kFlashAttentionGrad> {
 
 struct BwdScratch {
   RowMat S, dP, acc_k, acc_v;
-  BwdScratch(int64_t d, int64_t dv, int64_t rows)
-      : S(kFlashBq, kFlashBk), dP(kFlashBq, kFlashBk), acc_k(rows, d), acc_v(rows, dv) {}
+  // tiles no larger than the matrices (short sequences allocate little)
+  BwdScratch(const FlashInputs& in, int64_t rows, int64_t dv)
+      : S(std::min(kFlashBq, in.Sq), std::min(kFlashBk, in.Sk)),
+        dP(std::min(kFlashBq, in.Sq), std::min(kFlashBk, in.Sk)),
+        acc_k(rows, in.D),
+        acc_v(rows, dv) {}
 };
 
 struct Bwd {
@@ -112,7 +116,7 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
   if (want_dq && km.kv_items() >= 2 * planned_threads(km.kv_items(), 1)) {
     std::fill(dq, dq + in.q.numel(), 0.f);
     parallel_for(km.kv_items(), 1, [&](int, int64_t t0, int64_t t1) {
-      BwdScratch w(D, Dv, kFlashBk);
+      BwdScratch w(in, std::min(kFlashBk, Sk), Dv);
       for (int64_t c = t0; c < t1; ++c) {
         for (int64_t j0 = 0; j0 < Sk; j0 += kFlashBk) {
           const int64_t nc = std::min(kFlashBk, Sk - j0);
@@ -158,7 +162,7 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
   }
   if (want_dk || want_dv) {  // pass 1: per (kv item, key block), over its group's query blocks
     parallel_for(km.kv_items() * nkb, 1, [&](int, int64_t t0, int64_t t1) {
-      BwdScratch w(D, Dv, kFlashBk);
+      BwdScratch w(in, std::min(kFlashBk, Sk), Dv);
       for (int64_t task = t0; task < t1; ++task) {
         const int64_t c = task / nkb, j0 = task % nkb * kFlashBk;
         const int64_t nc = std::min(kFlashBk, Sk - j0);
@@ -194,7 +198,7 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
   if (!want_dq) return;
   // pass 2: per (query item, query block), over the key blocks
   parallel_for(B * nqb, 1, [&](int, int64_t t0, int64_t t1) {
-    BwdScratch w(D, 0, kFlashBq);
+    BwdScratch w(in, std::min(kFlashBq, Sq), 0);
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / nqb, i0 = task % nqb * kFlashBq;
       const int64_t nr = std::min(kFlashBq, Sq - i0);
