@@ -103,6 +103,21 @@ CORPUS = Path(__file__).parents[1] / "corpus"
 for _name in ("ortt_timm_vit", "ortt_gpt2", "ortt_llama", "torch_bert", "torch_gpt2",
               "torch_llama", "ortt_llama_sdpa", "torch_gpt_neo"):
     SAMPLE_MODELS[f"corpus_{_name}"] = onnx.load(CORPUS / f"{_name}.onnx")
+
+
+def _with_attentions(m):
+    """The model with every Softmax output also a graph output (a model that returns its
+    attentions): the flash rules refuse it (its probabilities must exist), so the sdpa rules
+    keep their fixtures among the samples the flash rules take."""
+    m = copy.deepcopy(m)
+    m.graph.output.extend(helper.make_tensor_value_info(n.output[0], onnx.TensorProto.FLOAT,
+                                                        None)
+                          for n in m.graph.node if n.op_type == "Softmax")
+    return m
+
+
+for _name in ("ortt_block", "ortt_block_sdpa", "corpus_ortt_timm_vit", "corpus_ortt_llama"):
+    SAMPLE_MODELS[f"{_name}_attentions"] = _with_attentions(SAMPLE_MODELS[_name])
 # K/V broadcast inside the MatMuls, torch-joint (tests/data/make_gqa.py)
 SAMPLE_MODELS["gqa_torch_bcast"] = onnx.load(DATA / "gqa" / "torch_gqa_bcast_kv2.onnx")
 # masked_fill with the scale on the scores and an additive bias (MPT's ort-training spelling)
@@ -472,7 +487,10 @@ def test_missing_kernel_for_the_chosen_provider_is_a_skip_reason():
     assert fp.stats.patterns["linear_gelu"].skipped == {"missing_kernel": 1}
     misses = explain_model(SAMPLE_MODELS["ortt_block"], FusionPass(kernels=set()))
     kernel_misses = [m for m in misses if m["reason"] == "missing_kernel"]
-    assert {m["pattern"] for m in kernel_misses} == {"sdpa", "linear_gelu", "layernorm"}
+    missed = {m["pattern"] for m in kernel_misses}
+    # the attention: first the flash rule (forward + backward), then the sdpa rule
+    assert "flash_attention" in missed
+    assert missed - {"flash_attention"} == {"sdpa", "linear_gelu", "layernorm"}
 
 
 # --- shapes: a fused op must compute exactly the tensors it replaces -------------------------
@@ -560,7 +578,8 @@ def test_output_shape_guard_alone_refuses_unsummed_gradients(monkeypatch):
     m = _read_unsummed_gradients(builders.ortt_attention(kv_heads=1, heads=2))
     fp = FusionPass()
     assert fp.run(m) == 0
-    [skip] = fp.stats.skips
+    # (the flash rule is refused the same way: its dK^T / dV are K's / V's shape too)
+    [skip] = [s for s in fp.stats.skips if s.pattern == "sdpa"]
     assert skip.failure.reason == "shape_mismatch"
     # the un-summed tensor, or the keepdims=0 sum (rank 3 for a rank-4 dK^T)
     assert any(f"would write '{t}'" in skip.failure.detail for t in ("dKt_full", "dKt_sq")), \
@@ -585,7 +604,8 @@ def test_a_graph_that_would_not_run_is_never_written(monkeypatch, tmp_path, caps
     onnx.save(m, src)
     assert main(["optimize", str(src), "-o", str(out), "-q"]) == 4
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "would not run" in err[0] and "sdpa_ortt_scores_plain" in err[0], err
+    # the first attention rule that fuses it (the flash rule, before the sdpa rules)
+    assert len(err) == 1 and "would not run" in err[0] and "flash_ortt_plain" in err[0], err
     assert not out.exists()
 
 

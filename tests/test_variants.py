@@ -320,7 +320,8 @@ def test_attention_dropout_and_bias_ports(graph, rule, ratio, bias):
     gradient reads it (T5, Swin), and is left empty elsewhere."""
     m = onnx.load(CORPUS / f"{graph}.onnx")
     drop_masks = {n.output[1] for n in m.graph.node if n.op_type == "Dropout"}
-    fp = FusionPass()
+    # the sdpa rules' ports: without the flash rules, which take the ort-training Llama first
+    fp = FusionPass(skip=["flash_attention"])
     fp.run(m)
     assert {f.rule for f in fp.stats.fusions if f.pattern == "sdpa"} == {rule}
     fused = [n for n in m.graph.node if n.op_type == "AttentionGrad"]

@@ -17,7 +17,7 @@ from onnx import helper
 from fusecli.ops.contracts import FUSED_DOMAIN, infer_output_types, load_contracts
 from fusecli.errors import EXIT_INTERNAL, FuseError
 from fusecli.engine.graph import GNode, GraphIndex
-from fusecli.engine.matcher import Failure, Match, Matcher, MatchResult
+from fusecli.engine.matcher import NEW_TENSOR, Failure, Match, Matcher, MatchResult
 from fusecli.engine.rules import CANONICAL_PATTERNS, Rule
 from fusecli.engine.shapes import fusion_problem
 
@@ -70,6 +70,7 @@ class FusionRecord:
     node: onnx.NodeProto                 # the fused node as inserted
     nodes: dict[str, str]                # rule node id -> replaced node name
     tensors: dict[str, str]              # rule variable -> tensor name
+    extra: list[onnx.NodeProto] = field(default_factory=list)  # replace.then's fused nodes
 
     def as_dict(self) -> dict:
         return {"rule": self.rule, "pattern": self.pattern, "fused_node": self.fused_node,
@@ -290,18 +291,21 @@ class FusionPass:
             res.match = None
 
     def _kernel_refusal(self, m: Match, index: GraphIndex) -> tuple[str, str] | None:
-        op = m.rule.replace.op
-        if self.kernels is not None and op not in self.kernels:
-            return "missing_kernel", f"{op} has no kernel for the chosen execution provider"
-        contract = load_contracts().ops[op]
-        ins = list(m.proto.input) if m.proto is not None else []
-        for port, tensor in zip(contract.inputs, ins):
-            elem = elem_type(index, tensor) if tensor else None
-            # a port with its own element type (AttentionGrad's bool dropout_mask) takes that
-            wants = (port.type,) if port.type else contract.types
-            if elem is not None and type_name(elem) not in wants:
-                return "unsupported_type", (f"{port.name} ('{tensor}') is {type_name(elem)}; "
-                                            f"{op} implements {', '.join(wants)}")
+        for rep, proto in zip(m.rule.replace.nodes, m.protos):
+            op = rep.op
+            if self.kernels is not None and op not in self.kernels:
+                return "missing_kernel", f"{op} has no kernel for the chosen execution provider"
+            contract = load_contracts().ops[op]
+            ins = list(proto.input) if proto is not None else []
+            for port, tensor in zip(contract.inputs, ins):
+                elem = (elem_type(index, tensor)
+                        if tensor and not tensor.startswith(NEW_TENSOR) else None)
+                # a port with its own element type (AttentionGrad's bool dropout_mask) takes that
+                wants = (port.type,) if port.type else contract.types
+                if elem is not None and type_name(elem) not in wants:
+                    return "unsupported_type", (f"{port.name} ('{tensor}') is "
+                                                f"{type_name(elem)}; {op} implements "
+                                                f"{', '.join(wants)}")
         return None
 
     @staticmethod
@@ -309,8 +313,8 @@ class FusionPass:
         """Last line of defence before anything is written: every fused node's inputs must fit
         its op and its outputs must have the shapes of the tensors they replace (where shapes
         are known or inferable). The match guard checks this too; a failure here is a bug."""
-        for rec in credit.values():
-            why = fusion_problem(index.shapes, rec.node, set(rec.node.output))
+        for rec, node in ((r, n) for r in credit.values() for n in (r.node, *r.extra)):
+            why = fusion_problem(index.shapes, node, set(node.output))
             if why:
                 raise FusionError(f"internal: fused node {rec.fused_node} (rule {rec.rule}) "
                                   f"would not run: {why}; nothing was written. Please report "
@@ -336,25 +340,37 @@ class FusionPass:
         ordered = sorted(m.nodes.values(), key=lambda n: n.key)
         first = ordered[0]
         name = index.unique_name(f"{first.proto.name or first.op}/fused_{rule.pattern}")
-        outs = proto.output
-        for i, port in enumerate(load_contracts().ops[rule.replace.op].outputs):
-            if port.workspace and (i >= len(outs) or not outs[i]):
-                outs.extend([""] * (i + 1 - len(outs)))
-                outs[i] = index.unique_tensor_name(f"{name}/{port.name}")
         replaced = [n.name for n in ordered]
-        proto.name = name
-        proto.doc_string = f"{DOC_PREFIX}{rule.name}: " + ", ".join(replaced)
-        for t in proto.output:  # their shapes as the replaced nodes make them (_check_fused)
-            if t:
-                index.shapes.shape(t)
+        contracts = load_contracts()
+        fresh: dict[str, str] = {}  # replace.new placeholder -> its fresh tensor name
+        for k, (rep, node) in enumerate(zip(rule.replace.nodes, m.protos)):
+            outs = node.output
+            node.name = name if k == 0 else index.unique_name(f"{name}/{rep.op}")
+            for i, port in enumerate(contracts.ops[rep.op].outputs):
+                if port.workspace and (i >= len(outs) or not outs[i]):
+                    outs.extend([""] * (i + 1 - len(outs)))
+                    outs[i] = index.unique_tensor_name(f"{node.name}/{port.name}")
+                elif i < len(outs) and outs[i].startswith(NEW_TENSOR):
+                    fresh[outs[i]] = outs[i] = index.unique_tensor_name(
+                        f"{node.name}/{outs[i][len(NEW_TENSOR):]}")
+            for i, t in enumerate(node.input):
+                if t in fresh:
+                    node.input[i] = fresh[t]
+            node.doc_string = f"{DOC_PREFIX}{rule.name}: " + ", ".join(replaced)
+            for t in node.output:  # their shapes as the replaced nodes make them (_check_fused)
+                if t and t not in fresh.values():
+                    index.shapes.shape(t)
         for n in ordered:
             index.remove_node(n)
             removed_inputs.update(t for t in n.inputs if t)
             credit.pop(n.uid, None)  # a fused node absorbed by a later rule
         fused = index.add_node(proto, m.key)
+        for key, node in m.extra:
+            index.add_node(node, key)
         credit[fused.uid] = FusionRecord(rule.name, rule.pattern, name, replaced,
                                          list(m.intermediates), proto,
-                                         {k: n.name for k, n in m.nodes.items()}, dict(m.tensors))
+                                         {k: n.name for k, n in m.nodes.items()}, dict(m.tensors),
+                                         [node for _, node in m.extra])
         stats.rules[rule.name].fused += 1
         stats.buffers_eliminated += len(m.intermediates)
         if stats.bytes_eliminated is not None:

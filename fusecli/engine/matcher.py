@@ -49,6 +49,17 @@ class Match:
     bound: frozenset = frozenset()       # every rule node id bound, kept context included
     unread: frozenset = frozenset()      # optional fused outputs nothing outside reads: left empty
     proto: onnx.NodeProto | None = None  # the fused node (ports and attributes; unnamed)
+    # the replacement's further fused nodes (replace.then): (key, node) each, in order; tensors
+    # of replace.new are named NEW_TENSOR + variable until FusionPass gives them fresh names
+    extra: list = field(default_factory=list)
+
+    @property
+    def protos(self) -> list:
+        """Every fused node of the match, the first one first."""
+        return [self.proto, *(p for _, p in self.extra)]
+
+
+NEW_TENSOR = "fusecli.new:"  # placeholder prefix of a replace.new tensor inside a Match
 
 
 @dataclass
@@ -203,13 +214,13 @@ def _const_attr(index: GraphIndex, m: Match, var: str, fn: str, default):
     return float(CONST_FUNCS[fn](value))
 
 
-def replacement_attrs(index: GraphIndex, m: Match) -> dict:
+def replacement_attrs(index: GraphIndex, m: Match, rep=None) -> dict:
     """The fused node's attributes: literals, captured attributes, ``if_matched`` choices and
     values of scalar constants (as the matched op spelling enters them, e.g. the reciprocal of
     a Div's divisor, then the rule's ``fn``; the rule's ``default`` when the constant's optional
     node is absent)."""
     attrs = {}
-    for name, spec in m.rule.replace.attrs.items():
+    for name, spec in (rep or m.rule.replace).attrs.items():
         if spec[0] == "literal":
             attrs[name] = spec[1]
         elif spec[0] == "attr":
@@ -221,11 +232,16 @@ def replacement_attrs(index: GraphIndex, m: Match) -> dict:
     return attrs
 
 
-def replacement_ports(m: Match) -> tuple[list[str], list[str]]:
+def replacement_ports(m: Match, rep=None) -> tuple[list[str], list[str]]:
     """The fused node's input and output tensor names ("" = absent, trailing ones dropped)."""
-    rep = m.rule.replace
-    ins = [m.tensors.get(v, "") if v else "" for v in rep.inputs]
-    outs = [m.tensors.get(v, "") if v else "" for v in rep.outputs]
+    new = m.rule.replace.new
+    rep = rep or m.rule.replace
+
+    def name(v):
+        return "" if not v else NEW_TENSOR + v if v in new else m.tensors.get(v, "")
+
+    ins = [name(v) for v in rep.inputs]
+    outs = [name(v) for v in rep.outputs]
     outs = ["" if t in m.unread else t for t in outs]
     while ins and ins[-1] == "":
         ins.pop()
@@ -511,7 +527,9 @@ class Matcher:
         kept = {s.id for s in rule.nodes if s.keep}
         removed = {k: n for k, n in nodes.items() if k not in kept}
         matched = {n.uid for n in removed.values()}
-        rep_out = {tensors.get(v, "") for v in rule.replace.outputs if v}
+        reps = rule.replace.nodes
+        new = set(rule.replace.new)
+        rep_out = {tensors.get(v, "") for rep in reps for v in rep.outputs if v and v not in new}
         rep_out.discard("")
         for node in removed.values():
             for t in node.outputs:
@@ -528,53 +546,70 @@ class Matcher:
                                            f"intermediate '{t}' of node {node.name} is also "
                                            f"consumed by {c.name} ({c.op}) outside the match"
                                            + (f" (it did not fit {why})" if why else ""))
-        for v, port in zip(rule.replace.inputs, load_contracts().ops[rule.replace.op].inputs):
-            if not port.optional and not tensors.get(v):
-                return self._guard(nodes, "missing_required_input",
-                                   f"{rule.replace.op} needs {port.name} but '{v}' is not bound")
-        # placement: after every producer of a fused input, before every outside consumer
+        contracts = load_contracts()
+        for rep in reps:
+            for v, port in zip(rep.inputs, contracts.ops[rep.op].inputs):
+                if not port.optional and not tensors.get(v) and v not in new:
+                    return self._guard(nodes, "missing_required_input",
+                                       f"{rep.op} needs {port.name} but '{v}' is not bound")
+        # placement of each fused node, in order: after every producer of its inputs (outside
+        # producers, and the replacement's earlier nodes), before every outside consumer
         first = min(n.key for n in removed.values())
-        lo = -math.inf
-        for v in rule.replace.inputs:
-            t = tensors.get(v)
-            p = self.g.producer.get(t) if t else None
-            if p is not None and p.uid not in matched:
-                lo = max(lo, p.key)
-        hi = math.inf
-        for t in rep_out:
-            for c in self.g.consumers.get(t, []):
-                if c.uid not in matched:
-                    hi = min(hi, c.key)
-        if lo < first:
-            key = first
-        elif lo < hi:
-            key = (lo + min(hi, lo + 1.0)) / 2.0
-        else:
-            return self._guard(nodes, "would_create_cycle",
-                               "an input of the fused op is produced after one of its outputs is "
-                               "consumed; fusing would create a cycle")
+        keys: list[float] = []
+        written: dict[str, float] = {}  # variable -> key of the fused node that writes it
+        for rep in reps:
+            lo = -math.inf
+            for v in rep.inputs:
+                if v in written:
+                    lo = max(lo, written[v])
+                    continue
+                t = tensors.get(v)
+                p = self.g.producer.get(t) if t else None
+                if p is not None and p.uid not in matched:
+                    lo = max(lo, p.key)
+            hi = math.inf
+            for v in rep.outputs:
+                t = tensors.get(v) if v and v not in new else None
+                for c in self.g.consumers.get(t, []) if t else ():
+                    if c.uid not in matched:
+                        hi = min(hi, c.key)
+            if lo < first:
+                key = first
+            elif lo < hi:
+                key = (lo + min(hi, lo + 1.0)) / 2.0
+            else:
+                return self._guard(nodes, "would_create_cycle",
+                                   "an input of the fused op is produced after one of its outputs "
+                                   "is consumed; fusing would create a cycle")
+            keys.append(key)
+            written.update((v, key) for v in rep.outputs if v)
         # an optional output whose tensor only the matched nodes read (AttentionGrad's dS when
         # no learned bias takes its gradient), or nothing reads (onnxruntime-training's
         # LayerNormalizationGrad computes dGamma/dBeta of a frozen gamma/beta all the same), is
         # left empty: the op need not compute it
-        out_ports = load_contracts().ops[rule.replace.op].outputs
         unread = frozenset(
-            t for v, port in zip(rule.replace.outputs, out_ports)
-            if port.optional and (t := tensors.get(v, "")) and t not in self.g.graph_outputs
+            t for rep in reps
+            for v, port in zip(rep.outputs, contracts.ops[rep.op].outputs)
+            if port.optional and v not in new and (t := tensors.get(v, ""))
+            and t not in self.g.graph_outputs
             and all(c.uid in matched for c in self.g.consumers.get(t, ())))
         inter = sorted({t for n in removed.values() for t in n.outputs
                         if t and (t not in rep_out or t in unread)})
-        match = Match(rule, removed, dict(tensors), dict(captures), key, inter, frozenset(nodes),
-                      unread=unread)
-        ins, outs = replacement_ports(match)
-        match.proto = proto = onnx.helper.make_node(
-            rule.replace.op, ins, outs, domain=rule.replace.domain,
-            **replacement_attrs(self.g, match))
+        match = Match(rule, removed, dict(tensors), dict(captures), keys[0], inter,
+                      frozenset(nodes), unread=unread)
+        protos = []
+        for rep in reps:
+            ins, outs = replacement_ports(match, rep)
+            protos.append(onnx.helper.make_node(rep.op, ins, outs, domain=rep.domain,
+                                                **replacement_attrs(self.g, match, rep)))
+        match.proto = protos[0]
+        match.extra = list(zip(keys[1:], protos[1:]))
         if not self.check_shapes:
             return match
-        why = fusion_problem(self.g.shapes, proto, set(rep_out))
-        if why:
-            return self._guard(nodes, "shape_mismatch", why)
+        for proto in protos:
+            why = fusion_problem(self.g.shapes, proto, set(rep_out))
+            if why:
+                return self._guard(nodes, "shape_mismatch", why)
         return match
 
     def _guard(self, nodes, reason, detail):

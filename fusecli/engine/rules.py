@@ -159,6 +159,18 @@ class Replacement:
     outputs: tuple[str, ...]
     attrs: dict  # name -> ("literal", v) | ("attr", cap) | ("const", var, fn, default)
     #                   | ("if_matched", node_id, then, else)
+    # further fused nodes (`replace.then`), each placed after the producers of its inputs (a
+    # forward op at the forward's position, its backward op at the backward's); only on the
+    # rule's top-level replacement
+    then: tuple[Replacement, ...] = ()
+    # variables that no pattern node binds (`replace.new`): tensors the replacement creates
+    # (fresh names), written by one of its nodes and read by later ones (a saved statistic)
+    new: tuple[str, ...] = ()
+
+    @property
+    def nodes(self) -> tuple[Replacement, ...]:
+        """Every fused node of the replacement, in order (this one first)."""
+        return (self, *self.then)
 
 
 @dataclass
@@ -475,9 +487,24 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
     return out
 
 
-def _parse_replace(src, raw, captures, const_vars) -> Replacement:
+def _parse_replace(src, raw, captures, const_vars, top: bool = True) -> Replacement:
     if not isinstance(raw, dict):
         raise RuleError(src, "'replace' must be a mapping with op, inputs, outputs, attrs", None)
+    then, new = (), ()
+    if top:
+        extra = raw.get("then") or []
+        if not isinstance(extra, list) or not all(isinstance(x, dict) for x in extra):
+            raise RuleError(src, "replace.then must be a list of fused nodes (op, inputs, "
+                            "outputs, attrs)", _line(raw, "then"))
+        then = tuple(_parse_replace(src, x, captures, const_vars, top=False) for x in extra)
+        new = raw.get("new") or []
+        if not isinstance(new, list) or not all(isinstance(v, str) and v for v in new):
+            raise RuleError(src, "replace.new must be a list of variable names", _line(raw, "new"))
+        new = tuple(new)
+    elif "then" in raw or "new" in raw:
+        raise RuleError(src, "replace.then: a further fused node cannot have its own 'then' or "
+                        "'new' (list them on replace)", _line(raw, "then" if "then" in raw
+                                                             else "new"))
     contracts = load_contracts()
     op = raw.get("op")
     if not isinstance(op, str) or op not in contracts.ops:
@@ -556,7 +583,7 @@ def _parse_replace(src, raw, captures, const_vars) -> Replacement:
                 raise RuleError(src, f"replace.attrs.{name}: {value!r} is not one of {allowed}",
                                 aline)
             attrs[name] = ("literal", value)
-    return Replacement(op, contracts.domain, tuple(ins), tuple(outs), attrs)
+    return Replacement(op, contracts.domain, tuple(ins), tuple(outs), attrs, then, new)
 
 
 def _check_dataflow(src, nodes: tuple[NodeSpec, ...], replace: Replacement, tensors) -> None:
@@ -585,17 +612,35 @@ def _check_dataflow(src, nodes: tuple[NodeSpec, ...], replace: Replacement, tens
     for t in tensors:
         if t not in seen:
             raise RuleError(src, f"tensors: '{t}' does not appear in any node", None)
-    for v in replace.inputs + replace.outputs:
-        if v and v not in seen:
-            raise RuleError(src, f"replace refers to '{v}', which no pattern node uses", None)
-    for v in replace.outputs:
-        if v and (v not in produced or v in kept_out):
-            raise RuleError(src, f"replace.outputs: '{v}' is not produced by a (non-kept) "
-                            "pattern node", None)
-    for v in replace.inputs:
-        if v and v in produced and v not in kept_out:
-            raise RuleError(src, f"replace.inputs: '{v}' is produced inside the pattern; a fused "
-                            "op cannot consume its own intermediate", None)
+    for v in replace.new:
+        if v in seen:
+            raise RuleError(src, f"replace.new: '{v}' is a pattern variable; list only tensors "
+                            "that the replacement creates", None)
+    written: set[str] = set()  # outputs of the replacement's earlier nodes
+    for k, rep in enumerate(replace.nodes):
+        where = "replace" if k == 0 else f"replace.then[{k - 1}]"
+        for v in rep.inputs + rep.outputs:
+            if v and v not in seen and v not in replace.new:
+                raise RuleError(src, f"{where} refers to '{v}', which no pattern node uses (a "
+                                "tensor the replacement creates is listed in replace.new)", None)
+        for v in rep.outputs:
+            if v in written:
+                raise RuleError(src, f"{where}.outputs: '{v}' is written by an earlier fused "
+                                "node of the replacement", None)
+            if v and v not in replace.new and (v not in produced or v in kept_out):
+                raise RuleError(src, f"{where}.outputs: '{v}' is not produced by a (non-kept) "
+                                "pattern node", None)
+        for v in rep.inputs:
+            if v in replace.new and v not in written:
+                raise RuleError(src, f"{where}.inputs: '{v}' (replace.new) is not written by an "
+                                "earlier fused node of the replacement", None)
+            if v and v in produced and v not in kept_out and v not in written:
+                raise RuleError(src, f"{where}.inputs: '{v}' is produced inside the pattern; a "
+                                "fused op cannot consume its own intermediate", None)
+        written.update(v for v in rep.outputs if v)
+    for v in replace.new:
+        if v not in written:
+            raise RuleError(src, f"replace.new: '{v}' is not written by any fused node", None)
 
 
 def parse_rules(text: str, source: str, shipped: bool = False) -> list[Rule]:
@@ -761,7 +806,7 @@ def _build_rule(raw, source: str, text: str) -> Rule:
     replace = _parse_replace(source, raw["replace"], captures, set(tensors))
     _check_dataflow(source, nodes, replace, tensors)
     optional_ids = {n.id for n in nodes if n.optional}
-    for attr, spec in replace.attrs.items():
+    for attr, spec in (kv for rep in replace.nodes for kv in rep.attrs.items()):
         if spec[0] == "if_matched" and spec[1] not in optional_ids:
             raise RuleError(source, f"replace.attrs.{attr}: if_matched names '{spec[1]}', which "
                             "is not an optional rule node")

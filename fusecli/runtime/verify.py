@@ -557,8 +557,9 @@ def check_fusions(original_path: str | os.PathLike, records, seed: int = 0, rtol
     probe.CopyFrom(orig)
     known = _tensors_of(orig)
     inputs = {i.name for i in orig.graph.input}
-    wanted = list(dict.fromkeys(t for r in records for t in list(r.node.input)
-                                + list(r.node.output) if t and t in known and t not in inputs))
+    nodes = [(r, n) for r in records for n in (r.node, *getattr(r, "extra", ()))]
+    wanted = list(dict.fromkeys(t for _, n in nodes for t in list(n.input) + list(n.output)
+                                if t and t in known and t not in inputs))
     _expose(probe, wanted, orig)
     pin_seeds(probe)
     lib = None
@@ -571,5 +572,27 @@ def check_fusions(original_path: str | os.PathLike, records, seed: int = 0, rtol
                                    extra=["--deterministic"])
     values = _unprobe(values)
     values.update(plan.feeds)
-    return [FusionCheck(r.rule, r.fused_node, r.replaced,
-                        _reference_diffs(r.node, values, known, rtol, atol)) for r in records]
+    checks = []
+    for r in records:
+        diffs = _reference_diffs(r.node, values, known, rtol, atol)
+        extra = getattr(r, "extra", ())
+        if extra:  # replace.then: later fused nodes read the earlier ones' reference outputs
+            vals = dict(values)
+            vals.update(_reference_outputs(r.node, vals, known))
+            for n in extra:
+                diffs += _reference_diffs(n, vals, known, rtol, atol)
+                vals.update(_reference_outputs(n, vals, known))
+        checks.append(FusionCheck(r.rule, r.fused_node, r.replaced, diffs))
+    return checks
+
+
+def _reference_outputs(node: onnx.NodeProto, values: dict, known: set[str]) -> dict:
+    """The fused op's NumPy reference outputs that the original does not have (a tensor the
+    replacement created, e.g. FlashAttention's LSE), for the fused nodes that read them."""
+    from onnx.reference import ReferenceEvaluator
+
+    from fusecli.runtime.ops.reference import reference_ops
+
+    got = ReferenceEvaluator(_single_node_model(node, values), new_ops=reference_ops()).run(
+        None, {i: values[i] for i in node.input if i})
+    return {o: g for o, g in zip([o for o in node.output if o], got) if o not in known}

@@ -1,0 +1,77 @@
+// FlashAttention / FlashAttentionGrad CUDA kernels: what both share (batch mapping, bias,
+// block reductions). One thread block per query row (forward, dQ) or per key row (dK, dV):
+// the scores of a tile of kFlashT keys (or query rows) are one per thread, the softmax state
+// lives in shared memory and the D / Dv wide accumulators are split over the threads, so no
+// Sq x Sk buffer exists on the device either.
+#pragma once
+
+#include <cstdint>
+
+#include "../attention_grad/attn_batch.h"
+#include "cuda_common.cuh"
+
+namespace fusecli_flash {
+
+constexpr int kFlashT = 128;  // threads per block = keys (or query rows) per tile
+constexpr float kSkipBias = -1e30f;
+constexpr float kMaskedRow = -5e29f;
+
+struct Bias {
+  const float* p = nullptr;
+  int nd = 0;
+  int64_t qdims[fusecli::kAttnMaxBatchDims] = {};
+  int64_t strides[fusecli::kAttnMaxBatchDims + 2] = {};
+  __device__ int64_t item(int64_t b) const {
+    int64_t off = 0;
+    for (int j = nd - 1; j >= 0; --j) {
+      off += (b % qdims[j]) * strides[j];
+      b /= qdims[j];
+    }
+    return off;
+  }
+  __device__ float at(int64_t item_off, int64_t i, int64_t j) const {
+    return p[item_off + i * strides[nd] + j * strides[nd + 1]];
+  }
+};
+
+inline bool make_maps(int nd, const int64_t* qdims, const int64_t* kdims, const float* bias,
+                      const int64_t* bias_strides, fusecli::KvMap* m, Bias* b) {
+  if (nd < 0 || nd > fusecli::kAttnMaxBatchDims || (bias && !bias_strides)) return false;
+  m->nd = b->nd = nd;
+  b->p = bias;
+  for (int j = 0; j < nd; ++j) {
+    m->q[j] = b->qdims[j] = qdims[j];
+    m->kv[j] = kdims[j];
+    if (kdims[j] < 1 || qdims[j] % kdims[j] != 0) return false;
+  }
+  if (bias)
+    for (int j = 0; j < nd + 2; ++j) b->strides[j] = bias_strides[j];
+  return true;
+}
+
+__device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, w) : v + w;
+  }
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[wid] = v;
+  __syncthreads();
+  float r = red[0];
+  for (int i = 1; i < (int)(blockDim.x >> 5); ++i) r = is_max ? fmaxf(r, red[i]) : r + red[i];
+  return r;
+}
+
+// s = scale * q . k_j (+ bias) for key j of kv item c (K [Sk, D] or [D, Sk]).
+__device__ __forceinline__ float score(const float* q, const float* kc, int64_t j, int64_t sk,
+                                       int64_t d, int kt, float scale) {
+  float acc = 0.f;
+  if (kt)
+    for (int64_t x = 0; x < d; ++x) acc += q[x] * kc[x * sk + j];
+  else
+    for (int64_t x = 0; x < d; ++x) acc += q[x] * kc[j * d + x];
+  return acc * scale;
+}
+
+}  // namespace fusecli_flash

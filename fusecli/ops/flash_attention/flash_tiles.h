@@ -1,0 +1,82 @@
+// FlashAttention / FlashAttentionGrad CPU kernels: the score tiles both compute (Eigen blocks).
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+
+#include "flash_inputs.h"
+
+namespace fusecli {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using CMat = Eigen::Map<const RowMat, 0, Eigen::OuterStride<>>;
+using MMat = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
+
+// Tile sizes: a [kFlashBq, kFlashBk] score tile (32 KiB) and its Q / K / V blocks stay in L2.
+constexpr int64_t kFlashBq = 64;
+constexpr int64_t kFlashBk = 128;
+
+inline int64_t flash_blocks(int64_t n, int64_t blk) {
+  return (n + blk - 1) / blk;
+}
+
+struct FlashTiles {
+  const FlashInputs& in;
+  const float scale;
+  const bool kt;  // K stored [D, Sk]
+
+  // Query item b's rows [i0, i0 + nr) of an [Sq, n] matrix.
+  CMat rows(const float* base, int64_t b, int64_t i0, int64_t nr, int64_t n) const {
+    return CMat(base + (b * in.Sq + i0) * n, nr, n, Eigen::OuterStride<>(n));
+  }
+  // kv item c's K block [j0, j0 + nc): [nc, D] (kt = 0) or [D, nc] (kt = 1).
+  CMat kblock(int64_t c, int64_t j0, int64_t nc) const {
+    const float* k = in.k.ptr<float>() + c * in.Sk * in.D;
+    return kt ? CMat(k + j0, in.D, nc, Eigen::OuterStride<>(in.Sk))
+              : CMat(k + j0 * in.D, nc, in.D, Eigen::OuterStride<>(in.D));
+  }
+  CMat vblock(int64_t c, int64_t j0, int64_t nc) const {
+    return CMat(in.v.ptr<float>() + (c * in.Sk + j0) * in.Dv, nc, in.Dv,
+                Eigen::OuterStride<>(in.Dv));
+  }
+  // True when every bias entry of the tile is <= kFlashSkipBias (a fully masked tile).
+  bool masked(int64_t b, int64_t i0, int64_t nr, int64_t j0, int64_t nc) const {
+    if (!in.bias.present) return false;
+    const float* bp = in.bias.ptr<float>() + in.bias_item(b);
+    const int64_t rs = in.bias_row(), cs = in.bias_col();
+    const int64_t rows_ = rs ? nr : 1, cols_ = cs ? nc : 1;
+    for (int64_t r = 0; r < rows_; ++r) {
+      const float* row = bp + (i0 + r) * rs + j0 * cs;
+      if (cs == 1) {
+        if (Eigen::Map<const Eigen::ArrayXf>(row, cols_).maxCoeff() > kFlashSkipBias) return false;
+      } else if (row[0] > kFlashSkipBias) {
+        return false;
+      }
+    }
+    return true;
+  }
+  // S[0:nr, 0:nc] = scale * Q_b[i0:] K_c[j0:]^T (+ bias).
+  void scores(int64_t b, int64_t c, int64_t i0, int64_t nr, int64_t j0, int64_t nc,
+              RowMat& S) const {
+    const CMat qb = rows(in.q.ptr<float>(), b, i0, nr, in.D);
+    const CMat kb = kblock(c, j0, nc);
+    auto s = S.topLeftCorner(nr, nc);
+    if (kt)
+      s.noalias() = scale * (qb * kb);
+    else
+      s.noalias() = scale * (qb * kb.transpose());
+    if (!in.bias.present) return;
+    const float* bp = in.bias.ptr<float>() + in.bias_item(b);
+    const int64_t rs = in.bias_row(), cs = in.bias_col();
+    for (int64_t r = 0; r < nr; ++r) {
+      const float* row = bp + (i0 + r) * rs + j0 * cs;
+      if (cs == 1)
+        s.row(r).array() += Eigen::Map<const Eigen::ArrayXf>(row, nc).transpose();
+      else
+        s.row(r).array() += row[0];
+    }
+  }
+};
+
+}  // namespace fusecli

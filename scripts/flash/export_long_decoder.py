@@ -1,0 +1,48 @@
+"""Export a long-sequence Llama-style decoder as an onnxruntime-training graph (the memory
+figure of FlashAttention, issue 22): LlamaModel, eager attention, hidden 512, 8 heads / 2 KV
+heads, 2 layers, SwiGLU FF 1376, vocabulary 32,000, batch 1, sequence --seq; MSE loss on the
+last hidden state (no LM head: the logits' memory is the fused linear + cross-entropy's part).
+
+Run with the corpus generator venv (torch, transformers, onnxruntime-training):
+  build/venv-corpus-ortt/bin/python scripts/flash/export_long_decoder.py --seq 2048 --out DIR
+Writes DIR/ortt_llama_long_S{seq}.onnx (+ .params.npz). scripts/flash/memory.sh runs it and
+then `fusecli bench` on the original and the fused graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "corpus"))
+import archs  # noqa: E402
+import gen  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    build = archs._hf("LlamaConfig", "LlamaModel", vocab_size=32000, hidden_size=512,
+                      intermediate_size=1376, num_hidden_layers=a.layers,
+                      num_attention_heads=8, num_key_value_heads=2,
+                      max_position_embeddings=a.seq)
+    arch = archs.Arch("llama_long", "transformers", "long-sequence Llama decoder", build,
+                      lambda: {"input_ids": torch.randint(0, 32000, (1, a.seq))},
+                      input_ranges={"input_ids": [0, 32000]})
+    model, inputs = archs.make(arch, "ort-training")
+    a.out.mkdir(parents=True, exist_ok=True)
+    name = f"ortt_llama_long_S{a.seq}"
+    gen.build_ortt(arch, model, inputs, name, a.out, check=False)
+    print(a.out / f"{name}.onnx")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

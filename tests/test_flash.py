@@ -1,0 +1,255 @@
+"""Flash-style attention across forward and backward (issue 22 item 1): the rule language's
+multi-node replacement (replace.then / replace.new), rules/flash_ortt.yaml's variants on
+fixtures (one positive per variant, one negative per guard), and the fused graphs against the
+originals in onnxruntime-training."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import builders
+from builders import MS, const, model, vi
+from fusecli import FusionPass
+from fusecli.errors import RuleError
+from fusecli.engine.rules import parse_rule
+
+FMIN = float(np.finfo(np.float32).min)
+
+
+def ortt_attention_masked(*, B=2, H=2, S=5, D=4, mask_shape=None, p_output=False,
+                          bias_grad=False, dropout=False):
+    """onnxruntime-training forward + backward of softmax(Q K^T * c + mask) V (Llama's
+    spelling: Mul by 1/sqrt(D), an additive causal mask [1, 1, S, S] of 0 / finfo.min).
+    p_output: P is also a graph output (a model that outputs its attentions); bias_grad: the
+    mask is a learned bias whose gradient reduces dS; dropout: attention dropout
+    (Dropout / DropoutGrad)."""
+    c = float(1 / np.sqrt(D))
+    q, kt, v, p = [B, H, S, D], [B, H, D, S], [B, H, S, D], [B, H, S, S]
+    mm = dict(domain=MS, alpha=1.0)
+    mask_shape = mask_shape or [1, 1, S, S]
+    value_info = []
+    pv_in = "Pd" if dropout else "P"
+    nodes = [
+        helper.make_node("MatMul", ["Q", "Kt"], ["scores"], name="qk"),
+        helper.make_node("Mul", ["scores", "c"], ["scaled"], name="fwd_scale"),
+        helper.make_node("Add", ["scaled", "mask"], ["masked"], name="fwd_mask"),
+        helper.make_node("Softmax", ["masked"], ["P"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", [pv_in, "V"], ["O"], name="pv"),
+        helper.make_node("FusedMatMul", [pv_in, "dO"], ["dV"], transA=1, transB=0, name="dv",
+                         **mm),
+        helper.make_node("FusedMatMul", ["dO", "V"], ["dPd" if dropout else "dP"], transA=0,
+                         transB=1, name="dp", **mm),
+        helper.make_node("SoftmaxGrad_13", ["dP", "P"], ["dS0"], axis=-1, domain=MS, name="sg"),
+        helper.make_node("Mul", ["dS0", "c"], ["dS"], name="bwd_scale"),
+        helper.make_node("FusedMatMul", ["dS", "Kt"], ["dQ"], transA=0, transB=1, name="dq",
+                         **mm),
+        helper.make_node("FusedMatMul", ["Q", "dS"], ["dKt"], transA=1, transB=0, name="dk",
+                         **mm),
+    ]
+    inits = [const("c", c)]
+    inputs = [vi("Q", q), vi("Kt", kt), vi("V", v), vi("dO", q)]
+    outputs = [vi("O", q), vi("dQ", q), vi("dKt", kt), vi("dV", v)]
+    if dropout:
+        nodes += [helper.make_node("Dropout", ["P", "ratio", "train"], ["Pd", "dmask"],
+                                   name="drop"),
+                  helper.make_node("DropoutGrad", ["dPd", "dmask", "ratio", "train"], ["dP"],
+                                   domain=MS, name="drop_grad")]
+        inits += [const("ratio", 0.1), const("train", True, np.bool_)]
+        value_info = [vi("dmask", p, onnx.TensorProto.BOOL)]
+    if bias_grad:
+        inputs.append(vi("mask", mask_shape))
+        nodes.append(helper.make_node("ReduceSum", ["dS0", "bias_axes"], ["mask_grad"],
+                                      keepdims=1, name="bias_grad"))
+        inits.append(const("bias_axes", [0, 1], np.int64))
+        outputs.append(vi("mask_grad", mask_shape))
+    else:
+        i = np.arange(S)[:, None]
+        inits.append(const("mask", np.broadcast_to(np.where(np.arange(S)[None, :] <= i, 0.0,
+                                                            FMIN), mask_shape)))
+    if p_output:
+        outputs.append(vi("P", p))
+    m = model(nodes, inputs, outputs, inits)
+    m.graph.value_info.extend([vi("scores", p), vi("scaled", p), vi("masked", p), *value_info])
+    return m
+
+
+def _fuse(m, **kw):
+    fused = copy.deepcopy(m)
+    fp = FusionPass(**kw)
+    fp.run(fused)
+    return fused, fp.stats
+
+
+def _ops(m):
+    return [n.op_type for n in m.graph.node]
+
+
+# --- the rule language: several fused nodes, tensors the replacement creates ----------------
+
+RULE = """
+name: two_nodes
+pattern: flash_attention
+order: 1
+nodes:
+  - {id: sm, op: Softmax, inputs: [S], outputs: [P]}
+  - {id: pv, op: MatMul, inputs: [P, V], outputs: [O]}
+replace:
+  op: FlashAttention
+  inputs: [S, V, V]
+  outputs: [O, L]
+  new: [L]
+  then:
+%s
+"""
+
+
+def test_rule_then_and_new_are_validated():
+    ok = parse_rule(RULE % "    - {op: FlashAttentionGrad, inputs: [V, S, V, V, O, L], "
+                    "outputs: ['', '', '']}", "r.yaml")
+    assert [r.op for r in ok.replace.nodes] == ["FlashAttention", "FlashAttentionGrad"]
+    assert ok.replace.new == ("L",)
+    bad = {
+        # a created tensor read before any node writes it
+        "is not written by an earlier": RULE.replace("outputs: [O, L]", "outputs: [O]")
+        % "    - {op: FlashAttentionGrad, inputs: [V, S, V, V, O, L], outputs: [L]}",
+        # a name no pattern node uses and not listed in new
+        "which no pattern node uses": RULE % "    - {op: FlashAttentionGrad, inputs: [V, S, "
+        "V, V, O, X], outputs: ['']}",
+        # a further node may not nest its own then / new
+        "cannot have its own": RULE % "    - {op: FlashAttentionGrad, inputs: [V, S, V, V, "
+        "O, L], outputs: [''], new: [Z]}",
+        # two fused nodes writing one tensor
+        "written by an earlier fused node": RULE % "    - {op: FlashAttentionGrad, inputs: "
+        "[V, S, V, V, O, L], outputs: [O]}",
+    }
+    for want, text in bad.items():
+        with pytest.raises(RuleError, match=want):
+            parse_rule(text, "r.yaml")
+
+
+def test_two_fused_nodes_keep_topological_order():
+    """The forward op takes the forward's place, the backward op the backward's: after dO's
+    producer, before the consumers of dQ / dK / dV, with LSE a fresh tensor between them."""
+    m = ortt_attention_masked()
+    # dO produced inside the graph, after the forward; dQ read by a later node
+    m.graph.input.remove(next(i for i in m.graph.input if i.name == "dO"))
+    m.graph.node.insert(5, helper.make_node("Mul", ["O", "two"], ["dO"], name="make_dO"))
+    m.graph.node.append(helper.make_node("Neg", ["dQ"], ["dQn"], name="use_dQ"))
+    m.graph.initializer.append(const("two", 2.0))
+    m.graph.output.append(vi("dQn", [2, 2, 5, 4]))
+    fused, stats = _fuse(m)
+    ops = _ops(fused)
+    assert stats.patterns["flash_attention"].fused == 1
+    assert ops.index("FlashAttention") < ops.index("Mul") < ops.index("FlashAttentionGrad") \
+        < ops.index("Neg")
+    fwd = fused.graph.node[ops.index("FlashAttention")]
+    bwd = fused.graph.node[ops.index("FlashAttentionGrad")]
+    assert fwd.output[1] == bwd.input[5] and fwd.output[1] not in {
+        t for n in m.graph.node for t in (*n.input, *n.output)}
+    onnx.checker.check_model(fused)
+
+
+# --- rules/flash_ortt.yaml: one positive fixture per variant ------------------------------
+
+@pytest.mark.parametrize("scale_op", ["Div", "Mul"])
+def test_flash_ortt_plain(scale_op):
+    m = builders.ortt_attention(scale_op=scale_op)
+    fused, stats = _fuse(m)
+    assert stats.rules["flash_ortt_plain"].fused == 1          # one attention in the model
+    assert stats.patterns["sdpa"].fused == 0
+    assert sorted(_ops(fused)) == ["FlashAttention", "FlashAttentionGrad"]
+    fwd = next(n for n in fused.graph.node if n.op_type == "FlashAttention")
+    attrs = {a.name: helper.get_attribute_value(a) for a in fwd.attribute}
+    assert attrs["scale"] == pytest.approx(1 / np.sqrt(3), rel=1e-6)
+    assert attrs["k_transposed"] == 1
+    assert "P" not in {t for n in fused.graph.node for t in n.output}
+
+
+def test_flash_ortt_mask():
+    fused, stats = _fuse(ortt_attention_masked())
+    assert stats.rules["flash_ortt_mask"].fused == 1
+    fwd, bwd = (next(n for n in fused.graph.node if n.op_type == op)
+                for op in ("FlashAttention", "FlashAttentionGrad"))
+    assert fwd.input[3] == "mask" and bwd.input[6] == "mask"
+    assert not {"Softmax", "SoftmaxGrad_13", "MatMul", "FusedMatMul"} & set(_ops(fused))
+
+
+# --- negative fixtures: one per guard; today's sdpa fusion applies instead -----------------
+
+@pytest.mark.parametrize("case,reason", [("p_output", "intermediate_is_graph_output"),
+                                         ("bias_grad", "intermediate_consumed_outside")])
+def test_flash_ortt_refused_where_p_or_ds_is_read(case, reason):
+    """P a graph output (a model that outputs its attentions), or dS read by a learned bias's
+    gradient: the probabilities must exist, so the flash rule refuses and AttentionGrad fuses
+    the backward as before."""
+    fused, stats = _fuse(ortt_attention_masked(**{case: True}))
+    assert stats.patterns["flash_attention"].fused == 0
+    assert reason in stats.patterns["flash_attention"].skipped
+    assert stats.patterns["sdpa"].fused == 1
+    assert "FlashAttention" not in _ops(fused) and "Softmax" in _ops(fused)
+
+
+def test_flash_ortt_leaves_attention_dropout_to_sdpa():
+    fused, stats = _fuse(ortt_attention_masked(dropout=True))
+    assert stats.patterns["flash_attention"].detected == 0
+    assert stats.patterns["sdpa"].fused == 1
+
+
+def test_flash_ortt_refuses_multi_query_gradients_at_the_full_head_count():
+    """K / V broadcast inside the MatMuls: the graph's dK^T / dV are [B, Hq, ...] and summed
+    after; FlashAttentionGrad writes K's shape, so the shape guard refuses and sdpa (which
+    absorbs the head sum) fuses."""
+    fused, stats = _fuse(builders.ortt_attention(kv_heads=1, heads=2))
+    assert stats.patterns["flash_attention"].fused == 0
+    assert "shape_mismatch" in stats.patterns["flash_attention"].skipped
+    assert stats.patterns["sdpa"].fused == 1
+
+
+# --- numerics: the fused graph against the original in onnxruntime-training ---------------
+
+@pytest.mark.parametrize("build", [lambda: builders.ortt_attention(scale_op="Mul", S=70, D=8),
+                                   lambda: ortt_attention_masked(S=150, D=8),
+                                   lambda: ortt_attention_masked(S=3, D=4, B=1, H=1)])
+def test_flash_ortt_fused_graph_verifies(build, tmp_path):
+    from fusecli.runtime.verify import verify_models
+
+    m = build()
+    fused, stats = _fuse(m)
+    assert stats.patterns["flash_attention"].fused == 1
+    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
+    onnx.save(m, src)
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-4, report
+
+
+# real ort-training exports of grouped / multi-query attention (tests/data/make_gqa.py): the
+# repeat_kv spellings (Expand, repeat_interleave, Tile) feed repeated K^T / V to the MatMuls,
+# which the flash rule takes (their gradients' group sums stay in the graph); K / V broadcast
+# inside the MatMuls is refused (shape guard) and stays with sdpa
+GQA = {"ortt_gqa_expand_kv2": 1, "ortt_gqa_expand_kv1": 1, "ortt_gqa_interleave_kv2": 1,
+       "ortt_gqa_tile_kv2": 1, "ortt_gqa_bcast_kv2": 0, "ortt_gqa_bcast_kv1": 0}
+
+
+@pytest.mark.ortt
+@pytest.mark.parametrize("name", sorted(GQA))
+def test_flash_ortt_on_grouped_attention_exports(name, tmp_path):
+    from pathlib import Path
+
+    from fusecli.runtime.verify import check_fusions, verify_models
+
+    src = Path(__file__).parent / "data" / "gqa" / f"{name}.onnx"
+    fused, stats = _fuse(onnx.load(src))
+    assert stats.patterns["flash_attention"].fused == GQA[name]
+    assert stats.patterns["sdpa"].fused == 1 - GQA[name]
+    out = tmp_path / "m.fused.onnx"
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok, [d.as_dict() for d in report.diffs if not d.ok]
+    checks = check_fusions(src, stats.fusions, atol=1e-6)
+    assert not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]
