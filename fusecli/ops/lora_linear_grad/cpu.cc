@@ -1,0 +1,117 @@
+// LoraLinearGrad: CPU kernel.
+#include <memory>
+
+#include "cpu_activation.h"
+#include "cpu_eigen.h"
+#include "cpu_gemm.h"
+#include "cpu_kernel.h"
+#include "cpu_threads.h"
+
+namespace fusecli {
+namespace {
+
+// ============================= LoraLinearGrad ===============================================
+// attributes: activation, alpha (its input scale), scale (the adapter's s), split_dx
+struct LoraKernel : CpuKernel<LoraKernel, kLoraLinearGrad> {
+  template <typename TOp>
+  LoraKernel(const OrtKernelInfo* info, const TOp* op) : CpuKernel(info, op), mm(info) {}
+  void Compute(Ort::KernelContext& ctx);
+  OrtMatMul mm;
+};
+
+void LoraKernel::Compute(Ort::KernelContext& ctx) {
+  In dy = get_input(ctx, 0), x = get_input(ctx, 1), a = get_input(ctx, 2), w = get_input(ctx, 3);
+  In la = get_input(ctx, 4), lb = get_input(ctx, 5), h = get_input(ctx, 6), xd = get_input(ctx, 7);
+  FUSECLI_CHECK(!dy.shape.empty() && !a.shape.empty(), "LoraLinearGrad: dY and A need rank >= 1");
+  FUSECLI_CHECK(la.shape.size() == 2 && lb.shape.size() == 2, "LoraLinearGrad: La, Lb must be 2-D");
+  const int64_t N = dy.shape.back(), K = a.shape.back(), R = la.shape[0];
+  const int64_t M = N ? dy.numel() / N : 0;
+  FUSECLI_CHECK(a.numel() == M * K, "LoraLinearGrad: A rows must match dY rows");
+  FUSECLI_CHECK(la.shape[1] == K, "LoraLinearGrad: La must be [r, K]");
+  FUSECLI_CHECK(lb.shape[0] == N && lb.shape[1] == R, "LoraLinearGrad: Lb must be [N, r]");
+  FUSECLI_CHECK(h.numel() == M * R, "LoraLinearGrad: H must be [..., r] with dY's rows");
+  FUSECLI_CHECK(!xd.present || xd.numel() == M * K, "LoraLinearGrad: Xd must have A's size");
+  FUSECLI_CHECK(activation == Act::kIdentity || (x.present && x.numel() == M * N),
+                "LoraLinearGrad: X (dY's size) is needed for the activation gradient");
+  FUSECLI_CHECK(!w.present || (w.shape.size() == 2 && w.shape[0] == N && w.shape[1] == K),
+                "LoraLinearGrad: W must be [N, K]");
+
+  std::vector<int64_t> dx_shape = a.shape;
+  bool want_dx, want_dxa, want_dla, want_dlb, want_dw, want_db, have_dz_out;
+  float* dx = output_or_null<float>(ctx, 0, dx_shape, &want_dx);
+  float* dxa = output_or_null<float>(ctx, 1, dx_shape, &want_dxa);
+  float* dla = output_or_null<float>(ctx, 2, {R, K}, &want_dla);
+  float* dlb = output_or_null<float>(ctx, 3, {N, R}, &want_dlb);
+  float* dw = output_or_null<float>(ctx, 4, {N, K}, &want_dw);
+  float* db = output_or_null<float>(ctx, 5, {N}, &want_db);
+  float* dz_out = output_or_null<float>(ctx, 6, dy.shape, &have_dz_out);
+  FUSECLI_CHECK(!want_dx || w.present, "LoraLinearGrad: dX is requested but W is absent");
+  FUSECLI_CHECK(!want_dxa || split_dx, "LoraLinearGrad: dXa is written only with split_dx=1");
+  const float* dyp = dy.ptr<float>();
+  const float* ap = a.ptr<float>();
+  const float* xdp = xd.present ? xd.ptr<float>() : ap;
+  if (M == 0) {
+    if (want_dla) std::fill(dla, dla + R * K, 0.f);
+    if (want_dlb) std::fill(dlb, dlb + N * R, 0.f);
+    if (want_dw) std::fill(dw, dw + N * K, 0.f);
+    if (want_db) std::fill(db, db + N, 0.f);
+    return;
+  }
+  if (have_dz_out && dz_out == dyp) count_inplace(kLoraLinearGrad);
+
+  // dZ = act'(X) dY, written to output 6 when named (possibly dY's own buffer: elementwise,
+  // safe), else to a scratch buffer; identity reads dY itself.
+  const bool act_pass = activation != Act::kIdentity;
+  std::unique_ptr<float[]> dz_buf(act_pass && !have_dz_out ? new float[static_cast<size_t>(M * N)]
+                                                           : nullptr);
+  float* dz_store = have_dz_out ? dz_out : dz_buf.get();
+  if (act_pass) {
+    const float* xp = x.ptr<float>();
+    parallel_for(M * N, 1 << 15, [&](int, int64_t i0, int64_t i1) {
+      act_grad_block(activation, alpha, dyp + i0, xp + i0, dz_store + i0, i1 - i0);
+    });
+  } else if (have_dz_out && dz_out != dyp) {
+    std::copy(dyp, dyp + M * N, dz_out);
+  }
+  const float* dz = act_pass ? dz_store : dyp;
+  const OrtKernelContext* kc = ctx.GetOrtKernelContext();
+  const float* lap = la.ptr<float>();
+  const float* lbp = lb.ptr<float>();
+
+  // G[M,r] = s dZ Lb: the adapter's hidden gradient, needed by dLa and by the adapter's dX
+  const bool need_g = want_dla || want_dxa || (want_dx && !split_dx);
+  std::unique_ptr<float[]> g(need_g ? new float[static_cast<size_t>(M * R)] : nullptr);
+  if (need_g) gemm(false, false, M, R, N, scale, dz, N, lbp, R, 0.f, g.get(), R);
+  if (want_dx) {  // dX[M,K] = dZ W (+ G La)
+    mm.run(kc, false, false, 1, M, K, N, dz, w.ptr<float>(), dx);
+    if (!split_dx) gemm(false, false, M, K, R, 1.f, g.get(), R, lap, K, 1.f, dx, K);
+  }
+  if (want_dxa) gemm(false, false, M, K, R, 1.f, g.get(), R, lap, K, 0.f, dxa, K);
+  if (want_dla) gemm(true, false, R, K, M, 1.f, g.get(), R, xdp, K, 0.f, dla, K);  // G^T Xd
+  if (want_dlb)  // dLb[N,r] = s dZ^T H
+    gemm(true, false, N, R, M, scale, dz, N, h.ptr<float>(), R, 0.f, dlb, R);
+  if (want_dw) mm.run(kc, true, false, 1, N, K, M, dz, ap, dw);  // dW[N,K] = dZ^T A
+  if (want_db) {
+    const int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, N));
+    const int T = planned_threads(M, grain);
+    std::vector<float> part(static_cast<size_t>(T * N), 0.f);
+    parallel_for(
+        M, grain,
+        [&](int t, int64_t r0, int64_t r1) {
+          MA acc(part.data() + t * N, N);
+          for (int64_t i = r0; i < r1; ++i) acc += CA(dz + i * N, N);
+        },
+        T);
+    MA out(db, N);
+    out = CA(part.data(), N);
+    for (int t = 1; t < T; ++t) out += CA(part.data() + t * N, N);
+  }
+}
+
+}  // namespace
+
+void add_lora_linear_grad_cpu_ops(Ort::CustomOpDomain& domain) {
+  add_op<FusedOp<LoraKernel>>(domain);
+}
+
+}  // namespace fusecli
