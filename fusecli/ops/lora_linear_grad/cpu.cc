@@ -11,7 +11,8 @@ namespace fusecli {
 namespace {
 
 // ============================= LoraLinearGrad ===============================================
-// attributes: activation, alpha (its input scale), scale (the adapter's s), split_dx
+// attributes: activation, alpha (its input scale), scale (the adapter's s), trans_w (W stored
+// [K, N]), split_dx
 struct LoraKernel : CpuKernel<LoraKernel, kLoraLinearGrad> {
   template <typename TOp>
   LoraKernel(const OrtKernelInfo* info, const TOp* op) : CpuKernel(info, op), mm(info) {}
@@ -33,8 +34,9 @@ void LoraKernel::Compute(Ort::KernelContext& ctx) {
   FUSECLI_CHECK(!xd.present || xd.numel() == M * K, "LoraLinearGrad: Xd must have A's size");
   FUSECLI_CHECK(activation == Act::kIdentity || (x.present && x.numel() == M * N),
                 "LoraLinearGrad: X (dY's size) is needed for the activation gradient");
-  FUSECLI_CHECK(!w.present || (w.shape.size() == 2 && w.shape[0] == N && w.shape[1] == K),
-                "LoraLinearGrad: W must be [N, K]");
+  FUSECLI_CHECK(!w.present || (w.shape.size() == 2 && w.shape[0] == (trans_w ? K : N) &&
+                               w.shape[1] == (trans_w ? N : K)),
+                "LoraLinearGrad: W must be [N, K] (trans_w=0) or [K, N] (trans_w=1)");
 
   std::vector<int64_t> dx_shape = a.shape;
   bool want_dx, want_dxa, want_dla, want_dlb, want_dw, want_db, have_dz_out;
@@ -42,7 +44,8 @@ void LoraKernel::Compute(Ort::KernelContext& ctx) {
   float* dxa = output_or_null<float>(ctx, 1, dx_shape, &want_dxa);
   float* dla = output_or_null<float>(ctx, 2, {R, K}, &want_dla);
   float* dlb = output_or_null<float>(ctx, 3, {N, R}, &want_dlb);
-  float* dw = output_or_null<float>(ctx, 4, {N, K}, &want_dw);
+  float* dw = output_or_null<float>(
+      ctx, 4, trans_w ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K}, &want_dw);
   float* db = output_or_null<float>(ctx, 5, {N}, &want_db);
   float* dz_out = output_or_null<float>(ctx, 6, dy.shape, &have_dz_out);
   FUSECLI_CHECK(!want_dx || w.present, "LoraLinearGrad: dX is requested but W is absent");
@@ -82,15 +85,20 @@ void LoraKernel::Compute(Ort::KernelContext& ctx) {
   const bool need_g = want_dla || want_dxa || (want_dx && !split_dx);
   std::unique_ptr<float[]> g(need_g ? new float[static_cast<size_t>(M * R)] : nullptr);
   if (need_g) gemm(false, false, M, R, N, scale, dz, N, lbp, R, 0.f, g.get(), R);
-  if (want_dx) {  // dX[M,K] = dZ W (+ G La)
-    mm.run(kc, false, false, 1, M, K, N, dz, w.ptr<float>(), dx);
+  if (want_dx) {  // dX[M,K] = dZ W (+ G La)  |  dZ W^T with W stored [K,N]
+    mm.run(kc, false, trans_w, 1, M, K, N, dz, w.ptr<float>(), dx);
     if (!split_dx) gemm(false, false, M, K, R, 1.f, g.get(), R, lap, K, 1.f, dx, K);
   }
   if (want_dxa) gemm(false, false, M, K, R, 1.f, g.get(), R, lap, K, 0.f, dxa, K);
   if (want_dla) gemm(true, false, R, K, M, 1.f, g.get(), R, xdp, K, 0.f, dla, K);  // G^T Xd
   if (want_dlb)  // dLb[N,r] = s dZ^T H
     gemm(true, false, N, R, M, scale, dz, N, h.ptr<float>(), R, 0.f, dlb, R);
-  if (want_dw) mm.run(kc, true, false, 1, N, K, M, dz, ap, dw);  // dW[N,K] = dZ^T A
+  if (want_dw) {
+    if (!trans_w)
+      mm.run(kc, true, false, 1, N, K, M, dz, ap, dw);  // dW[N,K] = dZ^T A
+    else
+      mm.run(kc, true, false, 1, K, N, M, ap, dz, dw);  // dW[K,N] = A^T dZ
+  }
   if (want_db) {
     const int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, N));
     const int T = planned_threads(M, grain);

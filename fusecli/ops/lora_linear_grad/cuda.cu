@@ -39,8 +39,9 @@ FUSECLI_EXPORT int fusecli_launch_lora_linear_grad(void* stream, const float* dy
     RETURN_IF_ERR(gs.alloc(static_cast<size_t>(m * r) * sizeof(float)));
     RETURN_IF_ERR(sgemm(s, false, false, m, r, n, scale, dz, n, 0, lb, r, 0, 0.f, gs.f(), r, 0));
   }
-  if (dx) {  // dX[m,k] = dZ W (+ G La)
-    RETURN_IF_ERR(sgemm(s, false, false, m, k, n, 1.f, dz, n, 0, w, k, 0, 0.f, dx, k, 0));
+  if (dx) {  // dX[m,k] = dZ W (+ G La)  |  dZ W^T (W [k,n])
+    RETURN_IF_ERR(sgemm(s, false, trans_w != 0, m, k, n, 1.f, dz, n, 0, w, trans_w ? n : k, 0, 0.f,
+                        dx, k, 0));
     if (!split_dx)
       RETURN_IF_ERR(sgemm(s, false, false, m, k, r, 1.f, gs.f(), r, 0, la, k, 0, 1.f, dx, k, 0));
   }
@@ -50,8 +51,10 @@ FUSECLI_EXPORT int fusecli_launch_lora_linear_grad(void* stream, const float* dy
     RETURN_IF_ERR(sgemm(s, true, false, r, k, m, 1.f, gs.f(), r, 0, xd, k, 0, 0.f, dla, k, 0));
   if (dlb)  // dLb[n,r] = s dZ^T H
     RETURN_IF_ERR(sgemm(s, true, false, n, r, m, scale, dz, n, 0, h, r, 0, 0.f, dlb, r, 0));
-  if (dw)  // dW[n,k] = dZ^T A
+  if (dw && !trans_w)  // dW[n,k] = dZ^T A
     RETURN_IF_ERR(sgemm(s, true, false, n, k, m, 1.f, dz, n, 0, a, k, 0, 0.f, dw, k, 0));
+  if (dw && trans_w)  // dW[k,n] = A^T dZ
+    RETURN_IF_ERR(sgemm(s, true, false, k, n, m, 1.f, a, k, 0, dz, n, 0, 0.f, dw, n, 0));
   if (db && n > 0) {
     col_sum_kernel<<<static_cast<unsigned>((n + 31) / 32), dim3(32, 8), 0, s>>>(dz, db, m, n);
     RETURN_IF_ERR(cudaGetLastError());

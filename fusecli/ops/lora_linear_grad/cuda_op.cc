@@ -5,7 +5,7 @@
 namespace fusecli {
 namespace {
 
-// attributes: activation, alpha, scale, split_dx
+// attributes: activation, alpha, scale, trans_w, split_dx
 struct LoraKernel : CudaKernel<LoraKernel, kLoraLinearGrad> {
   using CudaKernel::CudaKernel;
   void Compute(Ort::KernelContext& ctx) {
@@ -19,7 +19,8 @@ struct LoraKernel : CudaKernel<LoraKernel, kLoraLinearGrad> {
     const int64_t M = N ? dy.numel() / N : 0;
     FUSECLI_CHECK(a.numel() == M * K && la.shape[1] == K && lb.shape[0] == N && lb.shape[1] == R &&
                       h.numel() == M * R && (!xd.present || xd.numel() == M * K) &&
-                      (!w.present || (w.shape[0] == N && w.shape[1] == K)),
+                      (!w.present || (trans_w ? (w.shape[0] == K && w.shape[1] == N)
+                                              : (w.shape[0] == N && w.shape[1] == K))),
                   "LoraLinearGrad: shape mismatch");
     FUSECLI_CHECK(activation == Act::kIdentity || (x.present && x.numel() == M * N),
                   "LoraLinearGrad: X (dY's size) is needed for the activation gradient");
@@ -29,15 +30,17 @@ struct LoraKernel : CudaKernel<LoraKernel, kLoraLinearGrad> {
     FUSECLI_CHECK(!dxa || split_dx, "LoraLinearGrad: dXa is written only with split_dx=1");
     float* dla = opt_out<float>(ctx, 2, {R, K});
     float* dlb = opt_out<float>(ctx, 3, {N, R});
-    float* dw = opt_out<float>(ctx, 4, {N, K});
+    float* dw =
+        opt_out<float>(ctx, 4, trans_w ? std::vector<int64_t>{K, N} : std::vector<int64_t>{N, K});
     float* db = opt_out<float>(ctx, 5, {N});
     float* dz = opt_out<float>(ctx, 6, dy.shape);
-    check_cuda(fusecli_launch_lora_linear_grad(
-                   ctx.GetGPUComputeStream(), dy.ptr<float>(), x.present ? x.ptr<float>() : nullptr,
-                   a.ptr<float>(), w.present ? w.ptr<float>() : nullptr, la.ptr<float>(),
-                   lb.ptr<float>(), h.ptr<float>(), xd.present ? xd.ptr<float>() : nullptr, dx, dxa,
-                   dla, dlb, dw, db, dz, M, N, K, R, act_code(activation), alpha, scale, split_dx),
-               "LoraLinearGrad");
+    check_cuda(
+        fusecli_launch_lora_linear_grad(
+            ctx.GetGPUComputeStream(), dy.ptr<float>(), x.present ? x.ptr<float>() : nullptr,
+            a.ptr<float>(), w.present ? w.ptr<float>() : nullptr, la.ptr<float>(), lb.ptr<float>(),
+            h.ptr<float>(), xd.present ? xd.ptr<float>() : nullptr, dx, dxa, dla, dlb, dw, db, dz,
+            M, N, K, R, act_code(activation), alpha, scale, trans_w, split_dx),
+        "LoraLinearGrad");
   }
 };
 

@@ -10,7 +10,8 @@ from ..reference import _fit, _s
 
 
 def lora_linear_grad(dy, x, a, w, la, lb, h, xd=None, activation: str = "identity",
-                     alpha: float = 1.0, scale: float = 1.0, split_dx: int = 0):
+                     alpha: float = 1.0, scale: float = 1.0, trans_w: int = 0,
+                     split_dx: int = 0):
     """Returns (dX, dXa, dLa, dLb, dW, dB, dZ); dX is None without W, dXa None unless split."""
     n, k, r = dy.shape[-1], a.shape[-1], la.shape[0]
     if activation == "identity":
@@ -26,7 +27,8 @@ def lora_linear_grad(dy, x, a, w, la, lb, h, xd=None, activation: str = "identit
     lead = (*a.shape[:-1], k)
     dx = dxa = None
     if w is not None:
-        base = dz @ w.astype(np.float64)
+        w64 = w.astype(np.float64)
+        base = dz @ (w64.T if trans_w else w64)
         dx = (base if split_dx else base + adapter).reshape(lead).astype(a.dtype)
     if split_dx:
         dxa = adapter.reshape(lead).astype(a.dtype)
@@ -40,6 +42,6 @@ def lora_linear_grad(dy, x, a, w, la, lb, h, xd=None, activation: str = "identit
 class Reference(OpRun):
 
     def _run(self, dy, x, a, w, la, lb, h, xd=None, activation=None, alpha=1.0, scale=1.0,
-             split_dx=0):
+             trans_w=0, split_dx=0):
         return _fit(self, lora_linear_grad(dy, x, a, w, la, lb, h, xd, _s(activation), alpha,
-                                           scale, split_dx or 0))
+                                           scale, trans_w or 0, split_dx or 0))

@@ -173,3 +173,19 @@ def test_lora_linear_grad_vs_unfused(act, dropout, split):
     for g, rf, nm in zip(got, ref, ["dX", "dXa", "dLa", "dLb"] if split else
                          ["dX", "dLa", "dLb"]):
         assert_close(g, rf, what=nm)
+
+
+@pytest.mark.parametrize("act", ["identity", "gelu"])
+def test_lora_linear_grad_trans_w(act):
+    """trans_w=1: W stored [K, N] (the operand of ort-training's FusedMatMul{transB=1} input
+    gradient); dX and dW agree with the [N, K] layout, dW comes back in W's layout."""
+    rng = _rng("lora-tw", act)
+    dy, x, a, w, la, lb, h, _ = _inputs(rng, (3, 5), 13, 9, 3)
+    outs = [("dX", F32), None, ("dLa", F32), ("dLb", F32), ("dW", F32), ("dB", F32)]
+    got = run_fused("LoraLinearGrad", _feeds(dy, x, a, np.ascontiguousarray(w.T), la, lb, h, None),
+                    outs, activation=act, scale=1.25, trans_w=1)
+    ref = lora_linear_grad(dy, x, a, w, la, lb, h, None, act, scale=1.25)
+    assert got[4].shape == (9, 13)
+    for g, rf, nm in zip(got, [ref[0], None, ref[2], ref[3], ref[4].T, ref[5]], OUTS):
+        if g is not None:
+            assert_close(g, rf, what=nm)
