@@ -12,14 +12,25 @@ number of LoRA-wrapped Linear layers whose backward is in the graph):
                 nothing below them trains)
   lora_all      the same with LoRA on every Linear (q,k,v,o,fc1,fc2): 12 adapters, fc1's with GELU
   lora_dropout  lora_qv with lora_dropout=0.1 (Dropout in front of lora_A): 4 adapters
-  lora_hand     a hand-written LoRA MLP: fc1 (8->16) + ReLU + fc2 (16->4), each
-                y = x W^T + b + s (x A^T) B^T with A, B nn.Parameters (s = 0.5): 2 adapters
+  lora_hand     a hand-written LoRA MLP: fc1 (8->16) + GELU + fc2 (16->16) + ReLU + fc3 (16->4),
+                each y = x W^T + b + s (x A^T) B^T with A, B nn.Parameters (s = 0.5): 3 adapters
+                (fc1 with GELU and no input gradient, fc2 with ReLU, fc3 without activation)
+  lora_hand_relu fc1 (8->16) + ReLU + fc2 (16->4), hand-written LoRA: 2 adapters (fc1 with ReLU
+                and no input gradient, fc2 without activation)
   lora_notadapter (negative) a Linear plus a product that is no adapter:
                 y = relu(x W^T + b + 0.5 relu(x C^T) D^T) -> Linear (a ReLU between the factors): 0
-  lora_runtime_scale (negative) lora_hand's fc1 with the scale a graph input: 0 there, 1 (fc2)
+  lora_runtime_scale (negative) lora_hand with fc1's scale a graph input: 0 there, 2 (fc2, fc3)
+  lora_basetrains (negative) lora_hand_relu with the base W and b training too: 2 adapters,
+                neither fused with its activation (the base's weight and bias gradients read
+                dZ, and the op is not given them): fc1's adapter part fuses without the ReLU
+                gradient (identity on dZ), fc2's fuses in ort-training (the base's gradients read
+                dY and stay outside) and not in torch-joint (a training base's input gradient
+                reads the 2-D view of dY, a spelling the rule does not cover)
 
 lora_B starts random (peft's init_lora_weights=False), so the adapter's gradients are not zero.
-Run with the venvs of make_lora (torch 2.13 + peft; see the brief's build/venv-lora-*):
+Run with two venvs holding the corpus exporters' packages (scripts/corpus/requirements-*.txt:
+torch 2.13.0, transformers 4.57.6, and onnxruntime-training-cpu 1.19.2 + onnx 1.16.2, or onnx
+1.23.2 + onnxscript 0.7.2 + onnxruntime 1.31.1) plus peft (0.21.2 was used):
 build/venv-lora-ortt/bin/python tests/data/make_lora.py ort-training
 build/venv-lora-torch/bin/python tests/data/make_lora.py torch-joint
 """
@@ -85,10 +96,10 @@ def peft_model(targets, dropout):
 
 
 class HandLoRA(nn.Module):
-    def __init__(self, k, n, r, s, runtime_scale=False):
+    def __init__(self, k, n, r, s, runtime_scale=False, base_trains=False):
         super().__init__()
         self.base = nn.Linear(k, n)
-        self.base.requires_grad_(False)
+        self.base.requires_grad_(base_trains)
         self.A = nn.Parameter(torch.randn(r, k) * 0.3)
         self.B = nn.Parameter(torch.randn(n, r) * 0.3)
         self.s, self.runtime_scale = s, runtime_scale
@@ -98,14 +109,28 @@ class HandLoRA(nn.Module):
 
 
 class HandMLP(nn.Module):
+    """fc1 (8->16) + GELU + fc2 (16->16) + ReLU + fc3 (16->4), each a hand-written LoRA."""
+
     def __init__(self, runtime_scale=False):
         super().__init__()
         self.fc1 = HandLoRA(8, 16, 2, 0.5, runtime_scale)
-        self.fc2 = HandLoRA(16, 4, 2, 0.5)
-        self.runtime_scale = runtime_scale
+        self.fc2 = HandLoRA(16, 16, 2, 0.5)
+        self.fc3 = HandLoRA(16, 4, 2, 0.5)
 
     def forward(self, x, *s):
-        return self.fc2(torch.relu(self.fc1(x, *s)))
+        return self.fc3(torch.relu(self.fc2(F.gelu(self.fc1(x, *s)))))
+
+
+class ReluMLP(nn.Module):
+    """fc1 + ReLU + fc2, hand-written LoRA (base_trains: the base weights and biases train too)."""
+
+    def __init__(self, base_trains=False):
+        super().__init__()
+        self.fc1 = HandLoRA(8, 16, 2, 0.5, base_trains=base_trains)
+        self.fc2 = HandLoRA(16, 4, 2, 0.5, base_trains=base_trains)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
 
 
 class NotAdapter(nn.Module):
@@ -137,6 +162,8 @@ def models():
         ("lora_notadapter", lambda: NotAdapter(), xm),
         ("lora_runtime_scale", lambda: HandMLP(runtime_scale=True),
          {**xm, "s": torch.tensor(0.5)}),
+        ("lora_hand_relu", lambda: ReluMLP(), xm),
+        ("lora_basetrains", lambda: ReluMLP(base_trains=True), xm),
     ]
 
 
