@@ -9,7 +9,8 @@ largest difference relative to the largest output) before they are timed side by
 Shapes: ResNet-50's four stages at 64x64 input, batch 8 (each stage's 3x3 conv and its 1x1
 reduce conv, and the stride-2 3x3 conv of the first block of layer2/3/4; the stride-2 1x1
 downsample conv is followed by BatchNorm without ReLU, so the pattern leaves it unfused); a BERT-base layer (d=768, 12 heads of 64, FF 3072, seq 128, batch 8); a Llama-style
-layer at TinyLlama-1.1B's sizes (d=2048, 32 heads of 64, FF 5632 with SiLU, seq 256, batch 1).
+layer at TinyLlama-1.1B's sizes (d=2048, 32 heads of 64, FF 5632 with SiLU, seq 256, batch 1);
+for each of the two, a LoRA of rank 16 on its q_proj (frozen base, no activation).
 
 Outlier inputs (``outliers=True``): pre-activations uniform in [-40, 40] (the exp/erf tails of
 the activation gradients underflow far below the smallest normal float), attention
@@ -89,6 +90,36 @@ def linear_case(model, act, m, n, k, rng, outliers=False) -> Case:
     return Case(model, "LinearActivationGrad", f"LinearActivationGrad {act}",
                 f"M={m} N={n} K={k}", _model(chain, feeds, outs, [axes]),
                 _model([fused], feeds, outs), feeds, outs)
+
+
+def lora_case(model, m, n, k, r, rng, scale=2.0) -> Case:
+    """LoraLinearGrad (dX, dLa, dLb; identity, as peft's q_proj/v_proj) vs the ort-training chain
+    of a LoRA-wrapped frozen Linear: Mul (scale) + FusedMatMul x3 (lora_B's and lora_A's input
+    gradients, the base's) + Sum + Gemm/Transpose x2 (the adapters' weight gradients)."""
+    xd = rng.standard_normal((m, k))
+    la = rng.standard_normal((r, k)) / np.sqrt(k)
+    feeds = {"dY": _f32(rng.standard_normal((m, n))), "A": _f32(xd),
+             "Wt": _f32(rng.standard_normal((k, n)) / np.sqrt(k)),
+             "LaT": _f32(la.T), "LbT": _f32(rng.standard_normal((r, n)) / np.sqrt(r)),
+             "La": _f32(la), "H": _f32(xd @ la.T)}
+    feeds["Lb"] = _f32(feeds["LbT"].T)
+    s = helper.make_tensor("s", F, [], [scale])
+    mm = dict(domain=MS, transB=1)
+    chain = [helper.make_node("Mul", ["dY", "s"], ["dU"]),
+             helper.make_node("FusedMatMul", ["dU", "LbT"], ["dH"], **mm),
+             helper.make_node("FusedMatMul", ["dH", "LaT"], ["dXa"], **mm),
+             helper.make_node("FusedMatMul", ["dY", "Wt"], ["dXb"], **mm),
+             helper.make_node("Sum", ["dXa", "dXb"], ["dX"]),
+             helper.make_node("Gemm", ["H", "dU"], ["dLbT"], transA=1),
+             helper.make_node("Transpose", ["dLbT"], ["dLb"], perm=[1, 0]),
+             helper.make_node("Gemm", ["A", "dH"], ["dLaT"], transA=1),
+             helper.make_node("Transpose", ["dLaT"], ["dLa"], perm=[1, 0])]
+    fused = helper.make_node("LoraLinearGrad", ["dY", "", "A", "Wt", "La", "Lb", "H"],
+                             ["dX", "", "dLa", "dLb", "", "", "dZ_ws"], domain=FUSED_DOMAIN,
+                             activation="identity", scale=scale, trans_w=1)
+    outs = ["dX", "dLa", "dLb"]
+    return Case(model, "LoraLinearGrad", "LoraLinearGrad identity", f"M={m} N={n} K={k} r={r}",
+                _model(chain, feeds, outs, [s]), _model([fused], feeds, outs), feeds, outs)
 
 
 def layernorm_case(model, m, n, rng, outliers=False) -> Case:
@@ -196,6 +227,8 @@ def real_shape_cases(seed: int = 0) -> list[Case]:
         cases.append(layernorm_case(name, m, cfg["d"], rng))
         cases.append(attention_case(name, cfg["batch"] * cfg["heads"], cfg["seq"],
                                     cfg["head_dim"], rng))
+        # a LoRA (r=16) on its q_proj, base frozen (peft's default targets)
+        cases.append(lora_case(name, m, cfg["d"], cfg["d"], 16, rng))
     return cases
 
 

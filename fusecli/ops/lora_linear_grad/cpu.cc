@@ -81,18 +81,40 @@ void LoraKernel::Compute(Ort::KernelContext& ctx) {
   const float* lap = la.ptr<float>();
   const float* lbp = lb.ptr<float>();
 
-  // G[M,r] = s dZ Lb: the adapter's hidden gradient, needed by dLa and by the adapter's dX
+  // every GEMM runs on onnxruntime's MLAS (OrtMatMul, the session's threads); the scale is folded
+  // into a copy of Lb once: sLb = s Lb [N, r]
+  std::vector<float> slb(static_cast<size_t>(N * R));
+  for (int64_t i = 0; i < N * R; ++i) slb[i] = scale * lbp[i];
+  // G[M,r] = dZ sLb: the adapter's hidden gradient, needed by dLa and by the adapter's dX
   const bool need_g = want_dla || want_dxa || (want_dx && !split_dx);
   std::unique_ptr<float[]> g(need_g ? new float[static_cast<size_t>(M * R)] : nullptr);
-  if (need_g) gemm(false, false, M, R, N, scale, dz, N, lbp, R, 0.f, g.get(), R);
+  if (need_g) mm.run(kc, false, false, 1, M, R, N, dz, slb.data(), g.get());
   if (want_dx) {  // dX[M,K] = dZ W (+ G La)  |  dZ W^T with W stored [K,N]
-    mm.run(kc, false, trans_w, 1, M, K, N, dz, w.ptr<float>(), dx);
-    if (!split_dx) gemm(false, false, M, K, R, 1.f, g.get(), R, lap, K, 1.f, dx, K);
+    const float* wp = w.ptr<float>();
+    if (!split_dx && M >= N) {
+      // dZ W + (dZ sLb) La = dZ (W + sLb La): one GEMM over the effective weight, in W's layout
+      // (its N K r multiply-adds are fewer than the M K r of G La, and no second pass over dX)
+      std::unique_ptr<float[]> weff(new float[static_cast<size_t>(N * K)]);
+      if (!trans_w)
+        mm.run(kc, false, false, 1, N, K, R, slb.data(), lap, weff.get());  // [N,K] = sLb La
+      else
+        mm.run(kc, true, true, 1, K, N, R, lap, slb.data(), weff.get());  // [K,N] = La^T sLb^T
+      float* we = weff.get();
+      parallel_for(N * K, 1 << 15, [&](int, int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) we[i] += wp[i];
+      });
+      mm.run(kc, false, trans_w, 1, M, K, N, dz, we, dx);
+    } else {
+      mm.run(kc, false, trans_w, 1, M, K, N, dz, wp, dx);
+      if (!split_dx) gemm(false, false, M, K, R, 1.f, g.get(), R, lap, K, 1.f, dx, K);
+    }
   }
-  if (want_dxa) gemm(false, false, M, K, R, 1.f, g.get(), R, lap, K, 0.f, dxa, K);
-  if (want_dla) gemm(true, false, R, K, M, 1.f, g.get(), R, xdp, K, 0.f, dla, K);  // G^T Xd
-  if (want_dlb)  // dLb[N,r] = s dZ^T H
-    gemm(true, false, N, R, M, scale, dz, N, h.ptr<float>(), R, 0.f, dlb, R);
+  if (want_dxa) mm.run(kc, false, false, 1, M, K, R, g.get(), lap, dxa);  // G La
+  if (want_dla) mm.run(kc, true, false, 1, R, K, M, g.get(), xdp, dla);   // G^T Xd
+  if (want_dlb) {                                                         // dLb[N,r] = s dZ^T H
+    mm.run(kc, true, false, 1, N, R, M, dz, h.ptr<float>(), dlb);
+    for (int64_t i = 0; i < N * R; ++i) dlb[i] *= scale;
+  }
   if (want_dw) {
     if (!trans_w)
       mm.run(kc, true, false, 1, N, K, M, dz, ap, dw);  // dW[N,K] = dZ^T A
