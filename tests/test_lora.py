@@ -114,12 +114,18 @@ def test_lora_dx_split_and_sum(family):
         assert producers[n.input[7]].input[0] == n.input[2]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_lora_negative_not_an_adapter(family, tmp_path):
-    """A ReLU between the two factors of the product: no adapter, nothing fused as LoRA."""
+@pytest.mark.parametrize("family,rule", [("ortt", "lora_relu_ortt_nodx"),
+                                         ("torch", "lora_act_torch_nodx")])
+def test_lora_negative_not_an_adapter(family, rule, tmp_path):
+    """A ReLU between the two factors of the product: no adapter, nothing fused as LoRA;
+    explain shows the match of the lora_B half breaking where lora_A's gradient should read dH
+    (it reads the ReLU's gradient of dH instead)."""
     name = f"{family}_lora_notadapter"
     m, fp = _fuse(name)
     assert not _lora_nodes(m) and fp.stats.patterns["lora"].fused == 0
+    misses = explain_model(onnx.load(DATA / f"{name}.onnx"), FusionPass(rules=_upto(rule)))
+    assert any(x["rule"] == rule and x["reason"] == "op_type" and x["depth"] >= 7
+               and x["node"] in ("la_flat_dh", "la_tdh") for x in misses), misses
     _assert_verifies(tmp_path, name, m)
 
 
