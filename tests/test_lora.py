@@ -43,8 +43,8 @@ POSITIVE = {
     "lora_dropout": Counter({("identity", False): 2, ("identity", True): 2}),
     # fc1 + GELU (first layer), fc2 + ReLU, fc3
     "lora_hand": Counter({("gelu", False): 1, ("relu", True): 1, ("identity", True): 1}),
-    # fc1 + ReLU (first layer), fc2
-    "lora_hand_relu": Counter({("relu", False): 1, ("identity", True): 1}),
+    # fc1 + ReLU (first layer), fc2 + GELU, fc3
+    "lora_hand_relu": Counter({("relu", False): 1, ("gelu", True): 1, ("identity", True): 1}),
 }
 
 

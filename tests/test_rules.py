@@ -80,6 +80,12 @@ SAMPLE_MODELS["gqa_torch_bcast"] = onnx.load(DATA / "gqa" / "torch_gqa_bcast_kv2
 SAMPLE_MODELS["synthetic_ortt_attention_fill"] = builders.ortt_attention_fill()
 # a LayerNorm without bias, ort-training: Sub(mean) + SimplifiedLayerNormalization
 SAMPLE_MODELS["synthetic_ortt_layernorm_centred"] = builders.ortt_layernorm_centred()
+# LoRA fine-tuning exports, base frozen (tests/data/make_lora.py, tests/test_lora.py): hand-written
+# LoRA MLPs (GELU / ReLU first layer, then ReLU / GELU, then no activation) and peft LoRA on q/v
+# of a 2-block decoder (no-activation adapters with and without input gradient), both families
+for _name in ("ortt_lora_hand", "ortt_lora_hand_relu", "ortt_lora_qv", "torch_lora_hand",
+              "torch_lora_hand_relu", "torch_lora_qv"):
+    SAMPLE_MODELS[f"lora_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 
 
 def _upto(rule_name):

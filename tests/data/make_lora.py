@@ -15,12 +15,13 @@ number of LoRA-wrapped Linear layers whose backward is in the graph):
   lora_hand     a hand-written LoRA MLP: fc1 (8->16) + GELU + fc2 (16->16) + ReLU + fc3 (16->4),
                 each y = x W^T + b + s (x A^T) B^T with A, B nn.Parameters (s = 0.5): 3 adapters
                 (fc1 with GELU and no input gradient, fc2 with ReLU, fc3 without activation)
-  lora_hand_relu fc1 (8->16) + ReLU + fc2 (16->4), hand-written LoRA: 2 adapters (fc1 with ReLU
-                and no input gradient, fc2 without activation)
+  lora_hand_relu fc1 (8->16) + ReLU + fc2 (16->16) + GELU + fc3 (16->4), hand-written LoRA:
+                3 adapters (fc1 with ReLU and no input gradient, fc2 with GELU, fc3 without)
   lora_notadapter (negative) a Linear plus a product that is no adapter:
                 y = relu(x W^T + b + 0.5 relu(x C^T) D^T) -> Linear (a ReLU between the factors): 0
   lora_runtime_scale (negative) lora_hand with fc1's scale a graph input: 0 there, 2 (fc2, fc3)
-  lora_basetrains (negative) lora_hand_relu with the base W and b training too: 2 adapters,
+  lora_basetrains (negative) fc1 + ReLU + fc2, hand-written LoRA whose base W and b train too:
+                2 adapters,
                 neither fused with its activation (the base's weight and bias gradients read
                 dZ, and the op is not given them): fc1's adapter part fuses without the ReLU
                 gradient (identity on dZ), fc2's fuses in ort-training (the base's gradients read
@@ -121,6 +122,19 @@ class HandMLP(nn.Module):
         return self.fc3(torch.relu(self.fc2(F.gelu(self.fc1(x, *s)))))
 
 
+class ReluGeluMLP(nn.Module):
+    """fc1 (8->16) + ReLU + fc2 (16->16) + GELU + fc3 (16->4), each a hand-written LoRA."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = HandLoRA(8, 16, 2, 0.5)
+        self.fc2 = HandLoRA(16, 16, 2, 0.5)
+        self.fc3 = HandLoRA(16, 4, 2, 0.5)
+
+    def forward(self, x):
+        return self.fc3(F.gelu(self.fc2(torch.relu(self.fc1(x)))))
+
+
 class ReluMLP(nn.Module):
     """fc1 + ReLU + fc2, hand-written LoRA (base_trains: the base weights and biases train too)."""
 
@@ -162,7 +176,7 @@ def models():
         ("lora_notadapter", lambda: NotAdapter(), xm),
         ("lora_runtime_scale", lambda: HandMLP(runtime_scale=True),
          {**xm, "s": torch.tensor(0.5)}),
-        ("lora_hand_relu", lambda: ReluMLP(), xm),
+        ("lora_hand_relu", lambda: ReluGeluMLP(), xm),
         ("lora_basetrains", lambda: ReluMLP(base_trains=True), xm),
     ]
 
