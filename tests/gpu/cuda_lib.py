@@ -110,6 +110,42 @@ def linear_activation_grad(dy, x, a, w, act, trans_w=0, want=(1, 1, 1), trans_dw
     return (da, dw, db) if dz is None else (da, dw, db, dz_t)
 
 
+def lora_linear_grad(dy, x, a, w, la, lb, h, xd=None, act="identity", scale=1.0, trans_w=0,
+                     split_dx=0, want=(1, 1, 1, 1, 1, 1), dz=None, alpha=1.0):
+    """LoraLinearGrad's launcher: returns [dX, dXa, dLa, dLb, dW, dB] (None where not wanted;
+    dXa only with split_dx) and, with dz, dZ as a 7th item."""
+    import torch
+    n, k, r = dy.shape[-1], a.shape[-1], la.shape[0]
+    m = dy.numel() // n
+    dx = torch.empty_like(a) if want[0] else None
+    dxa = torch.empty_like(a) if want[1] and split_dx else None
+    dla = torch.empty_like(la) if want[2] else None
+    dlb = torch.empty_like(lb) if want[3] else None
+    dw = torch.empty_like(w) if want[4] else None
+    db = torch.empty(n, device=dy.device, dtype=dy.dtype) if want[5] else None
+    dy, dz_t = _workspace(dy, dz)
+    call("fusecli_launch_lora_linear_grad", stream(), ptr(dy), ptr(x), ptr(a), ptr(w), ptr(la),
+         ptr(lb), ptr(h), ptr(xd), ptr(dx), ptr(dxa), ptr(dla), ptr(dlb), ptr(dw), ptr(db),
+         ptr(dz_t), m, n, k, r, ACT[act], alpha, scale, trans_w, split_dx)
+    out = [dx, dxa, dla, dlb, dw, db]
+    return out if dz is None else out + [dz_t]
+
+
+def ref_lora(dy, x, a, w, la, lb, h, xd, act, scale, trans_w, split_dx):
+    """LoraLinearGrad's contract in torch (float64): [dX, dXa, dLa, dLb, dW, dB]."""
+    n, k, r = dy.shape[-1], a.shape[-1], la.shape[0]
+    dz = ref_act_grad(dy, x, act).reshape(-1, n)
+    a2 = a.reshape(-1, k)
+    xd2 = a2 if xd is None else xd.reshape(-1, k)
+    g = scale * (dz @ lb)
+    wnk = w.t() if trans_w else w
+    base, adapter = dz @ wnk, g @ la
+    dx = (base if split_dx else base + adapter).reshape(a.shape)
+    dw = a2.t() @ dz if trans_w else dz.t() @ a2
+    return [dx, adapter.reshape(a.shape) if split_dx else None, g.t() @ xd2,
+            scale * dz.t() @ h.reshape(-1, r), dw, dz.sum(0)]
+
+
 def _kv_dims(q_batch, t):
     """K's (or V's) batch dims right-aligned with P's, missing leading ones 1."""
     kb = tuple(t.shape[:-2])

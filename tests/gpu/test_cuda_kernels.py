@@ -138,6 +138,42 @@ def test_linear_activation_grad_optional(want):
     _check_requested(want, got, ref)
 
 
+@pytest.mark.parametrize("act", ACTS + ["identity"])
+@pytest.mark.parametrize("trans_w,split_dx,dropout", [(0, 0, False), (1, 0, False), (1, 1, True),
+                                                      (0, 1, False)])
+@pytest.mark.parametrize("lead,n,k,r", [((1,), 1, 1, 1), ((3,), 17, 5, 2), ((2, 3), 17, 33, 4),
+                                        ((512,), 257, 384, 16)])
+def test_lora_linear_grad(act, trans_w, split_dx, dropout, lead, n, k, r):
+    dy, x, a = _rand(*lead, n), _rand(*lead, n, scale=2.0), _rand(*lead, k)
+    w = _rand(*((k, n) if trans_w else (n, k)), scale=0.3)
+    la, lb = _rand(r, k, scale=0.3), _rand(n, r, scale=0.3)
+    xd = (a * (torch.rand_like(a) > 0.3) / 0.7) if dropout else None
+    h = ((a if xd is None else xd).double().reshape(-1, k) @ la.double().t()).float()
+    h = h.reshape(*lead, r)
+    got = L.lora_linear_grad(dy, x, a, w, la, lb, h, xd, act, 1.5, trans_w, split_dx)
+    ref = L.ref_lora(dy.double(), x.double(), a.double(), w.double(), la.double(), lb.double(),
+                     h.double(), None if xd is None else xd.double(), act, 1.5, trans_w, split_dx)
+    for g, rf, nm in zip(got, ref, "dX dXa dLa dLb dW dB".split()):
+        assert (g is None) == (rf is None), nm
+        if g is not None:
+            _close(g, rf, 5e-4, nm)
+
+
+@pytest.mark.parametrize("want", [m for m in itertools.product([0, 1], repeat=5) if any(m)])
+@pytest.mark.parametrize("dz", [None, "inplace"])
+def test_lora_linear_grad_optional(want, dz):
+    dy, x, a, w = _rand(9, 19), _rand(9, 19), _rand(9, 11), _rand(19, 11)
+    la, lb = _rand(3, 11), _rand(19, 3)
+    h = (a.double() @ la.double().t()).float()
+    full = (want[0], 0, *want[1:])
+    got = L.lora_linear_grad(dy, x, a, w, la, lb, h, None, "gelu", 2.0, 0, 0, full, dz=dz)
+    ref = L.ref_lora(dy.double(), x.double(), a.double(), w.double(), la.double(), lb.double(),
+                     h.double(), None, "gelu", 2.0, 0, 0)
+    _check_requested(full, got[:6], ref)
+    if dz:
+        _close(got[6], L.ref_act_grad(dy.double(), x.double(), "gelu"), 2e-4, "dZ")
+
+
 @pytest.mark.parametrize("kt", [0, 1])
 @pytest.mark.parametrize("lead,sq,sk,d,dv", [((1,), 1, 1, 1, 1), ((3,), 17, 5, 8, 3),
                                              ((2, 3), 7, 33, 17, 16), ((2, 8), 256, 256, 64, 64)])
