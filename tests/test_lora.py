@@ -155,3 +155,28 @@ def test_lora_negative_base_trains(family, fused, act_rule, tmp_path):
     assert any(x["rule"] == act_rule and x["reason"] == "intermediate_consumed_outside"
                for x in misses), misses
     _assert_verifies(tmp_path, name, m)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lora_adapter_dx_read_elsewhere(family, tmp_path):
+    """The base + adapter input-gradient sum is absorbed, but the adapter's part is also read
+    outside (here a graph output): the op writes it as dXa besides the summed dX."""
+    name = f"{family}_lora_hand"
+    m = onnx.load(DATA / f"{name}.onnx")
+    fp = FusionPass()
+    fp.run(onnx.load(DATA / f"{name}.onnx"))
+    summed = [f for f in fp.stats.fusions if "xsum" in f.nodes]
+    assert len(summed) == 2  # fc2, fc3: each one's input feeds only its base and its adapter
+    dxa = summed[0].tensors["dXa"]
+    m.graph.node.append(helper.make_node("Identity", [dxa], ["adapter_dx_copy"]))
+    m.graph.output.append(helper.make_tensor_value_info("adapter_dx_copy", onnx.TensorProto.FLOAT,
+                                                        None))
+    src = tmp_path / "m.onnx"
+    onnx.save(m, src)
+    FusionPass().run(m)
+    [node] = [n for n in _lora_nodes(m) if n.output[1] == dxa]
+    assert _attr(node, "split_dx") == 0 and node.output[0] == summed[0].tensors["dX"]
+    out = tmp_path / "m.fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report

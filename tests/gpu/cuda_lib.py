@@ -112,13 +112,13 @@ def linear_activation_grad(dy, x, a, w, act, trans_w=0, want=(1, 1, 1), trans_dw
 
 def lora_linear_grad(dy, x, a, w, la, lb, h, xd=None, act="identity", scale=1.0, trans_w=0,
                      split_dx=0, want=(1, 1, 1, 1, 1, 1), dz=None, alpha=1.0):
-    """LoraLinearGrad's launcher: returns [dX, dXa, dLa, dLb, dW, dB] (None where not wanted;
-    dXa only with split_dx) and, with dz, dZ as a 7th item."""
+    """LoraLinearGrad's launcher: returns [dX, dXa, dLa, dLb, dW, dB] (None where not wanted)
+    and, with dz, dZ as a 7th item."""
     import torch
     n, k, r = dy.shape[-1], a.shape[-1], la.shape[0]
     m = dy.numel() // n
     dx = torch.empty_like(a) if want[0] else None
-    dxa = torch.empty_like(a) if want[1] and split_dx else None
+    dxa = torch.empty_like(a) if want[1] else None
     dla = torch.empty_like(la) if want[2] else None
     dlb = torch.empty_like(lb) if want[3] else None
     dw = torch.empty_like(w) if want[4] else None
@@ -142,7 +142,7 @@ def ref_lora(dy, x, a, w, la, lb, h, xd, act, scale, trans_w, split_dx):
     base, adapter = dz @ wnk, g @ la
     dx = (base if split_dx else base + adapter).reshape(a.shape)
     dw = a2.t() @ dz if trans_w else dz.t() @ a2
-    return [dx, adapter.reshape(a.shape) if split_dx else None, g.t() @ xd2,
+    return [dx, adapter.reshape(a.shape), g.t() @ xd2,
             scale * dz.t() @ h.reshape(-1, r), dw, dz.sum(0)]
 
 

@@ -154,9 +154,7 @@ def test_lora_linear_grad(act, trans_w, split_dx, dropout, lead, n, k, r):
     ref = L.ref_lora(dy.double(), x.double(), a.double(), w.double(), la.double(), lb.double(),
                      h.double(), None if xd is None else xd.double(), act, 1.5, trans_w, split_dx)
     for g, rf, nm in zip(got, ref, "dX dXa dLa dLb dW dB".split()):
-        assert (g is None) == (rf is None), nm
-        if g is not None:
-            _close(g, rf, 5e-4, nm)
+        _close(g, rf, 5e-4, nm)
 
 
 @pytest.mark.parametrize("want", [m for m in itertools.product([0, 1], repeat=5) if any(m)])

@@ -49,7 +49,6 @@ void LoraKernel::Compute(Ort::KernelContext& ctx) {
   float* db = output_or_null<float>(ctx, 5, {N}, &want_db);
   float* dz_out = output_or_null<float>(ctx, 6, dy.shape, &have_dz_out);
   FUSECLI_CHECK(!want_dx || w.present, "LoraLinearGrad: dX is requested but W is absent");
-  FUSECLI_CHECK(!want_dxa || split_dx, "LoraLinearGrad: dXa is written only with split_dx=1");
   const float* dyp = dy.ptr<float>();
   const float* ap = a.ptr<float>();
   const float* xdp = xd.present ? xd.ptr<float>() : ap;

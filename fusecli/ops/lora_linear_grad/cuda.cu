@@ -7,7 +7,7 @@ FUSECLI_EXPORT int fusecli_launch_lora_linear_grad(
     float* dw, float* db, float* dz_out, int64_t m, int64_t n, int64_t k, int64_t r, int act,
     float alpha, float scale, int trans_w, int split_dx) {
   if (act < 0 || act > kIdentity) return cudaErrorInvalidValue;
-  if ((dx && !w) || (dxa && !split_dx) || (act != kIdentity && !x)) return cudaErrorInvalidValue;
+  if ((dx && !w) || (act != kIdentity && !x)) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (!xd) xd = a;
   if (m <= 0) {

@@ -27,7 +27,6 @@ struct LoraKernel : CudaKernel<LoraKernel, kLoraLinearGrad> {
     float* dx = opt_out<float>(ctx, 0, a.shape);
     FUSECLI_CHECK(!dx || w.present, "LoraLinearGrad: dX is requested but W is absent");
     float* dxa = opt_out<float>(ctx, 1, a.shape);
-    FUSECLI_CHECK(!dxa || split_dx, "LoraLinearGrad: dXa is written only with split_dx=1");
     float* dla = opt_out<float>(ctx, 2, {R, K});
     float* dlb = opt_out<float>(ctx, 3, {N, R});
     float* dw =

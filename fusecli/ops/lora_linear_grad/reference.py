@@ -12,7 +12,7 @@ from ..reference import _fit, _s
 def lora_linear_grad(dy, x, a, w, la, lb, h, xd=None, activation: str = "identity",
                      alpha: float = 1.0, scale: float = 1.0, trans_w: int = 0,
                      split_dx: int = 0):
-    """Returns (dX, dXa, dLa, dLb, dW, dB, dZ); dX is None without W, dXa None unless split."""
+    """Returns (dX, dXa, dLa, dLb, dW, dB, dZ); dX is None without W."""
     n, k, r = dy.shape[-1], a.shape[-1], la.shape[0]
     if activation == "identity":
         dz = dy.astype(np.float64).reshape(-1, n)
@@ -25,13 +25,12 @@ def lora_linear_grad(dy, x, a, w, la, lb, h, xd=None, activation: str = "identit
     g = scale * (dz @ lb64)
     adapter = g @ la64
     lead = (*a.shape[:-1], k)
-    dx = dxa = None
+    dx = None
     if w is not None:
         w64 = w.astype(np.float64)
         base = dz @ (w64.T if trans_w else w64)
         dx = (base if split_dx else base + adapter).reshape(lead).astype(a.dtype)
-    if split_dx:
-        dxa = adapter.reshape(lead).astype(a.dtype)
+    dxa = adapter.reshape(lead).astype(a.dtype)
     dla = (g.T @ xd2).astype(la.dtype)
     dlb = (scale * (dz.T @ h2)).astype(lb.dtype)
     dw = (dz.T @ a2).astype(a.dtype)
