@@ -33,7 +33,8 @@ def _small_cases(outliers):
 def test_synthetic_cases_match_their_unfused_chains():
     """Each case's fused node and its onnxruntime-training chain give the same outputs, on
     ordinary and on outlier inputs (the suite times them against each other)."""
-    cases = _small_cases(False) + _small_cases(True)
+    cases = _small_cases(False) + _small_cases(True) + [
+        S.lora_case("t", 24, 40, 16, 4, np.random.default_rng(4))]
     jobs = []
     for c in cases:
         jobs.append(dict(model=c.unfused, feeds=c.feeds, outputs=c.outputs))

@@ -138,6 +138,12 @@ SAMPLE_MODELS["rope_torch_interleaved"] = onnx.load(DATA / "torch_rope_interleav
 # blocks (tests/data/make_conv_act.py; counts and look-alikes in tests/test_conv_act.py)
 for _name in ("ortt_conv_mbv2", "ortt_conv_effnet_silu", "ortt_conv_mbv3_hswish"):
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
+# LoRA fine-tuning exports, base frozen (tests/data/make_lora.py, tests/test_lora.py): hand-written
+# LoRA MLPs (GELU / ReLU first layer, then ReLU / GELU, then no activation) and peft LoRA on q/v
+# of a 2-block decoder (no-activation adapters with and without input gradient), both families
+for _name in ("ortt_lora_hand", "ortt_lora_hand_relu", "ortt_lora_qv", "torch_lora_hand",
+              "torch_lora_hand_relu", "torch_lora_qv"):
+    SAMPLE_MODELS[f"lora_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 
 
 def _upto(rule_name):

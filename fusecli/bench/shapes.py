@@ -91,6 +91,36 @@ def linear_case(model, act, m, n, k, rng, outliers=False) -> Case:
                 _model([fused], feeds, outs), feeds, outs)
 
 
+def lora_case(model, m, n, k, r, rng, scale=2.0) -> Case:
+    """LoraLinearGrad (dX, dLa, dLb; identity, as peft's q_proj/v_proj) vs the ort-training chain
+    of a LoRA-wrapped frozen Linear: Mul (scale) + FusedMatMul x3 (lora_B's and lora_A's input
+    gradients, the base's) + Sum + Gemm/Transpose x2 (the adapters' weight gradients)."""
+    xd = rng.standard_normal((m, k))
+    la = rng.standard_normal((r, k)) / np.sqrt(k)
+    feeds = {"dY": _f32(rng.standard_normal((m, n))), "A": _f32(xd),
+             "Wt": _f32(rng.standard_normal((k, n)) / np.sqrt(k)),
+             "LaT": _f32(la.T), "LbT": _f32(rng.standard_normal((r, n)) / np.sqrt(r)),
+             "La": _f32(la), "H": _f32(xd @ la.T)}
+    feeds["Lb"] = _f32(feeds["LbT"].T)
+    s = helper.make_tensor("s", F, [], [scale])
+    mm = dict(domain=MS, transB=1)
+    chain = [helper.make_node("Mul", ["dY", "s"], ["dU"]),
+             helper.make_node("FusedMatMul", ["dU", "LbT"], ["dH"], **mm),
+             helper.make_node("FusedMatMul", ["dH", "LaT"], ["dXa"], **mm),
+             helper.make_node("FusedMatMul", ["dY", "Wt"], ["dXb"], **mm),
+             helper.make_node("Sum", ["dXa", "dXb"], ["dX"]),
+             helper.make_node("Gemm", ["H", "dU"], ["dLbT"], transA=1),
+             helper.make_node("Transpose", ["dLbT"], ["dLb"], perm=[1, 0]),
+             helper.make_node("Gemm", ["A", "dH"], ["dLaT"], transA=1),
+             helper.make_node("Transpose", ["dLaT"], ["dLa"], perm=[1, 0])]
+    fused = helper.make_node("LoraLinearGrad", ["dY", "", "A", "Wt", "La", "Lb", "H"],
+                             ["dX", "", "dLa", "dLb", "", "", "dZ_ws"], domain=FUSED_DOMAIN,
+                             activation="identity", scale=scale, trans_w=1)
+    outs = ["dX", "dLa", "dLb"]
+    return Case(model, "LoraLinearGrad", "LoraLinearGrad identity", f"M={m} N={n} K={k} r={r}",
+                _model(chain, feeds, outs, [s]), _model([fused], feeds, outs), feeds, outs)
+
+
 def layernorm_case(model, m, n, rng, outliers=False) -> Case:
     """LayerNormGrad vs LayerNormalizationGrad (dX, dGamma, dBeta), one row per token."""
     x = rng.standard_normal((m, n))
@@ -227,6 +257,8 @@ def real_shape_cases(seed: int = 0) -> list[Case]:
         cases.append(layernorm_case(name, m, cfg["d"], rng))
         cases.append(attention_case(name, cfg["batch"] * cfg["heads"], cfg["seq"],
                                     cfg["head_dim"], rng))
+        # a LoRA (r=16) on its q_proj, base frozen (peft's default targets)
+        cases.append(lora_case(name, m, cfg["d"], cfg["d"], 16, rng))
     return cases
 
 

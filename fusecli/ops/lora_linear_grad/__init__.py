@@ -1,0 +1,1 @@
+"""The fused op LoraLinearGrad: contract, NumPy reference, kernels and tests."""
