@@ -536,7 +536,7 @@ def test_a_wrong_fp16_fusion_still_fails(tmp_path, scale, B, D):
 
 
 def test_tolerances_follow_the_element_type():
-    from fusecli.runtime.verify import type_limits
+    from fusecli.runtime.compare import type_limits
 
     f32 = type_limits(TensorProto.FLOAT, 1e-5, 1e-6)
     f16 = type_limits(TensorProto.FLOAT16, 1e-5, 1e-6)
