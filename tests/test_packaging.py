@@ -124,6 +124,7 @@ def test_training_runtime_lookup_order(tmp_path, monkeypatch):
         py = folder / ".venv-ortt" / "bin" / "python"
         py.parent.mkdir(parents=True)
         py.write_text("")
+        py.chmod(0o755)                              # an interpreter is executable
         return str(py)
 
     outer = fake_venv(tmp_path)                      # a .venv-ortt in a parent folder

@@ -16,6 +16,7 @@ import pytest
 
 from fusecli import CANONICAL_PATTERNS
 from fusecli.runtime.feeds import load_manifest, make_feeds
+from fusecli.runtime.runtime_worker import decode_key, save_arrays
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
@@ -41,14 +42,14 @@ def _run(entry: dict, tmp_path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     model = onnx.load(SAMPLES / entry["file"])
     feeds = make_feeds(model, entry, seed=0)
     fp, op = tmp_path / "feeds.npz", tmp_path / "out.npz"
-    np.savez(fp, **feeds)
+    save_arrays(str(fp), feeds)       # the worker's file format: keys percent-encoded
     r = subprocess.run([_python_for(entry), str(WORKER), "--model", str(SAMPLES / entry["file"]),
                         "--feeds", str(fp), "--out", str(op)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"runtime_worker failed ({r.returncode}): {r.stderr.strip()}"
     info = json.loads(r.stdout.strip().splitlines()[-1])
     with np.load(op) as z:
-        return info, {k: z[k] for k in z.files}
+        return info, {decode_key(k): z[k] for k in z.files}
 
 
 def test_manifest_lists_required_samples():

@@ -186,8 +186,11 @@ def _choose_op(fused_op: str | None, n_in: int, n_out: int, ins_desc: str):
                         f"like the selection ({ins_desc}); pass --op NAME with a selection "
                         "that fits it (see fusecli/ops/<op>/contract.yaml)")
     # fewest unused inputs first (inputs tell ops apart; outputs are mostly optional), then
-    # fewest unused outputs; stable: file order
-    fit.sort(key=lambda c: (len(c.inputs) - n_in, len(c.outputs) - n_out))
+    # the canonical pattern order of the contracts (the older, plainer ops first: a
+    # Linear+activation backward before the flash forward op that has as many inputs), then
+    # fewest unused outputs
+    fit.sort(key=lambda c: (len(c.inputs) - n_in, 1 << 30 if c.order is None else c.order,
+                            len(c.outputs) - n_out))
     return fit[0], fit[1:]
 
 

@@ -591,7 +591,7 @@ def _reference_outputs(node: onnx.NodeProto, values: dict, known: set[str]) -> d
     replacement created, e.g. FlashAttention's LSE), for the fused nodes that read them."""
     from onnx.reference import ReferenceEvaluator
 
-    from fusecli.runtime.ops.reference import reference_ops
+    from fusecli.ops.reference import reference_ops
 
     got = ReferenceEvaluator(_single_node_model(node, values), new_ops=reference_ops()).run(
         None, {i: values[i] for i in node.input if i})

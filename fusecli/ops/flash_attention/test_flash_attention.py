@@ -13,8 +13,9 @@ from onnx import helper
 from fusecli.ops.flash_attention.reference import flash_attention
 from fusecli.ops.flash_attention_grad.reference import flash_attention_grad
 # (_built: the autouse fixture that fails clearly when the library is not built)
-from kernel_helpers import (DOMAIN, F32, Builder, _built, _rng, assert_close,
-                            attention_grad_subgraph, ort_session, rand, run_fused)
+from kernel_helpers import (DOMAIN, F32, Builder, _built, _rng, assert_close, ort_session, rand, run_fused)
+
+from fusecli.ops.attention_grad.test_attention_grad import attention_grad_subgraph
 
 FMIN = float(np.finfo(np.float32).min)
 
