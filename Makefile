@@ -46,10 +46,13 @@ format: venv
 	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
 # pytest-xdist spreads the suite over the cores (-n auto; PYTEST_WORKERS=1 for one); the 25
-# slowest tests are listed at the end. pytest's exit code (5: no test ran) is make's.
+# slowest tests are listed at the end; the timing-sensitive `serial` tests then run alone.
+# pytest's exit code (5: no test ran) is make's.
 PYTEST_WORKERS ?= auto
 test: venv lib ortt-env lint
-	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 tests fusecli/ops
+	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not serial" \
+		tests fusecli/ops
+	$(VPY) -m pytest -q -m serial tests fusecli/ops
 
 # under a minute: the engine (graph index, matcher, rules language, rewrite, shape guard), the
 # rule files, rule drafting, the op folders' facts and the package's layering; no kernel is
