@@ -58,7 +58,7 @@ test: venv lib ortt-env lint
 # rule files, rule drafting, the op folders' facts and the package's layering; no kernel is
 # built and no model is run in onnxruntime
 FAST_TESTS = tests/test_layers.py tests/test_rule_loading.py tests/test_rulegen.py \
-	tests/test_op_folders.py tests/test_property.py
+	tests/test_op_folders.py
 test-fast: venv
 	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) $(FAST_TESTS)
 
