@@ -74,23 +74,31 @@ def test_every_module_is_in_a_layer():
         assert layer is None or layer in RANK, f"{module}: not in a layer {sorted(RANK)}"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if _layer(m)))
-def test_imports_respect_the_layers(module):
-    layer = _layer(module)
-    for imported, line in _imports(MODULES[module]):
+def _violations(module: str, path: Path) -> list[str]:
+    """What in ``path`` (the source of ``module``) imports against the layers."""
+    layer, out = _layer(module), []
+    for imported, line in _imports(path):
         top = imported.split(".")[0]
-        assert top not in FORBIDDEN.get(layer, ()), \
-            f"{module}:{line} imports {imported}: the {layer} layer must not"
+        if top in FORBIDDEN.get(layer, ()):
+            out.append(f"{module}:{line} imports {imported}: the {layer} layer must not")
         if module in STANDALONE:
-            assert top != "fusecli" or imported == "fusecli.runtime.runtime_worker", \
-                f"{module}:{line}: a standalone worker imports {imported}"
+            if top == "fusecli" and imported != "fusecli.runtime.runtime_worker":
+                out.append(f"{module}:{line}: a standalone worker imports {imported}")
             continue
         if top != "fusecli":
             continue
         target = _layer(imported)
-        assert target is not None, f"{module}:{line} imports the facade `fusecli`; import the module"
-        assert RANK[target] <= RANK[layer], \
-            f"{module}:{line} imports {imported}: {layer} may not import {target} (layers: {LAYERS})"
+        if target is None:
+            out.append(f"{module}:{line} imports the facade `fusecli`; import the module")
+        elif RANK[target] > RANK[layer]:
+            out.append(f"{module}:{line} imports {imported}: {layer} may not import {target} "
+                       f"(layers: {LAYERS})")
+    return out
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _layer(m)))
+def test_imports_respect_the_layers(module):
+    assert _violations(module, MODULES[module]) == []
 
 
 def test_no_import_cycle():
@@ -113,12 +121,16 @@ def test_no_import_cycle():
 
 
 def test_the_checker_catches_a_wrong_way_import(tmp_path):
-    """The rules above are not vacuous: an engine module importing the runtime is reported."""
+    """The check above is not vacuous: an engine module importing the runtime, onnxruntime or
+    the facade is reported, line by line."""
     bad = tmp_path / "bad.py"
-    bad.write_text("from fusecli.runtime.library import library_path\nimport onnxruntime\n")
-    found = _imports(bad)
-    assert ("fusecli.runtime.library", 1) in found and ("onnxruntime", 2) in found
-    assert RANK[_layer("fusecli.runtime.library")] > RANK["engine"]
+    bad.write_text("from fusecli.runtime.library import library_path\nimport onnxruntime\n"
+                   "from fusecli import optimize\n")
+    found = _violations("fusecli.engine.bad", bad)
+    assert [v.split(" ")[0] for v in found] == ["fusecli.engine.bad:1", "fusecli.engine.bad:2",
+                                                "fusecli.engine.bad:3"], found
+    assert _violations("fusecli.commands.bad", bad) == [
+        "fusecli.commands.bad:3 imports the facade `fusecli`; import the module"]
 
 
 def test_version_needs_no_onnx():

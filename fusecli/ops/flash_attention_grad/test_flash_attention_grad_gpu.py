@@ -10,7 +10,7 @@ from gpu_helpers import _seed, close, rand, torch_or_skip
 torch = torch_or_skip()  # skips this module where torch.cuda is unavailable
 pytestmark = pytest.mark.gpu
 
-from fusecli.ops.flash_attention.gpu import flash_attention, ref_attention  # noqa: E402
+from fusecli.ops.flash_attention.gpu import flash_attention  # noqa: E402
 from fusecli.ops.flash_attention_grad.gpu import (flash_attention_grad,  # noqa: E402
                                                   ref_attention_grad)
 
@@ -23,10 +23,7 @@ def test_flash_attention_grad(shape, causal):
     bias = None
     if causal:
         bias = torch.full((s, s), -1e30, device="cuda").triu(1)
-    o, lse = flash_attention(q, k, v, bias, d ** -0.5)
-    ref_o, ref_lse = ref_attention(q, k, v, bias, d ** -0.5)
-    close(o, ref_o, 2e-4, "O")
-    close(lse, ref_lse, 2e-4, "LSE")
+    o, lse = flash_attention(q, k, v, bias, d ** -0.5)   # checked by the forward op's test
     got = flash_attention_grad(do, q, k, v, o, lse, bias, d ** -0.5)
     for g, r_, name in zip(got, ref_attention_grad(do, q, k, v, bias, d ** -0.5), "QKV"):
         close(g, r_, 5e-4, f"d{name}")
