@@ -14,7 +14,7 @@ LIB := fusecli/lib/libfusecli_ops.so
 # the C++/CUDA sources clang-format checks (.clang-format): shared code and every op folder
 CXX_SOURCES = $(shell find fusecli/csrc fusecli/ops -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | sort)
 
-.PHONY: demo test test-fast lint format venv lib ortt-env samples corpus bench clean
+.PHONY: demo test test-fast lint format venv lib ortt-env system-deps samples corpus bench clean
 
 $(VENV)/.installed: pyproject.toml setup.py scripts/constraints.txt
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,16 @@ lib: venv
 	bash scripts/build_lib.sh
 
 ortt-env: $(ORTT_VENV)/.installed
+
+# programs the tests need from Debian (README "Dependencies, and why"): Graphviz's `dot` lays out
+# `fusecli report`'s drawings; headless `chromium` opens the report in the browser test. Installed
+# with apt-get when missing (CI runs as root on Debian 12); as a user, sudo apt-get install them.
+SYSTEM_PROGRAMS := dot:graphviz chromium:chromium
+system-deps:
+	@missing=""; for pp in $(SYSTEM_PROGRAMS); do command -v $${pp%%:*} >/dev/null || \
+		missing="$$missing $${pp#*:}"; done; \
+	if [ -n "$$missing" ]; then echo "installing$$missing (apt-get)"; \
+		apt-get install -y -q --no-install-recommends$$missing; fi
 
 $(ORTT_VENV)/.installed: scripts/ortt-requirements.txt
 	$(PY) -m venv $(ORTT_VENV)
@@ -49,7 +59,7 @@ format: venv
 # slowest tests are listed at the end; the timing-sensitive `serial` tests then run alone.
 # pytest's exit code (5: no test ran) is make's.
 PYTEST_WORKERS ?= auto
-test: venv lib ortt-env lint
+test: venv lib ortt-env system-deps lint
 	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not serial" \
 		tests fusecli/ops
 	$(VPY) -m pytest -q -m serial tests fusecli/ops

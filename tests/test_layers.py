@@ -2,7 +2,8 @@
 imports run one way (no cycle), and the engine touches neither onnxruntime nor files.
 
 Layers, lowest first; a module may import its own layer and any layer below it:
-  errors -> ops (contracts, references) -> engine -> io -> runtime -> api -> commands / bench
+  errors -> ops (contracts, references) -> engine -> io -> runtime -> api -> report
+  -> commands / bench
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "fusecli"
-LAYERS = ["errors", "ops", "engine", "io", "runtime", "api", "commands"]
+LAYERS = ["errors", "ops", "engine", "io", "runtime", "api", "report", "commands"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 RANK["bench"] = RANK["commands"]       # the benchmark suite (make bench) sits beside the commands
 RANK["__main__"] = RANK["commands"]    # python -m fusecli
@@ -26,6 +27,7 @@ FORBIDDEN = {
     "ops": {"onnxruntime", "click"},
     "runtime": {"click"},
     "api": {"click"},
+    "report": {"click"},
 }
 # scripts run by another interpreter (.venv-ortt): stdlib, numpy and onnxruntime only
 STANDALONE = {"fusecli.runtime.runtime_worker", "fusecli.runtime.bench_worker"}

@@ -19,6 +19,7 @@ from fusecli.commands.explain import explain
 from fusecli.commands.ops import library_path_cmd, ops_cmd
 from fusecli.commands.optimize import optimize
 from fusecli.commands.output import one_line
+from fusecli.commands.report import report
 from fusecli.commands.rules import rules_group
 from fusecli.commands.stats import stats
 from fusecli.commands.verify import verify
@@ -35,7 +36,7 @@ def cli():
     """
 
 
-for _command in (optimize, verify, stats, explain, rules_group, bench, ops_cmd,
+for _command in (optimize, verify, stats, explain, report, rules_group, bench, ops_cmd,
                  library_path_cmd):
     cli.add_command(_command)
 

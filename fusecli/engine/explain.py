@@ -19,14 +19,18 @@ from fusecli.engine.graph import GraphIndex
 from fusecli.engine.matcher import Matcher
 
 
-def _misses(model: onnx.ModelProto, fp: FusionPass) -> list[Skip]:
+def _misses(model: onnx.ModelProto, fp: FusionPass,
+            staged: onnx.ModelProto | None = None) -> list[Skip]:
     if not fp.rules:
         return []
-    last = max((r.order, r.name) for r in fp.rules)
-    stages = FusionPass(rules=[r for r in fp.all_rules if (r.order, r.name) <= last],
-                        kernels=fp.kernels)
-    fused = copy.deepcopy(model)
-    stages.run(fused)
+    if staged is not None:
+        fused = staged
+    else:
+        last = max((r.order, r.name) for r in fp.rules)
+        stages = FusionPass(rules=[r for r in fp.all_rules if (r.order, r.name) <= last],
+                            kernels=fp.kernels)
+        fused = copy.deepcopy(model)
+        stages.run(fused)
     index = GraphIndex(fused.graph)
     index.bypass_passthrough()
     out = []
@@ -45,8 +49,12 @@ def _misses(model: onnx.ModelProto, fp: FusionPass) -> list[Skip]:
 
 
 def explain_model(model: onnx.ModelProto, fp: FusionPass, node_names: Iterable[str] = (),
-                  include_shallow: bool = False) -> list[dict]:
+                  include_shallow: bool = False,
+                  staged: onnx.ModelProto | None = None) -> list[dict]:
     """The near misses of ``fp``'s rules on ``model`` (which is not modified).
+
+    ``staged``: ``model`` already fused with every rule of ``fp.all_rules`` up to the last of
+    ``fp.rules`` (e.g. an optimize result with all rules), which saves fusing a copy again.
 
     A near miss is an attempt that bound at least one rule node (or, with
     ``include_shallow``, any attempt whose anchor had the right op type) and did not fuse.
@@ -54,7 +62,7 @@ def explain_model(model: onnx.ModelProto, fp: FusionPass, node_names: Iterable[s
     """
     wanted = set(node_names)
     out = []
-    for skip in _misses(model, fp):
+    for skip in _misses(model, fp, staged):
         f = skip.failure
         if wanted:
             # the attempt's own failure when it involves a wanted node, else the reason a

@@ -28,14 +28,41 @@ class FusionError(FuseError):
     """The pass produced a graph that would not run (a bug): nothing is written, exit 4."""
 
     exit_code = EXIT_INTERNAL
-# A fused node's doc_string names its rule and the nodes it replaced: "fusecli rule R: a, b"
+# A fused node's doc_string says what it is to a reader of the model (Netron shows it) and to
+# fusecli (rule_of, replaced_of): "fusecli rule R, pattern P, replaced N nodes: a, b, ..."
 DOC_PREFIX = "fusecli rule "
+DOC_MAX_NAMES = 32      # longer lists end with ", ... (K more)" (no shipped rule replaces more)
+
+
+def fused_doc(rule: str, pattern: str, replaced: list[str]) -> str:
+    names = replaced[:DOC_MAX_NAMES]
+    more = len(replaced) - len(names)
+    return (f"{DOC_PREFIX}{rule}, pattern {pattern}, replaced {len(replaced)} node(s): "
+            + ", ".join(names) + (f", ... ({more} more)" if more else ""))
+
+
+def _doc_head(node: onnx.NodeProto) -> tuple[str, str] | None:
+    doc = node.doc_string
+    if not doc.startswith(DOC_PREFIX):
+        return None
+    head, _, tail = doc[len(DOC_PREFIX):].partition(": ")
+    return head, tail
 
 
 def rule_of(node: onnx.NodeProto) -> str | None:
     """The rule that created a fused node, read back from its doc_string."""
-    doc = node.doc_string
-    return doc[len(DOC_PREFIX):].split(":", 1)[0] if doc.startswith(DOC_PREFIX) else None
+    doc = _doc_head(node)
+    return None if doc is None else doc[0].split(",", 1)[0]
+
+
+def replaced_of(node: onnx.NodeProto) -> list[str]:
+    """The names of the nodes a fused node replaced, read back from its doc_string (as far as
+    it lists them: names holding ", " or lists over DOC_MAX_NAMES are not recoverable)."""
+    doc = _doc_head(node)
+    if doc is None or not doc[1]:
+        return []
+    names = doc[1].split(", ")
+    return names[:-1] if names[-1].startswith("... (") else names
 
 
 @dataclass
@@ -356,7 +383,7 @@ class FusionPass:
             for i, t in enumerate(node.input):
                 if t in fresh:
                     node.input[i] = fresh[t]
-            node.doc_string = f"{DOC_PREFIX}{rule.name}: " + ", ".join(replaced)
+            node.doc_string = fused_doc(rule.name, rule.pattern, replaced)
             for t in node.output:  # their shapes as the replaced nodes make them (_check_fused)
                 if t and t not in fresh.values():
                     index.shapes.shape(t)

@@ -514,7 +514,7 @@ def _boundary_checks(fnodes: list[onnx.NodeProto], values: dict, feeds: dict, py
     original's real boundary tensors, against the original's boundary outputs; each output
     judged against the op's own noise floor (the kernel re-run on 1-ulp-perturbed inputs:
     e.g. BatchNorm's input gradient over 2 values per channel is zero up to rounding)."""
-    from fusecli.engine.fusion import DOC_PREFIX, rule_of
+    from fusecli.engine.fusion import replaced_of, rule_of
 
     vals = {**values, **feeds}
     runnable = [n for n in fnodes if all(i in vals for i in n.input if i)]
@@ -532,9 +532,7 @@ def _boundary_checks(fnodes: list[onnx.NodeProto], values: dict, feeds: dict, py
     checks = []
     known = set(vals)
     for n in fnodes:
-        doc = n.doc_string[len(DOC_PREFIX):].split(":", 1) if n.doc_string.startswith(
-            DOC_PREFIX) else ["", ""]
-        replaced = [r.strip() for r in doc[1].split(",") if r.strip()] if len(doc) > 1 else []
+        replaced = replaced_of(n)
         if n not in runnable:
             checks.append(FusionCheck(rule_of(n) or n.op_type, n.name, replaced, [
                 OutputDiff(i, float("inf"), 0.0, False, status="MISMATCH")
