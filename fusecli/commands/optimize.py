@@ -8,6 +8,7 @@ import click
 
 from fusecli import errors
 from fusecli.commands.options import FEEDS, JSON, PROVIDER, RULES
+from fusecli.commands.report import REPORT, SUMMARY_MD, check_report_options, write_reports
 from fusecli.commands.output import (echo_json, echo_line, one_line, print_verify, report_mismatches,
                                      verify_exit)
 
@@ -31,8 +32,10 @@ from fusecli.commands.output import (echo_json, echo_line, one_line, print_verif
               help="A previous --json report; exit 3 if any fused count drops below it.")
 @FEEDS
 @PROVIDER
+@REPORT
+@SUMMARY_MD
 def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet, do_verify,
-             expect, baseline, feeds_file, provider):
+             expect, baseline, feeds_file, provider, report_file, summary_md):
     """Fuse MODEL and write the result to OUTPUT.
 
     MODEL is an ONNX training graph (onnxruntime-training artifact or torch joint graph).
@@ -52,9 +55,17 @@ def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet
     dest = api.output_path(model, output, in_place) if output is not None else None
     wanted = load_expectations(expect) if expect else {}
     base = load_baseline(baseline) if baseline else None
+    check_report_options(report_file, summary_md)
+    original = api.load(model) if report_file or summary_md else None
     result = api.optimize(model, rules, only, skip, provider=provider,
                           output=None if dry_run else dest, in_place=True, verify=do_verify,
                           feeds=feeds_file, log=None if quiet else lambda m: echo_line(m, err=True))
+    if original is not None:
+        from fusecli.report import collect
+
+        write_reports(collect(model, result, original=original, fused_path=result.saved_to,
+                              rules=rules, only=only, skip=skip, provider=provider),
+                      report_file, summary_md, quiet)
     d = result.as_dict()
     d["model"] = str(model)
     report = result.verify

@@ -127,6 +127,9 @@ class Stats:
         self.buffers_eliminated = 0
         self.bytes_eliminated: int | None = 0
         self.fusions: list[FusionRecord] = []
+        # fusions a later rule replaced again (an ActivationGrad inside a LinearActivationGrad
+        # match), by fused node name: what the later fusion's ``replaced`` names refer to
+        self.absorbed: dict[str, FusionRecord] = {}
         self.skips: list[Skip] = []
 
     @property
@@ -390,7 +393,9 @@ class FusionPass:
         for n in ordered:
             index.remove_node(n)
             removed_inputs.update(t for t in n.inputs if t)
-            credit.pop(n.uid, None)  # a fused node absorbed by a later rule
+            absorbed = credit.pop(n.uid, None)  # a fused node absorbed by a later rule
+            if absorbed is not None:
+                stats.absorbed[absorbed.fused_node] = absorbed
         fused = index.add_node(proto, m.key)
         for key, node in m.extra:
             index.add_node(node, key)

@@ -85,6 +85,30 @@ class Miss:
         out = [n.name for n in self.bound.values()]
         return out + ([self.candidate.name] if self.candidate else [])
 
+    @property
+    def shape(self) -> tuple:
+        """What the partial match looks like, names aside: the same near miss in every block
+        of a deep stack has the same shape (and one drawing)."""
+        return (self.rule, self.failing_spec, self.reason,
+                tuple((k, n.op) for k, n in self.bound.items()),
+                self.candidate.op if self.candidate else None)
+
+
+@dataclass
+class MissGroup:
+    """Near misses of one shape: drawn once (the first), each listed."""
+
+    index: int
+    misses: list[Miss]
+
+    @property
+    def anchor(self) -> str:
+        return f"misses-{self.index}"
+
+    @property
+    def first(self) -> Miss:
+        return self.misses[0]
+
 
 @dataclass
 class ReportData:
@@ -110,6 +134,13 @@ class ReportData:
                          "saved_bytes": _total(c.saved_bytes for c in mine),
                          "misses": sum(m.pattern == name for m in self.misses)})
         return rows
+
+    def miss_groups(self) -> list[MissGroup]:
+        """The near misses grouped by shape, in the order of their first (deepest first)."""
+        groups: dict[tuple, list[Miss]] = {}
+        for m in self.misses:
+            groups.setdefault(m.shape, []).append(m)
+        return [MissGroup(k, ms) for k, ms in enumerate(groups.values(), 1)]
 
     @property
     def intermediate_bytes(self) -> int | None:
@@ -154,11 +185,14 @@ def _node(proto: onnx.NodeProto) -> Node:
 class _Graphs:
     """Name lookups over the original and the fused graph (built once, O(nodes))."""
 
-    def __init__(self, original: onnx.ModelProto, fused: onnx.ModelProto):
+    def __init__(self, original: onnx.ModelProto, fused: onnx.ModelProto,
+                 absorbed: dict[str, FusionRecord]):
         self.original = original
         self.fused = fused
         self.orig_nodes = {n.name: n for n in original.graph.node if n.name}
         self.fused_nodes = {n.name: n for n in fused.graph.node if n.name}
+        for name, rec in absorbed.items():      # fused, then replaced by a later fusion
+            self.fused_nodes.setdefault(name, rec.node)
         self.index = GraphIndex(original.graph)
         self.fused_index = GraphIndex(fused.graph)
         self.tensors: dict[str, Tensor] = {}
@@ -229,7 +263,7 @@ def build(model: str, original: onnx.ModelProto, result, misses: list[dict],
           fused_path: str | None = None, bench: dict | None = None) -> ReportData:
     """The report of ``result`` (an ``api.Result``; its model is the fused graph) for
     ``original`` (the same model before fusion) and explain's ``misses``."""
-    g = _Graphs(original, result.model)
+    g = _Graphs(original, result.model, result.stats.absorbed)
     chains = [_chain(k, rec, g) for k, rec in enumerate(result.stats.fusions, 1)]
     near = [_miss(k, d, g) for k, d in enumerate(misses, 1)]
     verify = result.verify.as_dict() if result.verify is not None else None

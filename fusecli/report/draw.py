@@ -66,7 +66,7 @@ class _Dot:
     def __init__(self, gid: str, rankdir: str = "TB"):
         self.lines = [f"digraph {q(gid)} {{",
                       f'  graph [rankdir={rankdir}, fontname="Helvetica", fontsize=10, '
-                      'nodesep=0.2, ranksep=0.3, margin=0.05, id=' + q(gid) + "];",
+                      'nodesep=0.2, ranksep=0.3, margin=0.05];',
                       '  node [fontname="Helvetica", fontsize=9, margin="0.06,0.03", '
                       'height=0.3];',
                       '  edge [fontname="Helvetica", fontsize=8, arrowsize=0.6];']
@@ -102,7 +102,8 @@ def _op_node(d: _Dot, n: Node, fill: str, heading: str = "", **attrs: str) -> st
     lines += n.attrs[:3] if fill == _FUSED else []
     style = {"shape": "box", "style": q("rounded,filled"), "fillcolor": q(fill)}
     style.update(attrs)
-    return d.node(_label(*lines), f"{op} {n.name}" + (f"\n{n.doc}" if n.doc else ""), **style)
+    return d.node(_label(*lines), f"{op} {n.name}" + (f" \u2014 {n.doc}" if n.doc else ""),
+                  **style)
 
 
 def _subgraph(d: _Dot, nodes: list[Node], tensors: dict[str, Tensor], fill: str,
@@ -154,10 +155,10 @@ def chain_dot(c: Chain, tensors: dict[str, Tensor]) -> str:
     return d.text()
 
 
-def miss_dot(m: Miss, tensors: dict[str, Tensor]) -> str:
+def miss_dot(m: Miss, tensors: dict[str, Tensor], gid: str) -> str:
     """The partial match, each node headed by the rule node it bound; the node that failed
     (or, for a guard, the anchor) is drawn red with the failed constraint beside it."""
-    d = _Dot(m.anchor, rankdir="TB")
+    d = _Dot(gid, rankdir="TB")
     nodes = list({n.name: n for n in m.bound.values()}.values())
     heads = {n.name: f"rule node {spec}" for spec, n in m.bound.items()}
     failing = m.candidate.name if m.candidate is not None else None
@@ -167,7 +168,7 @@ def miss_dot(m: Miss, tensors: dict[str, Tensor]) -> str:
     if failing is None:       # a guard over the whole match, or no candidate at all
         failing = m.anchor_node if m.anchor_node in heads else (nodes[0].name if nodes else None)
     mark = {"color": q("#d00000"), "penwidth": "2.5", "fillcolor": q(_FAIL),
-            "class": q("failing"), "id": q(f"{m.anchor}-failing")}
+            "class": q("failing"), "id": q(f"{gid}-failing")}
     ids = _subgraph(d, nodes, tensors, _BOUND, marks={failing: mark} if failing else {},
                     headings=heads)
     note = d.node(_label(f"failed: {m.reason}", *_wrap(m.detail)), m.detail, shape="box",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from html import escape
 
-from fusecli.report.data import Chain, Miss, Node, ReportData
+from fusecli.report.data import Chain, MissGroup, Node, ReportData
 from fusecli.report.draw import chain_dot, miss_dot, render
 
 
@@ -47,7 +47,7 @@ code, .mono { font: 12px/1.35 ui-monospace, "DejaVu Sans Mono", monospace; overf
 section.item { background: #fff; border: 1px solid var(--line); border-radius: 6px;
                padding: 10px 14px; margin: 12px 0; content-visibility: auto;
                contain-intrinsic-size: auto 420px; scroll-margin-top: 56px; }
-section.item:target { outline: 3px solid #f0b400; }
+section.item:target, tr:target { outline: 3px solid #f0b400; }
 .drawing { overflow-x: auto; margin-top: 6px; }
 .drawing svg { height: auto; }
 .detail { color: var(--mut); }
@@ -77,9 +77,12 @@ _JS = """
   function reveal() {
     var id = decodeURIComponent(location.hash.slice(1));
     var el = id && document.getElementById(id);
-    if (el && el.classList.contains('hidden')) {
-      search.value = ''; pattern.value = ''; apply(); el.scrollIntoView();
-    }
+    if (!el) return;
+    var moved = false;
+    if (el.closest('.hidden')) { search.value = ''; pattern.value = ''; apply(); moved = true; }
+    var det = el.closest('details');
+    if (det && !det.open) { det.open = true; moved = true; }
+    if (moved) el.scrollIntoView();
   }
   window.addEventListener('hashchange', reveal);
   apply(); reveal();
@@ -88,12 +91,17 @@ _JS = """
 
 _CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
         "img-src data:")
-_SVG_IDS = re.compile(r'\bid="(graph|node|edge|clust|a_node|a_edge)(\d+)"')
+_SVG_IDS = re.compile(r'\bid="(?:page\d+,\d+_)?(graph|node|edge|clust|a_node|a_edge)(\d+)"')
+
+
+_SVG_NOISE = re.compile(r"<!--[^>]*-->\n|<title>[^<]*</title>\n")
 
 
 def _svg(svg: str, prefix: str) -> str:
-    """An inline SVG with Graphviz's per-drawing ids (node1, edge1, ...) made page-unique."""
-    return _SVG_IDS.sub(lambda m: f'id="{prefix}-{m.group(1)}{m.group(2)}"', svg)
+    """An inline SVG with Graphviz's per-drawing ids (node1, edge1, ...) made page-unique and
+    without its comments and DOT-id titles (n0, n0->n1: tooltips carry the names)."""
+    return _SVG_IDS.sub(lambda m: f'id="{prefix}-{m.group(1)}{m.group(2)}"',
+                        _SVG_NOISE.sub("", svg))
 
 
 def _names_attr(pattern: str, names) -> str:
@@ -127,16 +135,27 @@ def _chain_section(c: Chain, svg: str, tensors) -> str:
             + f'<div class="drawing">{_svg(svg, c.anchor)}</div></section>')
 
 
-def _miss_section(m: Miss, svg: str) -> str:
+def _miss_section(g: MissGroup, svg: str) -> str:
+    m = g.first
     where = (f"rule node <code>{e(m.failing_spec)}</code>" if m.failing_spec
              else "a guard of the whole match")
-    cand = f" (candidate <code>{e(m.candidate.name)}</code>)" if m.candidate else ""
+    cand = f" (here <code>{e(m.candidate.name)}</code>, a {e(m.candidate.op)})" \
+        if m.candidate else ""
     bound = ", ".join(f"{e(k)}=<code>{e(n.name)}</code>" for k, n in m.bound.items()) or "nothing"
-    return (f'<section class="item miss" id="{m.anchor}"{_names_attr(m.pattern, m.names)}>'
-            f"<h3>near miss #{m.index}: {e(m.rule)} at <code>{e(m.anchor_node)}</code></h3>"
+    names = [x for mm in g.misses for x in (mm.anchor_node, *mm.names)]
+    rows = "".join(
+        f'<tr id="{x.anchor}"><td class=n>{x.index}</td><td><code>{e(x.anchor_node)}</code></td>'
+        f"<td>{e(x.detail)}</td></tr>" for x in g.misses)
+    many = (f"; the same partial match at {len(g.misses)} places (drawn: the first)"
+            if len(g.misses) > 1 else "")
+    return (f'<section class="item miss" id="{g.anchor}"{_names_attr(m.pattern, names)}>'
+            f"<h3>near miss: {e(m.rule)} ({e(m.pattern)}) fails at {where}{many}</h3>"
             f'<p class="detail">matched {m.depth} node(s): {bound}</p>'
-            f'<p class="why">failed at {where}{cand}: [{e(m.reason)}] {e(m.detail)}</p>'
-            f'<div class="drawing">{_svg(svg, m.anchor)}</div></section>')
+            f'<p class="why">failed{cand}: [{e(m.reason)}] {e(m.detail)}</p>'
+            f'<div class="drawing">{_svg(svg, g.anchor)}</div>'
+            f"<details{' open' if len(g.misses) <= 3 else ''}><summary>every place "
+            f"({len(g.misses)})</summary><table><tr><th>#</th><th>anchor</th><th>failed "
+            f"constraint</th></tr>{rows}</table></details></section>")
 
 
 def _cards(d: ReportData) -> str:
@@ -205,19 +224,23 @@ def _chain_rows(d: ReportData) -> str:
             "</th><th>intermediates</th></tr>" + rows + "</table>")
 
 
-def _miss_rows(d: ReportData) -> str:
+def _miss_rows(groups: list[MissGroup]) -> str:
     rows = "".join(
-        f"<tr{_names_attr(m.pattern, m.names)}><td class=n>{m.index}</td><td>{e(m.rule)}</td>"
-        f'<td><a href="#{m.anchor}"><code>{e(m.anchor_node)}</code></a></td><td class=n>'
-        f"{m.depth}</td><td>{e(m.reason)}</td><td>{e(m.detail)}</td></tr>" for m in d.misses)
-    return ("<table id=misses><tr><th>#</th><th>rule</th><th>anchor</th><th>matched</th>"
-            "<th>reason</th><th>failed constraint</th></tr>" + rows + "</table>")
+        f"<tr{_names_attr(g.first.pattern, [x for m in g.misses for x in (m.anchor_node, *m.names)])}>"
+        f"<td>{e(g.first.rule)}</td><td>{e(g.first.failing_spec or 'guard')}</td>"
+        f"<td>{e(g.first.reason)}</td><td class=n>{g.first.depth}</td><td class=n>"
+        f'{len(g.misses)}</td><td><a href="#{g.anchor}"><code>{e(g.first.anchor_node)}</code>'
+        f"</a>: {e(g.first.detail)}</td></tr>" for g in groups)
+    return ("<table id=misses><tr><th>rule</th><th>failed at rule node</th><th>reason</th>"
+            "<th>matched</th><th>places</th><th>first place: failed constraint</th></tr>"
+            + rows + "</table>")
 
 
 def render_html(d: ReportData, jobs: int | None = None) -> str:
     """The whole page; the drawings are laid out here (one dot run over all of them)."""
+    groups = d.miss_groups()
     svgs = render([chain_dot(c, d.tensors) for c in d.chains]
-                  + [miss_dot(m, d.tensors) for m in d.misses], jobs)
+                  + [miss_dot(g.first, d.tensors, g.anchor) for g in groups], jobs)
     chain_svgs, miss_svgs = svgs[:len(d.chains)], svgs[len(d.chains):]
     patterns = sorted({c.pattern for c in d.chains} | {m.pattern for m in d.misses})
     options = "".join(f'<option value="{e(p)}">{e(p)}</option>' for p in patterns)
@@ -238,15 +261,15 @@ def render_html(d: ReportData, jobs: int | None = None) -> str:
         'aria-label="search node names"><select id=pattern aria-label="filter by pattern">'
         f'<option value="">all patterns</option>{options}</select><span id=count></span></div>',
         f"<h2>Fused chains ({len(d.chains)})</h2>", _chain_rows(d),
-        f"<h2>Near misses ({len(d.misses)})</h2>",
+        f"<h2>Near misses ({len(d.misses)} at {len(groups)} distinct partial matches)</h2>",
         "<p class=detail>Where a rule started to match and failed (<code>fusecli explain"
         "</code>): the partial match, each node headed by the rule node it bound, the node "
         "that failed in red beside the constraint it failed.</p>" if d.misses else "",
-        _miss_rows(d) if d.misses else "<p>none</p>",
+        _miss_rows(groups) if d.misses else "<p>none</p>",
         "<h2>Drawings of the fused chains</h2>",
         *(_chain_section(c, s, d.tensors) for c, s in zip(d.chains, chain_svgs)),
         "<h2>Drawings of the near misses</h2>" if d.misses else "",
-        *(_miss_section(m, s) for m, s in zip(d.misses, miss_svgs)),
+        *(_miss_section(g, s) for g, s in zip(groups, miss_svgs)),
         f"</main><script>{_JS}</script></body></html>\n",
     ]
     return "".join(parts)

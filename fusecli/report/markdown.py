@@ -42,13 +42,17 @@ def render_markdown(d: ReportData, report_file: str | None = None) -> str:
             sk = ", ".join(f"{md(k)}: {v}" for k, v in sorted(r["skipped"].items())) or "-"
             lines.append(f"| {md(r['pattern'])} | {r['detected']} | {r['fused']} | {sk} | "
                          f"{r['misses']} |")
-    if d.misses:
-        top = d.misses[:TOP_MISSES]
-        lines += ["", f"**Top near misses** ({len(top)} of {len(d.misses)}; deepest first)", "",
-                  "| rule | anchor | matched | failed constraint |", "|---|---|---:|---|"]
-        for m in top:
-            lines.append(f"| {md(m.rule)} | {md(m.anchor_node)} | {m.depth} | "
-                         f"{md(m.reason)}: {md(m.detail)} |")
+    groups = d.miss_groups()
+    if groups:
+        top = groups[:TOP_MISSES]
+        lines += ["", f"**Top near misses** ({len(d.misses)} at {len(groups)} distinct partial "
+                  f"matches; deepest first{f', {len(top)} shown' if len(top) < len(groups) else ''})",
+                  "", "| rule | failed at rule node | places | first place: failed constraint |",
+                  "|---|---|---:|---|"]
+        for g in top:
+            m = g.first
+            lines.append(f"| {md(m.rule)} | {md(m.failing_spec or 'guard')} | {len(g.misses)} | "
+                         f"{md(m.anchor_node)}: {md(m.reason)}: {md(m.detail)} |")
     if report_file:
         lines += ["", f"Drawings of every chain and near miss: {md(report_file)}"]
     return "\n".join(lines) + "\n"
