@@ -6,8 +6,10 @@ object ended by a NUL byte). Standard library only; Debian's `chromium` package 
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -20,6 +22,13 @@ def chromium_path() -> str | None:
     return shutil.which(CHROMIUM)
 
 
+def _high(fd: int) -> int:
+    """``fd`` moved to a descriptor number of 10 or more (the old one closed)."""
+    new = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+    os.close(fd)
+    return new
+
+
 class Browser:
     """One headless browser with one page; events are kept in ``events`` (method, params)."""
 
@@ -30,8 +39,11 @@ class Browser:
                                "chromium package")
         self.timeout = timeout
         self.profile = tempfile.mkdtemp(prefix="fusecli-chromium-")
+        # the child's ends are moved above fd 9 first, so that neither is 3 or 4 (which the
+        # redirections below would overwrite before using)
         to_child_r, self._w = os.pipe()
         self._r, from_child_w = os.pipe()
+        to_child_r, from_child_w = (_high(fd) for fd in (to_child_r, from_child_w))
         args = [path, "--headless=new", "--no-sandbox", "--disable-gpu",
                 "--remote-debugging-pipe", f"--user-data-dir={self.profile}",
                 "--no-first-run", "--no-default-browser-check", "--disable-extensions",
@@ -61,7 +73,8 @@ class Browser:
     # -- protocol --------------------------------------------------------------------------
     def _read_message(self, deadline: float) -> dict:
         while b"\0" not in self._buf:
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._r], [], [], left)[0]:
                 raise TimeoutError("no reply from chromium")
             chunk = os.read(self._r, 1 << 20)
             if not chunk:
