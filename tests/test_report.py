@@ -123,7 +123,7 @@ def test_names_are_escaped_in_dot_svg_html_and_markdown(tmp_path):
                "wgrad": "line\nbreak\x1b[31m", "dgrad": "|pipe|`tick`*star*"}
     tensors = {"dZ": '<b>dZ</b> "x" \\G'}
     for n in m.graph.node:
-        n.name = hostile.get(n.name, n.name)
+        n.name = hostile.get(n.name, "" if n.name == "bgrad_id" else n.name)   # one unnamed
         for i, t in enumerate(n.input):
             n.input[i] = tensors.get(t, t)
         for i, t in enumerate(n.output):
@@ -136,6 +136,8 @@ def test_names_are_escaped_in_dot_svg_html_and_markdown(tmp_path):
     assert "<b>dZ</b>" not in html and escape('<b>dZ</b>') in html
     sec = sections(html, "chain")["chain-1"]
     assert sec.count(REPLACED_FILL) == len(m.graph.node) and sec.count("<svg") == 1
+    assert all(n.found for n in data.chains[0].replaced)    # the unnamed one too
+    assert [n.op for n in data.chains[0].replaced] == [n.op_type for n in m.graph.node]
     text = render_markdown(data)
     row = next(line for line in text.splitlines() if line.startswith("| linear_relu") or
                line.startswith("| linear\\_relu"))

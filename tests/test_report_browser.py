@@ -19,7 +19,7 @@ import onnx
 import pytest
 
 from browser import Browser
-from conftest import REPO, SAMPLES, grouped
+from conftest import REPO, SAMPLES
 
 from fusecli import api
 from fusecli.bench.deepgraph import deep_graph
@@ -139,9 +139,8 @@ def test_sample_report_in_the_browser(browser, tmp_path):
 
 
 @pytest.mark.xdist_group("browser")
-@pytest.mark.parametrize("family", [grouped("deep-report", "torch-joint")])
-def test_deep_stack_report_in_the_browser(browser, tmp_path, family):
-    model, info = deep_graph(family, 20_000)
+def test_deep_stack_report_in_the_browser(browser, tmp_path):
+    model, info = deep_graph("torch-joint", 20_000)
     assert info["nodes"] > 20_000
     src = tmp_path / "deep.onnx"
     onnx.save(model, src)

@@ -189,8 +189,8 @@ class _Graphs:
                  absorbed: dict[str, FusionRecord]):
         self.original = original
         self.fused = fused
-        self.orig_nodes = {n.name: n for n in original.graph.node if n.name}
-        self.fused_nodes = {n.name: n for n in fused.graph.node if n.name}
+        self.orig_nodes = _by_name(original.graph)
+        self.fused_nodes = _by_name(fused.graph)
         for name, rec in absorbed.items():      # fused, then replaced by a later fusion
             self.fused_nodes.setdefault(name, rec.node)
         self.index = GraphIndex(original.graph)
@@ -199,8 +199,12 @@ class _Graphs:
         fused_reads = {t for n in fused.graph.node for t in n.input if t}
         self.fused_live = fused_reads | {o.name for o in fused.graph.output}
 
-    def node(self, name: str) -> Node:
-        proto = self.orig_nodes.get(name) or self.fused_nodes.get(name)
+    def node(self, name: str, in_fused: bool = False) -> Node:
+        """The node called ``name`` in the original graph (``in_fused``: in the fused one) or
+        else in the other graph."""
+        first, then = ((self.fused_nodes, self.orig_nodes) if in_fused
+                       else (self.orig_nodes, self.fused_nodes))
+        proto = first.get(name) or then.get(name)
         if proto is None:
             return Node(name, "?", "", [], [], found=False)
         node = _node(proto)
@@ -237,6 +241,12 @@ class _Graphs:
         return total
 
 
+def _by_name(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    """Nodes by the name the engine reports them under: their own, or for an unnamed node
+    "<Op #position>" (GraphIndex's name for it in the graph it indexed)."""
+    return {n.name or f"<{n.op_type} #{i}>": n for i, n in enumerate(graph.node)}
+
+
 def _chain(k: int, rec: FusionRecord, g: _Graphs) -> Chain:
     replaced = [g.node(n) for n in rec.replaced]
     fused = [g.node(p.name) for p in (rec.node, *rec.extra)]
@@ -253,8 +263,10 @@ def _chain(k: int, rec: FusionRecord, g: _Graphs) -> Chain:
 
 
 def _miss(k: int, d: dict, g: _Graphs) -> Miss:
-    bound = {spec: g.node(name) for spec, name in d["bound"].items()}
-    cand = g.node(d["candidate"]) if d.get("candidate") else None
+    # explain matched on the fused graph (its earlier stages applied): names are looked up
+    # there first (an unnamed node's "<Op #i>" counts positions in it)
+    bound = {spec: g.node(name, in_fused=True) for spec, name in d["bound"].items()}
+    cand = g.node(d["candidate"], in_fused=True) if d.get("candidate") else None
     return Miss(k, d["rule"], d["pattern"], d["anchor"], d["depth"], bound, d.get("node"), cand,
                 d["reason"], d["detail"])
 

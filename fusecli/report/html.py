@@ -160,20 +160,20 @@ def _miss_section(g: MissGroup, svg: str) -> str:
 
 def _cards(d: ReportData) -> str:
     s = d.stats
-    cards = [(f"{s['total_fused']}", "chains fused"),
-             (f"{s['nodes_before']} \u2192 {s['nodes_after']}", "nodes before \u2192 after"),
-             (mib(d.intermediate_bytes), f"intermediates removed ({s['buffers_eliminated']})"),
-             (mib(d.saved_bytes), "saved tensors no longer read"),
-             (f"{len(d.misses)}", "near misses")]
+    cards = [(e(s["total_fused"]), "chains fused"),
+             (e(f"{s['nodes_before']} \u2192 {s['nodes_after']}"), "nodes before \u2192 after"),
+             (e(mib(d.intermediate_bytes)),
+              f"intermediates removed ({s['buffers_eliminated']} buffers)"),
+             (e(mib(d.saved_bytes)), "saved tensors no longer read"),
+             (e(len(d.misses)), "near misses")]
     if d.verify is not None:
-        v = d.verify
-        cards.append((f'<span class="{e(v["verdict"])}">{e(v["verdict"])}</span>',
-                      f"verify (max rel {v.get('max_rel', float('nan')):.1e})"))
+        v = e(d.verify["verdict"])
+        cards.append((f'<span class="{v}">{v}</span>',
+                      f"verify (max rel {d.verify.get('max_rel', float('nan')):.1e})"))
     if d.bench is not None:
-        cards.append((f"{d.bench['speedup']:.2f}x", "step speed-up (median)"))
+        cards.append((e(f"{d.bench['speedup']:.2f}x"), "step speed-up (median)"))
     return '<div class="cards">' + "".join(
-        f'<div class="card"><b>{v if v.startswith("<span") else e(v)}</b><span>{e(k)}</span>'
-        "</div>" for v, k in cards) + "</div>"
+        f'<div class="card"><b>{v}</b><span>{e(k)}</span></div>' for v, k in cards) + "</div>"
 
 
 def _bench_table(b: dict) -> str:
