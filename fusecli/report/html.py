@@ -17,7 +17,7 @@ def e(text) -> str:
 
 def mib(b: int | None) -> str:
     if b is None:
-        return "unknown (symbolic shapes)"
+        return "? (symbolic shape)"
     return f"{b / 2**20:.2f} MiB" if b >= 2**20 else f"{b / 1024:.1f} KiB" if b >= 1024 \
         else f"{b} B"
 
@@ -38,7 +38,7 @@ th { background: #eef1f6; font-weight: 600; } td.n { text-align: right; font-var
 code, .mono { font: 12px/1.35 ui-monospace, "DejaVu Sans Mono", monospace; overflow-wrap: anywhere; }
 .cards { display: flex; flex-wrap: wrap; gap: 10px; }
 .card { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 8px 14px; }
-.card b { display: block; font-size: 18px; } .card span { color: var(--mut); font-size: 12px; }
+.card b { display: block; font-size: 18px; } .card > span { color: var(--mut); font-size: 12px; }
 .PASS { color: var(--ok); font-weight: 600; } .FAIL, .INCONCLUSIVE { color: var(--bad); font-weight: 600; }
 #controls { position: sticky; top: 0; z-index: 2; background: #fafbfc; padding: 8px 0;
             border-bottom: 1px solid var(--line); display: flex; gap: 10px; align-items: center; }
@@ -192,10 +192,14 @@ def _verify_table(v: dict) -> str:
     rows = "".join(f"<tr><td class=mono>{e(o['name'])}</td><td class=n>{o['max_abs']:.3e}</td>"
                    f"<td class=n>{o['max_rel']:.3e}</td><td>{e(o['status'])}</td></tr>"
                    for o in v.get("outputs", [])[:50])
+    outs = v.get("outputs", [])
+    bad = sum(not o["ok"] for o in outs)
     return (f'<h2>Verify: <span class="{e(v["verdict"])}">{e(v["verdict"])}</span></h2>'
-            f"<p>{e(v.get('runtime', ''))}; outputs compared: {len(v.get('outputs', []))}"
-            f"</p><table><tr><th>output</th><th>max abs</th><th>max rel</th><th>status</th>"
-            f"</tr>{rows}</table>")
+            f"<p>{e(v.get('runtime', ''))}, graph optimizations off: {len(outs)} outputs "
+            f"compared, {bad} mismatched, max relative error {v.get('max_rel', 0):.3e}</p>"
+            f"<details{' open' if bad else ''}><summary>outputs</summary><table><tr><th>"
+            f"output</th><th>max abs</th><th>max rel</th><th>status</th></tr>{rows}</table>"
+            "</details>")
 
 
 def _pattern_table(d: ReportData) -> str:
@@ -207,10 +211,11 @@ def _pattern_table(d: ReportData) -> str:
         rows.append(f"<tr{_names_attr(r['pattern'], [])}><td>{e(r['pattern'])}</td>"
                     f"<td class=n>{r['detected']}</td><td class=n>{r['fused']}</td><td>{sk}"
                     f"</td><td class=n>{r['misses']}</td><td class=n>"
-                    f"{e(mib(r['intermediate_bytes']))}</td><td class=n>"
-                    f"{e(mib(r['saved_bytes']))}</td></tr>")
+                    f"{e(mib(r['intermediate_bytes'])) if r['fused'] else '-'}</td><td class=n>"
+                    f"{e(mib(r['saved_bytes'])) if r['fused'] else '-'}</td></tr>")
     return ("<table><tr><th>pattern</th><th>detected</th><th>fused</th><th>skipped (reason)</th>"
-            "<th>near misses</th><th>intermediates removed</th><th>saved tensors freed</th></tr>"
+            "<th>near misses</th><th>intermediates removed</th><th>saved tensors no longer read"
+            "</th></tr>"
             + "".join(rows) + "</table>")
 
 
@@ -255,8 +260,8 @@ def render_html(d: ReportData, jobs: int | None = None) -> str:
         "<h2>Summary</h2>", _cards(d),
         (f"<p>graph warnings:</p><ul>{warn}</ul>" if warn else ""),
         _pattern_table(d),
-        _verify_table(d.verify) if d.verify is not None else "",
         _bench_table(d.bench) if d.bench is not None else "",
+        _verify_table(d.verify) if d.verify is not None else "",
         '<div id=controls><input id=search type=search placeholder="search node names" '
         'aria-label="search node names"><select id=pattern aria-label="filter by pattern">'
         f'<option value="">all patterns</option>{options}</select><span id=count></span></div>',
