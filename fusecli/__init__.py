@@ -22,7 +22,7 @@ _EXPORTS = {
     "load": "fusecli.api", "stats": "fusecli.api", "explain": "fusecli.api",
     "Result": "fusecli.api", "FusionPass": "fusecli.api",
     "fusion_pass": "fusecli.api", "regressions": "fusecli.api",
-    "load_rules": "fusecli.io.rulefiles",
+    "load_rules": "fusecli.io.rulefiles", "write_report": "fusecli.report",
     "CANONICAL_PATTERNS": "fusecli.engine.rules", "Rule": "fusecli.engine.rules",
     "Stats": "fusecli.engine.fusion",
     "FuseError": "fusecli.errors", "ModelError": "fusecli.errors",
@@ -54,4 +54,5 @@ def __dir__():
 
 __all__ = ["CANONICAL_PATTERNS", "CheckFailed", "FuseError", "FusionPass", "ModelError", "Result",
            "Rule", "RuleError", "Stats", "__version__", "explain", "fusion_pass", "library_path",
-           "load", "load_rules", "optimize", "regressions", "save", "stats", "verify"]
+           "load", "load_rules", "optimize", "regressions", "save", "stats", "verify",
+           "write_report"]

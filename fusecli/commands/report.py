@@ -20,15 +20,13 @@ SUMMARY_MD = click.option(
 
 
 def write_reports(data, report_file, summary_md, quiet: bool = False) -> None:
-    """Write the HTML report and/or append the Markdown summary of ``data``."""
-    from fusecli.report import render_html, render_markdown, write_text
+    """Write the HTML report and/or append the Markdown summary of ``data``, saying so."""
+    from fusecli.report import write_report
 
+    write_report(data, report_file, summary_md)
     if report_file is not None:
-        write_text(report_file, render_html(data))
         log(quiet, f"wrote {report_file}")
     if summary_md is not None:
-        write_text(summary_md, render_markdown(data, str(report_file) if report_file else None),
-                   append=True)
         log(quiet, f"appended the summary to {summary_md}")
 
 

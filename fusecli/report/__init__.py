@@ -22,8 +22,8 @@ from fusecli.report.draw import dot_program
 from fusecli.report.html import render_html
 from fusecli.report.markdown import render_markdown
 
-__all__ = ["ReportData", "collect", "render_html", "render_markdown", "write_text",
-           "dot_program"]
+__all__ = ["ReportData", "collect", "dot_program", "render_html", "render_markdown",
+           "write_report", "write_text"]
 
 
 def collect(model: api.PathLike, result: api.Result | None = None, *,
@@ -46,6 +46,23 @@ def collect(model: api.PathLike, result: api.Result | None = None, *,
     misses = explain_model(original, fp, staged=staged)
     return build(str(model), original, result, misses,
                  str(fused_path) if fused_path is not None else None, bench)
+
+
+def write_report(data: ReportData, html: api.PathLike | None = None,
+                 summary_md: api.PathLike | None = None) -> list[Path]:
+    """Write the HTML report of ``data`` to ``html`` (atomically) and append its Markdown
+    summary to ``summary_md`` (a CI job summary); returns the paths written.
+
+        data = fusecli.report.collect("model.onnx")              # fuses in memory
+        fusecli.write_report(data, "report.html", summary_md=os.environ["GITHUB_STEP_SUMMARY"])
+    """
+    out = []
+    if html is not None:
+        out.append(write_text(html, render_html(data)))
+    if summary_md is not None:
+        out.append(write_text(summary_md, render_markdown(data, str(html) if html else None),
+                              append=True))
+    return out
 
 
 def write_text(path: api.PathLike, text: str, append: bool = False) -> Path:
