@@ -17,7 +17,7 @@ import onnx
 
 from fusecli import api
 from fusecli.engine.explain import explain_model
-from fusecli.report.data import ReportData, build
+from fusecli.report.data import ReportData, build, gc_paused
 from fusecli.report.draw import dot_program
 from fusecli.report.html import render_html
 from fusecli.report.markdown import render_markdown
@@ -43,7 +43,8 @@ def collect(model: api.PathLike, result: api.Result | None = None, *,
     fp = api.fusion_pass(rules, provider=provider)
     # with every rule the optimize result is the model explain would fuse for its stages
     staged = result.model if not (only or skip) else None
-    misses = explain_model(original, fp, staged=staged)
+    with gc_paused():
+        misses = explain_model(original, fp, staged=staged)
     return build(str(model), original, result, misses,
                  str(fused_path) if fused_path is not None else None, bench)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from html import escape
 
-from fusecli.report.data import Chain, MissGroup, Node, ReportData
+from fusecli.report.data import Chain, MissGroup, Node, ReportData, gc_paused
 from fusecli.report.draw import chain_dot, miss_dot, render
 
 
@@ -243,6 +243,11 @@ def _miss_rows(groups: list[MissGroup]) -> str:
 
 def render_html(d: ReportData, jobs: int | None = None) -> str:
     """The whole page; the drawings are laid out here (one dot run over all of them)."""
+    with gc_paused():
+        return _page(d, jobs)
+
+
+def _page(d: ReportData, jobs: int | None) -> str:
     groups = d.miss_groups()
     svgs = render([chain_dot(c, d.tensors) for c in d.chains]
                   + [miss_dot(g.first, d.tensors, g.anchor) for g in groups], jobs)
