@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from fusecli import errors
-from fusecli.commands.options import FEEDS, JSON, PROVIDER, RULES
+from fusecli.commands.options import FEEDS, JSON, ONLY, PROVIDER, RULES, SKIP
 from fusecli.commands.report import REPORT, SUMMARY_MD, check_report_options, write_reports
 from fusecli.commands.output import (echo_json, echo_line, one_line, print_verify, report_mismatches,
                                      verify_exit)
@@ -18,8 +18,8 @@ from fusecli.commands.output import (echo_json, echo_line, one_line, print_verif
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Where to write the fused "
               "model (required unless --dry-run).")
 @RULES
-@click.option("--only", multiple=True, help="Apply only this pattern or rule (repeatable).")
-@click.option("--skip", multiple=True, help="Do not apply this pattern or rule (repeatable).")
+@ONLY
+@SKIP
 @click.option("--dry-run", is_flag=True, help="Match and report, write nothing.")
 @click.option("--in-place", is_flag=True, help="Allow -o to be the input file.")
 @JSON

@@ -35,3 +35,5 @@ FEEDS = click.option("--feeds", "feeds_file", type=click.Path(path_type=Path),
 PROVIDER = click.option(
     "--provider", type=click.Choice(["any", "cpu", "cuda"]), default="any", show_default=True,
     help="Fuse only where fusecli's library has a kernel for this execution provider.")
+ONLY = click.option("--only", multiple=True, help="Apply only this pattern or rule (repeatable).")
+SKIP = click.option("--skip", multiple=True, help="Do not apply this pattern or rule (repeatable).")

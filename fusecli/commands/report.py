@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from fusecli.commands.options import FEEDS, PROVIDER, RULES
+from fusecli.commands.options import FEEDS, ONLY, PROVIDER, RULES, SKIP
 from fusecli.commands.output import log
 
 REPORT = click.option("--report", "report_file", type=click.Path(path_type=Path),
@@ -62,8 +62,8 @@ def check_made_from(fused_model, result, fused, model) -> None:
               help="Where to write the HTML report.")
 @SUMMARY_MD
 @RULES
-@click.option("--only", multiple=True, help="Apply only this pattern or rule (repeatable).")
-@click.option("--skip", multiple=True, help="Do not apply this pattern or rule (repeatable).")
+@ONLY
+@SKIP
 @PROVIDER
 @click.option("--verify", "do_verify", is_flag=True,
               help="Verify the fused model against MODEL and show the result.")
