@@ -179,18 +179,25 @@ def test_long_replaced_lists_are_cut_in_the_doc_string():
 
 
 # -- the command line --------------------------------------------------------------------------
-def test_report_command_writes_html_and_appends_markdown(tmp_path):
+def test_report_command_writes_html_and_appends_markdown(tmp_path, manifest):
+    sample = SAMPLES / "torch_block.onnx"
+    want = sum(next(e for e in manifest.values() if e["file"] == sample.name)
+               ["patterns"].values())                     # counted from the model code
     out, md = tmp_path / "r.html", tmp_path / "summary.md"
     md.write_text("# job summary\n")
-    p = run_cli("report", SAMPLES / "torch_block.onnx", "-o", out, "--summary-md", md)
-    assert "fused chain(s)" in p.stdout
+    p = run_cli("report", sample, "-o", out, "--summary-md", md, "--verify")
+    assert f"{want} fused chain(s)" in p.stdout
     html = out.read_text()
     assert html.startswith("<!DOCTYPE html>") and "Content-Security-Policy" in html
     assert not re.search(r'(src|href)="(https?:)?//', html)     # nothing fetched
-    run_cli("optimize", SAMPLES / "torch_block.onnx", "-o", tmp_path / "f.onnx", "-q",
-            "--summary-md", md)
+    assert len(sections(html, "chain")) == want and '<h2>Verify: <span class="PASS">' in html
+    # optimize --report/--summary-md: the same report of the run, the summary appended
+    run_cli("optimize", sample, "-o", tmp_path / "f.onnx", "-q", "--report",
+            tmp_path / "o.html", "--summary-md", md)
+    assert len(sections((tmp_path / "o.html").read_text(), "chain")) == want
     text = md.read_text()
     assert text.startswith("# job summary\n") and text.count("### fusecli: ") == 2
+    assert "verify: **PASS**" in text.split("### fusecli: ")[1]
 
 
 @pytest.mark.parametrize("args, words", [
