@@ -5,7 +5,8 @@ machine without it fails here rather than skipping.
 From file://, the report loads with no console error, no exception and no request but its own
 document; every drawing is present and laid out (a non-zero box); a click on a summary link
 brings its drawing into view as the :target; typing in the search box and choosing a pattern
-filter the drawings. On a deep stack of over 20k nodes too. FUSECLI_UPDATE_SCREENSHOT=1 rewrites
+filter the drawings. Every corpus model's report and a deep stack of over 20k nodes load cleanly and
+show every drawing. FUSECLI_UPDATE_SCREENSHOT=1 rewrites
 the README's screenshot (docs/report.png) from the sample report.
 """
 
@@ -24,8 +25,10 @@ from conftest import REPO, SAMPLES
 from fusecli import api
 from fusecli.bench.deepgraph import deep_graph
 from fusecli.report import collect, render_html
+from fusecli.runtime.feeds import load_manifest
 
 SCREENSHOT = REPO / "docs" / "report.png"
+CORPUS = REPO / "corpus"
 SAMPLE = "torch_block"
 
 
@@ -78,11 +81,11 @@ def check_loads_cleanly(b: Browser, path, n_drawings: int, all_at_once: bool = F
 
 @pytest.fixture(scope="module")
 def browser():
+    """One headless Chromium per test worker, shared by this module's tests."""
     with Browser(width=1200, height=900) as b:
         yield b
 
 
-@pytest.mark.xdist_group("browser")
 def test_sample_report_in_the_browser(browser, tmp_path):
     b = browser
     path = tmp_path / "report.html"
@@ -138,7 +141,14 @@ def test_sample_report_in_the_browser(browser, tmp_path):
         SCREENSHOT.write_bytes(png)
 
 
-@pytest.mark.xdist_group("browser")
+@pytest.mark.parametrize("name", sorted(load_manifest(CORPUS / "manifest.yaml")))
+def test_corpus_reports_in_the_browser(browser, tmp_path, name):
+    path = tmp_path / f"{name}.html"
+    data = write_report(CORPUS / load_manifest(CORPUS / "manifest.yaml")[name]["file"], path)
+    drawings = check_loads_cleanly(browser, path, len(data.chains) + len(data.miss_groups()))
+    assert sum(d["id"].startswith("chain-") for d in drawings) == len(data.chains) > 0
+
+
 def test_deep_stack_report_in_the_browser(browser, tmp_path):
     model, info = deep_graph("torch-joint", 20_000)
     assert info["nodes"] > 20_000
