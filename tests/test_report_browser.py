@@ -5,9 +5,9 @@ machine without it fails here rather than skipping.
 From file://, the report loads with no console error, no exception and no request but its own
 document; every drawing is present and laid out (a non-zero box); a click on a summary link
 brings its drawing into view as the :target; typing in the search box and choosing a pattern
-filter the drawings. Every corpus model's report and a deep stack of over 20k nodes load cleanly and
-show every drawing. FUSECLI_UPDATE_SCREENSHOT=1 rewrites
-the README's screenshot (docs/report.png) from the sample report.
+filter the drawings. Every corpus model's report and a deep stack of over 20k nodes load
+cleanly and show every drawing. FUSECLI_UPDATE_SCREENSHOT=1 rewrites the README's screenshot
+(docs/report.png) from the sample report.
 """
 
 from __future__ import annotations
