@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
-from fusecli.errors import FuseError
+from fusecli.errors import EXIT_INTERNAL, FuseError
 from fusecli.report.data import Chain, Miss, Node, Tensor
 
 DOT_ENV = "FUSECLI_DOT"         # path of the dot program to use (default: dot on PATH)
@@ -27,6 +27,12 @@ _REPLACED, _FUSED, _TENSOR, _FAIL, _BOUND = "#dbe8f6", "#d7f0d2", "#f4f4f4", "#f
 
 class DotMissing(FuseError):
     """Graphviz's dot is not installed (exit 2)."""
+
+
+class DotFailed(FuseError):
+    """dot refused a drawing fusecli wrote: a bug (exit 4)."""
+
+    exit_code = EXIT_INTERNAL
 
 
 def dot_program() -> str:
@@ -206,7 +212,7 @@ def _run_dot(dot: str, graphs: list[str]) -> list[str]:
     svgs = _svgs(p.stdout)
     if p.returncode != 0 or len(svgs) != len(graphs):
         why = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[0]
-        raise FuseError(f"internal: Graphviz dot failed on a drawing: {why} (please report "
+        raise DotFailed(f"internal: Graphviz dot failed on a drawing: {why} (please report "
                         "this)")
     return svgs
 
