@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from fusecli.commands.options import FEEDS, ONLY, PROVIDER, RULES, SKIP
-from fusecli.commands.output import log
+from fusecli.commands.output import log, report_mismatches, verify_exit
 
 REPORT = click.option("--report", "report_file", type=click.Path(path_type=Path),
                       help="Also write the HTML report of this run here (as `fusecli report`).")
@@ -66,7 +66,8 @@ def check_made_from(fused_model, result, fused, model) -> None:
 @SKIP
 @PROVIDER
 @click.option("--verify", "do_verify", is_flag=True,
-              help="Verify the fused model against MODEL and show the result.")
+              help="Verify the fused model against MODEL and show the result (exit 1 on a "
+                   "mismatch, 5 if it cannot judge, as `fusecli verify`; after writing).")
 @click.option("--bench", "do_bench", is_flag=True,
               help="Time the fused model against MODEL (`fusecli bench`) and show the result.")
 @FEEDS
@@ -109,3 +110,6 @@ def report(model, fused, report_file, summary_md, rules, only, skip, provider, d
     write_reports(data, report_file, summary_md, quiet)
     click.echo(f"{model}: {len(data.chains)} fused chain(s), {len(data.misses)} near miss(es)"
                + (f"; report: {report_file}" if report_file else ""))
+    if result.verify is not None:     # written first: a failing verify is in the report too
+        report_mismatches(result.verify)
+        verify_exit(result.verify)
