@@ -137,6 +137,7 @@ def test_names_are_escaped_in_dot_svg_html_and_markdown(tmp_path):
     sec = sections(html, "chain")["chain-1"]
     assert sec.count(REPLACED_FILL) == len(m.graph.node) and sec.count("<svg") == 1
     assert all(n.found for n in data.chains[0].replaced)    # the unnamed one too
+    assert "&lt;Identity #2&gt;" in sec                         # under the engine's name
     assert [n.op for n in data.chains[0].replaced] == [n.op_type for n in m.graph.node]
     text = render_markdown(data)
     row = next(line for line in text.splitlines() if line.startswith("| linear_relu") or

@@ -223,6 +223,7 @@ class _Graphs:
         if proto is None:
             return Node(name, "?", "", [], [], found=False)
         node = _node(proto)
+        node.name = name                    # an unnamed node keeps the engine's "<Op #i>"
         for t in (*node.inputs, *node.outputs):
             self.tensor(t)
         return node
