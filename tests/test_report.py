@@ -223,6 +223,10 @@ def test_report_without_graphviz_says_to_install_it(tmp_path):
                 env=env)
     assert "graphviz" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert not (tmp_path / "r.html").exists()
+    # optimize --report refuses before fusing or writing anything
+    p = run_cli("optimize", SAMPLES / "torch_block.onnx", "-o", tmp_path / "f.onnx", "--report",
+                tmp_path / "r.html", check_rc=2, env=env)
+    assert "graphviz" in p.stderr and not (tmp_path / "f.onnx").exists()
     # the Markdown summary needs no drawing
     run_cli("report", SAMPLES / "torch_block.onnx", "--summary-md", tmp_path / "s.md", env=env)
 
