@@ -37,7 +37,7 @@ system-deps:
 	@missing=""; for pp in $(SYSTEM_PROGRAMS); do command -v $${pp%%:*} >/dev/null || \
 		missing="$$missing $${pp#*:}"; done; \
 	if [ -n "$$missing" ]; then echo "installing$$missing (apt-get)"; \
-		apt-get install -y -q --no-install-recommends$$missing; fi
+		apt-get update -q && apt-get install -y -q --no-install-recommends$$missing; fi
 
 $(ORTT_VENV)/.installed: scripts/ortt-requirements.txt
 	$(PY) -m venv $(ORTT_VENV)
