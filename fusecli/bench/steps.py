@@ -100,9 +100,11 @@ def scale_weights(feeds: dict, entry: dict, scale: float) -> int:
     return len(names)
 
 
-def step_pairs(ctx: Ctx, entries: dict, fused_dir: Path, scale: float = 1.0) -> list[dict]:
-    """Training step unfused vs fused per sample (speed only), with every weight at `scale`
-    times the sample's own values."""
+def step_pairs(ctx: Ctx, entries: dict, fused_dir: Path, scale: float = 1.0,
+               peak_memory: bool = False) -> list[dict]:
+    """Training step unfused vs fused per sample, with every weight at `scale` times the
+    sample's own values; speed, and with `peak_memory` the peak memory of one step of each
+    (fresh processes, as (b))."""
     from fusecli.runtime.feeds import make_feeds
 
     rows = []
@@ -117,7 +119,7 @@ def step_pairs(ctx: Ctx, entries: dict, fused_dir: Path, scale: float = 1.0) -> 
             n_scaled = scale_weights(feeds, entry, scale) if scale != 1.0 else 0
             res = steadiest(lambda: run_bench(
                 src, dest, runs=ctx.runs, warmup=ctx.warmup, threads=ctx.threads, feeds=feeds,
-                peak_memory=False, min_time_s=STEP_MIN_TIME_S))
+                peak_memory=peak_memory, min_time_s=STEP_MIN_TIME_S))
         except Exception as exc:  # noqa: BLE001 - keep the suite going, report it
             rows.append({"sample": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
             log(f"    failed: {exc}")
@@ -128,5 +130,17 @@ def step_pairs(ctx: Ctx, entries: dict, fused_dir: Path, scale: float = 1.0) -> 
                      "fused_ms": t_fu, "speedup": t_un / t_fu, "runtime": res["runtime"],
                      "runs": res.get("runs"), **cpu_cols(res),
                      "spread_unfused": (res["a"]["p75_ms"] - res["a"]["p25_ms"]) / t_un,
-                     "spread_fused": (res["b"]["p75_ms"] - res["b"]["p25_ms"]) / t_fu})
+                     "spread_fused": (res["b"]["p75_ms"] - res["b"]["p25_ms"]) / t_fu,
+                     "fused_ops": _op_counts(work),
+                     **({"peak_unfused": res["a"]["peak_bytes"], "peak_fused": res["b"]["peak_bytes"]}
+                        if peak_memory else {})})
     return rows
+
+
+def _op_counts(model: onnx.ModelProto) -> str:
+    """The fused graph's fused nodes by op type ("ConvBnReluGrad 52, ...")."""
+    counts: dict[str, int] = {}
+    for n in model.graph.node:
+        if n.domain == FUSED_DOMAIN:
+            counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
