@@ -370,7 +370,8 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
         const int64_t r0 = std::min(H, std::max<int64_t>(0, (-offh + sh - 1) / sh));
         const int64_t r1 = std::max(r0, std::min(H, (Hin - offh + sh - 1) / sh));
         if (hi > lo && r1 > r0)
-          taps.push_back({i * kw + j, r0, r1 - r0, lo, hi - lo, (r0 * sh + offh) * Win + lo * sw + offw});
+          taps.push_back(
+              {i * kw + j, r0, r1 - r0, lo, hi - lo, (r0 * sh + offh) * Win + lo * sw + offw});
       }
     const bool unit = sh == 1 && sw == 1;
     const SA2 st(sh * Win, sw);
@@ -486,15 +487,15 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
     // (formed already when it has a full-size home)
     if (!have_dc)
       parallel_for(nb * C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
-                 [&](int, int64_t j0, int64_t j1) {
-                   std::vector<float> dzb(has_act ? HW : 0);
-                   for (int64_t j = j0; j < j1; ++j) {
-                     const int64_t ch = j % C, off = (n0 * C + j) * HW;
-                     CA d(dz_row(off, dzb.data()), HW), cc(cvp + off, HW);
-                     MA o(dcn + j * HW, HW);
-                     o = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
-                   }
-                 });
+                   [&](int, int64_t j0, int64_t j1) {
+                     std::vector<float> dzb(has_act ? HW : 0);
+                     for (int64_t j = j0; j < j1; ++j) {
+                       const int64_t ch = j % C, off = (n0 * C + j) * HW;
+                       CA d(dz_row(off, dzb.data()), HW), cc(cvp + off, HW);
+                       MA o(dcn + j * HW, HW);
+                       o = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
+                     }
+                   });
     for (int64_t gi = 0; gi < group; ++gi) {
       // dC_g as [Cg, nb*HW]: a view of the chunk for one image, else gathered
       const float* dcg = dcn + gi * Cg * HW;

@@ -50,8 +50,7 @@ void act_and_grad(Act act, float alpha, const float* a, float* f, float* g, int6
 #if defined(__AVX512F__)
 // f = act(v) and g = act'(v) on 16 lanes (alpha 1): silu with one exponential and no divide;
 // gelu (erf) with one exponential (phi16). Same math as ActivationGrad's AVX-512 kernels.
-template <Act A>
-inline __m512 act_parts16(__m512 v, __m512* g) {
+template <Act A> inline __m512 act_parts16(__m512 v, __m512* g) {
   const __m512 one = _mm512_set1_ps(1.f);
   if (A == Act::kSilu) {  // s = 1 / (1 + e), e = e^-v; 1 - s = e s
     const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), v));
@@ -69,8 +68,8 @@ inline __m512 act_parts16(__m512 v, __m512* g) {
 template <Act A>
 void gated16(const float* dh, const float* a, const float* b, float* da, float* db, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff)
-                                    : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 m =
+        n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
     const __m512 d = _mm512_maskz_loadu_ps(m, dh + i);
     const __m512 bb = _mm512_maskz_loadu_ps(m, b + i);
     __m512 g;
