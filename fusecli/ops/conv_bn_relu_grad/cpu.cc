@@ -255,6 +255,63 @@ static void col2im(const float* cols, const ConvGeom& g, int64_t ld, float* dx, 
   }
 }
 
+#if defined(__AVX512F__)
+constexpr int64_t kMaxRegTaps = 49;  // up to 7x7 kernels: one accumulator register per tap
+
+// lanes [lo, hi) of a 16-lane block (none when hi <= lo)
+static inline __mmask16 lane_range(int64_t lo, int64_t hi) {
+  lo = std::max<int64_t>(lo, 0);
+  hi = std::min<int64_t>(hi, 16);
+  if (hi <= lo) return 0;
+  return static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+// A unit-stride depthwise convolution's dW and dX for one channel of one image in registers:
+// dW: per 16-wide block of a dC row, each tap's input run is one masked load (zero outside the
+// image) and one FMA into that tap's accumulator (reduced once per image into dwacc); dX: each
+// 16-wide block of a dX row sums its taps' masked dC loads times the tap weight and is stored
+// once (no zero fill, no read-modify-write per tap).
+static void dw_unit_image(const ConvGeom& g, const float* dc, const float* x, const float* w,
+                          float* dx, double* dwacc) {
+  const int64_t kh = g.kh, kw = g.kw;
+  if (dwacc) {
+    __m512 acc[kMaxRegTaps];
+    for (int64_t t = 0; t < kh * kw; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t oh = 0; oh < g.ho; ++oh)
+      for (int64_t ow0 = 0; ow0 < g.wo; ow0 += 16) {
+        const __m512 d = _mm512_maskz_loadu_ps(lane_range(0, g.wo - ow0), dc + oh * g.wo + ow0);
+        for (int64_t i = 0; i < kh; ++i) {
+          const int64_t ih = oh + i * g.dh - g.pt;
+          if (ih < 0 || ih >= g.hin) continue;
+          for (int64_t j = 0; j < kw; ++j) {
+            const int64_t iw0 = ow0 + j * g.dw - g.pl;  // input column of lane 0
+            const __mmask16 m = lane_range(-iw0, g.win - iw0) & lane_range(0, g.wo - ow0);
+            const __m512 xv = _mm512_maskz_loadu_ps(m, x + ih * g.win + iw0);
+            acc[i * kw + j] = _mm512_fmadd_ps(d, xv, acc[i * kw + j]);
+          }
+        }
+      }
+    for (int64_t t = 0; t < kh * kw; ++t) dwacc[t] += _mm512_reduce_add_ps(acc[t]);
+  }
+  if (!dx) return;
+  for (int64_t ih = 0; ih < g.hin; ++ih)
+    for (int64_t iw0 = 0; iw0 < g.win; iw0 += 16) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t i = 0; i < kh; ++i) {
+        const int64_t oh = ih + g.pt - i * g.dh;
+        if (oh < 0 || oh >= g.ho) continue;
+        for (int64_t j = 0; j < kw; ++j) {
+          const int64_t ow0 = iw0 - j * g.dw + g.pl;  // output column of lane 0
+          const __mmask16 m = lane_range(-ow0, g.wo - ow0) & lane_range(0, g.win - iw0);
+          acc = _mm512_fmadd_ps(_mm512_set1_ps(w[i * kw + j]),
+                                _mm512_maskz_loadu_ps(m, dc + oh * g.wo + ow0), acc);
+        }
+      }
+      _mm512_mask_storeu_ps(dx + ih * g.win + iw0, lane_range(0, g.win - iw0), acc);
+    }
+}
+#endif
+
 void ConvKernel::Compute(Ort::KernelContext& ctx) {
   const ConvInputs in(ctx, *this);
   const In &dy = in.dy, &y = in.y, &x = in.x, &w = in.w, &cv = in.cv, &gamma = in.gamma,
@@ -390,6 +447,12 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
           const float* dcp = planes(n);
           const float* xc = xp + (n * C + ch) * HWin;
           float* dxc = want_dx ? dx + (n * C + ch) * HWin : nullptr;
+#if defined(__AVX512F__)
+          if (unit && Khw <= kMaxRegTaps) {
+            dw_unit_image(g, dcp, xc, wc, dxc, want_dw ? dwacc.data() : nullptr);
+            continue;
+          }
+#endif
           if (dxc) std::fill(dxc, dxc + HWin, 0.f);
           for (const Tap& t : taps) {
             const CA2 D(dcp + t.r0 * Wd + t.lo, t.rows, t.len, Eigen::OuterStride<>(Wd));
