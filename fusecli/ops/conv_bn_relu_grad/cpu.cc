@@ -310,6 +310,40 @@ static void dw_unit_image(const ConvGeom& g, const float* dc, const float* x, co
       _mm512_mask_storeu_ps(dx + ih * g.win + iw0, lane_range(0, g.win - iw0), acc);
     }
 }
+
+// The same for any stride (sw <= 16), by input rows with the col2im plan's taps: a tap's dC
+// values for a 16-wide input block are one masked load spread by a permute onto the lanes of
+// the input columns they feed (zero elsewhere); dX sums them times the tap weight, dW[tap]
+// accumulates them times the input block (loaded once per block).
+static void dw_strided_image(const ConvGeom& g, const Col2imPlan& plan, const float* dc,
+                             const float* x, const float* w, float* dx, double* dwacc) {
+  const int64_t kh = g.kh, kw = g.kw;
+  __m512 acc[kMaxRegTaps];
+  for (int64_t t = 0; t < kh * kw; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t ih = 0; ih < g.hin; ++ih)
+    for (int64_t b = 0; b < plan.nblk; ++b) {
+      const int64_t iw0 = b * 16;
+      const __mmask16 nm = lane_range(0, g.win - iw0);
+      const __m512 xv =
+          dwacc ? _mm512_maskz_loadu_ps(nm, x + ih * g.win + iw0) : _mm512_setzero_ps();
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t i = 0; i < kh; ++i) {
+        const int64_t oh = plan.oh[ih * kh + i];
+        if (oh < 0) continue;
+        for (int64_t j = 0; j < kw; ++j) {
+          const Col2imTap& t = plan.taps[b * kw + j];
+          if (!t.lanes) continue;
+          const __m512 v = _mm512_maskz_loadu_ps(t.load, dc + oh * g.wo + t.ow0);
+          const __m512 pv = _mm512_maskz_permutexvar_ps(t.lanes, _mm512_loadu_si512(t.idx), v);
+          sum = _mm512_fmadd_ps(_mm512_set1_ps(w[i * kw + j]), pv, sum);
+          if (dwacc) acc[i * kw + j] = _mm512_fmadd_ps(xv, pv, acc[i * kw + j]);
+        }
+      }
+      if (dx) _mm512_mask_storeu_ps(dx + ih * g.win + iw0, nm, sum);
+    }
+  if (dwacc)
+    for (int64_t t = 0; t < kh * kw; ++t) dwacc[t] += _mm512_reduce_add_ps(acc[t]);
+}
 #endif
 
 void ConvKernel::Compute(Ort::KernelContext& ctx) {
@@ -432,6 +466,10 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
       }
     const bool unit = sh == 1 && sw == 1;
     const SA2 st(sh * Win, sw);
+    std::unique_ptr<Col2imPlan> plan;  // strided taps in registers (AVX-512, sw <= 16)
+#if defined(__AVX512F__)
+    if (!unit && sw <= 16) plan.reset(new Col2imPlan(g));
+#endif
     parallel_for(C, 1, [&](int, int64_t c0, int64_t c1) {
       std::vector<float> slab(have_dc ? 0 : N * HW);
       std::vector<double> dwacc(Khw);
@@ -450,6 +488,10 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
 #if defined(__AVX512F__)
           if (unit && Khw <= kMaxRegTaps) {
             dw_unit_image(g, dcp, xc, wc, dxc, want_dw ? dwacc.data() : nullptr);
+            continue;
+          }
+          if (plan && Khw <= kMaxRegTaps) {
+            dw_strided_image(g, *plan, dcp, xc, wc, dxc, want_dw ? dwacc.data() : nullptr);
             continue;
           }
 #endif
