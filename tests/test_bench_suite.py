@@ -178,7 +178,11 @@ def test_models_section_renders_steps_with_peak_memory_and_splices_into_an_older
     step = {**_step("ortt_tv_mobilenet_v2_bench", 1.4), "fused_ops": "ConvBnReluGrad 52",
             "peak_unfused": 54 * 2**20, "peak_fused": 53 * 2**20}
     slow = {**_step("torch_llama_bench", 0.9), "fused_ops": "RotaryEmbeddingGrad 4"}
-    models = {"steps": [step, slow], "ops": [_case("GatedActivationGrad silu (swiglu)", 2.0)]}
+    before = {**_step("ortt_llama_bench", 1.07), "fused_ops_without": "RMSNormGrad 5",
+              "fused_ops": "RMSNormGrad 5, RotaryEmbeddingGrad 4", "peak_unfused": 34 * 2**20,
+              "peak_fused": 30 * 2**20}
+    models = {"steps": [step, slow], "before": [before],
+              "ops": [_case("GatedActivationGrad silu (swiglu)", 2.0)]}
     doc = R.render(_meta(), [], [], [], models=models)
     h = doc.split("## (h)")[1]
     assert ("| ort-training | ortt_tv_mobilenet_v2_bench | ConvBnReluGrad 52 | 14.00 | 10.00 | "
@@ -187,6 +191,9 @@ def test_models_section_renders_steps_with_peak_memory_and_splices_into_an_older
     # no peak measured: dashes
     assert h.split("| torch_llama_bench |")[1].split("\n")[0].endswith("% | – | – |")
     assert "GatedActivationGrad silu (swiglu)" in h
+    assert ("| ort-training | ortt_llama_bench | RMSNormGrad 5 / RMSNormGrad 5, "
+            "RotaryEmbeddingGrad 4 | 10.70 | 10.00 | 1.070x |") in h
+    assert h.split("| 1.070x |")[1].split("\n")[0].endswith("| 34.0 | 30.0 |")
     summary = doc.split("## Summary")[1].split("## (a)")[0]
     assert "(h): lowest fused speed-up **0.90x** (torch_llama_bench)" in summary
     assert "target >= 1.00x: NOT met" in summary.split("(h)")[1]

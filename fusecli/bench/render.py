@@ -185,6 +185,21 @@ def models_section(models) -> list[str]:
              "(b) (interleaved runs, medians; peak = peak RSS growth of one step in a fresh "
              "process). " + CPU_NOTE + "\n")
     L.extend(_model_step_table(models.get("steps", [])))
+    before = models.get("before", [])
+    if before:
+        L.append("\nThe Llamas fused WITHOUT the gated-MLP and RoPE patterns (every other rule "
+                 "applied: fusecli before those patterns) vs fused with every rule, same method; "
+                 "\"unfused\" columns = without them.\n")
+        L.extend(_table(
+            ["family", "sample", "fused ops without / with", "without ms", "with ms",
+             "speed-up", "CPU ms without / with", "CPU-time speed-up", "IQR/median",
+             "peak without MiB", "peak with MiB"], "lllrrrrrlrr", before,
+            lambda r: ["", r["sample"]],
+            lambda r: [r["family"], r["sample"],
+                       f"{r['fused_ops_without']} / {r['fused_ops']}", _ms(r["unfused_ms"]),
+                       _ms(r["fused_ms"]), f"{r['speedup']:.3f}x", *_cpu_cells(r, 3),
+                       f"{r['spread_unfused']:.1%} / {r['spread_fused']:.1%}",
+                       _mib(r["peak_unfused"]), _mib(r["peak_fused"])]))
     L.append("\nTheir fused ops against the onnxruntime-training chains they replace (same method "
              "as (f); the chains as the rules' descriptions spell them: relu6 = the Clip "
              "gradient's mask, silu = QuickGeluGrad, hardswish written out as z relu6(z + 3) / 6 "

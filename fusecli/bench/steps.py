@@ -137,6 +137,44 @@ def step_pairs(ctx: Ctx, entries: dict, fused_dir: Path, scale: float = 1.0,
     return rows
 
 
+def pattern_pairs(ctx: Ctx, entries: dict, fused_dir: Path, patterns: list[str]) -> list[dict]:
+    """Training step fused WITHOUT `patterns` (every other rule applied: fusecli before those
+    patterns existed) vs fused with every rule, per sample; speed and peak memory, as
+    step_pairs."""
+    from fusecli.api import FusionPass
+    from fusecli.io.rulefiles import load_rules
+    from fusecli.runtime.feeds import make_feeds
+
+    rows = []
+    for name, entry in entries.items():
+        log(f"steps without {'/'.join(patterns)}: {name}")
+        try:
+            src, orig, work, _, _ = load_and_fuse(name)
+            without = onnx.ModelProto()
+            without.CopyFrom(orig)
+            FusionPass(rules=[r for r in load_rules() if r.pattern not in patterns]).run(without)
+            pa, pb = fused_dir / f"{name}.without.onnx", fused_dir / f"{name}.fused.onnx"
+            onnx.save(without, str(pa))
+            onnx.save(work, str(pb))
+            feeds = make_feeds(orig, entry, dims=entry.get("dims"))
+            res = steadiest(lambda: run_bench(
+                pa, pb, runs=ctx.runs, warmup=ctx.warmup, threads=ctx.threads, feeds=feeds,
+                peak_memory=True, min_time_s=STEP_MIN_TIME_S))
+        except Exception as exc:  # noqa: BLE001 - keep the suite going, report it
+            rows.append({"sample": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            log(f"    failed: {exc}")
+            continue
+        t_a, t_b = res["a"]["median_ms"], res["b"]["median_ms"]
+        rows.append({"sample": name, "family": entry["family"], "without": patterns,
+                     "fused_ops_without": _op_counts(without), "fused_ops": _op_counts(work),
+                     "unfused_ms": t_a, "fused_ms": t_b, "speedup": t_a / t_b,
+                     "runtime": res["runtime"], **cpu_cols(res),
+                     "spread_unfused": (res["a"]["p75_ms"] - res["a"]["p25_ms"]) / t_a,
+                     "spread_fused": (res["b"]["p75_ms"] - res["b"]["p25_ms"]) / t_b,
+                     "peak_unfused": res["a"]["peak_bytes"], "peak_fused": res["b"]["peak_bytes"]})
+    return rows
+
+
 def _op_counts(model: onnx.ModelProto) -> str:
     """The fused graph's fused nodes by op type ("ConvBnReluGrad 52, ...")."""
     counts: dict[str, int] = {}

@@ -44,7 +44,7 @@ from fusecli.bench.optimizer import optimizer_benchmarks, startup_benchmarks
 from fusecli.bench.render import render, splice
 from fusecli.bench.samples import (BENCH_SAMPLES, REAL_SAMPLE_NAMES, ensure_bench_samples,
                                    ensure_model_samples)
-from fusecli.bench.steps import WEIGHT_SCALE, e2e_benchmarks, step_pairs
+from fusecli.bench.steps import WEIGHT_SCALE, e2e_benchmarks, pattern_pairs, step_pairs
 
 SECTIONS = ["ops", "e2e", "optimizer", "scaled", "outliers", "shapes", "real",
             "models"]  # (a) .. (h)
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     from fusecli.bench.shapes import model_op_cases, outlier_cases, real_shape_cases
 
     ops, e2e, opt, scaled, shapes, outliers, real = [], [], [], [], [], [], []
-    model_steps, model_ops = [], []
+    model_steps, model_ops, model_before = [], [], []
     with tempfile.TemporaryDirectory(prefix="chains-", dir=WORKDIR) as tmp:
         ctx = Ctx(args.threads, args.runs, args.warmup, bw["used"], Path(tmp))
         if "ops" not in args.skip:
@@ -97,14 +97,18 @@ def main(argv=None) -> int:
             real = (step_pairs(ctx, real_entries, fused_dir)
                     + step_pairs(ctx, real_entries, fused_dir, WEIGHT_SCALE))
         if "models" not in args.skip:
-            model_steps = step_pairs(ctx, ensure_model_samples(), fused_dir, peak_memory=True)
+            model_entries = ensure_model_samples()
+            model_steps = step_pairs(ctx, model_entries, fused_dir, peak_memory=True)
+            # the Llamas fused without the gated-MLP and RoPE patterns: fusecli before them
+            llamas = {k: v for k, v in model_entries.items() if "llama" in k}
+            model_before = pattern_pairs(ctx, llamas, fused_dir, ["swiglu", "geglu", "rope"])
             model_ops = case_benchmarks(ctx, model_op_cases())
     startup = []
     if "optimizer" not in args.skip:
         opt = optimizer_benchmarks()
         startup = startup_benchmarks()
     runtimes = sorted({r["runtime"] for r in ops + e2e + scaled + shapes + outliers + real
-                       + model_steps + model_ops if "runtime" in r})
+                       + model_steps + model_ops + model_before if "runtime" in r})
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "elapsed_s": time.time() - t0,
             "machine": machine(), "threads": args.threads, "runs": args.runs,
             "warmup": args.warmup, "bw": bw, "runtimes": ", ".join(runtimes) or "n/a",
@@ -113,7 +117,8 @@ def main(argv=None) -> int:
             "step_min_time_s": STEP_MIN_TIME_S, "max_spread": MAX_SPREAD,
             "weight_scale": WEIGHT_SCALE, "startup": startup}
     sections = {"ops": ops, "e2e": e2e, "scaled": scaled, "outliers": outliers, "shapes": shapes,
-                "real": real, "optimizer": opt, "models": {"steps": model_steps, "ops": model_ops}}
+                "real": real, "optimizer": opt, "models": {"steps": model_steps, "before": model_before,
+                                                     "ops": model_ops}}
     doc = render(meta, **sections)
     if args.update:
         measured = [k for k in SECTIONS if k not in args.skip]
