@@ -124,16 +124,9 @@ def step_pairs(ctx: Ctx, entries: dict, fused_dir: Path, scale: float = 1.0,
             rows.append({"sample": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
             log(f"    failed: {exc}")
             continue
-        t_un, t_fu = res["a"]["median_ms"], res["b"]["median_ms"]
         rows.append({"sample": name, "family": entry["family"], "scale": scale,
-                     "weights_scaled": n_scaled, "chains": len(recs), "unfused_ms": t_un,
-                     "fused_ms": t_fu, "speedup": t_un / t_fu, "runtime": res["runtime"],
-                     "runs": res.get("runs"), **cpu_cols(res),
-                     "spread_unfused": (res["a"]["p75_ms"] - res["a"]["p25_ms"]) / t_un,
-                     "spread_fused": (res["b"]["p75_ms"] - res["b"]["p25_ms"]) / t_fu,
-                     "fused_ops": _op_counts(work),
-                     **({"peak_unfused": res["a"]["peak_bytes"], "peak_fused": res["b"]["peak_bytes"]}
-                        if peak_memory else {})})
+                     "weights_scaled": n_scaled, "chains": len(recs), "runs": res.get("runs"),
+                     "fused_ops": _op_counts(work), **_pair_cols(res, peak_memory)})
     return rows
 
 
@@ -164,15 +157,22 @@ def pattern_pairs(ctx: Ctx, entries: dict, fused_dir: Path, patterns: list[str])
             rows.append({"sample": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
             log(f"    failed: {exc}")
             continue
-        t_a, t_b = res["a"]["median_ms"], res["b"]["median_ms"]
         rows.append({"sample": name, "family": entry["family"], "without": patterns,
                      "fused_ops_without": _op_counts(without), "fused_ops": _op_counts(work),
-                     "unfused_ms": t_a, "fused_ms": t_b, "speedup": t_a / t_b,
-                     "runtime": res["runtime"], **cpu_cols(res),
-                     "spread_unfused": (res["a"]["p75_ms"] - res["a"]["p25_ms"]) / t_a,
-                     "spread_fused": (res["b"]["p75_ms"] - res["b"]["p25_ms"]) / t_b,
-                     "peak_unfused": res["a"]["peak_bytes"], "peak_fused": res["b"]["peak_bytes"]})
+                     **_pair_cols(res, True)})
     return rows
+
+
+def _pair_cols(res: dict, peak: bool) -> dict:
+    """The columns of one step comparison (a = unfused or without, b = fused): medians, their
+    ratio, CPU time, spreads, and the peaks when measured."""
+    t_un, t_fu = res["a"]["median_ms"], res["b"]["median_ms"]
+    return {"unfused_ms": t_un, "fused_ms": t_fu, "speedup": t_un / t_fu,
+            "runtime": res["runtime"], **cpu_cols(res),
+            "spread_unfused": (res["a"]["p75_ms"] - res["a"]["p25_ms"]) / t_un,
+            "spread_fused": (res["b"]["p75_ms"] - res["b"]["p25_ms"]) / t_fu,
+            **({"peak_unfused": res["a"]["peak_bytes"], "peak_fused": res["b"]["peak_bytes"]}
+               if peak else {})}
 
 
 def _op_counts(model: onnx.ModelProto) -> str:
