@@ -171,6 +171,40 @@ def test_update_splices_only_the_measured_sections_and_their_summary_lines():
     assert len(notes) == 2 and "on later" in notes[0] and "on latest" in notes[1]
 
 
+def test_models_section_renders_steps_with_peak_memory_and_splices_into_an_older_document():
+    """Section (h): the model steps with their fused ops and peak memory beside the times, the
+    ops table, a Summary line judged on the steps; --update into a document written before (h)
+    existed appends the section and adds its Summary line after the others."""
+    step = {**_step("ortt_tv_mobilenet_v2_bench", 1.4), "fused_ops": "ConvBnReluGrad 52",
+            "peak_unfused": 54 * 2**20, "peak_fused": 53 * 2**20}
+    slow = {**_step("torch_llama_bench", 0.9), "fused_ops": "RotaryEmbeddingGrad 4"}
+    before = {**_step("ortt_llama_bench", 1.07), "fused_ops_without": "RMSNormGrad 5",
+              "fused_ops": "RMSNormGrad 5, RotaryEmbeddingGrad 4", "peak_unfused": 34 * 2**20,
+              "peak_fused": 30 * 2**20}
+    models = {"steps": [step, slow], "before": [before],
+              "ops": [_case("GatedActivationGrad silu (swiglu)", 2.0)]}
+    doc = R.render(_meta(), [], [], [], models=models)
+    h = doc.split("## (h)")[1]
+    assert ("| ort-training | ortt_tv_mobilenet_v2_bench | ConvBnReluGrad 52 | 14.00 | 10.00 | "
+            "1.400x |") in h
+    assert h.split("ortt_tv_mobilenet_v2_bench")[1].split("\n")[0].endswith("| 54.0 | 53.0 |")
+    # no peak measured: dashes
+    assert h.split("| torch_llama_bench |")[1].split("\n")[0].endswith("% | – | – |")
+    assert "GatedActivationGrad silu (swiglu)" in h
+    assert ("| ort-training | ortt_llama_bench | RMSNormGrad 5 / RMSNormGrad 5, "
+            "RotaryEmbeddingGrad 4 | 10.70 | 10.00 | 1.070x |") in h
+    assert h.split("| 1.070x |")[1].split("\n")[0].endswith("| 34.0 | 30.0 |")
+    summary = doc.split("## Summary")[1].split("## (a)")[0]
+    assert "(h): lowest fused speed-up **0.90x** (torch_llama_bench)" in summary
+    assert "target >= 1.00x: NOT met" in summary.split("(h)")[1]
+    old = R.render(_meta(), [], [], [], real=[_step("ortt_resnet50", 1.05)])
+    assert "(h)" not in old
+    spliced = R.splice(old, doc, ["models"], _meta())
+    lines = spliced.split("## Summary")[1].split("## (a)")[0].strip().splitlines()
+    assert lines[-1].startswith("- MobileNetV2 and Llama") and "(g)" in lines[-2]
+    assert spliced.count("## (h)") == 1 and spliced.split("## (h)")[1] == h
+
+
 def test_bench_worker_reports_process_cpu_time(tmp_path):
     """The worker measures each model's process CPU time per run next to the wall time (the
     suite's CPU-time columns); both are positive medians of the timed runs."""

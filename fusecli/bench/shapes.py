@@ -172,7 +172,9 @@ def conv_case(model, n, cin, c, hw, k, rng, outliers=False, stride=1, group=1,
     """ConvBnReluGrad vs activation gradient + BatchNormalizationGrad + ConvGrad (pads k // 2:
     'same' at stride 1; at stride s the input is s*hw square and the output hw square, as in
     ResNet's downsampling convs). act: relu (ReluGrad), relu6 (onnxruntime-training's Clip
-    gradient mask on the BN output), identity (none: a linear bottleneck)."""
+    gradient mask on the BN output), silu (QuickGeluGrad), hardswish (written out as
+    z relu6(z + 3) / 6: its product rule with the Clip mask), identity (none: a linear
+    bottleneck)."""
     p = k // 2
     hin = hw * stride
     cv = rng.standard_normal((n, c, hw, hw))
@@ -191,17 +193,32 @@ def conv_case(model, n, cin, c, hw, k, rng, outliers=False, stride=1, group=1,
              "Cv": _f32(cv), "gamma": _f32(np.ones(c)), "mean": _f32(mean),
              "inv_std": _f32(inv_std)}
     attrs = dict(strides=[stride, stride], pads=[p] * 4, dilations=[1, 1], group=group)
+    fused_ins = list(feeds)
     consts = []
     if act == "relu":
         grad = [helper.make_node("ReluGrad", ["dY", "Y"], ["dZ"], domain=MS)]
-    elif act == "relu6":
+    elif act in ("relu6", "hardswish"):
         consts = [numpy_helper.from_array(np.array(0, np.float32), "c0"),
                   numpy_helper.from_array(np.array(6, np.float32), "c6")]
-        grad = [helper.make_node("GreaterOrEqual", ["Y", "c0"], ["ge"]),
-                helper.make_node("LessOrEqual", ["Y", "c6"], ["le"]),
+        # onnxruntime-training's Clip gradient: dY masked where the Clip input is in [0, 6]
+        # (relu6: the BN output; hardswish written out, z relu6(z + 3) / 6: z + 3)
+        z = "Y" if act == "relu6" else "A"
+        grad = [helper.make_node("GreaterOrEqual", [z, "c0"], ["ge"]),
+                helper.make_node("LessOrEqual", [z, "c6"], ["le"]),
                 helper.make_node("And", ["ge", "le"], ["m"]),
-                helper.make_node("Cast", ["m"], ["mf"], to=1),
-                helper.make_node("Mul", ["dY", "mf"], ["dZ"])]
+                helper.make_node("Cast", ["m"], ["mf"], to=1)]
+        if act == "relu6":
+            grad.append(helper.make_node("Mul", ["dY", "mf"], ["dZ"]))
+        else:  # the product rule of z * relu6(z + 3) / 6, A = z + 3 and Cl = relu6(A) saved
+            feeds["A"] = _f32(feeds["Y"] + np.float32(3))
+            feeds["Cl"] = _f32(np.clip(feeds["A"], 0, 6))
+            grad = [helper.make_node("Div", ["dY", "c6"], ["dM"]),
+                    helper.make_node("Mul", ["dM", "Cl"], ["dZ1"]),
+                    helper.make_node("Mul", ["dM", "Y"], ["dCl"]), *grad,
+                    helper.make_node("Mul", ["dCl", "mf"], ["dA"]),
+                    helper.make_node("Sum", ["dA", "dZ1"], ["dZ"])]
+    elif act == "silu":  # onnxruntime-training's SiLU gradient (QuickGelu{alpha=1})
+        grad = [helper.make_node("QuickGeluGrad", ["dY", "Y"], ["dZ"], domain=MS, alpha=1.0)]
     else:  # no activation: BatchNormalizationGrad reads dY
         grad = []
     chain = [*grad,
@@ -210,8 +227,8 @@ def conv_case(model, n, cin, c, hw, k, rng, outliers=False, stride=1, group=1,
                               ["dC", "dGamma", "dBeta"], domain=MS, epsilon=1e-5),
              helper.make_node("ConvGrad", ["dC", "X", "W"], ["dX", "dW"], domain=MS,
                               kernel_shape=[k, k], **attrs)]
-    fused = helper.make_node("ConvBnReluGrad", list(feeds), ["dX", "dW", "", "dGamma", "dBeta",
-                                                              "dC_ws"],
+    fused = helper.make_node("ConvBnReluGrad", fused_ins, ["dX", "dW", "", "dGamma", "dBeta",
+                                                           "dC_ws"],
                              domain=FUSED_DOMAIN, activation=act, **attrs)
     if act == "identity":
         fused.input[1] = ""
@@ -224,6 +241,54 @@ def conv_case(model, n, cin, c, hw, k, rng, outliers=False, stride=1, group=1,
                 + ("" if act == "relu" else f" {act}"),
                 _model(chain, feeds, outs, consts),
                 _model([fused], feeds, outs), feeds, outs)
+
+
+def gated_case(model, act, m, ff, rng) -> Case:
+    """GatedActivationGrad (dA, dB) vs onnxruntime-training's backward of act(A) * B: Mul (dS =
+    dH B), Mul (dB = dH S, S = act(A) saved by the forward), QuickGeluGrad{alpha=1} (silu) or
+    GeluGrad (gelu) (dS, A) -> dA."""
+    a = rng.standard_normal((m, ff))
+    if act == "silu":
+        s = a / (1.0 + np.exp(-a))
+        grad = helper.make_node("QuickGeluGrad", ["dS", "A"], ["dA"], domain=MS, alpha=1.0)
+    else:
+        from math import erf
+        s = a * 0.5 * (1.0 + np.vectorize(erf)(a / np.sqrt(2.0)))
+        grad = helper.make_node("GeluGrad", ["dS", "A"], ["dA"], domain=MS)
+    feeds = {"dH": _f32(rng.standard_normal((m, ff))), "A": _f32(a),
+             "B": _f32(rng.standard_normal((m, ff))), "S": _f32(s)}
+    chain = [helper.make_node("Mul", ["dH", "B"], ["dS"]),
+             helper.make_node("Mul", ["dH", "S"], ["dB"]), grad]
+    fused = helper.make_node("GatedActivationGrad", ["dH", "A", "B"], ["dA", "dB"],
+                             domain=FUSED_DOMAIN, activation=act)
+    outs = ["dA", "dB"]
+    name = {"silu": "swiglu", "gelu": "geglu"}[act]
+    return Case(model, "GatedActivationGrad", f"GatedActivationGrad {act} ({name})",
+                f"[{m}, {ff}]", _model(chain, feeds, outs), _model([fused], feeds, outs), feeds,
+                outs)
+
+
+def rope_case(model, b, heads, seq, hd, rng) -> Case:
+    """RotaryEmbeddingGrad (rotate-half) vs onnxruntime-training's backward of X cos +
+    rotate_half(X) sin on one tensor [b, heads, seq, hd] (cos / sin [b, 1, seq, hd]): Mul (dY
+    sin), SplitTraining into halves, Neg, Concat, Mul (dY cos), Sum."""
+    pos = np.arange(seq)[:, None] / 10000.0 ** (np.arange(0, hd, 2) / hd)[None, :]
+    ang = np.concatenate([pos, pos], axis=-1)[None, None].repeat(b, 0)
+    feeds = {"dY": _f32(rng.standard_normal((b, heads, seq, hd))), "cos": _f32(np.cos(ang)),
+             "sin": _f32(np.sin(ang))}
+    lens = numpy_helper.from_array(np.array([hd // 2, hd // 2], np.int64), "lens")
+    chain = [helper.make_node("Mul", ["dY", "sin"], ["g"]),
+             helper.make_node("SplitTraining", ["g", "lens"], ["g_neg", "g1"], domain=MS,
+                              axis=-1),
+             helper.make_node("Neg", ["g_neg"], ["g2"]),
+             helper.make_node("Concat", ["g1", "g2"], ["rt"], axis=-1),
+             helper.make_node("Mul", ["dY", "cos"], ["dc"]),
+             helper.make_node("Sum", ["rt", "dc"], ["dX"])]
+    fused = helper.make_node("RotaryEmbeddingGrad", ["dY", "cos", "sin"], ["dX"],
+                             domain=FUSED_DOMAIN, interleaved=0, axis=-1)
+    return Case(model, "RotaryEmbeddingGrad", "RotaryEmbeddingGrad rotate-half",
+                f"[{b}, {heads}, {seq}, {hd}]", _model(chain, feeds, ["dX"], [lens]),
+                _model([fused], feeds, ["dX"]), feeds, ["dX"])
 
 
 # ResNet-50 at 64x64, batch 8: per stage (maps, width, bottleneck input channels)
@@ -259,6 +324,36 @@ def real_shape_cases(seed: int = 0) -> list[Case]:
                                     cfg["head_dim"], rng))
         # a LoRA (r=16) on its q_proj, base frozen (peft's default targets)
         cases.append(lora_case(name, m, cfg["d"], cfg["d"], 16, rng))
+    return cases
+
+
+def model_op_cases(seed: int = 2) -> list[Case]:
+    """Section (h): the ops of the gated-MLP / RoPE / mobile-CNN patterns at the shapes of its
+    step samples (MobileNetV2 on 64x64, batch 8; the Llama of scripts/corpus/archs.py
+    BENCH_LLAMA) and at TinyLlama-1.1B's, ConvBnReluGrad with each activation."""
+    rng = np.random.default_rng(seed)
+    name = "MobileNetV2 (64x64, batch 8)"
+    cases = [conv_case(name, 8, 16, 96, 32, 1, rng, act="relu6"),             # expand
+             conv_case(name, 8, 144, 144, 16, 3, rng, group=144, act="relu6"),  # depthwise
+             conv_case(name, 8, 96, 96, 16, 3, rng, stride=2, group=96, act="relu6"),
+             conv_case(name, 8, 576, 576, 2, 3, rng, stride=2, group=576, act="relu6"),
+             conv_case(name, 8, 144, 24, 16, 1, rng, act="identity"),         # projection
+             conv_case(name, 8, 960, 960, 2, 3, rng, group=960, act="relu6")]
+    # the same block shapes with the activations of EfficientNet (SiLU), MobileNetV3
+    # (Hardswish) and ResNet-style blocks (ReLU)
+    for act, model in (("silu", "EfficientNet-style block (64x64, batch 8)"),
+                       ("hardswish", "MobileNetV3-style block (64x64, batch 8)"),
+                       ("relu", "ReLU block (64x64, batch 8)")):
+        cases.append(conv_case(model, 8, 16, 96, 32, 1, rng, act=act))
+        cases.append(conv_case(model, 8, 144, 144, 16, 3, rng, group=144, act=act))
+    for model, d, heads, kv, ff, seq in (
+            ("Llama (bench sample: d=512, seq 256, batch 1)", 512, 8, 4, 1408, 256),
+            ("TinyLlama-1.1B sizes (seq 256, batch 1)", LLAMA_STYLE["d"], LLAMA_STYLE["heads"],
+             4, LLAMA_STYLE["ff"], LLAMA_STYLE["seq"])):
+        cases.append(gated_case(model, "silu", seq, ff, rng))
+        cases.append(gated_case(model, "gelu", seq, ff, rng))
+        cases.append(rope_case(model, 1, heads, seq, d // heads, rng))  # Q
+        cases.append(rope_case(model, 1, kv, seq, d // heads, rng))     # K
     return cases
 
 

@@ -100,9 +100,11 @@ def scale_weights(feeds: dict, entry: dict, scale: float) -> int:
     return len(names)
 
 
-def step_pairs(ctx: Ctx, entries: dict, fused_dir: Path, scale: float = 1.0) -> list[dict]:
-    """Training step unfused vs fused per sample (speed only), with every weight at `scale`
-    times the sample's own values."""
+def step_pairs(ctx: Ctx, entries: dict, fused_dir: Path, scale: float = 1.0,
+               peak_memory: bool = False) -> list[dict]:
+    """Training step unfused vs fused per sample, with every weight at `scale` times the
+    sample's own values; speed, and with `peak_memory` the peak memory of one step of each
+    (fresh processes, as (b))."""
     from fusecli.runtime.feeds import make_feeds
 
     rows = []
@@ -117,16 +119,66 @@ def step_pairs(ctx: Ctx, entries: dict, fused_dir: Path, scale: float = 1.0) -> 
             n_scaled = scale_weights(feeds, entry, scale) if scale != 1.0 else 0
             res = steadiest(lambda: run_bench(
                 src, dest, runs=ctx.runs, warmup=ctx.warmup, threads=ctx.threads, feeds=feeds,
-                peak_memory=False, min_time_s=STEP_MIN_TIME_S))
+                peak_memory=peak_memory, min_time_s=STEP_MIN_TIME_S))
         except Exception as exc:  # noqa: BLE001 - keep the suite going, report it
             rows.append({"sample": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
             log(f"    failed: {exc}")
             continue
-        t_un, t_fu = res["a"]["median_ms"], res["b"]["median_ms"]
         rows.append({"sample": name, "family": entry["family"], "scale": scale,
-                     "weights_scaled": n_scaled, "chains": len(recs), "unfused_ms": t_un,
-                     "fused_ms": t_fu, "speedup": t_un / t_fu, "runtime": res["runtime"],
-                     "runs": res.get("runs"), **cpu_cols(res),
-                     "spread_unfused": (res["a"]["p75_ms"] - res["a"]["p25_ms"]) / t_un,
-                     "spread_fused": (res["b"]["p75_ms"] - res["b"]["p25_ms"]) / t_fu})
+                     "weights_scaled": n_scaled, "chains": len(recs), "runs": res.get("runs"),
+                     "fused_ops": _op_counts(work), **_pair_cols(res, peak_memory)})
     return rows
+
+
+def pattern_pairs(ctx: Ctx, entries: dict, fused_dir: Path, patterns: list[str]) -> list[dict]:
+    """Training step fused WITHOUT `patterns` (every other rule applied: fusecli before those
+    patterns existed) vs fused with every rule, per sample; speed and peak memory, as
+    step_pairs."""
+    from fusecli.api import FusionPass
+    from fusecli.io.rulefiles import load_rules
+    from fusecli.runtime.feeds import make_feeds
+
+    rows = []
+    for name, entry in entries.items():
+        log(f"steps without {'/'.join(patterns)}: {name}")
+        try:
+            src, orig, work, _, _ = load_and_fuse(name)
+            without = onnx.ModelProto()
+            without.CopyFrom(orig)
+            FusionPass(rules=[r for r in load_rules() if r.pattern not in patterns]).run(without)
+            pa, pb = fused_dir / f"{name}.without.onnx", fused_dir / f"{name}.fused.onnx"
+            onnx.save(without, str(pa))
+            onnx.save(work, str(pb))
+            feeds = make_feeds(orig, entry, dims=entry.get("dims"))
+            res = steadiest(lambda: run_bench(
+                pa, pb, runs=ctx.runs, warmup=ctx.warmup, threads=ctx.threads, feeds=feeds,
+                peak_memory=True, min_time_s=STEP_MIN_TIME_S))
+        except Exception as exc:  # noqa: BLE001 - keep the suite going, report it
+            rows.append({"sample": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            log(f"    failed: {exc}")
+            continue
+        rows.append({"sample": name, "family": entry["family"], "without": patterns,
+                     "fused_ops_without": _op_counts(without), "fused_ops": _op_counts(work),
+                     **_pair_cols(res, True)})
+    return rows
+
+
+def _pair_cols(res: dict, peak: bool) -> dict:
+    """The columns of one step comparison (a = unfused or without, b = fused): medians, their
+    ratio, CPU time, spreads, and the peaks when measured."""
+    t_un, t_fu = res["a"]["median_ms"], res["b"]["median_ms"]
+    return {"unfused_ms": t_un, "fused_ms": t_fu, "speedup": t_un / t_fu,
+            "runtime": res["runtime"], **cpu_cols(res),
+            "spread_unfused": (res["a"]["p75_ms"] - res["a"]["p25_ms"]) / t_un,
+            "spread_fused": (res["b"]["p75_ms"] - res["b"]["p25_ms"]) / t_fu,
+            **({"peak_unfused": res["a"]["peak_bytes"], "peak_fused": res["b"]["peak_bytes"]}
+               if peak else {})}
+
+
+def _op_counts(model: onnx.ModelProto) -> str:
+    """The fused graph's fused nodes by op type ("ConvBnReluGrad 52, ...")."""
+    counts: dict[str, int] = {}
+    for n in model.graph.node:
+        if n.domain == FUSED_DOMAIN:
+            counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))

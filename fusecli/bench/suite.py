@@ -16,6 +16,11 @@ Markdown document.
     part at its byte floor, its GEMM/conv nodes at onnxruntime's own time) and the fraction of
     the ideal achieved; peak memory of one step.
 (c) optimiser speed: load + match + rewrite + save on deep graphs of ~5k/10k/20k/40k nodes.
+(d) .. (g): see ``fusecli.bench.render``.
+(h) third-party models at benchmark size (MobileNetV2, a Llama with SwiGLU and RoPE in both
+    families): their training steps unfused vs fused with peak memory, and their fused ops
+    (GatedActivationGrad, RotaryEmbeddingGrad, ConvBnReluGrad with each activation) against the
+    chains they replace.
 
 All timings: spinning off, ORT_ENABLE_ALL, one process per comparison, warm-up, interleaved runs,
 medians (fusecli/runtime/bench_worker.py).
@@ -37,10 +42,12 @@ from fusecli.bench.measure import (CASE_MIN_TIME_S, MAX_SPREAD, OP_MIN_TIME_S, S
 from fusecli.bench.ops import op_benchmarks
 from fusecli.bench.optimizer import optimizer_benchmarks, startup_benchmarks
 from fusecli.bench.render import render, splice
-from fusecli.bench.samples import BENCH_SAMPLES, REAL_SAMPLE_NAMES, ensure_bench_samples
-from fusecli.bench.steps import WEIGHT_SCALE, e2e_benchmarks, step_pairs
+from fusecli.bench.samples import (BENCH_SAMPLES, REAL_SAMPLE_NAMES, ensure_bench_samples,
+                                   ensure_model_samples)
+from fusecli.bench.steps import WEIGHT_SCALE, e2e_benchmarks, pattern_pairs, step_pairs
 
-SECTIONS = ["ops", "e2e", "optimizer", "scaled", "outliers", "shapes", "real"]  # (a) .. (g)
+SECTIONS = ["ops", "e2e", "optimizer", "scaled", "outliers", "shapes", "real",
+            "models"]  # (a) .. (h)
 
 
 def main(argv=None) -> int:
@@ -69,9 +76,10 @@ def main(argv=None) -> int:
     fused_dir.mkdir(parents=True, exist_ok=True)
     log("measuring copy bandwidth")
     bw = copy_bandwidth(args.threads)
-    from fusecli.bench.shapes import outlier_cases, real_shape_cases
+    from fusecli.bench.shapes import model_op_cases, outlier_cases, real_shape_cases
 
     ops, e2e, opt, scaled, shapes, outliers, real = [], [], [], [], [], [], []
+    model_steps, model_ops, model_before = [], [], []
     with tempfile.TemporaryDirectory(prefix="chains-", dir=WORKDIR) as tmp:
         ctx = Ctx(args.threads, args.runs, args.warmup, bw["used"], Path(tmp))
         if "ops" not in args.skip:
@@ -88,12 +96,19 @@ def main(argv=None) -> int:
             real_entries = ensure_bench_samples(REAL_SAMPLE_NAMES, by_name=True)
             real = (step_pairs(ctx, real_entries, fused_dir)
                     + step_pairs(ctx, real_entries, fused_dir, WEIGHT_SCALE))
+        if "models" not in args.skip:
+            model_entries = ensure_model_samples()
+            model_steps = step_pairs(ctx, model_entries, fused_dir, peak_memory=True)
+            # the Llamas fused without the gated-MLP and RoPE patterns: fusecli before them
+            llamas = {k: v for k, v in model_entries.items() if "llama" in k}
+            model_before = pattern_pairs(ctx, llamas, fused_dir, ["swiglu", "geglu", "rope"])
+            model_ops = case_benchmarks(ctx, model_op_cases())
     startup = []
     if "optimizer" not in args.skip:
         opt = optimizer_benchmarks()
         startup = startup_benchmarks()
     runtimes = sorted({r["runtime"] for r in ops + e2e + scaled + shapes + outliers + real
-                       if "runtime" in r})
+                       + model_steps + model_ops + model_before if "runtime" in r})
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "elapsed_s": time.time() - t0,
             "machine": machine(), "threads": args.threads, "runs": args.runs,
             "warmup": args.warmup, "bw": bw, "runtimes": ", ".join(runtimes) or "n/a",
@@ -102,7 +117,8 @@ def main(argv=None) -> int:
             "step_min_time_s": STEP_MIN_TIME_S, "max_spread": MAX_SPREAD,
             "weight_scale": WEIGHT_SCALE, "startup": startup}
     sections = {"ops": ops, "e2e": e2e, "scaled": scaled, "outliers": outliers, "shapes": shapes,
-                "real": real, "optimizer": opt}
+                "real": real, "optimizer": opt, "models": {"steps": model_steps, "before": model_before,
+                                                     "ops": model_ops}}
     doc = render(meta, **sections)
     if args.update:
         measured = [k for k in SECTIONS if k not in args.skip]

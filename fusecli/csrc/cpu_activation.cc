@@ -14,43 +14,10 @@ namespace fusecli {
 // ---- activations --------------------------------------------------------------------------
 #if defined(__AVX512F__)
 namespace {
-// e^x on 16 lanes: n = round(x log2 e), r = x - n ln2 (ln2 split in two), degree-6 polynomial
-// for e^r, then scalef by 2^n. Relative error about 2 ulp over [-87, 88] (inputs are clamped).
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-87.f), _mm512_min_ps(_mm512_set1_ps(88.f), x));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);
-}
-// 1/a: 14-bit estimate refined by one Newton step (about 23 bits), no divide unit.
-inline __m512 recip16(__m512 a) {
-  const __m512 y = _mm512_rcp14_ps(a);
-  return _mm512_mul_ps(y, _mm512_fnmadd_ps(a, y, _mm512_set1_ps(2.f)));
-}
-// act'(x) for gelu (erf form) with ONE exponential: Phi(v) = 0.5 erfc(-v / sqrt 2) from
-// Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), whose exp(-z^2) is exp(-v^2 / 2), the same
-// factor as the density term v phi(v).
+// act'(x) for gelu (erf form) with ONE exponential (phi16: Phi(v) and e = exp(-v^2 / 2))
 inline __m512 gelu_grad16(__m512 v) {
-  const __m512 one = _mm512_set1_ps(1.f);
-  const __m512 e = exp16(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(-0.5f), v), v));
-  const __m512 t = recip16(
-      _mm512_fmadd_ps(_mm512_set1_ps(0.3275911f * 0.70710678118654752f), _mm512_abs_ps(v), one));
-  __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(1.061405429f), t, _mm512_set1_ps(-1.453152027f));
-  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(1.421413741f));
-  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(-0.284496736f));
-  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(0.254829592f));
-  const __m512 h = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), t), q), e);
-  const __mmask16 neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
-  const __m512 cdf = _mm512_mask_blend_ps(neg, _mm512_sub_ps(one, h), h);  // Phi(v)
+  __m512 e;
+  const __m512 cdf = phi16(v, &e);
   return _mm512_fmadd_ps(_mm512_mul_ps(v, e), _mm512_set1_ps(0.39894228040143268f), cdf);
 }
 // silu'(x) = s (1 + x (1 - s)), s = 1 / (1 + e^-x), with 1 - s = e^-x s (no cancellation

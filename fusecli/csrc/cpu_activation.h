@@ -17,4 +17,47 @@ namespace fusecli {
 // the gradient of the activation at input scale alpha, act(alpha x) / alpha (silu at
 // alpha = 1.702 is QuickGELU, x sigmoid(1.702 x)).
 void act_grad_block(Act act, float alpha, const float* dy, const float* x, float* out, int64_t n);
+
+#if defined(__AVX512F__)
+// ---- 16-lane float math shared by the activation kernels ----------------------------------
+// e^x on 16 lanes: n = round(x log2 e), r = x - n ln2 (ln2 split in two), degree-6 polynomial
+// for e^r, then scalef by 2^n. Relative error about 2 ulp over [-87, 88] (inputs are clamped).
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-87.f), _mm512_min_ps(_mm512_set1_ps(88.f), x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+// 1/a: 14-bit estimate refined by one Newton step (about 23 bits), no divide unit.
+inline __m512 recip16(__m512 a) {
+  const __m512 y = _mm512_rcp14_ps(a);
+  return _mm512_mul_ps(y, _mm512_fnmadd_ps(a, y, _mm512_set1_ps(2.f)));
+}
+// Phi(v) = 0.5 erfc(-v / sqrt 2) from Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), whose
+// exp(-z^2) is exp(-v^2 / 2), the same factor as gelu's density term v phi(v): *e_out gets it.
+inline __m512 phi16(__m512 v, __m512* e_out) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 e = exp16(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(-0.5f), v), v));
+  const __m512 t = recip16(
+      _mm512_fmadd_ps(_mm512_set1_ps(0.3275911f * 0.70710678118654752f), _mm512_abs_ps(v), one));
+  __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(1.061405429f), t, _mm512_set1_ps(-1.453152027f));
+  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(1.421413741f));
+  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(-0.284496736f));
+  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(0.254829592f));
+  const __m512 h = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), t), q), e);
+  const __mmask16 neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
+  *e_out = e;
+  return _mm512_mask_blend_ps(neg, _mm512_sub_ps(one, h), h);
+}
+#endif
+
 }  // namespace fusecli

@@ -19,7 +19,7 @@ from fusecli.runtime.feeds import load_manifest
 
 WORKER = Path(__file__).resolve().parent / "runtime_worker.py"
 # Ops only onnxruntime-training registers (stock onnxruntime refuses models holding them).
-_TRAINING_OPS = {"InPlaceAccumulator", "InPlaceAccumulatorV2", "ConcatTraining",
+_TRAINING_OPS = {"InPlaceAccumulator", "InPlaceAccumulatorV2", "ConcatTraining", "SplitTraining",
                  "BatchNormInternal", "SliceGrad", "Scale", "GatherGrad", "YieldOp",
                  "SoftmaxCrossEntropyLossInternal", "SoftmaxCrossEntropyLossInternalGrad",
                  "SoftmaxGrad", "SoftmaxGrad_13", "LogSoftmaxGrad", "LogSoftmaxGrad_13"}

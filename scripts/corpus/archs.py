@@ -956,3 +956,46 @@ for _a in [
          attention=("WhisperAttention",), families=_ORTT, extra=True),
 ]:
     ARCHS[_a.name] = _a
+
+
+# --- benchmark size: the same model classes at sizes people train (extra=True) -------------------
+# Not committed: the benchmark suite generates them by name into build/bench-samples
+# (`gen.py --out build/bench-samples FAMILY NAME`, fusecli/bench/samples.py) for its real-size
+# step rows. Llama: hidden 512, 8 heads of 64 (4 KV heads), SwiGLU FF 1408, 2 layers, sequence
+# 256, batch 1. MobileNetV2: torchvision's full network (width 1.0, all seven stages) on 64x64
+# images, batch 8.
+BENCH_LLAMA = dict(hidden=512, heads=8, kv_heads=4, ff=1408, layers=2, seq=256, batch=1)
+BENCH_MBV2 = dict(hw=64, batch=8)
+
+
+def _bench_llama_ids() -> dict[str, torch.Tensor]:
+    b = BENCH_LLAMA
+    return {"input_ids": torch.randint(0, VOCAB, (b["batch"], b["seq"]))}
+
+
+def _bench_mobilenet(family: str) -> nn.Module:
+    from torchvision.models import MobileNetV2
+
+    return MobileNetV2(num_classes=16, dropout=0.0).train()
+
+
+for _a in [
+    Arch("llama_bench", "transformers",
+         f"LlamaModel at benchmark size {BENCH_LLAMA}: RMSNorm, rotary, SwiGLU MLP, eager "
+         "attention", _hf("LlamaConfig", "LlamaModel", vocab_size=VOCAB,
+                          hidden_size=BENCH_LLAMA["hidden"], intermediate_size=BENCH_LLAMA["ff"],
+                          num_hidden_layers=BENCH_LLAMA["layers"],
+                          num_attention_heads=BENCH_LLAMA["heads"],
+                          num_key_value_heads=BENCH_LLAMA["kv_heads"],
+                          max_position_embeddings=BENCH_LLAMA["seq"]),
+         _bench_llama_ids, attention=("LlamaAttention",),
+         input_ranges={"input_ids": [0, VOCAB]}, extra=True),
+    Arch("tv_mobilenet_v2_bench", "torchvision",
+         f"torchvision MobileNetV2 (width 1.0, 17 inverted-residual blocks) on "
+         f"{BENCH_MBV2['hw']}x{BENCH_MBV2['hw']} images, batch {BENCH_MBV2['batch']}",
+         _bench_mobilenet,
+         lambda: {"pixel_values": torch.randn(BENCH_MBV2["batch"], 3, BENCH_MBV2["hw"],
+                                              BENCH_MBV2["hw"])},
+         families=_ORTT, extra=True),
+]:
+    ARCHS[_a.name] = _a

@@ -1,4 +1,5 @@
 // ConvBnReluGrad: CPU kernel.
+#include <functional>
 #include <memory>
 
 #if defined(__AVX512F__)
@@ -254,6 +255,97 @@ static void col2im(const float* cols, const ConvGeom& g, int64_t ld, float* dx, 
   }
 }
 
+#if defined(__AVX512F__)
+constexpr int64_t kMaxRegTaps = 49;  // up to 7x7 kernels: one accumulator register per tap
+
+// lanes [lo, hi) of a 16-lane block (none when hi <= lo)
+static inline __mmask16 lane_range(int64_t lo, int64_t hi) {
+  lo = std::max<int64_t>(lo, 0);
+  hi = std::min<int64_t>(hi, 16);
+  if (hi <= lo) return 0;
+  return static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+// A unit-stride depthwise convolution's dW and dX for one channel of one image in registers:
+// dW: per 16-wide block of a dC row, each tap's input run is one masked load (zero outside the
+// image) and one FMA into that tap's accumulator (reduced once per image into dwacc); dX: each
+// 16-wide block of a dX row sums its taps' masked dC loads times the tap weight and is stored
+// once (no zero fill, no read-modify-write per tap).
+static void dw_unit_image(const ConvGeom& g, const float* dc, const float* x, const float* w,
+                          float* dx, double* dwacc) {
+  const int64_t kh = g.kh, kw = g.kw;
+  if (dwacc) {
+    __m512 acc[kMaxRegTaps];
+    for (int64_t t = 0; t < kh * kw; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t oh = 0; oh < g.ho; ++oh)
+      for (int64_t ow0 = 0; ow0 < g.wo; ow0 += 16) {
+        const __m512 d = _mm512_maskz_loadu_ps(lane_range(0, g.wo - ow0), dc + oh * g.wo + ow0);
+        for (int64_t i = 0; i < kh; ++i) {
+          const int64_t ih = oh + i * g.dh - g.pt;
+          if (ih < 0 || ih >= g.hin) continue;
+          for (int64_t j = 0; j < kw; ++j) {
+            const int64_t iw0 = ow0 + j * g.dw - g.pl;  // input column of lane 0
+            const __mmask16 m = lane_range(-iw0, g.win - iw0) & lane_range(0, g.wo - ow0);
+            const __m512 xv = _mm512_maskz_loadu_ps(m, x + ih * g.win + iw0);
+            acc[i * kw + j] = _mm512_fmadd_ps(d, xv, acc[i * kw + j]);
+          }
+        }
+      }
+    for (int64_t t = 0; t < kh * kw; ++t) dwacc[t] += _mm512_reduce_add_ps(acc[t]);
+  }
+  if (!dx) return;
+  for (int64_t ih = 0; ih < g.hin; ++ih)
+    for (int64_t iw0 = 0; iw0 < g.win; iw0 += 16) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t i = 0; i < kh; ++i) {
+        const int64_t oh = ih + g.pt - i * g.dh;
+        if (oh < 0 || oh >= g.ho) continue;
+        for (int64_t j = 0; j < kw; ++j) {
+          const int64_t ow0 = iw0 - j * g.dw + g.pl;  // output column of lane 0
+          const __mmask16 m = lane_range(-ow0, g.wo - ow0) & lane_range(0, g.win - iw0);
+          acc = _mm512_fmadd_ps(_mm512_set1_ps(w[i * kw + j]),
+                                _mm512_maskz_loadu_ps(m, dc + oh * g.wo + ow0), acc);
+        }
+      }
+      _mm512_mask_storeu_ps(dx + ih * g.win + iw0, lane_range(0, g.win - iw0), acc);
+    }
+}
+
+// The same for any stride (sw <= 16), by input rows with the col2im plan's taps: a tap's dC
+// values for a 16-wide input block are one masked load spread by a permute onto the lanes of
+// the input columns they feed (zero elsewhere); dX sums them times the tap weight, dW[tap]
+// accumulates them times the input block (loaded once per block).
+static void dw_strided_image(const ConvGeom& g, const Col2imPlan& plan, const float* dc,
+                             const float* x, const float* w, float* dx, double* dwacc) {
+  const int64_t kh = g.kh, kw = g.kw;
+  __m512 acc[kMaxRegTaps];
+  for (int64_t t = 0; t < kh * kw; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t ih = 0; ih < g.hin; ++ih)
+    for (int64_t b = 0; b < plan.nblk; ++b) {
+      const int64_t iw0 = b * 16;
+      const __mmask16 nm = lane_range(0, g.win - iw0);
+      const __m512 xv =
+          dwacc ? _mm512_maskz_loadu_ps(nm, x + ih * g.win + iw0) : _mm512_setzero_ps();
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t i = 0; i < kh; ++i) {
+        const int64_t oh = plan.oh[ih * kh + i];
+        if (oh < 0) continue;
+        for (int64_t j = 0; j < kw; ++j) {
+          const Col2imTap& t = plan.taps[b * kw + j];
+          if (!t.lanes) continue;
+          const __m512 v = _mm512_maskz_loadu_ps(t.load, dc + oh * g.wo + t.ow0);
+          const __m512 pv = _mm512_maskz_permutexvar_ps(t.lanes, _mm512_loadu_si512(t.idx), v);
+          sum = _mm512_fmadd_ps(_mm512_set1_ps(w[i * kw + j]), pv, sum);
+          if (dwacc) acc[i * kw + j] = _mm512_fmadd_ps(xv, pv, acc[i * kw + j]);
+        }
+      }
+      if (dx) _mm512_mask_storeu_ps(dx + ih * g.win + iw0, nm, sum);
+    }
+  if (dwacc)
+    for (int64_t t = 0; t < kh * kw; ++t) dwacc[t] += _mm512_reduce_add_ps(acc[t]);
+}
+#endif
+
 void ConvKernel::Compute(Ort::KernelContext& ctx) {
   const ConvInputs in(ctx, *this);
   const In &dy = in.dy, &y = in.y, &x = in.x, &w = in.w, &cv = in.cv, &gamma = in.gamma,
@@ -284,11 +376,16 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
   const float* gp = gamma.ptr<float>();
   const float* mp = mean.ptr<float>();
   const float* sp = istd.ptr<float>();
-  // BN + activation backward in two steps that never hold a full-size dC:
-  // 1. one read of dY, Y, Cv per channel gives the per-channel sums (dBeta, dGamma, and dBc,
-  //    which follows from the sums: sum dC = -coef * sum(dZ xhat) * sum(xhat));
-  // 2. dC is formed image chunk by image chunk right before the conv GEMMs that consume it,
-  //    with dZ = act'(Y) dY recomputed per row (cheaper than a full-size dZ buffer).
+  // BN + activation backward per channel. Its sums (dBeta, dGamma, and dBc, which follows from
+  // them: sum dC = -coef * sum(dZ xhat) * sum(xhat)) need one read of dY, Y, Cv; dC needs a
+  // second read. Two ways:
+  // - channel slab (`slab` below: the depthwise path, and every path when dC has a full-size
+  //   home): per channel, dZ = act'(Y) dY goes to the channel's dC planes while the sums are
+  //   taken, and dC is formed over it right after, while the channel's planes are still in
+  //   cache: dY, Y, Cv read once, dC written once (~4T floats instead of ~7T).
+  // - chunked (no full-size dC: the node leaves dC unnamed): the sums first, then dC image
+  //   chunk by image chunk right before the conv GEMMs that consume it, with dZ recomputed per
+  //   row (cheaper than a full-size dZ buffer).
   const bool has_act = activation != Act::kIdentity;
   // dZ of one row (n, ch) into buf (HW floats), or dY's row itself for identity
   auto dz_row = [&](int64_t off, float* buf) -> const float* {
@@ -296,87 +393,148 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
     act_grad_block(activation, 1.f, dyp + off, yp + off, buf, HW);
     return buf;
   };
+  // the same into dst always (dst may be dY's row: each element is written after it is read)
+  auto dz_into = [&](int64_t off, float* dst) -> const float* {
+    if (has_act)
+      act_grad_block(activation, 1.f, dyp + off, yp + off, dst, HW);
+    else if (dst != dyp + off)
+      copy_row(dst, dyp + off, HW);
+    return dst;
+  };
   std::vector<float> dgam(C), dbet(C), dbias(C), cfv(C), a0v(C), a1v(C);
-  parallel_for(C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, N * HW)),
-               [&](int, int64_t c0, int64_t c1) {
-                 std::vector<float> dzb(has_act ? HW : 0);  // one row of dZ, stays in L1
-                 for (int64_t ch = c0; ch < c1; ++ch) {
-                   const float mu = mp[ch], is = sp[ch];
-                   double sdz = 0, sdzc = 0, scv = 0;
-                   for (int64_t n = 0; n < N; ++n) {
-                     const int64_t off = (n * C + ch) * HW;
-                     CA dz(dz_row(off, dzb.data()), HW), cc(cvp + off, HW);
-                     sdz += dz.sum();
-                     sdzc += (dz * (cc - mu)).sum();
-                     if (want_dbc) scv += cc.sum() - mu * static_cast<float>(HW);
-                   }
-                   const double sdzx = sdzc * is;  // sum dZ * xhat
-                   const double coef = static_cast<double>(gp[ch]) * is / R;
-                   dbet[ch] = static_cast<float>(sdz);
-                   dgam[ch] = static_cast<float>(sdzx);
-                   dbias[ch] = static_cast<float>(-coef * sdzx * scv * is);
-                   cfv[ch] = static_cast<float>(coef);
-                   a0v[ch] = static_cast<float>(sdz);
-                   a1v[ch] = static_cast<float>(sdzx) * is;
-                 }
-               });
-  if (want_dg) std::copy(dgam.begin(), dgam.end(), dgo);
-  if (want_db) std::copy(dbet.begin(), dbet.end(), dbo);
-  if (want_dbc) std::copy(dbias.begin(), dbias.end(), dbc);
-  if (!want_dx && !want_dw && !have_dc) return;
+  // channel ch: its sums and coefficients; with `planes` (n -> the channel's dC plane of image
+  // n) also its dC, formed in place over dZ
+  auto bn_channel = [&](int64_t ch, float* row, const std::function<float*(int64_t)>* planes) {
+    const float mu = mp[ch], is = sp[ch];
+    double sdz = 0, sdzc = 0, scv = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t off = (n * C + ch) * HW;
+      const float* dzp = planes ? dz_into(off, (*planes)(n)) : dz_row(off, row);
+      CA dz(dzp, HW), cc(cvp + off, HW);
+      sdz += dz.sum();
+      sdzc += (dz * (cc - mu)).sum();
+      if (want_dbc) scv += cc.sum() - mu * static_cast<float>(HW);
+    }
+    const double sdzx = sdzc * is;  // sum dZ * xhat
+    const double coef = static_cast<double>(gp[ch]) * is / R;
+    dbet[ch] = static_cast<float>(sdz);
+    dgam[ch] = static_cast<float>(sdzx);
+    dbias[ch] = static_cast<float>(-coef * sdzx * scv * is);
+    const float cf = cfv[ch] = static_cast<float>(coef), a0 = a0v[ch] = static_cast<float>(sdz),
+                a1 = a1v[ch] = static_cast<float>(sdzx) * is, rf = static_cast<float>(R);
+    if (!planes) return;
+    for (int64_t n = 0; n < N; ++n) {
+      MA d((*planes)(n), HW);
+      d = cf * (rf * d - a0 - (CA(cvp + (n * C + ch) * HW, HW) - mu) * a1);
+    }
+  };
+  auto write_sums = [&] {
+    if (want_dg) std::copy(dgam.begin(), dgam.end(), dgo);
+    if (want_db) std::copy(dbet.begin(), dbet.end(), dbo);
+    if (want_dbc) std::copy(dbias.begin(), dbias.end(), dbc);
+  };
 
-  const float rf = static_cast<float>(R);
-  // ---- depthwise, unit stride (one input channel per output channel: MobileNet's 3x3 / 5x5
-  // convs) ----
-  // Every channel is independent: per channel, its dC planes, then per tap the direct
-  // correlation (dW) and the direct scatter (dX) of the whole plane block at once: no column
-  // matrix and no per-group GEMM (a 1 x kh*kw GEMM per group and chunk costs more in calls
-  // than in flops). Strided depthwise convolutions take the general path below (measured
-  // faster there: their taps read every sw-th input column).
-  if (group == C && Cin == C && g.cin_g == 1 && g.sh == 1 && g.sw == 1) {
+  // ---- depthwise (one input channel per output channel: MobileNet's 3x3 / 5x5 convs, any
+  // stride) ----
+  // Every channel is independent: per channel, its BN + activation backward (channel slab),
+  // then per tap the direct correlation (dW) and the direct scatter (dX) of the whole plane
+  // block at once: no column matrix and no per-group GEMM (a 1 x kh*kw GEMM per group and
+  // chunk costs more in calls than in flops).
+  if (group == C && Cin == C && g.cin_g == 1) {
     const float* xp = x.ptr<float>();
     const float* wp = w.ptr<float>();
-    const int64_t Khw = kh * kw, HWin = Hin * Win;
+    const int64_t Khw = kh * kw, HWin = Hin * Win, sh = g.sh, sw = g.sw;
+    using SA2 = Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>;  // a tap's strided input grid
+    using CS2 = Eigen::Map<const Arr2, 0, SA2>;
+    using MS2 = Eigen::Map<Arr2, 0, SA2>;
+    // each tap's block of output positions whose input lies inside the image (the same for
+    // every channel and image): rows [r0, r1), columns [lo, hi), first input at xoff
+    struct Tap {
+      int64_t k, r0, rows, lo, len, xoff;
+    };
+    std::vector<Tap> taps;
+    for (int64_t i = 0; i < kh; ++i)
+      for (int64_t j = 0; j < kw; ++j) {
+        const int64_t offw = j * g.dw - g.pl, offh = i * g.dh - g.pt;
+        const int64_t lo = std::min(g.wo, std::max<int64_t>(0, (-offw + sw - 1) / sw));
+        const int64_t hi = std::max(lo, std::min(g.wo, (Win - offw + sw - 1) / sw));
+        const int64_t r0 = std::min(H, std::max<int64_t>(0, (-offh + sh - 1) / sh));
+        const int64_t r1 = std::max(r0, std::min(H, (Hin - offh + sh - 1) / sh));
+        if (hi > lo && r1 > r0)
+          taps.push_back(
+              {i * kw + j, r0, r1 - r0, lo, hi - lo, (r0 * sh + offh) * Win + lo * sw + offw});
+      }
+    const bool unit = sh == 1 && sw == 1;
+    const SA2 st(sh * Win, sw);
+    std::unique_ptr<Col2imPlan> plan;  // strided taps in registers (AVX-512, sw <= 16)
+#if defined(__AVX512F__)
+    if (!unit && sw <= 16) plan.reset(new Col2imPlan(g));
+#endif
     parallel_for(C, 1, [&](int, int64_t c0, int64_t c1) {
-      std::vector<float> dzb(has_act ? HW : 0), dcb(have_dc ? 0 : HW);
+      std::vector<float> slab(have_dc ? 0 : N * HW);
       std::vector<double> dwacc(Khw);
       for (int64_t ch = c0; ch < c1; ++ch) {
+        const std::function<float*(int64_t)> planes = [&](int64_t n) {
+          return have_dc ? dc_out + (n * C + ch) * HW : slab.data() + n * HW;
+        };
+        bn_channel(ch, nullptr, &planes);
+        if (!want_dx && !want_dw) continue;
         std::fill(dwacc.begin(), dwacc.end(), 0.0);
         const float* wc = wp + ch * Khw;
         for (int64_t n = 0; n < N; ++n) {
-          const int64_t off = (n * C + ch) * HW;
-          float* dcp = have_dc ? dc_out + off : dcb.data();
-          {
-            CA d(dz_row(off, dzb.data()), HW), cc(cvp + off, HW);
-            MA(dcp, HW) = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
-          }
+          const float* dcp = planes(n);
           const float* xc = xp + (n * C + ch) * HWin;
           float* dxc = want_dx ? dx + (n * C + ch) * HWin : nullptr;
+#if defined(__AVX512F__)
+          if (unit && Khw <= kMaxRegTaps) {
+            dw_unit_image(g, dcp, xc, wc, dxc, want_dw ? dwacc.data() : nullptr);
+            continue;
+          }
+          if (plan && Khw <= kMaxRegTaps) {
+            dw_strided_image(g, *plan, dcp, xc, wc, dxc, want_dw ? dwacc.data() : nullptr);
+            continue;
+          }
+#endif
           if (dxc) std::fill(dxc, dxc + HWin, 0.f);
-          for (int64_t i = 0; i < kh; ++i)
-            for (int64_t j = 0; j < kw; ++j) {
-              // output columns whose input column ow + offw lies inside [0, win), rows alike
-              const int64_t offw = j * g.dw - g.pl, offh = i * g.dh - g.pt;
-              const int64_t lo = std::min(g.wo, std::max<int64_t>(0, -offw));
-              const int64_t hi = std::max(lo, std::min(g.wo, Win - offw));
-              const int64_t r0 = std::min(H, std::max<int64_t>(0, -offh));
-              const int64_t r1 = std::max(r0, std::min(H, Hin - offh));
-              if (hi <= lo || r1 <= r0) continue;
-              const int64_t len = hi - lo, rows = r1 - r0;
-              const int64_t xoff = (r0 + offh) * Win + offw + lo;
-              const CA2 D(dcp + r0 * Wd + lo, rows, len, Eigen::OuterStride<>(Wd));
-              if (want_dw)
-                dwacc[i * kw + j] +=
-                    (D * CA2(xc + xoff, rows, len, Eigen::OuterStride<>(Win))).sum();
-              if (dxc) MA2(dxc + xoff, rows, len, Eigen::OuterStride<>(Win)) += wc[i * kw + j] * D;
+          for (const Tap& t : taps) {
+            const CA2 D(dcp + t.r0 * Wd + t.lo, t.rows, t.len, Eigen::OuterStride<>(Wd));
+            if (unit) {
+              const Eigen::OuterStride<> os(Win);
+              if (want_dw) dwacc[t.k] += (D * CA2(xc + t.xoff, t.rows, t.len, os)).sum();
+              if (dxc) MA2(dxc + t.xoff, t.rows, t.len, os) += wc[t.k] * D;
+            } else {
+              if (want_dw) dwacc[t.k] += (D * CS2(xc + t.xoff, t.rows, t.len, st)).sum();
+              if (dxc) MS2(dxc + t.xoff, t.rows, t.len, st) += wc[t.k] * D;
             }
+          }
         }
         if (want_dw)
           for (int64_t k = 0; k < Khw; ++k) dw[ch * Khw + k] = static_cast<float>(dwacc[k]);
       }
     });
+    write_sums();
     return;
   }
+  // a full-size dC (the node names it): every channel's dC is formed with its sums (slab)
+  if (have_dc) {
+    parallel_for(C, 1, [&](int, int64_t c0, int64_t c1) {
+      for (int64_t ch = c0; ch < c1; ++ch) {
+        const std::function<float*(int64_t)> planes = [&](int64_t n) {
+          return dc_out + (n * C + ch) * HW;
+        };
+        bn_channel(ch, nullptr, &planes);
+      }
+    });
+  } else {
+    parallel_for(C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, N * HW)),
+                 [&](int, int64_t c0, int64_t c1) {
+                   std::vector<float> dzb(has_act ? HW : 0);  // one row of dZ, stays in L1
+                   for (int64_t ch = c0; ch < c1; ++ch) bn_channel(ch, dzb.data(), nullptr);
+                 });
+  }
+  write_sums();
+  if (!want_dx && !want_dw) return;
+  const float rf = static_cast<float>(R);
 
   // ---- conv dgrad (col2im of W^T dC) and wgrad (dC im2col(X)^T), per (image chunk, group) ----
   // Images go in chunks of nb, laid out channel-major across the chunk: the columns are
@@ -431,18 +589,18 @@ void ConvKernel::Compute(Ort::KernelContext& ctx) {
     const int64_t rows_grain = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, L));
     float* dcn = have_dc ? dc_out + n0 * C * HW : dcc.get();  // the chunk's dC, [nb, C, HW]
     // dC = gamma inv_std / R (R dZ - sum dZ - xhat sum(dZ xhat)) for the chunk's images
-    // (dC may be dY's buffer: each element is written from the dY element at its position)
-    parallel_for(nb * C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
-                 [&](int, int64_t j0, int64_t j1) {
-                   std::vector<float> dzb(has_act ? HW : 0);
-                   for (int64_t j = j0; j < j1; ++j) {
-                     const int64_t ch = j % C, off = (n0 * C + j) * HW;
-                     CA d(dz_row(off, dzb.data()), HW), cc(cvp + off, HW);
-                     MA o(dcn + j * HW, HW);
-                     o = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
-                   }
-                 });
-    if (!want_dx && !want_dw) continue;
+    // (formed already when it has a full-size home)
+    if (!have_dc)
+      parallel_for(nb * C, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, HW)),
+                   [&](int, int64_t j0, int64_t j1) {
+                     std::vector<float> dzb(has_act ? HW : 0);
+                     for (int64_t j = j0; j < j1; ++j) {
+                       const int64_t ch = j % C, off = (n0 * C + j) * HW;
+                       CA d(dz_row(off, dzb.data()), HW), cc(cvp + off, HW);
+                       MA o(dcn + j * HW, HW);
+                       o = cfv[ch] * (rf * d - a0v[ch] - (cc - mp[ch]) * a1v[ch]);
+                     }
+                   });
     for (int64_t gi = 0; gi < group; ++gi) {
       // dC_g as [Cg, nb*HW]: a view of the chunk for one image, else gathered
       const float* dcg = dcn + gi * Cg * HW;
