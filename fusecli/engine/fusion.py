@@ -19,6 +19,7 @@ from fusecli.errors import EXIT_INTERNAL, FuseError
 from fusecli.engine.graph import GNode, GraphIndex
 from fusecli.engine.matcher import NEW_TENSOR, Failure, Match, Matcher, MatchResult
 from fusecli.engine.rules import CANONICAL_PATTERNS, Rule
+from fusecli.engine.saved import SavedDiff
 from fusecli.engine.shapes import fusion_problem
 
 MAX_ROUNDS = 16
@@ -101,6 +102,7 @@ class Stats:
         self.bytes_eliminated: int | None = 0
         self.fusions: list[FusionRecord] = []
         self.skips: list[Skip] = []
+        self.saved: SavedDiff | None = None   # saved activations before vs after (saved.py)
 
     @property
     def total_fused(self) -> int:
@@ -116,6 +118,8 @@ class Stats:
             "rules": {k: v.as_dict() for k, v in self.rules.items()},
             "buffers_eliminated": self.buffers_eliminated,
             "bytes_eliminated": self.bytes_eliminated,
+            "saved_activations": (self.saved.as_dict() if self.saved is not None else
+                                  SavedDiff.empty()),
         }
 
 
@@ -211,6 +215,7 @@ class FusionPass:
         self.stats = stats = Stats(self.all_rules)
         graph = model.graph
         stats.nodes_before = len(graph.node)
+        stats.saved = SavedDiff(graph)
         index = GraphIndex(graph)
         index.bypass_passthrough()
         credit: dict[int, FusionRecord] = {}  # fused node uid -> its record (absorbed: popped)
@@ -277,6 +282,7 @@ class FusionPass:
             stats.patterns[rec.pattern].fused += 1
         if credit:
             self._write_back(model, index, removed_inputs)
+        stats.saved.finish(graph)
         stats.nodes_after = len(graph.node)
         return stats.total_fused
 

@@ -1,0 +1,131 @@
+"""Saved activations: what a training step keeps from its forward for its backward.
+
+Definition (both families): the forward is every node the loss depends on (the loss is the
+graph's first output: onnxruntime-training and torch-joint graphs both write it first); a saved
+activation is a tensor a forward node produces that a node outside the forward (the backward)
+reads. Such a tensor lives from the forward until the backward has read it, so these tensors
+set the step's peak memory; intermediates that live inside the forward or inside the backward
+do not. A fusion removes a saved activation when the fused graph no longer keeps it for the
+backward (the probabilities P under flash attention) and adds one when a fused forward op
+writes a tensor for its backward op (FlashAttention's row log-sum-exp).
+
+Sizes come from the recorded types: a static size in bytes, or, with symbolic dimensions, a
+polynomial in them (``{("S", "S"): 4096}`` = 4096*S*S bytes); a tensor without a recorded shape
+makes the sum unknown (None).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx
+from onnx import helper
+
+Size = dict  # monomial (sorted tuple of symbolic dim names) -> bytes coefficient
+
+
+def _forward(graph: onnx.GraphProto) -> set[int]:
+    """Indices of the nodes the first graph output depends on."""
+    if not graph.output:
+        return set()
+    producer = {t: i for i, n in enumerate(graph.node) for t in n.output if t}
+    seen: set[int] = set()
+    work = [graph.output[0].name]
+    while work:
+        i = producer.get(work.pop())
+        if i is None or i in seen:
+            continue
+        seen.add(i)
+        work.extend(t for t in graph.node[i].input if t)
+    return seen
+
+
+def saved_activations(graph: onnx.GraphProto) -> set[str]:
+    """Tensors a forward node produces that a backward node reads (see the module doc)."""
+    fwd = _forward(graph)
+    produced = {t for i in fwd for t in graph.node[i].output if t}
+    return {t for i, n in enumerate(graph.node) if i not in fwd
+            for t in n.input if t in produced}
+
+
+def _types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
+    return {v.name: v.type for v in (*graph.value_info, *graph.input, *graph.output)
+            if v.type.HasField("tensor_type")}
+
+
+def tensor_size(tp: onnx.TypeProto | None) -> Size | None:
+    """Bytes of a tensor type as {monomial: coefficient}; None without element type or shape
+    (or with an unnamed unknown dimension)."""
+    if tp is None:
+        return None
+    t = tp.tensor_type
+    if not t.elem_type or not t.HasField("shape"):
+        return None
+    try:
+        coef = helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
+    except (KeyError, TypeError):
+        return None
+    syms = []
+    for d in t.shape.dim:
+        if d.HasField("dim_value"):
+            coef *= d.dim_value
+        elif d.HasField("dim_param") and d.dim_param:
+            syms.append(d.dim_param)
+        else:
+            return None
+    return {tuple(sorted(syms)): coef}
+
+
+def total(names, types: dict[str, onnx.TypeProto]) -> Size | None:
+    acc: Counter = Counter()
+    for n in names:
+        s = tensor_size(types.get(n))
+        if s is None:
+            return None
+        acc.update(s)
+    return {k: v for k, v in acc.items() if v}
+
+
+def size_json(size: Size | None) -> int | str | None:
+    """A size for --json: bytes (int) when static, the polynomial as text ('4096*S*S + 512*S')
+    with symbolic dimensions, None when unknown."""
+    if size is None:
+        return None
+    if all(not k for k in size):
+        return int(sum(size.values()))
+    terms = sorted(size.items(), key=lambda kv: (-len(kv[0]), kv[0]))
+    return " + ".join("*".join([str(c), *k]) for k, c in terms)
+
+
+class SavedDiff:
+    """The saved activations of a graph before fusion against those after."""
+
+    def __init__(self, before: onnx.GraphProto):
+        self.before = saved_activations(before)
+        self._types_before = {n: t for n, t in _types(before).items() if n in self.before}
+        self.removed: list[str] = []
+        self.added: list[str] = []
+        self.removed_size: Size | None = {}
+        self.added_size: Size | None = {}
+
+    def finish(self, after: onnx.GraphProto) -> None:
+        now = saved_activations(after)
+        self.removed = sorted(self.before - now)
+        self.added = sorted(now - self.before)
+        self.removed_size = total(self.removed, self._types_before)
+        self.added_size = total(self.added, _types(after))
+
+    @staticmethod
+    def empty() -> dict:
+        return {"removed": 0, "removed_bytes": 0, "added": 0, "added_bytes": 0,
+                "net_bytes_removed": 0}
+
+    def as_dict(self) -> dict:
+        net = None
+        if self.removed_size is not None and self.added_size is not None:
+            acc = Counter(self.removed_size)
+            acc.subtract(self.added_size)
+            net = size_json({k: v for k, v in acc.items() if v} or {(): 0})
+        return {"removed": len(self.removed), "removed_bytes": size_json(self.removed_size),
+                "added": len(self.added), "added_bytes": size_json(self.added_size),
+                "net_bytes_removed": net}
