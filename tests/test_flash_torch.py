@@ -128,10 +128,24 @@ def test_flash_torch_leaves_dropout_bias_and_where_masks_to_sdpa(name, reason):
     assert stats.patterns["sdpa"].fused >= 2          # every attention layer, as before
 
 
+@pytest.mark.parametrize("name,reason", [("torch_gqa_bcast_kv2", None),
+                                         ("torch_gqa_tile_kv2", "shape_mismatch")])
+def test_flash_torch_leaves_other_kv_groupings_to_sdpa(name, reason):
+    """K / V broadcast over a 5-D group view (its K^T is an Expand, not the heads' Transpose)
+    and Tile's grouping (head h uses kv head h % Hkv, not the op's h // g) stay with sdpa."""
+    _, stats = _fuse(onnx.load(_load(name)))
+    assert stats.patterns["flash_attention"].fused == 0
+    if reason is None:
+        assert stats.patterns["flash_attention"].detected == 0
+    else:
+        assert reason in stats.patterns["flash_attention"].skipped
+    assert stats.patterns["sdpa"].fused == 1
+
+
 # --- numerics ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["torch_llama", "torch_vit", "torch_llama_raw",
-                                  "torch_gqa_expand_kv1", "torch_gqa_bcast_kv2", "torch_v_attn"])
+                                  "torch_gqa_expand_kv1", "torch_v_attn"])
 def test_flash_torch_fused_graph_verifies(name, tmp_path):
     from fusecli.runtime.verify import check_fusions, verify_models
 
