@@ -4,6 +4,7 @@ before and after fusion, with their bytes; what `fusecli optimize` prints and --
 
 from __future__ import annotations
 
+import copy
 import json
 
 import onnx
@@ -57,18 +58,46 @@ def test_flash_removes_p_and_adds_its_row_statistics():
     assert d["net_bytes_removed"] == 400 - 320 - 80
 
 
+def _gone(m):
+    """The model's graph with every node removed (so every saved activation is 'removed')."""
+    after = copy.deepcopy(m)
+    del after.graph.node[:]
+    return after
+
+
 def test_symbolic_sizes_are_polynomials_and_unknown_shapes_unknown():
     m = ortt_attention_masked()
     m.graph.value_info.append(helper.make_tensor_value_info("P", onnx.TensorProto.FLOAT,
                                                             ["B", 2, "S", "S"]))
-    diff = SavedDiff(m.graph)
-    diff.finish(helper.make_graph([], "empty", [], [m.graph.output[0]]))
+    diff = SavedDiff(m)
+    diff.finish(_gone(m))
     assert diff.as_dict()["removed_bytes"] == "8*B*S*S"          # 2 heads x float32
-    m = ortt_attention_masked()                     # P's shape is not recorded
-    diff = SavedDiff(m.graph)
-    diff.finish(helper.make_graph([], "empty", [], [m.graph.output[0]]))
-    assert diff.as_dict()["removed_bytes"] is None
-    assert diff.as_dict()["net_bytes_removed"] is None
+    assert size_json({("S", "S"): 8, ("S",): 16, (): 4}) == "8*S*S + 16*S + 4"
+    assert size_json(total(["x"], {})) is None                    # no recorded type: unknown
+
+
+def test_unrecorded_shapes_are_inferred():
+    """P's shape is not recorded (ort-training records few intermediate shapes): onnx shape
+    inference gives it from Q [2, 2, 5, 4] and K^T [2, 2, 4, 5]."""
+    m = ortt_attention_masked()
+    assert "P" not in {v.name for v in m.graph.value_info}
+    diff = SavedDiff(m)
+    diff.finish(_gone(m))
+    assert diff.as_dict()["removed_bytes"] == 2 * 2 * 5 * 5 * 4
+    assert diff.as_dict()["removed_unsized"] == 0
+
+
+def test_unknown_sizes_are_counted_apart():
+    """A saved activation whose shape cannot be known (Q without a shape): its bytes are not
+    guessed; it is counted in removed_unsized."""
+    m = ortt_attention_masked()
+    q = next(i for i in m.graph.input if i.name == "Q")
+    q.type.tensor_type.ClearField("shape")
+    del m.graph.value_info[:]
+    diff = SavedDiff(m)
+    diff.finish(_gone(m))
+    d = diff.as_dict()
+    assert d["removed"] == 1 and d["removed_unsized"] == 1 and d["removed_bytes"] == 0
 
 
 def test_optimize_prints_and_reports_saved_activations(tmp_path):

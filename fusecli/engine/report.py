@@ -35,14 +35,16 @@ def stats_table(d: dict, title: str) -> str:
     b = d["bytes_eliminated"]
     lines.append(f"  total fused: {d['total_fused']}   nodes: {d['nodes_before']} -> "
                  f"{d['nodes_after']}   intermediate tensors no longer written: "
-                 f"{d['buffers_eliminated']} ({_bytes(b)} in all; a sum of sizes, not a memory "
-                 f"figure)")
+                 f"{d['buffers_eliminated']} ({_bytes(b)}; not a memory figure)")
     sa = d.get("saved_activations")
     if sa is not None:
-        lines.append(f"  saved activations (forward tensors the backward reads) removed: "
-                     f"{sa['removed']} ({_bytes(sa['removed_bytes'])}), added: {sa['added']} "
-                     f"({_bytes(sa['added_bytes'])}), net removed: "
-                     f"{_bytes(sa['net_bytes_removed'])}")
+        def part(k: str) -> str:
+            u = sa.get(f"{k}_unsized")
+            return _bytes(sa[f"{k}_bytes"]) + (f"; {u} of unknown size" if u else "")
+
+        lines.append(f"  saved activations (forward tensors the backward reads): removed "
+                     f"{sa['removed']} ({part('removed')}), added {sa['added']} "
+                     f"({part('added')}), net {_bytes(sa['net_bytes_removed'])} less")
     return "\n".join(lines)
 
 

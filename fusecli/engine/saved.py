@@ -10,8 +10,8 @@ backward (the probabilities P under flash attention) and adds one when a fused f
 writes a tensor for its backward op (FlashAttention's row log-sum-exp).
 
 Sizes come from the recorded types: a static size in bytes, or, with symbolic dimensions, a
-polynomial in them (``{("S", "S"): 4096}`` = 4096*S*S bytes); a tensor without a recorded shape
-makes the sum unknown (None).
+polynomial in them (``{("S", "S"): 4096}`` = 4096*S*S bytes); shapes that are not recorded are
+inferred (onnx shape inference), and tensors whose size stays unknown are counted apart.
 """
 
 from __future__ import annotations
@@ -53,6 +53,27 @@ def _types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
             if v.type.HasField("tensor_type")}
 
 
+def _inferred(model: onnx.ModelProto, names) -> dict[str, onnx.TypeProto]:
+    """Types of `names` by onnx shape inference on a copy of the graph without initializer
+    data (initializers become typed inputs), for graphs that do not record them (ort-training
+    records few intermediate shapes). Ops onnx does not know leave their outputs unknown."""
+    g = onnx.GraphProto()
+    g.node.extend(model.graph.node)
+    g.input.extend(model.graph.input)
+    g.output.extend(model.graph.output)
+    g.value_info.extend(model.graph.value_info)
+    known = {i.name for i in g.input}
+    g.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                   for t in model.graph.initializer if t.name not in known)
+    m = helper.make_model(g, opset_imports=model.opset_import, ir_version=model.ir_version)
+    try:
+        m = onnx.shape_inference.infer_shapes(m)
+    except Exception:  # noqa: BLE001 - inference is best effort; unknown stays unknown
+        return {}
+    want = set(names)
+    return {n: t for n, t in _types(m.graph).items() if n in want}
+
+
 def tensor_size(tp: onnx.TypeProto | None) -> Size | None:
     """Bytes of a tensor type as {monomial: coefficient}; None without element type or shape
     (or with an unnamed unknown dimension)."""
@@ -77,13 +98,22 @@ def tensor_size(tp: onnx.TypeProto | None) -> Size | None:
 
 
 def total(names, types: dict[str, onnx.TypeProto]) -> Size | None:
+    """The summed size of `names`; None if any of them has no known size."""
+    sized, unknown = split_total(names, types)
+    return None if unknown else sized
+
+
+def split_total(names, types: dict[str, onnx.TypeProto]) -> tuple[Size, list[str]]:
+    """(summed size of the tensors whose size is known, the names of the others)."""
     acc: Counter = Counter()
+    unknown = []
     for n in names:
         s = tensor_size(types.get(n))
         if s is None:
-            return None
-        acc.update(s)
-    return {k: v for k, v in acc.items() if v}
+            unknown.append(n)
+        else:
+            acc.update(s)
+    return {k: v for k, v in acc.items() if v}, unknown
 
 
 def size_json(size: Size | None) -> int | str | None:
@@ -100,32 +130,44 @@ def size_json(size: Size | None) -> int | str | None:
 class SavedDiff:
     """The saved activations of a graph before fusion against those after."""
 
-    def __init__(self, before: onnx.GraphProto):
+    def __init__(self, model: onnx.ModelProto):
+        before = model.graph
         self.before = saved_activations(before)
         self._types_before = {n: t for n, t in _types(before).items() if n in self.before}
+        missing = [n for n in self.before if tensor_size(self._types_before.get(n)) is None]
+        if missing:
+            self._types_before.update(_inferred(model, missing))
         self.removed: list[str] = []
         self.added: list[str] = []
-        self.removed_size: Size | None = {}
-        self.added_size: Size | None = {}
+        self.removed_size: Size = {}
+        self.added_size: Size = {}
+        self.removed_unsized: list[str] = []     # no recorded or inferable shape
+        self.added_unsized: list[str] = []
 
-    def finish(self, after: onnx.GraphProto) -> None:
+    def finish(self, model: onnx.ModelProto) -> None:
+        after = model.graph
         now = saved_activations(after)
         self.removed = sorted(self.before - now)
         self.added = sorted(now - self.before)
-        self.removed_size = total(self.removed, self._types_before)
-        self.added_size = total(self.added, _types(after))
+        self.removed_size, self.removed_unsized = split_total(self.removed, self._types_before)
+        types = _types(after)
+        missing = [n for n in self.added if tensor_size(types.get(n)) is None]
+        if missing:
+            types.update(_inferred(model, missing))
+        self.added_size, self.added_unsized = split_total(self.added, types)
 
     @staticmethod
     def empty() -> dict:
-        return {"removed": 0, "removed_bytes": 0, "added": 0, "added_bytes": 0,
-                "net_bytes_removed": 0}
+        return {"removed": 0, "removed_bytes": 0, "removed_unsized": 0, "added": 0,
+                "added_bytes": 0, "added_unsized": 0, "net_bytes_removed": 0}
 
     def as_dict(self) -> dict:
-        net = None
-        if self.removed_size is not None and self.added_size is not None:
-            acc = Counter(self.removed_size)
-            acc.subtract(self.added_size)
-            net = size_json({k: v for k, v in acc.items() if v} or {(): 0})
+        """Counts and bytes; *_bytes sum the tensors of known size (*_unsized counts the
+        others, whose shape is neither recorded nor inferable)."""
+        acc = Counter(self.removed_size)
+        acc.subtract(self.added_size)
         return {"removed": len(self.removed), "removed_bytes": size_json(self.removed_size),
+                "removed_unsized": len(self.removed_unsized),
                 "added": len(self.added), "added_bytes": size_json(self.added_size),
-                "net_bytes_removed": net}
+                "added_unsized": len(self.added_unsized),
+                "net_bytes_removed": size_json({k: v for k, v in acc.items() if v})}
