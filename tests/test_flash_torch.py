@@ -14,6 +14,7 @@ import pytest
 from conftest import SAMPLES
 
 from fusecli import FusionPass
+from test_flash import assert_verifies
 
 CORPUS = SAMPLES.parent / "corpus"
 GQA = Path(__file__).parent / "data" / "gqa"
@@ -111,35 +112,27 @@ def test_flash_torch_refused_where_p_is_read_elsewhere():
     assert stats.patterns["sdpa"].fused == 1
 
 
-@pytest.mark.parametrize("name,reason", [
-    ("torch_bert", None),          # attention dropout on P: the chain is not flash's
-    ("torch_gpt2", None),          # dropout + GPT-2's causal where
-    ("torch_t5", "intermediate_consumed_outside"),    # learned position bias takes dS
-    ("torch_swin", "intermediate_consumed_outside"),  # relative-position bias takes dS
-    ("torch_distilbert", None),    # masked_fill mask
+@pytest.mark.parametrize("name,reason,layers", [
+    ("torch_bert", None, 2),          # attention dropout on P: the chain is not flash's
+    ("torch_gpt2", None, 2),          # dropout + GPT-2's causal where
+    ("torch_t5", "intermediate_consumed_outside", 2),    # learned position bias takes dS
+    ("torch_swin", "intermediate_consumed_outside", 3),  # relative-position bias takes dS
+    ("torch_distilbert", None, 2),    # masked_fill mask
+    # K / V broadcast over a 5-D group view (its K^T is an Expand, not the heads' Transpose)
+    ("torch_gqa_bcast_kv2", None, 1),
+    # Tile's grouping (head h uses kv head h % Hkv, not the op's h // g)
+    ("torch_gqa_tile_kv2", "shape_mismatch", 1),
 ])
-def test_flash_torch_leaves_dropout_bias_and_where_masks_to_sdpa(name, reason):
+def test_flash_torch_leaves_the_rest_to_sdpa(name, reason, layers):
+    """Dropout, learned biases, where masks and other K / V groupings: no flash, and sdpa fuses
+    every attention layer as before."""
     _, stats = _fuse(onnx.load(_load(name)))
     assert stats.patterns["flash_attention"].fused == 0
     if reason is None:
         assert stats.patterns["flash_attention"].detected == 0
     else:
         assert reason in stats.patterns["flash_attention"].skipped
-    assert stats.patterns["sdpa"].fused >= 2          # every attention layer, as before
-
-
-@pytest.mark.parametrize("name,reason", [("torch_gqa_bcast_kv2", None),
-                                         ("torch_gqa_tile_kv2", "shape_mismatch")])
-def test_flash_torch_leaves_other_kv_groupings_to_sdpa(name, reason):
-    """K / V broadcast over a 5-D group view (its K^T is an Expand, not the heads' Transpose)
-    and Tile's grouping (head h uses kv head h % Hkv, not the op's h // g) stay with sdpa."""
-    _, stats = _fuse(onnx.load(_load(name)))
-    assert stats.patterns["flash_attention"].fused == 0
-    if reason is None:
-        assert stats.patterns["flash_attention"].detected == 0
-    else:
-        assert reason in stats.patterns["flash_attention"].skipped
-    assert stats.patterns["sdpa"].fused == 1
+    assert stats.patterns["sdpa"].fused == layers
 
 
 # --- numerics ------------------------------------------------------------------------------
@@ -147,14 +140,7 @@ def test_flash_torch_leaves_other_kv_groupings_to_sdpa(name, reason):
 @pytest.mark.parametrize("name", ["torch_llama", "torch_vit", "torch_llama_raw",
                                   "torch_gqa_expand_kv1", "torch_v_attn"])
 def test_flash_torch_fused_graph_verifies(name, tmp_path):
-    from fusecli.runtime.verify import check_fusions, verify_models
-
     src = _load(name)
     fused, stats = _fuse(onnx.load(src))
     assert stats.patterns["flash_attention"].fused >= 1
-    out = tmp_path / "m.fused.onnx"
-    onnx.save(fused, out)
-    report = verify_models(src, out)
-    assert report.ok, [d.as_dict() for d in report.diffs if not d.ok]
-    checks = check_fusions(src, stats.fusions, atol=1e-6)
-    assert not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]
+    assert_verifies(src, fused, stats, tmp_path)

@@ -215,8 +215,8 @@ class FusionPass:
         self.stats = stats = Stats(self.all_rules)
         graph = model.graph
         stats.nodes_before = len(graph.node)
-        stats.saved = SavedDiff(model)
         index = GraphIndex(graph)
+        stats.saved = SavedDiff(model, [(n.inputs, n.outputs) for n in index.nodes])
         index.bypass_passthrough()
         credit: dict[int, FusionRecord] = {}  # fused node uid -> its record (absorbed: popped)
         detected: set[tuple[str, int]] = set()
@@ -282,7 +282,7 @@ class FusionPass:
             stats.patterns[rec.pattern].fused += 1
         if credit:
             self._write_back(model, index, removed_inputs)
-        stats.saved.finish(model)
+        stats.saved.finish(model, changed=bool(credit))
         stats.nodes_after = len(graph.node)
         return stats.total_fused
 

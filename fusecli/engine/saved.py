@@ -24,33 +24,28 @@ from onnx import helper
 Size = dict  # monomial (sorted tuple of symbolic dim names) -> bytes coefficient
 
 
-def _forward(graph: onnx.GraphProto) -> set[int]:
-    """Indices of the nodes the first graph output depends on."""
-    if not graph.output:
-        return set()
-    producer = {t: i for i, n in enumerate(graph.node) for t in n.output if t}
-    seen: set[int] = set()
-    work = [graph.output[0].name]
+def saved_activations(graph: onnx.GraphProto, io=None) -> set[str]:
+    """Tensors a forward node produces that a backward node reads (see the module doc).
+    io: the nodes' (inputs, outputs) in graph order when the caller has them already."""
+    if io is None:
+        io = [(n.input, n.output) for n in graph.node]
+    producer = {t: i for i, (_, outs) in enumerate(io) for t in outs if t}
+    fwd: set[int] = set()
+    work = [graph.output[0].name] if graph.output else []
     while work:
         i = producer.get(work.pop())
-        if i is None or i in seen:
+        if i is None or i in fwd:
             continue
-        seen.add(i)
-        work.extend(t for t in graph.node[i].input if t)
-    return seen
+        fwd.add(i)
+        work.extend(t for t in io[i][0] if t)
+    return {t for i, (ins, _) in enumerate(io) if i not in fwd
+            for t in ins if t and producer.get(t) in fwd}
 
 
-def saved_activations(graph: onnx.GraphProto) -> set[str]:
-    """Tensors a forward node produces that a backward node reads (see the module doc)."""
-    fwd = _forward(graph)
-    produced = {t for i in fwd for t in graph.node[i].output if t}
-    return {t for i, n in enumerate(graph.node) if i not in fwd
-            for t in n.input if t in produced}
-
-
-def _types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
+def _types(graph: onnx.GraphProto, names) -> dict[str, onnx.TypeProto]:
+    """Recorded types of `names` (value_info, graph inputs / outputs)."""
     return {v.name: v.type for v in (*graph.value_info, *graph.input, *graph.output)
-            if v.type.HasField("tensor_type")}
+            if v.name in names and v.type.HasField("tensor_type")}
 
 
 def _inferred(model: onnx.ModelProto, names) -> dict[str, onnx.TypeProto]:
@@ -70,8 +65,7 @@ def _inferred(model: onnx.ModelProto, names) -> dict[str, onnx.TypeProto]:
         m = onnx.shape_inference.infer_shapes(m)
     except Exception:  # noqa: BLE001 - inference is best effort; unknown stays unknown
         return {}
-    want = set(names)
-    return {n: t for n, t in _types(m.graph).items() if n in want}
+    return _types(m.graph, set(names))
 
 
 def tensor_size(tp: onnx.TypeProto | None) -> Size | None:
@@ -130,10 +124,10 @@ def size_json(size: Size | None) -> int | str | None:
 class SavedDiff:
     """The saved activations of a graph before fusion against those after."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, io=None):
         before = model.graph
-        self.before = saved_activations(before)
-        self._types_before = {n: t for n, t in _types(before).items() if n in self.before}
+        self.before = saved_activations(before, io)
+        self._types_before = _types(before, self.before)
         missing = [n for n in self.before if tensor_size(self._types_before.get(n)) is None]
         if missing:
             self._types_before.update(_inferred(model, missing))
@@ -144,13 +138,16 @@ class SavedDiff:
         self.removed_unsized: list[str] = []     # no recorded or inferable shape
         self.added_unsized: list[str] = []
 
-    def finish(self, model: onnx.ModelProto) -> None:
+    def finish(self, model: onnx.ModelProto, changed: bool = True) -> None:
+        """Compare with the graph after fusion (changed=False: nothing was rewritten)."""
+        if not changed:
+            return
         after = model.graph
         now = saved_activations(after)
         self.removed = sorted(self.before - now)
         self.added = sorted(now - self.before)
         self.removed_size, self.removed_unsized = split_total(self.removed, self._types_before)
-        types = _types(after)
+        types = _types(after, set(self.added))
         missing = [n for n in self.added if tensor_size(types.get(n)) is None]
         if missing:
             types.update(_inferred(model, missing))
