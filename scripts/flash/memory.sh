@@ -21,7 +21,7 @@ SEQS=${*:-1024 2048}
 mkdir -p "$OUT"
 TABLE=$OUT/memory.md
 {
-  echo "| family | model | S | vocab | original MiB | fused MiB | fused / original | original ms | fused ms | speed-up | fused patterns | saved activations removed (optimize) | command |"
+  echo "| family | model | S | vocab | original MiB | fused MiB | fused / original | original ms | fused ms | speed-up | fused patterns | saved activations, net removed (optimize) | command |"
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"
 } > "$TABLE"
 for fam in $FAMILIES; do
