@@ -99,8 +99,18 @@ class Result:
     @property
     def bytes_removed(self) -> int | None:
         """Bytes of the intermediate tensors the fused chains no longer write (None when a
-        shape is symbolic). A sum of buffer sizes, not a peak-memory figure: see bench."""
+        shape is symbolic). A sum of buffer sizes, not a peak-memory figure: see
+        `saved_activations` and bench."""
         return self.stats.bytes_eliminated
+
+    @property
+    def saved_activations(self) -> dict:
+        """Saved activations (tensors the forward writes and the backward reads, which live
+        from forward to backward and so set the step's peak; fusecli/engine/saved.py) that
+        the fusion removed and added: counts, and bytes as an int, a polynomial in the
+        symbolic dimensions ('8*S*S'), or None when a shape is unknown; `net_bytes_removed`
+        = removed - added."""
+        return self.stats.as_dict()["saved_activations"]
 
     @property
     def has_gradient_nodes(self) -> bool:

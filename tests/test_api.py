@@ -80,7 +80,7 @@ def test_the_cli_is_the_api(exported, tmp_path):
     cli = json.loads(run_cli("optimize", path, "-o", out, "--json", "-q").stdout)
     api = fusecli.optimize(path).as_dict()
     for key in ("nodes_before", "nodes_after", "total_fused", "patterns", "rules",
-                "bytes_eliminated", "buffers_eliminated"):
+                "bytes_eliminated", "buffers_eliminated", "saved_activations"):
         assert cli[key] == api[key], key
 
 

@@ -13,7 +13,7 @@ from conftest import SAMPLES, run_cli
 from fusecli import CANONICAL_PATTERNS
 
 REPORT_KEYS = {"model", "nodes_before", "nodes_after", "total_fused", "patterns", "rules",
-               "buffers_eliminated", "bytes_eliminated"}
+               "buffers_eliminated", "bytes_eliminated", "saved_activations"}
 
 
 def _sha(p):

@@ -241,12 +241,18 @@ GQA = {"ortt_gqa_expand_kv2": 1, "ortt_gqa_expand_kv1": 1, "ortt_gqa_interleave_
 def test_flash_ortt_on_grouped_attention_exports(name, tmp_path):
     from pathlib import Path
 
-    from fusecli.runtime.verify import check_fusions, verify_models
-
     src = Path(__file__).parent / "data" / "gqa" / f"{name}.onnx"
     fused, stats = _fuse(onnx.load(src))
     assert stats.patterns["flash_attention"].fused == GQA[name]
     assert stats.patterns["sdpa"].fused == 1 - GQA[name]
+    assert_verifies(src, fused, stats, tmp_path)
+
+
+def assert_verifies(src, fused, stats, tmp_path):
+    """The fused model against the original (every output), and each fusion against the
+    original's subgraph on its reference inputs."""
+    from fusecli.runtime.verify import check_fusions, verify_models
+
     out = tmp_path / "m.fused.onnx"
     onnx.save(fused, out)
     report = verify_models(src, out)

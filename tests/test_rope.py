@@ -59,9 +59,8 @@ def test_rope_exports_fuse_as_the_model_code_says_and_verify(fam, name, tmp_path
     assert {f.rule for f in fp.stats.fusions if f.pattern == "rope"} == \
         ({RULE[name].format(fam)} if EXPECTED[name] else set())
     # the attention between the rotations fuses as before: forward and backward together
-    # (flash_attention) in ort-training, the backward (sdpa) in torch-joint
-    attention = "flash_attention" if fam == "ortt" else "sdpa"
-    assert fp.stats.patterns[attention].fused == 1
+    # (flash_attention) in both families
+    assert fp.stats.patterns["flash_attention"].fused == 1
     out = tmp_path / "fused.onnx"
     onnx.save(m, out)
     report = verify_models(DATA / f"{fam}_rope_{name}.onnx", out)

@@ -116,10 +116,13 @@ def _with_attentions(m):
     return m
 
 
-for _name in ("ortt_block", "ortt_block_sdpa", "corpus_ortt_timm_vit", "corpus_ortt_llama"):
+for _name in ("ortt_block", "ortt_block_sdpa", "corpus_ortt_timm_vit", "corpus_ortt_llama",
+              "torch_v_attn", "corpus_torch_llama"):
     SAMPLE_MODELS[f"{_name}_attentions"] = _with_attentions(SAMPLE_MODELS[_name])
 # K/V broadcast inside the MatMuls, torch-joint (tests/data/make_gqa.py)
 SAMPLE_MODELS["gqa_torch_bcast"] = onnx.load(DATA / "gqa" / "torch_gqa_bcast_kv2.onnx")
+# repeat_kv without a mask, torch-joint (flash_torch_gqa_plain)
+SAMPLE_MODELS["gqa_torch_expand"] = onnx.load(DATA / "gqa" / "torch_gqa_expand_kv2.onnx")
 # masked_fill with the scale on the scores and an additive bias (MPT's ort-training spelling)
 SAMPLE_MODELS["synthetic_ortt_attention_fill"] = builders.ortt_attention_fill()
 # a LayerNorm without bias, ort-training: Sub(mean) + SimplifiedLayerNormalization

@@ -19,6 +19,7 @@ from fusecli.errors import EXIT_INTERNAL, FuseError
 from fusecli.engine.graph import GNode, GraphIndex
 from fusecli.engine.matcher import NEW_TENSOR, Failure, Match, Matcher, MatchResult
 from fusecli.engine.rules import CANONICAL_PATTERNS, Rule
+from fusecli.engine.saved import SavedDiff
 from fusecli.engine.shapes import fusion_problem
 
 MAX_ROUNDS = 16
@@ -131,6 +132,7 @@ class Stats:
         # match), by fused node name: what the later fusion's ``replaced`` names refer to
         self.absorbed: dict[str, FusionRecord] = {}
         self.skips: list[Skip] = []
+        self.saved: SavedDiff | None = None   # saved activations before vs after (saved.py)
 
     @property
     def total_fused(self) -> int:
@@ -146,6 +148,8 @@ class Stats:
             "rules": {k: v.as_dict() for k, v in self.rules.items()},
             "buffers_eliminated": self.buffers_eliminated,
             "bytes_eliminated": self.bytes_eliminated,
+            "saved_activations": (self.saved.as_dict() if self.saved is not None else
+                                  SavedDiff.empty()),
         }
 
 
@@ -242,6 +246,7 @@ class FusionPass:
         graph = model.graph
         stats.nodes_before = len(graph.node)
         index = GraphIndex(graph)
+        stats.saved = SavedDiff(model, [(n.inputs, n.outputs) for n in index.nodes])
         index.bypass_passthrough()
         credit: dict[int, FusionRecord] = {}  # fused node uid -> its record (absorbed: popped)
         detected: set[tuple[str, int]] = set()
@@ -307,6 +312,7 @@ class FusionPass:
             stats.patterns[rec.pattern].fused += 1
         if credit:
             self._write_back(model, index, removed_inputs)
+        stats.saved.finish(model, changed=bool(credit))
         stats.nodes_after = len(graph.node)
         return stats.total_fused
 

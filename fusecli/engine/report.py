@@ -12,6 +12,16 @@ def _fmt_skipped(skipped: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(skipped.items())) or "-"
 
 
+def _bytes(b: int | str | None) -> str:
+    """A size of saved.size_json: bytes (with MiB from 1 MiB), a polynomial in the symbolic
+    dimensions, or unknown."""
+    if b is None:
+        return "unknown size"
+    if isinstance(b, str):
+        return f"{b} bytes"
+    return f"{b} bytes" + (f", {b / 2**20:.1f} MiB" if abs(b) >= 2**20 else "")
+
+
 def stats_table(d: dict, title: str) -> str:
     rows = [("pattern", "detected", "fused", "skipped")]
     for name, p in d["patterns"].items():
@@ -24,8 +34,17 @@ def stats_table(d: dict, title: str) -> str:
             lines.append("  " + "-" * (w0 + 30))
     b = d["bytes_eliminated"]
     lines.append(f"  total fused: {d['total_fused']}   nodes: {d['nodes_before']} -> "
-                 f"{d['nodes_after']}   intermediate buffers removed: {d['buffers_eliminated']}"
-                 f" ({'unknown size' if b is None else f'{b} bytes'})")
+                 f"{d['nodes_after']}   intermediate tensors no longer written: "
+                 f"{d['buffers_eliminated']} ({_bytes(b)}; not a memory figure)")
+    sa = d.get("saved_activations")
+    if sa is not None:
+        def part(k: str) -> str:
+            u = sa.get(f"{k}_unsized")
+            return _bytes(sa[f"{k}_bytes"]) + (f"; {u} of unknown size" if u else "")
+
+        lines.append(f"  saved activations (forward tensors the backward reads): removed "
+                     f"{sa['removed']} ({part('removed')}), added {sa['added']} "
+                     f"({part('added')}), net {_bytes(sa['net_bytes_removed'])} less")
     return "\n".join(lines)
 
 

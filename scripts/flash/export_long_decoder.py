@@ -1,12 +1,21 @@
-"""Export a long-sequence Llama-style decoder as an onnxruntime-training graph (the memory
-figure of FlashAttention, issue 22): LlamaModel, eager attention, hidden 512, 8 heads / 2 KV
-heads, 2 layers, SwiGLU FF 1376, vocabulary 32,000, batch 1, sequence --seq; MSE loss on the
-last hidden state (no LM head: the logits' memory is the fused linear + cross-entropy's part).
+"""Export a long-sequence decoder with its language-model head and cross-entropy loss as a
+training graph of either family (the memory table of issue 22):
 
-Run with the corpus generator venv (torch, transformers, onnxruntime-training):
-  build/venv-corpus-ortt/bin/python scripts/flash/export_long_decoder.py --seq 2048 --out DIR
-Writes DIR/ortt_llama_long_S{seq}.onnx (+ .params.npz). scripts/flash/memory.sh runs it and
-then `fusecli bench` on the original and the fused graph.
+  --arch llama  LlamaForCausalLM, eager attention, hidden 512, 8 heads / 2 KV heads (GQA via
+                repeat_kv), 2 layers, SwiGLU FF 1376, vocabulary 32,000, untied LM head
+  --arch gpt2   GPT2LMHeadModel, eager attention, n_embd 384, 6 heads, 2 layers, vocabulary
+                50,257, LM head tied to the token embedding, dropout 0
+  batch 1, sequence --seq; loss = mean cross-entropy of the logits [B*S, V] against random
+  labels (every token counts).
+
+  --family ortt   onnxruntime-training artifacts (generate_artifacts, CrossEntropyLoss on the
+                  logits): SoftmaxCrossEntropyLoss + its Grad; run with build/venv-corpus-ortt
+  --family torch  torch-joint graph (aot_export_module(trace_joint=True) of the model + F.
+                  cross_entropy, then torch.onnx dynamo export): log_softmax + nll_loss
+                  decomposed; run with build/venv-corpus-torch
+
+Writes DIR/{family}_{arch}_long_S{seq}.onnx (+ .params.npz). scripts/flash/memory.sh runs it
+and then `fusecli bench` on the original and the fused graph.
 """
 
 from __future__ import annotations
@@ -16,30 +25,113 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "corpus"))
-import archs  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples"))
 import gen  # noqa: E402
+
+VOCAB = {"llama": 32000, "gpt2": 50257}
+
+
+def _config(arch: str, seq: int, layers: int):
+    import transformers
+
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=VOCAB[arch], hidden_size=512,
+                                       intermediate_size=1376, num_hidden_layers=layers,
+                                       num_attention_heads=8, num_key_value_heads=2,
+                                       max_position_embeddings=seq, tie_word_embeddings=False)
+        cls = transformers.LlamaForCausalLM
+    else:
+        cfg = transformers.GPT2Config(vocab_size=VOCAB[arch], n_embd=384, n_head=6,
+                                      n_layer=layers, n_positions=seq, resid_pdrop=0.0,
+                                      embd_pdrop=0.0, attn_pdrop=0.0)
+        cls = transformers.GPT2LMHeadModel
+    cfg._attn_implementation = "eager"
+    return cls(cfg).train()
+
+
+class Logits(torch.nn.Module):
+    """input_ids -> logits [B*S, V] (the ort-training loss block takes 2-D logits)."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, input_ids):
+        logits = self.net(input_ids=input_ids).logits
+        return logits.reshape(-1, logits.shape[-1])
+
+
+class CELoss(torch.nn.Module):
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = Logits(net)
+
+    def forward(self, input_ids, labels):
+        return (F.cross_entropy(self.net(input_ids), labels),)
+
+
+def _ortt(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path) -> None:
+    import io
+    import tempfile
+
+    import numpy as np
+    import onnx
+    from onnxruntime.training import artifacts
+
+    gen._mask_without_vmap()
+    f = io.BytesIO()
+    net = Logits(model)
+    torch.onnx.export(net, (ids,), f, input_names=["input_ids"], output_names=["output"],
+                      opset_version=16, do_constant_folding=False,
+                      training=torch.onnx.TrainingMode.TRAINING, dynamo=False)
+    fwd = onnx.load_from_string(f.getvalue())
+    inits = {i.name: i for i in fwd.graph.initializer}
+    named = dict(net.named_parameters())
+    trainable = [n for n in named if n in inits]
+    frozen = [n for n in inits if n not in trainable]
+    with tempfile.TemporaryDirectory() as td:
+        artifacts.generate_artifacts(fwd, requires_grad=trainable, frozen_params=frozen,
+                                     loss=artifacts.LossType.CrossEntropyLoss,
+                                     optimizer=artifacts.OptimType.AdamW,
+                                     artifact_directory=td)
+        m = onnx.load(Path(td) / "training_model.onnx")
+    onnx.save(m, dest / f"{name}.onnx")
+    names = {i.name for i in m.graph.input}
+    np.savez(dest / f"{name}.params.npz",
+             **{n: onnx.numpy_helper.to_array(t) for n, t in inits.items() if n in names})
+
+
+def _torch(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path) -> None:
+    import numpy as np
+    import onnx
+
+    from gen_torch import export_joint
+
+    vocab = model.config.vocab_size
+    labels = torch.randint(0, vocab, ids.reshape(-1).shape)
+    m, values, _ = export_joint(CELoss(model), [ids, labels], ["input_ids", "labels"],
+                                metadata=False)
+    onnx.save(m, dest / f"{name}.onnx")
+    np.savez(dest / f"{name}.params.npz", **values)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", choices=sorted(VOCAB), default="llama")
+    ap.add_argument("--family", choices=["ortt", "torch"], default="ortt")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     torch.manual_seed(0)
-    build = archs._hf("LlamaConfig", "LlamaModel", vocab_size=32000, hidden_size=512,
-                      intermediate_size=1376, num_hidden_layers=a.layers,
-                      num_attention_heads=8, num_key_value_heads=2,
-                      max_position_embeddings=a.seq)
-    arch = archs.Arch("llama_long", "transformers", "long-sequence Llama decoder", build,
-                      lambda: {"input_ids": torch.randint(0, 32000, (1, a.seq))},
-                      input_ranges={"input_ids": [0, 32000]})
-    model, inputs = archs.make(arch, "ort-training")
+    model = _config(a.arch, a.seq, a.layers)
+    ids = torch.randint(0, VOCAB[a.arch], (1, a.seq))
     a.out.mkdir(parents=True, exist_ok=True)
-    name = f"ortt_llama_long_S{a.seq}"
-    gen.build_ortt(arch, model, inputs, name, a.out, check=False)
+    name = f"{a.family}_{a.arch}_long_S{a.seq}"
+    (_ortt if a.family == "ortt" else _torch)(model, ids, name, a.out)
     print(a.out / f"{name}.onnx")
     return 0
 

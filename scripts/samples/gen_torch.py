@@ -58,7 +58,8 @@ def export_joint(mod: torch.nn.Module, args: list[torch.Tensor], arg_names: list
     with metadata=False (FX provenance, ~2/3 of the file); ir_version 10; checked.
     Returns (model, {input name: parameter/buffer value}, names of the trainable parameters)."""
     gm, sig = aot_export_module(mod, list(args), trace_joint=True, output_loss_index=0)
-    named = {**dict(mod.named_parameters()), **dict(mod.named_buffers())}
+    named = {**dict(mod.named_parameters(remove_duplicate=False)),
+             **dict(mod.named_buffers(remove_duplicate=False))}  # tied weights: every name
     order = list(sig.parameters) + list(sig.buffers)
     flat = [named[n].detach().clone() for n in order] + list(args)
     with tempfile.TemporaryDirectory() as td:

@@ -267,7 +267,7 @@ class AttnStack(nn.Module):
       "bool_div":     masked_fill((q @ k^T) / sqrt(dh), causal, -inf)
       "none_mulq":    (q * dh**-0.5) @ k^T, no mask
       "none_div":     (q @ k^T) / sqrt(dh), no mask
-    One sdpa per layer; the key bias of every layer gets an exactly-zero gradient."""
+    One attention per layer; the key bias of every layer gets an exactly-zero gradient."""
 
     def __init__(self, kinds=("additive_div", "bool_div", "none_mulq"), d_model: int = 8,
                  n_heads: int = 2, seq: int = 4) -> None:
@@ -281,7 +281,10 @@ class AttnStack(nn.Module):
         causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1)
         self.register_buffer("mask_add", causal.float() * -1e4, persistent=False)
         self.register_buffer("mask_bool", causal, persistent=False)
-        self.PATTERNS = patterns(sdpa=len(self.kinds))
+        # the additive / unmasked layers: flash_attention (nothing else reads P); the
+        # masked_fill layer: sdpa (the flash ops take additive masks only)
+        self.PATTERNS = patterns(flash_attention=sum(k != "bool_div" for k in self.kinds),
+                                 sdpa=sum(k == "bool_div" for k in self.kinds))
         self.ZERO_GRAD = [f"k.{i}.bias" for i in range(len(self.kinds))]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

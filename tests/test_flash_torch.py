@@ -1,0 +1,146 @@
+"""Flash-style attention in torch-joint graphs (issue 22 item 1: rules/flash_torch.yaml): each
+variant on a real export (positive), one negative per guard (P read elsewhere, attention
+dropout, a learned bias taking dS, a masked_fill mask), and the fused graphs against the
+originals in onnxruntime. Expected counts are the models' attention layers."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import onnx
+import pytest
+
+from conftest import SAMPLES
+
+from fusecli import FusionPass
+from test_flash import assert_verifies
+
+CORPUS = SAMPLES.parent / "corpus"
+GQA = Path(__file__).parent / "data" / "gqa"
+
+# graph -> (flash rule, attention layers in the model code); the corpus graphs have 2 layers
+# (scripts/corpus/archs.py LAYERS), the tests/data/make_gqa.py graphs one attention
+POSITIVE = {
+    "torch_llama": ("flash_torch_gqa_mask", 2),      # repeat_kv (2 KV heads) + causal mask
+    "torch_mistral": ("flash_torch_gqa_mask", 2),    # repeat_kv (1 KV head) + causal mask
+    "torch_qwen2": ("flash_torch_gqa_mask", 2),
+    "torch_llama_raw": ("flash_torch_mask", 2),      # raw export: repeated K/V viewed in 4-D
+    "torch_vit": ("flash_torch_plain", 2),           # no mask, Mul scale
+    "torch_timm_vit": ("flash_torch_plain", 2),
+    "torch_gqa_expand_kv2": ("flash_torch_gqa_plain", 1),
+}
+
+
+def _load(name):
+    for d in (CORPUS, GQA, SAMPLES):
+        if (d / f"{name}.onnx").exists():
+            return d / f"{name}.onnx"
+    raise FileNotFoundError(name)
+
+
+def _fuse(m, **kw):
+    fused = copy.deepcopy(m)
+    fp = FusionPass(**kw)
+    fp.run(fused)
+    return fused, fp.stats
+
+
+@pytest.mark.parametrize("name", sorted(POSITIVE))
+def test_flash_torch_variants_on_real_exports(name):
+    rule, layers = POSITIVE[name]
+    m = onnx.load(_load(name))
+    softmax = {n.output[0] for n in m.graph.node if n.op_type == "Softmax"}
+    fused, stats = _fuse(m)
+    assert stats.rules[rule].fused == layers
+    assert stats.patterns["flash_attention"].fused == layers
+    assert stats.patterns["sdpa"].fused == 0
+    ops = [n.op_type for n in fused.graph.node]
+    assert ops.count("FlashAttention") == ops.count("FlashAttentionGrad") == layers
+    # the probabilities are gone: no Softmax left, nothing reads its old outputs
+    assert "Softmax" not in ops
+    assert not softmax & {t for n in fused.graph.node for t in (*n.input, *n.output)}
+
+
+def test_flash_torch_gqa_takes_kv_before_the_repeat():
+    """repeat_kv absorbed: the fused ops read K0 / V0 [B, Hkv, S, D] (k_transposed 0) and write
+    dK0 / dV0; no Expand of K / V stays for the attention."""
+    m = onnx.load(_load("torch_llama"))
+    fused, _ = _fuse(m)
+    fwd = [n for n in fused.graph.node if n.op_type == "FlashAttention"]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in fwd[0].attribute}
+    assert attrs["k_transposed"] == 0
+    prod = {o: n for n in fused.graph.node for o in n.output}
+    for n in fwd:
+        for t in n.input[1:3]:
+            assert prod[t].op_type != "Expand"
+
+
+def test_flash_torch_sample_layers():
+    """torch_v_attn (scripts/samples/models.py AttnStack): additive-mask and unmasked layers
+    are flash (2), the masked_fill layer stays sdpa (1): the flash ops take additive masks."""
+    fused, stats = _fuse(onnx.load(SAMPLES / "torch_v_attn.onnx"))
+    assert stats.rules["flash_torch_mask"].fused == 1
+    assert stats.rules["flash_torch_plain"].fused == 1
+    assert stats.patterns["sdpa"].fused == 1
+    assert stats.rules["sdpa_torch_fill"].fused == 1
+
+
+# --- negatives: one per guard; today's sdpa fusion applies instead ---------------------------
+
+def test_flash_torch_refused_where_p_is_an_output():
+    """A model that outputs its attentions (output_attentions): P is a graph output, so the
+    flash rule refuses that layer and sdpa fuses it; the other layer is still flash."""
+    m = onnx.load(_load("torch_llama"))
+    p = next(n.output[0] for n in m.graph.node if n.op_type == "Softmax")
+    m.graph.output.append(onnx.helper.make_empty_tensor_value_info(p))
+    fused, stats = _fuse(m)
+    assert stats.patterns["flash_attention"].fused == 1
+    assert stats.patterns["flash_attention"].skipped == {"intermediate_is_graph_output": 1}
+    assert stats.patterns["sdpa"].fused == 1
+
+
+def test_flash_torch_refused_where_p_is_read_elsewhere():
+    """Another reader of P (here a ReduceMax of the probabilities into a graph output)."""
+    m = onnx.load(_load("torch_vit"))
+    p = next(n.output[0] for n in m.graph.node if n.op_type == "Softmax")
+    m.graph.node.append(onnx.helper.make_node("ReduceMax", [p], ["p_max"], keepdims=0))
+    m.graph.output.append(onnx.helper.make_empty_tensor_value_info("p_max"))
+    _, stats = _fuse(m)
+    assert stats.patterns["flash_attention"].fused == 1
+    assert stats.patterns["flash_attention"].skipped == {"intermediate_consumed_outside": 1}
+    assert stats.patterns["sdpa"].fused == 1
+
+
+@pytest.mark.parametrize("name,reason,layers", [
+    ("torch_bert", None, 2),          # attention dropout on P: the chain is not flash's
+    ("torch_gpt2", None, 2),          # dropout + GPT-2's causal where
+    ("torch_t5", "intermediate_consumed_outside", 2),    # learned position bias takes dS
+    ("torch_swin", "intermediate_consumed_outside", 3),  # relative-position bias takes dS
+    ("torch_distilbert", None, 2),    # masked_fill mask
+    # K / V broadcast over a 5-D group view (its K^T is an Expand, not the heads' Transpose)
+    ("torch_gqa_bcast_kv2", None, 1),
+    # Tile's grouping (head h uses kv head h % Hkv, not the op's h // g)
+    ("torch_gqa_tile_kv2", "shape_mismatch", 1),
+])
+def test_flash_torch_leaves_the_rest_to_sdpa(name, reason, layers):
+    """Dropout, learned biases, where masks and other K / V groupings: no flash, and sdpa fuses
+    every attention layer as before."""
+    _, stats = _fuse(onnx.load(_load(name)))
+    assert stats.patterns["flash_attention"].fused == 0
+    if reason is None:
+        assert stats.patterns["flash_attention"].detected == 0
+    else:
+        assert reason in stats.patterns["flash_attention"].skipped
+    assert stats.patterns["sdpa"].fused == layers
+
+
+# --- numerics ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["torch_llama", "torch_vit", "torch_llama_raw",
+                                  "torch_gqa_expand_kv1", "torch_v_attn"])
+def test_flash_torch_fused_graph_verifies(name, tmp_path):
+    src = _load(name)
+    fused, stats = _fuse(onnx.load(src))
+    assert stats.patterns["flash_attention"].fused >= 1
+    assert_verifies(src, fused, stats, tmp_path)
