@@ -88,7 +88,10 @@ def test_every_fused_chain_is_drawn_beside_its_fused_node(reports, name):
             assert n.name in orig_names or (n.domain == FUSED_DOMAIN and n.found), n.name
         # the fused node is in the fused model, and says what it replaced
         f = fused_nodes[c.fused[0].name]
-        assert rule_of(f) == c.rule and replaced_of(f) == [n.name for n in c.replaced]
+        names = [n.name for n in c.replaced]
+        assert rule_of(f) == c.rule and replaced_of(f) == names[:DOC_MAX_NAMES]
+        more = len(names) - DOC_MAX_NAMES
+        assert f.doc_string.endswith(f", ... ({more} more)") == (more > 0)
         # its summary row links to its drawing
         assert f'<a href="#{c.anchor}">' in html
 
