@@ -88,7 +88,9 @@ def _mask_without_vmap() -> None:
 
 
 def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest: Path,
-               check: bool) -> dict:
+               check: bool, dynamic: dict | None = None) -> dict:
+    """dynamic: {input name: {axis: dim name}} (torch.onnx.export's dynamic_axes; the output's
+    dims are what the exporter's shape inference makes of them): a graph with symbolic dims."""
     from onnx import numpy_helper
     from onnxruntime.training import artifacts
     from onnxruntime.training.onnxblock import _graph_utils as onnxblock_graph_utils
@@ -99,7 +101,8 @@ def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest
     f = io.BytesIO()
     torch.onnx.export(model, tuple(inputs.values()), f, input_names=list(inputs),
                       output_names=["output"], opset_version=16, do_constant_folding=False,
-                      training=torch.onnx.TrainingMode.TRAINING, dynamo=False)
+                      training=torch.onnx.TrainingMode.TRAINING, dynamo=False,
+                      dynamic_axes=dynamic or None)
     fwd = onnx.load_from_string(f.getvalue())
     named = dict(model.named_parameters())
     inits = {i.name: i for i in fwd.graph.initializer}
@@ -178,13 +181,17 @@ class MSELoss(torch.nn.Module):
 
 
 def build_torch(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest: Path,
-                check: bool, optimize: bool = True) -> dict:
+                check: bool, optimize: bool = True, dynamic: dict | None = None) -> dict:
+    """dynamic: {input name: {axis: dim name}}: symbolic dims (the target gets the first
+    input's)."""
     from gen_torch import export_joint
 
     target = torch.randn(model(*inputs.values()).shape)
     mod = MSELoss(model)
+    dyn = None if not dynamic else ([dynamic.get(k) for k in inputs]
+                                    + [next(iter(dynamic.values()))])
     m, values, trainable = export_joint(mod, [*inputs.values(), target], [*inputs, "target"],
-                                        metadata=False, optimize=optimize)
+                                        metadata=False, optimize=optimize, dynamic=dyn)
     n_random = seed_random_nodes(m)
     onnx.save(m, dest / f"{name}.onnx")
     np.savez(dest / f"{name}.params.npz", **values)
