@@ -123,13 +123,17 @@ def guessed_dims(model: onnx.ModelProto, dims: dict[str, int] | None = None,
 _EXPR = __import__("re").compile(r"^[\w\s*+()-]+$")
 
 
+def _is_expr(dim: str) -> bool:
+    return bool(_EXPR.match(dim)) and any(c in dim for c in "*+-")
+
+
 def _eval_expr(expr: str, known: dict[str, int]) -> int | None:
     """A dim_param that is an expression of other dims ('batch*sequence', '2*s1', 's0 + 1': the
     dynamo exporter writes derived dims so), evaluated over ``known``; None when it is not one
     or names an unknown dim."""
     import ast
 
-    if not _EXPR.match(expr) or not any(c in expr for c in "*+-"):
+    if not _is_expr(expr):
         return None
     try:
         tree = ast.parse(expr, mode="eval")
@@ -270,7 +274,7 @@ def solve_dims(model: onnx.ModelProto, dims: dict[str, int] | None = None,
     for k in syms:
         if k in dims:
             out[k] = (int(dims[k]), "--dim")
-        elif _named_dim(k, {}) is not None and _eval_expr(k, {}) is None:
+        elif _named_dim(k, {}) is not None and not _is_expr(k):
             out[k] = (_named_dim(k, {}), "name")
     for _ in range(4):
         todo = [k for k in syms if k not in out]
