@@ -33,7 +33,7 @@ def column(pattern: str) -> str:
     return pattern.removeprefix("linear_")
 
 
-KEY_ORDER = ["file", "family", "architecture", "library", "description", "runtime", "loss",
+KEY_ORDER = ["file", "family", "architecture", "library", "setup", "description", "runtime", "loss",
              "loss_output", "gradient_outputs", "params", "expected", "expected_from",
              "known_gaps", "nodes", "ir_version", "random_nodes", "max_abs_grad_err_vs_torch",
              "versions", "inputs"]

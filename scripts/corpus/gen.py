@@ -215,8 +215,13 @@ def build(family: str, arch: Arch) -> None:
     torch.manual_seed(0)
     model, inputs = make(arch, family)
     expected = derive_counts(model, tuple(inputs.values()), arch.attention)
-    builder = (build_ortt if family == "ort-training"
-               else functools.partial(build_torch, optimize=arch.optimize))
+    if arch.flash and family == "ort-training":
+        expected["flash_attention"], expected["sdpa"] = expected["sdpa"], 0
+    dynamic = ({k: {0: "batch", 1: "sequence"} for k, v in inputs.items() if v.dim() >= 2}
+               if arch.symbolic else None)
+    builder = functools.partial(build_ortt if family == "ort-training" else
+                                functools.partial(build_torch, optimize=arch.optimize),
+                                dynamic=dynamic)
     if arch.dropout:
         # torch and onnxruntime draw different dropout masks: check this exporter path against
         # torch autograd on a twin whose dropout probabilities are 0 (same graph otherwise)
@@ -234,7 +239,8 @@ def build(family: str, arch: Arch) -> None:
         err = res["max_abs_grad_err_vs_torch"]
     entry = {
         "file": f"{name}.onnx", "family": family, "architecture": arch.name,
-        "library": arch.library, "description": arch.description, "loss": "mse",
+        "library": arch.library, "setup": arch.setup, "description": arch.description,
+        "loss": "mse",
         "params": f"{name}.params.npz", "expected": expected,
         "expected_from": arch.count_notes, "nodes": len(m.graph.node),
         "ir_version": m.ir_version, "versions": _versions(),
