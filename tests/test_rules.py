@@ -956,3 +956,34 @@ def test_real_exports_fuse_and_verify(name, tmp_path):
     onnx.save(m, out)
     report = verify_models(DATA / f"{name}.onnx", out)
     assert report.ok and report.max_rel <= 1e-5, report
+
+
+# --- kind: shape (a Reshape target of symbolic dims, issue 21) ----------------------------------
+
+def test_shape_kind_accepts_a_run_time_shape_computation_and_nothing_else():
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fusecli.engine.graph import GraphIndex
+
+    i64 = TensorProto.INT64
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Gather", ["sh", "zero"], ["b"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "zero1"], ["bu"]),
+        helper.make_node("Mul", ["bu", "four"], ["bh"]),
+        helper.make_node("Concat", ["bh", "m1", "m1"], ["target"], axis=0),  # [b*4, -1, -1]
+        helper.make_node("Concat", ["ids", "m1"], ["from_data"], axis=0),    # a graph input's values
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+             (("zero", 0), ("zero1", [0]), ("four", [4]), ("m1", [-1]))]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     ["batch", 4, 8, 8]),
+                                       helper.make_tensor_value_info("ids", i64, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          initializer=inits)
+    index = GraphIndex(g)
+    assert index.is_shape_computation("target")
+    assert index.is_shape_computation("m1")          # a constant is one too
+    assert not index.is_shape_computation("from_data")
+    assert not index.is_shape_computation("x")

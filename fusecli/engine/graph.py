@@ -81,6 +81,11 @@ def outer_names(graph: onnx.GraphProto) -> set[str]:
     return used - defined
 
 
+# integer shape arithmetic on the way from Shape outputs to a Reshape target
+_SHAPE_ARITH = {"Gather", "Slice", "Concat", "ConcatTraining", "Unsqueeze", "Squeeze", "Cast",
+                "Identity", "Mul", "Div", "Add", "Sub", "Reshape", "Expand", "Abs", "Max", "Min"}
+
+
 class GraphIndex:
     def __init__(self, graph: onnx.GraphProto):
         self.graph = graph
@@ -276,6 +281,31 @@ class GraphIndex:
             return None
 
         return memoised(name, cache, step)
+
+    def is_shape_computation(self, name: str, limit: int = 64) -> bool:
+        """True when ``name`` is computed at run time only from constants and the Shape (or
+        Size) of graph tensors, by integer shape arithmetic (Gather, Slice, Concat, Unsqueeze,
+        Mul ...): a Reshape target of symbolic dims (dynamic-shape exports), which is a view
+        of its input as a constant target would be."""
+        todo, seen = [name], set()
+        while todo:
+            t = todo.pop()
+            if t in seen or not t:
+                continue
+            seen.add(t)
+            if len(seen) > limit:
+                return False
+            if self.const_value(t) is not None:
+                continue
+            prod = self.producer.get(t)
+            if prod is None or not prod.alive:
+                return False
+            if prod.op in ("Shape", "Size"):
+                continue
+            if prod.op not in _SHAPE_ARITH or prod.domain not in ("", "com.microsoft"):
+                return False
+            todo.extend(prod.inputs)
+        return True
 
     def _static_shape(self, name: str) -> list[int] | None:
         """Static dims of a tensor, recorded or inferred (None when any dim is not static)."""

@@ -136,7 +136,7 @@ def _kind_matches(arr: np.ndarray, kind: str, data_shape=None) -> tuple[bool, st
     flat = arr.reshape(-1)
     ints = arr.dtype.kind in "iu"
     shown = f"is {flat[:6].tolist()}{'...' if flat.size > 6 else ''}"
-    if kind == "constant":
+    if kind in ("constant", "shape"):
         return True, ""
     if kind == "scalar":
         return arr.size == 1 and arr.dtype.kind in "iuf", f"{shown}, rule wants a scalar number"
@@ -481,6 +481,8 @@ class Matcher:
                     value = CONST_FUNCS[fn](compact(np.asarray(value)).astype(np.float64))
                 if ts.kind == "index_range":
                     ok, detail = self._index_range(value, ts, t2)
+                elif ts.kind == "shape" and value is None and self.g.is_shape_computation(name):
+                    ok, detail = True, ""  # a Reshape target of symbolic dims
                 else:
                     ok, detail = const_matches(value, ts.const, ts.tol, ts.kind, data_shape)
                 if fn not in (None, "identity"):
