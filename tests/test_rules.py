@@ -987,3 +987,52 @@ def test_shape_kind_accepts_a_run_time_shape_computation_and_nothing_else():
     assert index.is_shape_computation("m1")          # a constant is one too
     assert not index.is_shape_computation("from_data")
     assert not index.is_shape_computation("x")
+
+
+def test_a_constant_broadcast_to_a_run_time_shape_matches_as_its_value():
+    # torch's ones_like(x) under symbolic dims: Expand(1.0, Shape(x)); ConstantOfShape too
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fusecli.engine.graph import GraphIndex
+
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("Expand", ["one", "sh"], ["ones"]),
+             helper.make_node("ConstantOfShape", ["sh"], ["halves"],
+                              value=numpy_helper.from_array(np.array([0.5], np.float32))),
+             helper.make_node("Expand", ["pair", "sh"], ["not_one_number"])]
+    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "pair")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     ["batch", 2])],
+                          [helper.make_tensor_value_info("ones", TensorProto.FLOAT, None)],
+                          initializer=inits)
+    index = GraphIndex(g)
+    assert index.const_value("ones") is None           # not a constant: its shape is not known
+    assert float(index.broadcast_scalar("ones")) == 1.0
+    assert float(index.broadcast_scalar("halves")) == 0.5
+    assert index.broadcast_scalar("not_one_number") is None
+    assert index.broadcast_scalar("sh") is None
+
+
+def test_a_static_dim_read_from_a_symbolic_shape_is_a_constant():
+    # Gather(Shape(x), 3) with x [batch, 2, sequence, 8]: 8 (the Range end of a symbolic-dim
+    # rotate-half's scatter indices); the symbolic dims stay run-time values
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fusecli.engine.graph import GraphIndex
+
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("Gather", ["sh", "three"], ["d"], axis=0),
+             helper.make_node("Gather", ["sh", "zero"], ["b"], axis=0),
+             helper.make_node("Shape", ["x"], ["tail"], start=1),
+             helper.make_node("Gather", ["tail", "two"], ["d2"], axis=0),
+             helper.make_node("Shape", ["x"], ["last"], start=-1)]
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n)
+             for n, v in (("three", 3), ("zero", 0), ("two", 2))]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["batch", 2, "sequence", 8])],
+        [helper.make_tensor_value_info("d", TensorProto.INT64, [])], initializer=inits)
+    index = GraphIndex(g)
+    assert int(index.const_value("d")) == 8 and int(index.const_value("d2")) == 8
+    assert index.const_value("last").tolist() == [8]
+    assert index.const_value("b") is None and index.const_value("sh") is None
