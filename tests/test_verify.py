@@ -280,7 +280,7 @@ def test_torch_joint_dropout_graph_verifies_against_itself(tmp_path):
     src = tmp_path / "drop.onnx"
     onnx.save(_torch_joint_dropout_model(), src)
     proc = run_cli("verify", src, src)
-    assert "PASS" in proc.stdout and "1 intra-op thread, use_deterministic_compute" in proc.stdout
+    assert "PASS" in proc.stdout and "1 intra-op thread, use_deterministic_compute, no memory reuse" in proc.stdout
 
 
 def test_embedding_gradient_scatternd_verifies_against_itself(tmp_path):
@@ -311,7 +311,7 @@ def test_embedding_gradient_scatternd_verifies_against_itself(tmp_path):
     r = json.loads(run_cli("verify", src, src, "--json").stdout)
     assert r["verdict"] == "PASS" and r["max_rel"] == 0.0
     assert r["feeds"]["ids"] == f"token ids in [0, {V})"
-    assert r["deterministic"] == "1 intra-op thread, use_deterministic_compute"
+    assert r["deterministic"] == "1 intra-op thread, use_deterministic_compute, no memory reuse"
 
 
 def test_fused_graph_that_does_not_run_is_the_fusions_fault(tmp_path):

@@ -1113,8 +1113,13 @@ for _a in [
     Arch("bert_dropout_symbolic", "transformers", "BertModel (no pooler), dropout 0.1 (HF "
          "default: hidden states and attention probabilities), symbolic batch and sequence",
          _no_pooler(_bert(0.1)), _ids_mask, attention=("BertSelfAttention",),
-         input_ranges=_MASK_R, dropout=True, symbolic=True,
+         input_ranges=_MASK_R, dropout=True, symbolic=True, families=("torch-joint",),
          setup="dropout 0.1, symbolic batch+sequence", count_notes=_BERT_NOTES),
+    # not ort-training yet: its graph fuses 2/2, 2/2, 5/5 and the fused graph's outputs match
+    # (verify: max rel 3.6e-7), but verify's probes of the layer-0 AttentionGrad's inputs (dO,
+    # K^T) read different values in the fused run than in the original's (max abs 0.37 for
+    # both, one number for two tensors), which static ortt_bert (dropout 0.1) never shows: an
+    # open question about probing under symbolic dims, not settled (issue 21)
     Arch("tv_mobilenet_v2_head", "torchvision", "torchvision MobileNetV2 as tv_mobilenet_v2, the "
          "base frozen but for its last inverted-residual block and 1x1 head conv, classifier "
          "trains (the on-device transfer-learning example)",
