@@ -1120,6 +1120,20 @@ for _a in [
     # K^T) read different values in the fused run than in the original's (max abs 0.37 for
     # both, one number for two tensors), which static ortt_bert (dropout 0.1) never shows: an
     # open question about probing under symbolic dims, not settled (issue 21)
+    Arch("bert_tokens_symbolic", "transformers", "BertModel (no pooler, no dropout), symbolic "
+         "batch and sequence, the output flattened to [batch * sequence, 32] (token-level heads "
+         "do so): the target's first dim is the exporter's fresh symbol for that product "
+         "(max_abs_grad_err_vs_torch is the position embeddings' gradient alone: onnxruntime-"
+         "training's differs from torch's in this symbolic export; loss and every other "
+         "gradient agree)",
+         _no_pooler(_hf("BertConfig", "BertModel", pick=lambda o: o[0].reshape(-1, HID),
+                        vocab_size=VOCAB, hidden_size=HID, num_hidden_layers=LAYERS,
+                        num_attention_heads=HEADS, intermediate_size=FF,
+                        max_position_embeddings=16, type_vocab_size=1,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+         _ids_mask, attention=("BertSelfAttention",), input_ranges=_MASK_R, families=_ORTT,
+         symbolic=True, flash=True, setup="symbolic batch+sequence, flattened output",
+         count_notes=_BERT_NOTES),
     Arch("tv_mobilenet_v2_head", "torchvision", "torchvision MobileNetV2 as tv_mobilenet_v2, the "
          "base frozen but for its last inverted-residual block and 1x1 head conv, classifier "
          "trains (the on-device transfer-learning example)",
