@@ -497,7 +497,7 @@ def _policy_for(flow: _Flow, name: str, shape: tuple[int, ...], dtype: np.dtype,
             return "True (flag)", {}
         return "mask", {"masked": _mask_polarity(flow, name)}
     if np.issubdtype(dtype, np.integer):
-        if "range" in meta:
+        if meta.get("range"):
             kind = "labels" if meta.get("role") == "labels" else "integers in range"
             return kind, {"lo": int(meta["range"][0]), "hi": int(meta["range"][1])}
         for _, n, k, _ in uses:

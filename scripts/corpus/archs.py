@@ -247,6 +247,7 @@ class Arch:
     setup: str = "full"
     symbolic: bool = False
     flash: bool = False
+    loss: str = "mse"            # mse | ce (ignore_index -100; torch-joint: label smoothing) | bce
 
 
 class Wrap(nn.Module):
@@ -1133,6 +1134,20 @@ for _a in [
                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
          _ids_mask, attention=("BertSelfAttention",), input_ranges=_MASK_R, families=_ORTT,
          symbolic=True, flash=True, setup="symbolic batch+sequence, flattened output",
+         count_notes=_BERT_NOTES),
+    Arch("llama_ce_loss", "transformers", "LlamaModel as llama, its output flattened to "
+         "[batch * sequence, 32] and trained with cross-entropy over the 32 features "
+         "(ignore_index -100 on a third of the labels; torch-joint: label smoothing 0.1)",
+         _hf("LlamaConfig", "LlamaModel", pick=lambda o: o[0].reshape(-1, HID),
+             vocab_size=VOCAB, hidden_size=HID, intermediate_size=FF, num_hidden_layers=LAYERS,
+             num_attention_heads=HEADS, num_key_value_heads=2, max_position_embeddings=16),
+         _ids, attention=("LlamaAttention",), input_ranges={"input_ids": [0, VOCAB]},
+         setup="loss: CE ignore_index (+ label smoothing)", flash=True, loss="ce",
+         count_notes=_LLAMA_NOTES),
+    Arch("bert_bce_loss", "transformers", "BertModel (no pooler, no dropout) trained with "
+         "binary cross-entropy with logits against targets in [0, 1]",
+         _no_pooler(_bert()), _ids_mask, attention=("BertSelfAttention",),
+         input_ranges=_MASK_R, setup="loss: BCE with logits", flash=True, loss="bce",
          count_notes=_BERT_NOTES),
     Arch("tv_mobilenet_v2_head", "torchvision", "torchvision MobileNetV2 as tv_mobilenet_v2, the "
          "base frozen but for its last inverted-residual block and 1x1 head conv, classifier "
