@@ -325,3 +325,21 @@ def test_a_sliced_token_type_buffer_indexing_a_one_row_table_gets_zeros():
               inits)
     assert p.policy["buf"] == "token ids in [0, 1)"
     assert not p.feeds["buf"].any()
+
+
+def test_verify_sizes_a_real_exports_flattened_token_dim_without_dim(tmp_path):
+    """tests/data/ortt_bert_tokens_symbolic.onnx (scripts/corpus/archs.py bert_tokens_symbolic,
+    `gen.py --out DIR ort-training bert_tokens_symbolic`): BertModel exported with symbolic
+    batch and sequence, its output flattened to [batch * sequence, 32], so the MSE target is
+    [Reshapeoutput_dim_0, Reshapeoutput_dim_1], fresh symbols of the exporter. Before, both
+    were fed as 2 and the original did not run; the feeds now read 2 x 8 = 16 and 32 off the
+    graph, verify runs without --dim and says so."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent / "data" / "ortt_bert_tokens_symbolic.onnx"
+    out = tmp_path / "fused.onnx"
+    run_cli("optimize", src, "-o", out)
+    proc = run_cli("verify", src, out, timeout=300)
+    assert ("symbolic dims batch=2 (name), sequence=8 (name), Reshapeoutput_dim_0=16 (from the "
+            "graph), Reshapeoutput_dim_1=32 (from the graph)") in proc.stdout
+    assert "PASS" in proc.stdout
