@@ -57,9 +57,10 @@ for model in cfg["models"]:
     state = CheckpointState.load_checkpoint(os.path.join(d, "checkpoint"))
     so = ort.SessionOptions()
     so.register_custom_ops_library(cfg["library"])
-    # onnxruntime-training 1.19.2 with buffer reuse computes the ORIGINAL symbolic-dim BERT
-    # graphs' gradients wrong (ortt_bert_tokens_symbolic: losses 1.4405, 1.0253 after steps 1, 2
-    # with reuse; 1.4147, 0.9795 without, which the fused graph gives either way)
+    # onnxruntime-training 1.19.2 with buffer reuse computed an ORIGINAL symbolic-dim BERT
+    # graph's gradients wrong (tests/data/ortt_bert_tokens_symbolic.onnx: losses 1.4405, 1.0253
+    # after steps 1, 2 with reuse; 1.4147, 0.9795 without, which the fused graph gives either
+    # way): the comparison is made without it
     so.enable_mem_reuse = False
     module = Module(model, state, session_options=so)
     optimizer = Optimizer(os.path.join(d, "optimizer_model.onnx"), module)
