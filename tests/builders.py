@@ -529,3 +529,17 @@ def torch_linear_act(act_rule, *, layout="linear", three_d=False, bias=True, fir
     if not first:
         inputs.append(vi("W", w_shape))
     return model(nodes, inputs, outputs, inits, opset=18, ms=False)
+
+
+def with_probabilities_output(m):
+    """A copy of `m` whose Softmax outputs are graph outputs too (a model that returns its
+    attentions): the ort-training flash rules refuse there (P must exist), and the sdpa rules,
+    which keep P, fuse the attention backward (the fixture of sdpa variants that flash would
+    otherwise take first, e.g. attention without dK since issue 21's optional flash branches)."""
+    import copy
+
+    m = copy.deepcopy(m)
+    for n in m.graph.node:
+        if n.op_type == "Softmax":
+            m.graph.output.append(helper.make_tensor_value_info(n.output[0], F, None))
+    return m

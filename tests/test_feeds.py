@@ -252,3 +252,94 @@ def test_verify_and_bench_report_the_feed_policy(tmp_path):
     assert bench["feeds"]["input"] == "file" and bench["feeds"]["mask"].startswith("causal")
     text = run_cli("bench", src, src, "--runs", 2, "--warmup", 0).stdout
     assert "feeds: " in text and "causal mask" in text
+
+
+# --- symbolic dims that agree with each other (issue 21) ----------------------------------------
+
+def _flattened_target_model(target_dims, concat="Concat"):
+    """y = Reshape(x [batch, seq, 4], [-1, 4]) (a flattened token dim), loss = (y - t)^2 with
+    the target t of symbolic dims ``target_dims`` (what an exporter names the output's dims);
+    ``concat``: the op that builds the Reshape target from x's Shape (onnxruntime-training
+    writes ConcatTraining)."""
+    from builders import const
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sh"], end=1),
+        helper.make_node("Mul", ["sh", "seq_c"], ["rows"]),   # not used by Reshape: a decoy
+        helper.make_node(concat, ["minus1", "four"], ["tgt"] + (["lens"] if concat !=
+                                                                "Concat" else []),
+                         axis=0, **({"domain": "com.microsoft"} if concat != "Concat" else {})),
+        helper.make_node("Reshape", ["x", "tgt"], ["y"]),
+        helper.make_node("Sub", ["y", "t"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["loss"], keepdims=0),
+    ]
+    inits = [const("minus1", [-1], np.int64), const("four", [4], np.int64),
+             const("seq_c", [1], np.int64)]
+    return model(nodes, [vi("x", ["batch", "seq", 4]), vi("t", target_dims)],
+                 [vi("loss", [])], inits)
+
+
+@pytest.mark.parametrize("concat", ["Concat", "ConcatTraining"])
+def test_a_flattened_token_dim_gets_batch_times_sequence(concat):
+    from fusecli.runtime.feeds import solve_dims
+
+    m = _flattened_target_model(["Reshapeoutput_dim_0", "Reshapeoutput_dim_1"], concat)
+    assert solve_dims(m) == {"batch": (2, "name"), "seq": (8, "name"),
+                             "Reshapeoutput_dim_0": (16, "from the graph"),
+                             "Reshapeoutput_dim_1": (4, "from the graph")}
+    p = plan_feeds(m, dims={"batch": 3, "seq": 5})
+    assert p.feeds["x"].shape == (3, 5, 4) and p.feeds["t"].shape == (15, 4)
+    assert p.lines()[0] == ("symbolic dims batch=3 (--dim), seq=5 (--dim), "
+                            "Reshapeoutput_dim_0=15 (from the graph), "
+                            "Reshapeoutput_dim_1=4 (from the graph)")
+
+
+def test_a_dim_written_as_an_expression_is_evaluated():
+    from fusecli.runtime.feeds import solve_dims
+
+    m = _flattened_target_model(["batch*seq", 4])
+    assert solve_dims(m, {"seq": 3})["batch*seq"] == (6, "expression")
+
+
+def test_a_dim_nothing_tells_is_guessed_and_named_in_the_hint():
+    from fusecli.runtime.feeds import guessed_dims, solve_dims
+
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    m = model(nodes, [vi("x", ["unk__1", 4])], [vi("y", ["unk__1", 4])])
+    assert solve_dims(m) == {"unk__1": (2, "guessed")}
+    assert guessed_dims(m) == ["unk__1"]
+
+
+def test_a_sliced_token_type_buffer_indexing_a_one_row_table_gets_zeros():
+    # BERT's token_type_ids buffer [1, max_positions], sliced to the sequence, expanded to the
+    # batch, indexes token_type_embeddings [type_vocab_size = 1, H]
+    from builders import const
+
+    nodes = [helper.make_node("Slice", ["buf", "zero", "seq_len", "one"], ["s"]),
+             helper.make_node("Expand", ["s", "bs"], ["e"]),
+             helper.make_node("Gather", ["table", "e"], ["emb"])]
+    inits = [const("zero", [0], np.int64), const("seq_len", [8], np.int64),
+             const("one", [1], np.int64), const("bs", [2, 8], np.int64)]
+    p = _plan(nodes, [vi("buf", [1, 16], I64), vi("table", [1, 8])], [vi("emb", [2, 8, 8])],
+              inits)
+    assert p.policy["buf"] == "token ids in [0, 1)"
+    assert not p.feeds["buf"].any()
+
+
+def test_verify_sizes_a_real_exports_flattened_token_dim_without_dim(tmp_path):
+    """tests/data/ortt_bert_tokens_symbolic.onnx (scripts/corpus/archs.py bert_tokens_symbolic,
+    `gen.py --out DIR ort-training bert_tokens_symbolic`): BertModel exported with symbolic
+    batch and sequence, its output flattened to [batch * sequence, 32], so the MSE target is
+    [Reshapeoutput_dim_0, Reshapeoutput_dim_1], fresh symbols of the exporter. Before, both
+    were fed as 2 and the original did not run; the feeds now read 2 x 8 = 16 and 32 off the
+    graph, verify runs without --dim and says so."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent / "data" / "ortt_bert_tokens_symbolic.onnx"
+    out = tmp_path / "fused.onnx"
+    run_cli("optimize", src, "-o", out)
+    proc = run_cli("verify", src, out, timeout=300)
+    assert ("symbolic dims batch=2 (name), sequence=8 (name), Reshapeoutput_dim_0=16 (from the "
+            "graph), Reshapeoutput_dim_1=32 (from the graph)") in proc.stdout
+    assert "PASS" in proc.stdout

@@ -259,3 +259,49 @@ def assert_verifies(src, fused, stats, tmp_path):
     assert report.ok, [d.as_dict() for d in report.diffs if not d.ok]
     checks = check_fusions(src, stats.fusions, atol=1e-6)
     assert not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]
+
+
+# --- fine-tuning: any of dQ, dK, dV absent (issue 21) ---------------------------------------
+
+def _without(m, grads):
+    """The attention with the FusedMatMuls of `grads` (dq / dk / dv) removed, as
+    onnxruntime-training builds the backward when the projection and everything below it are
+    frozen (no gradient asked for)."""
+    m = copy.deepcopy(m)
+    outs = {"dq": "dQ", "dk": "dKt", "dv": "dV"}
+    keep = [n for n in m.graph.node if n.name not in grads]
+    del m.graph.node[:]
+    m.graph.node.extend(keep)
+    kept = [o for o in m.graph.output if o.name not in {outs[g] for g in grads}]
+    del m.graph.output[:]
+    m.graph.output.extend(kept)
+    return m
+
+
+@pytest.mark.parametrize("absent", [("dk",), ("dq",), ("dv",), ("dq", "dk"), ("dk", "dv")])
+def test_flash_ortt_without_some_gradients(absent, tmp_path):
+    from fusecli.runtime.verify import verify_models
+
+    m = _without(builders.ortt_attention(scale_op="Mul", S=6, D=4), absent)
+    fused, stats = _fuse(m)
+    assert stats.rules["flash_ortt_plain"].fused == 1
+    bwd = next(n for n in fused.graph.node if n.op_type == "FlashAttentionGrad")
+    names = dict(zip(("dq", "dk", "dv"), list(bwd.output) + ["", "", ""]))  # trailing "" dropped
+    assert {g for g, t in names.items() if not t} == set(absent)  # not computed
+    assert "FusedMatMul" not in _ops(fused)
+    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
+    onnx.save(m, src)
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-4, report
+
+
+def test_flash_ortt_refuses_a_gradient_read_from_ds_another_way():
+    """dK computed from dS by something else than the rule's FusedMatMul: dS is read outside
+    the match, so nothing fuses (the absent branch is no licence to drop a consumer)."""
+    m = _without(builders.ortt_attention(scale_op="Mul"), ("dk",))
+    m.graph.node.append(helper.make_node("MatMul", ["dS", "Q"], ["dKt_other"], name="other"))
+    m.graph.output.append(helper.make_tensor_value_info("dKt_other", onnx.TensorProto.FLOAT, None))
+    fused, stats = _fuse(m)
+    assert stats.patterns["flash_attention"].fused == 0
+    assert "FlashAttention" not in _ops(fused)

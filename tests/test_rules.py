@@ -68,6 +68,9 @@ for _name in EXPORTS:
 for _name in ("ortt_frozen_mlp", "ortt_frozen_first", "torch_frozen_mlp", "torch_frozen_first",
               "ortt_frozen_block", "torch_frozen_block"):
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
+# attention without dK where the flash rules refuse (P a graph output): the sdpa no-dK variant
+SAMPLE_MODELS["export_ortt_frozen_block_p_output"] = builders.with_probabilities_output(
+    onnx.load(DATA / "ortt_frozen_block.onnx"))
 # the frozen-weight variants of every activation the exports lack (dA [+ dB] without dW; the
 # first layer's dB alone, also on GPT-2's 2-D view)
 for _act in ("relu", "gelu", "gelu_fast", "silu", "quick_gelu"):
@@ -959,3 +962,83 @@ def test_real_exports_fuse_and_verify(name, tmp_path):
     onnx.save(m, out)
     report = verify_models(DATA / f"{name}.onnx", out)
     assert report.ok and report.max_rel <= 1e-5, report
+
+
+# --- kind: shape (a Reshape target of symbolic dims, issue 21) ----------------------------------
+
+def test_shape_kind_accepts_a_run_time_shape_computation_and_nothing_else():
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fusecli.engine.graph import GraphIndex
+
+    i64 = TensorProto.INT64
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Gather", ["sh", "zero"], ["b"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "zero1"], ["bu"]),
+        helper.make_node("Mul", ["bu", "four"], ["bh"]),
+        helper.make_node("Concat", ["bh", "m1", "m1"], ["target"], axis=0),  # [b*4, -1, -1]
+        helper.make_node("Concat", ["ids", "m1"], ["from_data"], axis=0),    # a graph input's values
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+             (("zero", 0), ("zero1", [0]), ("four", [4]), ("m1", [-1]))]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     ["batch", 4, 8, 8]),
+                                       helper.make_tensor_value_info("ids", i64, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          initializer=inits)
+    index = GraphIndex(g)
+    assert index.is_shape_computation("target")
+    assert index.is_shape_computation("m1")          # a constant is one too
+    assert not index.is_shape_computation("from_data")
+    assert not index.is_shape_computation("x")
+
+
+def test_a_constant_broadcast_to_a_run_time_shape_matches_as_its_value():
+    # torch's ones_like(x) under symbolic dims: Expand(1.0, Shape(x)); ConstantOfShape too
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fusecli.engine.graph import GraphIndex
+
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("Expand", ["one", "sh"], ["ones"]),
+             helper.make_node("ConstantOfShape", ["sh"], ["halves"],
+                              value=numpy_helper.from_array(np.array([0.5], np.float32))),
+             helper.make_node("Expand", ["pair", "sh"], ["not_one_number"])]
+    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "pair")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     ["batch", 2])],
+                          [helper.make_tensor_value_info("ones", TensorProto.FLOAT, None)],
+                          initializer=inits)
+    index = GraphIndex(g)
+    assert index.const_value("ones") is None           # not a constant: its shape is not known
+    assert float(index.broadcast_scalar("ones")) == 1.0
+    assert float(index.broadcast_scalar("halves")) == 0.5
+    assert index.broadcast_scalar("not_one_number") is None
+    assert index.broadcast_scalar("sh") is None
+
+
+def test_a_static_dim_read_from_a_symbolic_shape_is_a_constant():
+    # Gather(Shape(x), 3) with x [batch, 2, sequence, 8]: 8 (the Range end of a symbolic-dim
+    # rotate-half's scatter indices); the symbolic dims stay run-time values
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fusecli.engine.graph import GraphIndex
+
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("Gather", ["sh", "three"], ["d"], axis=0),
+             helper.make_node("Gather", ["sh", "zero"], ["b"], axis=0),
+             helper.make_node("Shape", ["x"], ["tail"], start=1),
+             helper.make_node("Gather", ["tail", "two"], ["d2"], axis=0),
+             helper.make_node("Shape", ["x"], ["last"], start=-1)]
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n)
+             for n, v in (("three", 3), ("zero", 0), ("two", 2))]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["batch", 2, "sequence", 8])],
+        [helper.make_tensor_value_info("d", TensorProto.INT64, [])], initializer=inits)
+    index = GraphIndex(g)
+    assert int(index.const_value("d")) == 8 and int(index.const_value("d2")) == 8
+    assert index.const_value("last").tolist() == [8]
+    assert index.const_value("b") is None and index.const_value("sh") is None

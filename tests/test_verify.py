@@ -280,7 +280,7 @@ def test_torch_joint_dropout_graph_verifies_against_itself(tmp_path):
     src = tmp_path / "drop.onnx"
     onnx.save(_torch_joint_dropout_model(), src)
     proc = run_cli("verify", src, src)
-    assert "PASS" in proc.stdout and "1 intra-op thread, use_deterministic_compute" in proc.stdout
+    assert "PASS" in proc.stdout and "1 intra-op thread, use_deterministic_compute, no memory reuse" in proc.stdout
 
 
 def test_embedding_gradient_scatternd_verifies_against_itself(tmp_path):
@@ -311,7 +311,7 @@ def test_embedding_gradient_scatternd_verifies_against_itself(tmp_path):
     r = json.loads(run_cli("verify", src, src, "--json").stdout)
     assert r["verdict"] == "PASS" and r["max_rel"] == 0.0
     assert r["feeds"]["ids"] == f"token ids in [0, {V})"
-    assert r["deterministic"] == "1 intra-op thread, use_deterministic_compute"
+    assert r["deterministic"] == "1 intra-op thread, use_deterministic_compute, no memory reuse"
 
 
 def test_fused_graph_that_does_not_run_is_the_fusions_fault(tmp_path):
@@ -345,13 +345,13 @@ def test_optimize_verify_takes_feeds(tmp_path):
 
 
 def test_original_that_does_not_run_names_the_guessed_dims(tmp_path):
-    """An input dim with an unknown symbolic name is fed as 2; when the original then fails
-    (here it must broadcast against 5), the one-line error names the dim and the flag that
-    sets it, and --dim makes the same call pass."""
+    """An input dim with an unknown symbolic name that nothing in the graph sizes is fed as 2;
+    when the original then fails (here a Reshape to [15] needs 3 x 5 elements), the one-line
+    error names the dim and the flag that sets it, and --dim makes the same call pass."""
     x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, "mystery_len"])
     y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
-    c = onnx.numpy_helper.from_array(np.ones(5, np.float32), "c")
-    g = helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"])], "g", [x], [y], [c])
+    c = onnx.numpy_helper.from_array(np.array([15], np.int64), "c")
+    g = helper.make_graph([helper.make_node("Reshape", ["x", "c"], ["y"])], "g", [x], [y], [c])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, tmp_path / "m.onnx")
@@ -362,3 +362,17 @@ def test_original_that_does_not_run_names_the_guessed_dims(tmp_path):
     ok = run_cli("verify", tmp_path / "m.onnx", tmp_path / "m.onnx", "--dim", "mystery_len=5",
                  check_rc=None)
     assert "mystery_len" not in ok.stderr and "does not run" not in ok.stderr, ok.stderr
+
+
+def test_a_dim_the_graph_sizes_is_not_guessed(tmp_path):
+    """The same input added to a constant [5]: the feeds read mystery_len = 5 off the graph (an
+    elementwise op with a tensor of known size), verify runs without --dim and says why."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, "mystery_len"])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    c = onnx.numpy_helper.from_array(np.ones(5, np.float32), "c")
+    g = helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"])], "g", [x], [y], [c])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "m.onnx")
+    proc = run_cli("verify", tmp_path / "m.onnx", tmp_path / "m.onnx")
+    assert "symbolic dims mystery_len=5 (from the graph)" in proc.stdout

@@ -149,12 +149,12 @@ def _evaluate(node, vals, shape_of, dtype_of):  # noqa: C901 - one branch per op
         return None if dtype is None else _broadcast(compact(a).astype(dtype), a.shape)
     if op == "Where":
         return _elementwise(np.where, vals[:3])
-    if op == "Shape":
+    if op == "Shape":  # the dims it reads must be static (the others may be symbolic)
         dims = shape_of(node.inputs[0])
-        if dims is None or None in dims:
+        if dims is None:
             return None
-        start, end = at.get("start", 0), at.get("end", len(dims))
-        return np.asarray(dims[slice(start, end)], dtype=np.int64)
+        dims = dims[slice(at.get("start", 0), at.get("end", len(dims)))]
+        return None if None in dims else np.asarray(dims, dtype=np.int64)
     if op == "Size":
         dims = shape_of(node.inputs[0])
         return None if dims is None or None in dims else np.asarray(_size(dims), np.int64)
@@ -213,7 +213,7 @@ def _evaluate(node, vals, shape_of, dtype_of):  # noqa: C901 - one branch per op
 
 def evaluate(node, cache, shape_of, dtype_of=lambda t: None) -> list[np.ndarray | None] | None:
     """The node's output values (first output only for the folded ops), or None.
-    ``shape_of(t)``: t's static dims (None: unknown); ``dtype_of(t)``: its NumPy dtype or None."""
+    ``shape_of(t)``: t's dims (None: rank unknown; a None dim: not static); ``dtype_of(t)``: its NumPy dtype or None."""
     vals = [cache.get(t) if t else None for t in node.inputs]
     try:
         with np.errstate(all="ignore"):

@@ -81,6 +81,11 @@ def outer_names(graph: onnx.GraphProto) -> set[str]:
     return used - defined
 
 
+# integer shape arithmetic on the way from Shape outputs to a Reshape target
+_SHAPE_ARITH = {"Gather", "Slice", "Concat", "ConcatTraining", "Unsqueeze", "Squeeze", "Cast",
+                "Identity", "Mul", "Div", "Add", "Sub", "Reshape", "Expand", "Abs", "Max", "Min"}
+
+
 class GraphIndex:
     def __init__(self, graph: onnx.GraphProto):
         self.graph = graph
@@ -265,10 +270,14 @@ class GraphIndex:
                             if init.data_location != onnx.TensorProto.EXTERNAL else None)
                 return None
             prod = self.producer.get(t)
+            picked = self._static_dims_picked(prod)
+            if picked is not None:  # Gather(Shape(x), i) of a static dim of a symbolic shape
+                cache[t] = picked
+                return None
             pending = None if prod is None else constfold.pending_input(prod, cache)
             if pending:
                 return pending
-            values = (constfold.evaluate(prod, cache, self._static_shape, self._np_dtype)
+            values = (constfold.evaluate(prod, cache, self._known_dims, self._np_dtype)
                       if pending == "" else None)
             for i, out in enumerate(prod.outputs if prod is not None else ()):
                 if out:
@@ -276,6 +285,75 @@ class GraphIndex:
             return None
 
         return memoised(name, cache, step)
+
+    def broadcast_scalar(self, name: str) -> np.ndarray | None:
+        """The one number that ``name`` holds everywhere when it is a broadcast of a constant
+        to a run-time shape (Expand(c, Shape(...)), ConstantOfShape: torch's ones_like / full
+        under symbolic dims), else None. Only for matching a value: its shape is not known."""
+        prod = self.producer.get(name)
+        if prod is None or not prod.alive:
+            return None
+        if prod.op == "Expand" and prod.inputs[0]:
+            v = self.const_value(prod.inputs[0])
+            return None if v is None or np.asarray(v).size != 1 else np.asarray(v).reshape(())
+        if prod.op == "ConstantOfShape":
+            t = prod.attrs.get("value")
+            v = numpy_helper.to_array(t) if t is not None else np.zeros((), np.float32)
+            return v.reshape(()) if v.size == 1 else None
+        return None
+
+    def is_shape_computation(self, name: str, limit: int = 64) -> bool:
+        """True when ``name`` is computed at run time only from constants and the Shape (or
+        Size) of graph tensors, by integer shape arithmetic (Gather, Slice, Concat, Unsqueeze,
+        Mul ...): a Reshape target of symbolic dims (dynamic-shape exports), which is a view
+        of its input as a constant target would be."""
+        todo, seen = [name], set()
+        while todo:
+            t = todo.pop()
+            if t in seen or not t:
+                continue
+            seen.add(t)
+            if len(seen) > limit:
+                return False
+            if self.const_value(t) is not None:
+                continue
+            prod = self.producer.get(t)
+            if prod is None or not prod.alive:
+                return False
+            if prod.op in ("Shape", "Size"):
+                continue
+            if prod.op not in _SHAPE_ARITH or prod.domain not in ("", "com.microsoft"):
+                return False
+            todo.extend(prod.inputs)
+        return True
+
+    def _static_dims_picked(self, prod) -> np.ndarray | None:
+        """The value of Gather(Shape(x)[start:end], constant indices) when the dims it picks
+        are static, though others of x are symbolic (else None)."""
+        if prod is None or prod.op != "Gather" or prod.domain != "" or not prod.alive \
+                or prod.attrs.get("axis", 0) != 0:
+            return None
+        sh = self.producer.get(prod.inputs[0])
+        if sh is None or sh.op != "Shape" or not sh.alive:
+            return None
+        dims = self._known_dims(sh.inputs[0])
+        idx = self.const_value(prod.inputs[1])
+        if dims is None or idx is None:
+            return None
+        dims = dims[slice(sh.attrs.get("start", 0), sh.attrs.get("end", len(dims)))]
+        try:
+            picked = [dims[int(i)] for i in np.asarray(idx).reshape(-1)]
+        except IndexError:
+            return None
+        if None in picked:
+            return None
+        return np.asarray(picked, np.int64).reshape(np.shape(idx))
+
+    def _known_dims(self, name: str) -> list[int | None] | None:
+        """A tensor's dims, None where a dim is not static (symbolic or unknown); None when
+        its rank is unknown. A Shape that reads only static dims is a constant."""
+        dims = self.shapes.shape(name)
+        return None if dims is None else [d if isinstance(d, int) else None for d in dims]
 
     def _static_shape(self, name: str) -> list[int] | None:
         """Static dims of a tensor, recorded or inferred (None when any dim is not static)."""

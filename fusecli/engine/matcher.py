@@ -136,7 +136,7 @@ def _kind_matches(arr: np.ndarray, kind: str, data_shape=None) -> tuple[bool, st
     flat = arr.reshape(-1)
     ints = arr.dtype.kind in "iu"
     shown = f"is {flat[:6].tolist()}{'...' if flat.size > 6 else ''}"
-    if kind == "constant":
+    if kind in ("constant", "shape"):
         return True, ""
     if kind == "scalar":
         return arr.size == 1 and arr.dtype.kind in "iuf", f"{shown}, rule wants a scalar number"
@@ -209,7 +209,8 @@ def _const_attr(index: GraphIndex, m: Match, var: str, fn: str, default):
     tensor = m.tensors.get(var)
     if not tensor:
         return float(default)
-    value = float(np.asarray(index.const_value(tensor)).flat[0])
+    v = index.const_value(tensor)
+    value = float(np.asarray(v if v is not None else index.broadcast_scalar(tensor)).flat[0])
     value = CONST_FUNCS[m.captures.get(VALUE_KEY + var, "identity")](value)
     return float(CONST_FUNCS[fn](value))
 
@@ -476,11 +477,15 @@ class Matcher:
             if ts is not None and name:
                 data_shape = self.g.shape(actual[0]) if kind == "input" and pos else None
                 value = self.g.const_value(name)
+                if value is None:  # a constant broadcast to a run-time (symbolic) shape
+                    value = self.g.broadcast_scalar(name)
                 fn = caps.get(VALUE_KEY + v)
                 if value is not None and fn is not None and fn != "identity":
                     value = CONST_FUNCS[fn](compact(np.asarray(value)).astype(np.float64))
                 if ts.kind == "index_range":
                     ok, detail = self._index_range(value, ts, t2)
+                elif ts.kind == "shape" and value is None and self.g.is_shape_computation(name):
+                    ok, detail = True, ""  # a Reshape target of symbolic dims
                 else:
                     ok, detail = const_matches(value, ts.const, ts.tol, ts.kind, data_shape)
                 if fn not in (None, "identity"):

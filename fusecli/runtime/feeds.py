@@ -48,9 +48,11 @@ DEFAULT_DIMS = {"batch": 2, "batch_size": 2, "b": 2, "n": 2, "seq": 8, "sequence
 _REPO_SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 MAX_FEED_BYTES = 4 << 30       # all generated feeds together
 
-# ops that pass a tensor on unchanged in value (maybe re-laid out) on the way to its consumer
+# ops that pass a tensor on unchanged in value (maybe re-laid out, or a part of it: Slice, as of
+# a token-type buffer [1, max_positions] sliced to the sequence and expanded to the batch) on
+# the way to its consumer
 _PASS = {"Identity", "Cast", "Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand",
-         "CastLike"}
+         "CastLike", "Slice", "Tile"}
 _MATMUL = {"Gemm", "MatMul", "FusedMatMul", "FusedGemm", "TransposeMatMul"}
 _CONV = {"Conv", "ConvTranspose", "FusedConv"}
 # norm op -> {input index: policy}
@@ -113,16 +115,187 @@ def _dim(d: onnx.TensorShapeProto.Dimension, dims: dict[str, int]) -> int:
 def guessed_dims(model: onnx.ModelProto, dims: dict[str, int] | None = None,
                  given: set[str] = frozenset()) -> list[str]:
     """The symbolic dims of the generated graph inputs (not in ``given``) whose size neither
-    --dim nor the name gives: they were fed as 2."""
-    out: dict[str, None] = {}
-    for vi in _graph_inputs(model):
-        if vi.name in given:
-            continue
+    --dim, the name nor the graph (``solve_dims``) gives: they were fed as 2."""
+    sizes = solve_dims(model, dims or {}, given)
+    return [k for k, (_, how) in sizes.items() if how == "guessed"]
+
+
+_EXPR = __import__("re").compile(r"^[\w\s*+()-]+$")
+
+
+def _is_expr(dim: str) -> bool:
+    return bool(_EXPR.match(dim)) and any(c in dim for c in "*+-")
+
+
+def _eval_expr(expr: str, known: dict[str, int]) -> int | None:
+    """A dim_param that is an expression of other dims ('batch*sequence', '2*s1', 's0 + 1': the
+    dynamo exporter writes derived dims so), evaluated over ``known``; None when it is not one
+    or names an unknown dim."""
+    import ast
+
+    if not _is_expr(expr):
+        return None
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        return None
+
+    def ev(n):
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant) and isinstance(n.value, int):
+            return n.value
+        if isinstance(n, ast.Name):
+            return known.get(n.id)
+        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mult, ast.Add, ast.Sub)):
+            a, b = ev(n.left), ev(n.right)
+            if a is None or b is None:
+                return None
+            return a * b if isinstance(n.op, ast.Mult) else a + b if isinstance(n.op, ast.Add) \
+                else a - b
+        return None
+
+    v = ev(tree)
+    return v if isinstance(v, int) and v > 0 else None
+
+
+def _symbols_of(vi) -> list[str]:
+    return [d.dim_param for d in vi.type.tensor_type.shape.dim
+            if not (d.HasField("dim_value") and d.dim_value >= 0) and d.dim_param]
+
+
+# elementwise ops whose inputs broadcast against each other: a dim that is not 1 on one side is
+# the dim of the other side (or 1)
+_ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Where", "Equal", "Less", "Greater", "Pow", "Max",
+                "Min", "And", "Or", "Sum", "Mean"}
+
+
+# ops onnx cannot infer (onnxruntime's own, or LayerNormalization below opset 17, which
+# onnxruntime runs at any opset) -> a standard op whose first output has their first output's
+# shape
+_STANDARD_LIKE = {"ConcatTraining": "Concat", **dict.fromkeys(
+    ("BitmaskDropout", "Gelu", "FastGelu", "QuickGelu", "LayerNormalization",
+     "SimplifiedLayerNormalization", "SkipLayerNormalization",
+     "SkipSimplifiedLayerNormalization"), "Identity")}
+
+
+def _graph_bindings(model: onnx.ModelProto, known: dict[str, int],
+                    unknown: set[str]) -> dict[str, int]:
+    """Sizes of the ``unknown`` symbols read off the graph: ONNX shape inference (with data
+    propagation) on a copy whose graph inputs have the ``known`` sizes, then (1) every recorded
+    shape (value_info, inputs, outputs) that names an unknown symbol where inference found a
+    number, (2) an input with an unknown symbol that meets, in an elementwise op, a tensor whose
+    size inference found (a loss's target against the model's flattened output)."""
+    from onnx import shape_inference
+
+    g0 = model.graph
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    del g.value_info[:]
+    big = [t for t in g.initializer if int(np.prod(t.dims)) > 64]
+    inits = {t.name for t in g.initializer}
+    declared = {vi.name for vi in g.input}
+    for t in big:  # only shapes matter: large tensors become typed inputs
+        if t.name not in declared:
+            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    keep = [t for t in g.initializer if int(np.prod(t.dims)) <= 64]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    for vi in list(g.input) + list(g.output):
         for d in vi.type.tensor_type.shape.dim:
-            if not (d.HasField("dim_value") and d.dim_value >= 0) and d.dim_param and \
-                    _named_dim(d.dim_param, dims or {}) is None:
-                out[d.dim_param] = None
-    return list(out)
+            if d.HasField("dim_param") and d.dim_param in known:
+                d.dim_value = known[d.dim_param]
+    del g.output[:]
+    for n in g.node:  # onnxruntime-training's stand-ins of standard ops, for onnx's inference
+        if n.domain in ("", "com.microsoft") and n.op_type in _STANDARD_LIKE:
+            n.op_type, n.domain = _STANDARD_LIKE[n.op_type], ""
+            del n.output[1:]
+            if n.op_type == "Identity":
+                del n.input[1:]
+                del n.attribute[:]
+    try:
+        inf = shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - a graph onnx cannot infer gives no bindings
+        return {}
+    shapes: dict[str, list] = {}
+    for vi in list(inf.graph.value_info) + list(inf.graph.input):
+        if vi.type.tensor_type.HasField("shape"):
+            shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None
+                               for d in vi.type.tensor_type.shape.dim]
+    for t in g0.initializer:
+        shapes.setdefault(t.name, list(t.dims))
+    found: dict[str, int] = {}
+
+    def bind(sym, v):
+        if sym in unknown and sym not in found and isinstance(v, int) and v > 0:
+            found[sym] = v
+
+    for vi in list(g0.value_info) + list(g0.output) + list(g0.input):
+        got = shapes.get(vi.name)
+        if got is None or vi.name in inits:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) == len(got):
+            for d, v in zip(dims, got):
+                if d.HasField("dim_param"):
+                    bind(d.dim_param, v)
+    inputs = {vi.name: vi for vi in g0.input if vi.name not in inits}
+    for n in g0.node:
+        if n.op_type not in _ELEMENTWISE:
+            continue
+        for t in n.input:
+            vi = inputs.get(t)
+            if vi is None or not set(_symbols_of(vi)) & unknown:
+                continue
+            mine = vi.type.tensor_type.shape.dim
+            for o in n.input:
+                other = shapes.get(o) if o != t else None
+                if not other:
+                    continue
+                for d, v in zip(reversed(mine), reversed(other)):
+                    if d.HasField("dim_param") and v not in (None, 1):
+                        bind(d.dim_param, v)
+    return found
+
+
+def solve_dims(model: onnx.ModelProto, dims: dict[str, int] | None = None,
+               given: set[str] = frozenset()) -> dict[str, tuple[int, str]]:
+    """{symbolic dim of a generated graph input: (size, how it was chosen)}, sizes that agree
+    with each other: --dim (or the user's arrays) first, then the dim's name (batch 2,
+    sequence 8), an expression of other dims ('batch*sequence'), then the graph (a flattened
+    batch x sequence dim gets the product: ``_graph_bindings``), else 2 ('guessed')."""
+    dims = dict(dims or {})
+    syms: dict[str, None] = {}
+    for vi in _graph_inputs(model):
+        if vi.name not in given:
+            syms.update(dict.fromkeys(_symbols_of(vi)))
+    out: dict[str, tuple[int, str]] = {}
+    for k in syms:
+        if k in dims:
+            out[k] = (int(dims[k]), "--dim")
+        elif _named_dim(k, {}) is not None and not _is_expr(k):
+            out[k] = (_named_dim(k, {}), "name")
+    for _ in range(4):
+        todo = [k for k in syms if k not in out]
+        if not todo:
+            break
+        known = {**{k: v for k, (v, _) in out.items()}, **dims}
+        progress = False
+        for k in todo:
+            v = _eval_expr(k, known)
+            if v is not None:
+                out[k], progress = (v, "expression"), True
+        todo = {k for k in syms if k not in out}
+        if todo and not progress:
+            got = _graph_bindings(model, {**known, **{k: v for k, (v, _) in out.items()}}, todo)
+            for k, v in got.items():
+                out[k], progress = (v, "from the graph"), True
+        if not progress:
+            break
+    for k in syms:
+        out.setdefault(k, (2, "guessed"))
+    return {k: out[k] for k in syms}
 
 
 def _params_file(entry: dict) -> Path | None:
@@ -324,7 +497,7 @@ def _policy_for(flow: _Flow, name: str, shape: tuple[int, ...], dtype: np.dtype,
             return "True (flag)", {}
         return "mask", {"masked": _mask_polarity(flow, name)}
     if np.issubdtype(dtype, np.integer):
-        if "range" in meta:
+        if meta.get("range"):
             kind = "labels" if meta.get("role") == "labels" else "integers in range"
             return kind, {"lo": int(meta["range"][0]), "hi": int(meta["range"][1])}
         for _, n, k, _ in uses:
@@ -410,6 +583,7 @@ class FeedPlan:
 
     feeds: dict[str, np.ndarray]
     policy: dict[str, str] = field(default_factory=dict)
+    dims: dict[str, tuple[int, str]] = field(default_factory=dict)  # solve_dims' answer
 
     def groups(self) -> dict[str, list[str]]:
         """{policy: [input names]} in first-seen order."""
@@ -420,6 +594,9 @@ class FeedPlan:
 
     def lines(self, limit: int = 6) -> list[str]:
         out = []
+        if self.dims:  # one line: the sizes chosen for the symbolic dims, and how
+            out.append("symbolic dims " + ", ".join(f"{k}={v} ({how})"
+                                                    for k, (v, how) in self.dims.items()))
         for pol, names in self.groups().items():
             shown = ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)"
                                                 if len(names) > limit else "")
@@ -447,6 +624,8 @@ def plan_feeds(model: onnx.ModelProto, manifest_entry: dict | None = None, seed:
             for d, n in zip(vi.type.tensor_type.shape.dim, given[vi.name].shape):
                 if d.HasField("dim_param") and d.dim_param and d.dim_param not in dims:
                     dims[d.dim_param] = int(n)
+    solved = solve_dims(model, dims, set(given))
+    dims.update({k: v for k, (v, _) in solved.items()})
     entry = manifest_entry or {}
     meta = _input_meta(entry)
     params: dict[str, np.ndarray] = {}
@@ -455,7 +634,7 @@ def plan_feeds(model: onnx.ModelProto, manifest_entry: dict | None = None, seed:
         with np.load(pf, allow_pickle=False) as z:
             params = {k: z[k] for k in z.files}
     flow = _Flow(model)
-    plan = FeedPlan({})
+    plan = FeedPlan({}, dims=solved)
     total = 0
     for vi in _graph_inputs(model):
         name = vi.name

@@ -54,7 +54,7 @@ from fusecli.io.model import load_model, model_folder
 from fusecli.engine.sanity import check_graph
 from fusecli.runtime.runner import RunFailed, manifest_entry_for, pick_runtime, run_in_runtime
 
-DETERMINISM = "1 intra-op thread, use_deterministic_compute"
+DETERMINISM = "1 intra-op thread, use_deterministic_compute, no memory reuse"
 
 # Stochastic ops and the type of their `seed` attribute.
 STOCHASTIC = {"Dropout": "int", "BitmaskDropout": "int", "BiasDropout": "int",

@@ -33,7 +33,7 @@ def column(pattern: str) -> str:
     return pattern.removeprefix("linear_")
 
 
-KEY_ORDER = ["file", "family", "architecture", "library", "description", "runtime", "loss",
+KEY_ORDER = ["file", "family", "architecture", "library", "setup", "description", "runtime", "loss",
              "loss_output", "gradient_outputs", "params", "expected", "expected_from",
              "known_gaps", "nodes", "ir_version", "random_nodes", "max_abs_grad_err_vs_torch",
              "versions", "inputs"]
@@ -88,10 +88,16 @@ def write_manifest(entries: dict[str, dict]) -> None:
     (CORPUS / "manifest.yaml").write_text("\n".join(lines) + "\n")
 
 
+def setup(e: dict) -> str:
+    """What trains (the fine-tuning archs name it; the others train every parameter, with the
+    model's own dropout when its graph has random nodes)."""
+    return e.get("setup") or ("full, dropout" if e.get("random_nodes") else "full")
+
+
 def table(entries: dict[str, dict], sizes: dict[str, tuple[int, int]]) -> str:
-    head = ("| architecture | family | nodes before -> after | "
+    head = ("| architecture | family | setup | nodes before -> after | "
             + " | ".join(column(p) for p in PATTERNS) + " |")
-    rows = [head, "|" + "---|" * (3 + len(PATTERNS))]
+    rows = [head, "|" + "---|" * (4 + len(PATTERNS))]
     for name, e in sorted(entries.items(), key=lambda kv: (kv[1]["architecture"],
                                                            kv[1]["family"])):
         cells = []
@@ -100,7 +106,7 @@ def table(entries: dict[str, dict], sizes: dict[str, tuple[int, int]]) -> str:
             gap = e["known_gaps"].get(p, {}).get("count", 0)
             cells.append("-" if exp == 0 else f"{exp - gap}/{exp}" + ("" if gap == 0 else " *"))
         before, after = sizes[name]
-        rows.append(f"| {e['architecture']} ({e['library']}) | {e['family']} | "
+        rows.append(f"| {e['architecture']} ({e['library']}) | {e['family']} | {setup(e)} | "
                     f"{before} -> {after} | " + " | ".join(cells) + " |")
     total = {p: [0, 0] for p in PATTERNS}
     for e in entries.values():
@@ -108,7 +114,7 @@ def table(entries: dict[str, dict], sizes: dict[str, tuple[int, int]]) -> str:
             total[p][0] += e["expected"][p] - e["known_gaps"].get(p, {}).get("count", 0)
             total[p][1] += e["expected"][p]
     fused, expected = (sum(v[i] for v in total.values()) for i in (0, 1))
-    rows.append(f"| **all {len(entries)} graphs** | | fused {fused} of {expected} | "
+    rows.append(f"| **all {len(entries)} graphs** | | | fused {fused} of {expected} | "
                 + " | ".join(f"{f}/{x}" for f, x in total.values()) + " |")
     return "\n".join(rows)
 

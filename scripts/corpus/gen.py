@@ -73,6 +73,36 @@ def _data_inputs(arch: Arch, inputs: dict) -> dict[str, list[int] | None]:
     return {n: arch.input_ranges.get(n) for n in inputs}
 
 
+# --- losses (Arch.loss) ---------------------------------------------------------------------------
+# mse: the default. ce: cross-entropy over the last dim of the output with ignore_index -100 (a
+# third of the labels ignored) and, in torch-joint, label smoothing 0.1 (onnxblock's
+# CrossEntropyLoss has none); the ort-training labels input is onnxblock's `labels`. bce:
+# binary cross-entropy with logits against targets in [0, 1].
+
+def _target(loss: str, out: torch.Tensor) -> torch.Tensor:
+    if loss == "ce":
+        labels = torch.randint(0, out.shape[-1], out.shape[:-1])
+        labels.view(-1)[::3] = -100
+        return labels
+    if loss == "bce":
+        return torch.rand(out.shape)
+    return torch.randn(out.shape)
+
+
+def _loss_fn(loss: str, family: str):
+    if loss == "ce":
+        smoothing = 0.1 if family == "torch-joint" else 0.0
+        return lambda out, t: F.cross_entropy(out.reshape(-1, out.shape[-1]), t.reshape(-1),
+                                              ignore_index=-100, label_smoothing=smoothing)
+    if loss == "bce":
+        return F.binary_cross_entropy_with_logits
+    return F.mse_loss
+
+
+def _target_name(loss: str, family: str) -> str:
+    return "labels" if loss == "ce" and family == "ort-training" else "target"
+
+
 # --- ort-training -------------------------------------------------------------------------------
 
 def _mask_without_vmap() -> None:
@@ -88,7 +118,9 @@ def _mask_without_vmap() -> None:
 
 
 def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest: Path,
-               check: bool) -> dict:
+               check: bool, dynamic: dict | None = None, loss: str = "mse") -> dict:
+    """dynamic: {input name: {axis: dim name}} (torch.onnx.export's dynamic_axes; the output's
+    dims are what the exporter's shape inference makes of them): a graph with symbolic dims."""
     from onnx import numpy_helper
     from onnxruntime.training import artifacts
     from onnxruntime.training.onnxblock import _graph_utils as onnxblock_graph_utils
@@ -99,7 +131,8 @@ def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest
     f = io.BytesIO()
     torch.onnx.export(model, tuple(inputs.values()), f, input_names=list(inputs),
                       output_names=["output"], opset_version=16, do_constant_folding=False,
-                      training=torch.onnx.TrainingMode.TRAINING, dynamo=False)
+                      training=torch.onnx.TrainingMode.TRAINING, dynamo=False,
+                      dynamic_axes=dynamic or None)
     fwd = onnx.load_from_string(f.getvalue())
     named = dict(model.named_parameters())
     inits = {i.name: i for i in fwd.graph.initializer}
@@ -113,7 +146,7 @@ def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest
     onnxblock_graph_utils._GRAPH_TOKEN = 0
     with tempfile.TemporaryDirectory() as td:
         artifacts.generate_artifacts(fwd, requires_grad=trainable, frozen_params=frozen,
-                                     loss=artifacts.LossType.MSELoss,
+                                     loss=_ortt_loss(loss),
                                      optimizer=artifacts.OptimType.AdamW, artifact_directory=td)
         m = onnx.load(Path(td) / "training_model.onnx")
     n_random = seed_random_nodes(m)
@@ -123,7 +156,7 @@ def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest
     kept = {n: v for n, v in values.items() if n in names}
     np.savez(dest / f"{name}.params.npz", **kept)
     assign_roles(specs, set(trainable), set(frozen), _data_inputs(arch, inputs))
-    err = _check_ortt(m, model, inputs, kept, specs) if check else None
+    err = _check_ortt(m, model, inputs, kept, specs, loss) if check else None
     return {"runtime": "onnxruntime-training", "loss_output": m.graph.output[0].name,
             "inputs": specs, "random_nodes": n_random, "model": m,
             "max_abs_grad_err_vs_torch": err}
@@ -139,17 +172,28 @@ def _run_ort(m: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
     return dict(zip(names, sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})))
 
 
-def _torch_ref(model, inputs: dict, target: torch.Tensor) -> tuple[float, dict]:
+def _ortt_loss(loss: str):
+    from onnxruntime.training import artifacts, onnxblock
+
+    if loss == "ce":
+        return onnxblock.loss.CrossEntropyLoss(ignore_index=-100)
+    if loss == "bce":
+        return artifacts.LossType.BCEWithLogitsLoss
+    return artifacts.LossType.MSELoss
+
+
+def _torch_ref(model, inputs: dict, target: torch.Tensor, fn=F.mse_loss) -> tuple[float, dict]:
     model.zero_grad()
-    loss = F.mse_loss(model(*inputs.values()), target)
+    loss = fn(model(*inputs.values()), target)
     loss.backward()
     return float(loss), {n: p.grad.numpy() for n, p in model.named_parameters()
                          if p.requires_grad}
 
 
-def _check_ortt(m, model, inputs, values, specs) -> float:
-    target = torch.randn(model(*inputs.values()).shape)
-    feeds = {**{k: v.numpy() for k, v in inputs.items()}, "target": target.numpy(),
+def _check_ortt(m, model, inputs, values, specs, loss: str = "mse") -> float:
+    target = _target(loss, model(*inputs.values()))
+    feeds = {**{k: v.numpy() for k, v in inputs.items()},
+             _target_name(loss, "ort-training"): target.numpy(),
              "lazy_reset_grad": np.ones([1], np.bool_)}
     for s in specs:
         if s["role"] in ("parameter", "frozen_parameter"):
@@ -158,7 +202,7 @@ def _check_ortt(m, model, inputs, values, specs) -> float:
             p = s["name"].removesuffix("_grad.accumulation.buffer")
             feeds[s["name"]] = np.zeros(values[p].shape, np.float32)
     out = _run_ort(m, feeds)
-    loss, grads = _torch_ref(model, inputs, target)
+    loss, grads = _torch_ref(model, inputs, target, _loss_fn(loss, "ort-training"))
     err = abs(float(out[m.graph.output[0].name]) - loss)
     for n, g in grads.items():
         err = max(err, float(np.abs(feeds[f"{n}_grad.accumulation.buffer"] - g).max()))
@@ -168,23 +212,32 @@ def _check_ortt(m, model, inputs, values, specs) -> float:
 # --- torch-joint ------------------------------------------------------------------------------
 
 class MSELoss(torch.nn.Module):
-    def __init__(self, net: torch.nn.Module) -> None:
+    """(loss,) of the net's output against the last argument; `fn`: the loss (MSE default)."""
+
+    def __init__(self, net: torch.nn.Module, fn=F.mse_loss) -> None:
         super().__init__()
         self.net = net
+        self.fn = fn
 
     def forward(self, *args):
         *inputs, target = args
-        return (F.mse_loss(self.net(*inputs), target),)
+        return (self.fn(self.net(*inputs), target),)
 
 
 def build_torch(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest: Path,
-                check: bool, optimize: bool = True) -> dict:
+                check: bool, optimize: bool = True, dynamic: dict | None = None,
+                loss: str = "mse") -> dict:
+    """dynamic: {input name: {axis: dim name}}: symbolic dims (the target gets the first
+    input's)."""
     from gen_torch import export_joint
 
-    target = torch.randn(model(*inputs.values()).shape)
-    mod = MSELoss(model)
+    target = _target(loss, model(*inputs.values()))
+    fn = _loss_fn(loss, "torch-joint")
+    mod = MSELoss(model, fn)
+    dyn = None if not dynamic else ([dynamic.get(k) for k in inputs]
+                                    + [next(iter(dynamic.values()))])
     m, values, trainable = export_joint(mod, [*inputs.values(), target], [*inputs, "target"],
-                                        metadata=False, optimize=optimize)
+                                        metadata=False, optimize=optimize, dynamic=dyn)
     n_random = seed_random_nodes(m)
     onnx.save(m, dest / f"{name}.onnx")
     np.savez(dest / f"{name}.params.npz", **values)
@@ -194,7 +247,7 @@ def build_torch(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, des
     if check:
         out = _run_ort(m, {**values, **{k: v.numpy() for k, v in inputs.items()},
                            "target": target.numpy()})
-        loss, ref = _torch_ref(model, inputs, target)
+        loss, ref = _torch_ref(model, inputs, target, fn)
         err = abs(float(out["loss"]) - loss)
         for n, gr in ref.items():
             err = max(err, float(np.abs(out[n + "_grad"] - gr).max()))
@@ -208,8 +261,13 @@ def build(family: str, arch: Arch) -> None:
     torch.manual_seed(0)
     model, inputs = make(arch, family)
     expected = derive_counts(model, tuple(inputs.values()), arch.attention)
-    builder = (build_ortt if family == "ort-training"
-               else functools.partial(build_torch, optimize=arch.optimize))
+    if arch.flash and family == "ort-training":
+        expected["flash_attention"], expected["sdpa"] = expected["sdpa"], 0
+    dynamic = ({k: {0: "batch", 1: "sequence"} for k, v in inputs.items() if v.dim() >= 2}
+               if arch.symbolic else None)
+    builder = functools.partial(build_ortt if family == "ort-training" else
+                                functools.partial(build_torch, optimize=arch.optimize),
+                                dynamic=dynamic, loss=arch.loss)
     if arch.dropout:
         # torch and onnxruntime draw different dropout masks: check this exporter path against
         # torch autograd on a twin whose dropout probabilities are 0 (same graph otherwise)
@@ -227,7 +285,8 @@ def build(family: str, arch: Arch) -> None:
         err = res["max_abs_grad_err_vs_torch"]
     entry = {
         "file": f"{name}.onnx", "family": family, "architecture": arch.name,
-        "library": arch.library, "description": arch.description, "loss": "mse",
+        "library": arch.library, "setup": arch.setup, "description": arch.description,
+        "loss": arch.loss,
         "params": f"{name}.params.npz", "expected": expected,
         "expected_from": arch.count_notes, "nodes": len(m.graph.node),
         "ir_version": m.ir_version, "versions": _versions(),

@@ -49,21 +49,49 @@ def _rename(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
                 n.output[i] = mapping[t]
 
 
+def _symbolic_joint(mod: torch.nn.Module, args: list[torch.Tensor], dynamic: list[dict | None]):
+    """The joint graph with symbolic dims: torch.export.export(mod, dynamic_shapes) first, then
+    (every dim at most 16, the corpus models' position tables) aot_export_module on its module under the export's fake mode, with the user inputs' symbolic
+    fake tensors (aot_export_module on real tensors specialises every size).
+    Returns (graph module, signature, the exported module, dynamic_shapes of the joint's inputs)."""
+    from torch._guards import detect_fake_mode
+    from torch.export import Dim
+
+    made: dict[str, Dim] = {}
+    spec = [None if d is None else {a: made.setdefault(n, Dim(n, max=16))
+                                    for a, n in d.items()} for d in dynamic]
+    ep = torch.export.export(mod, tuple(args), dynamic_shapes=(tuple(spec),), strict=False)
+    users = set(ep.graph_signature.user_inputs)
+    fake = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder" and n.name in users]
+    pm = ep.module()
+    with detect_fake_mode(fake):
+        gm, sig = aot_export_module(pm, fake, trace_joint=True, output_loss_index=0)
+    n_state = len(sig.parameters) + len(sig.buffers)
+    return gm, sig, pm, tuple([None] * n_state + spec)
+
+
 def export_joint(mod: torch.nn.Module, args: list[torch.Tensor], arg_names: list[str],
-                 metadata: bool = True, optimize: bool = True) -> tuple[onnx.ModelProto, dict, set]:
+                 metadata: bool = True, optimize: bool = True,
+                 dynamic: list[dict | None] | None = None) -> tuple[onnx.ModelProto, dict, set]:
     """aot_export_module(trace_joint=True) of `mod` (its forward returns (loss,)) on `args`, then
     torch.onnx.export(dynamo=True, optimize=optimize). Graph inputs are renamed to the parameter
     and buffer names (without the 'net.' prefix) and `arg_names`, outputs to 'loss' and
     '<param>_grad'; node metadata loses its stack traces (absolute build paths), or everything
     with metadata=False (FX provenance, ~2/3 of the file); ir_version 10; checked.
     Returns (model, {input name: parameter/buffer value}, names of the trainable parameters)."""
-    gm, sig = aot_export_module(mod, list(args), trace_joint=True, output_loss_index=0)
-    named = {**dict(mod.named_parameters(remove_duplicate=False)),
-             **dict(mod.named_buffers(remove_duplicate=False))}  # tied weights: every name
+    dyn_shapes = None
+    if dynamic:
+        gm, sig, src, dyn_shapes = _symbolic_joint(mod, list(args), dynamic)
+    else:
+        gm, sig = aot_export_module(mod, list(args), trace_joint=True, output_loss_index=0)
+        src = mod
+    named = {**dict(src.named_parameters(remove_duplicate=False)),
+             **dict(src.named_buffers(remove_duplicate=False))}  # tied weights: every name
     order = list(sig.parameters) + list(sig.buffers)
     flat = [named[n].detach().clone() for n in order] + list(args)
     with tempfile.TemporaryDirectory() as td:
-        prog = torch.onnx.export(gm, tuple(flat), dynamo=True, optimize=optimize, verbose=False)
+        prog = torch.onnx.export(gm, tuple(flat), dynamo=True, optimize=optimize, verbose=False,
+                                 dynamic_shapes=dyn_shapes)
         prog.save(str(Path(td) / "m.onnx"))
         m = onnx.load(str(Path(td) / "m.onnx"))
     g = m.graph
@@ -87,7 +115,8 @@ def export_joint(mod: torch.nn.Module, args: list[torch.Tensor], arg_names: list
     m.ir_version = IR_VERSION
     onnx.checker.check_model(m)
     values = {s: named[n].detach().numpy() for s, n in zip(short, order)}
-    trainable = {n.removeprefix("net.") for n in sig.parameters if named[n].requires_grad}
+    grad = {n: p.requires_grad for n, p in mod.named_parameters()}  # ep.module() may lose it
+    trainable = {n.removeprefix("net.") for n in sig.parameters if grad.get(n, True)}
     return m, values, trainable
 
 
