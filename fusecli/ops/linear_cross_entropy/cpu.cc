@@ -58,14 +58,15 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   const bool mean = reduction == "mean";
 
   // tokens that count (without row_weight), and the labels' range
-  int64_t count = 0;
+  double count = 0.0, wsum = 0.0;
   for (int64_t i = 0; i < N; ++i) {
     const bool valid = rwp || lp[i] != ignore_index;
     FUSECLI_CHECK(!valid || (lp[i] >= 0 && lp[i] < V),
                   "LinearCrossEntropy: a label is outside [0, V) and not ignore_index");
     count += valid;
+    if (rwp) wsum += rwp[i];
   }
-  const double denom = (!rwp && mean) ? static_cast<double>(count) : 1.0;
+  const double denom = mean ? (rwp ? wsum : count) : 1.0;
   const float coef = static_cast<float>(grad_scale / denom);
   const bool want_grad = want_dh || want_dw || want_db;
 
@@ -116,7 +117,7 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
       });
     }
   }
-  if (want_loss) *loss = static_cast<float>(rwp ? total : total / denom);
+  if (want_loss) *loss = static_cast<float>(total / denom);
 }
 
 }  // namespace

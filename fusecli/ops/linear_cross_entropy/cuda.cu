@@ -21,13 +21,13 @@ __device__ __forceinline__ float block_reduce(float v, float* sh, bool is_max) {
   return r;
 }
 
-// count[0] = number of rows whose label is not ignore_index (all rows with row_weight)
+// count[0] = number of rows whose label is not ignore_index (with row_weight: their sum)
 __global__ void lce_count_kernel(const int64_t* labels, int64_t n, int64_t ignore_index,
-                                 int has_rw, float* count) {
+                                 const float* rw, float* count) {
   __shared__ float sh[kThreads];
   float c = 0.f;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-    c += (has_rw || labels[i] != ignore_index) ? 1.f : 0.f;
+    c += rw ? rw[i] : (labels[i] != ignore_index ? 1.f : 0.f);
   c = block_reduce(c, sh, false);
   if (threadIdx.x == 0) count[0] = c;
 }
@@ -56,8 +56,7 @@ __global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labe
   __syncthreads();
   if (threadIdx.x == 0) nll[g] = valid ? (rw ? rw[g] : 1.f) * (lse - zt) : 0.f;
   if (!want_grad) return;
-  const float denom = (!rw && mean) ? count[0] : 1.f;
-  const float c = rg ? rg[g] : (valid ? grad_scale / denom : 0.f);
+  const float c = rg ? rg[g] : (valid ? grad_scale / (mean ? count[0] : 1.f) : 0.f);
   for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
     row[j] = c == 0.f ? 0.f : c * (expf(row[j] - lse) - (j == t ? 1.f : 0.f));
 }
@@ -103,7 +102,7 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
   RETURN_IF_ERR(ns.alloc(static_cast<size_t>(n + 1) * sizeof(float)));
   float* nll = ns.f();
   float* count = nll + n;
-  lce_count_kernel<<<1, kThreads, 0, s>>>(labels, n, ignore_index, row_weight != nullptr, count);
+  lce_count_kernel<<<1, kThreads, 0, s>>>(labels, n, ignore_index, row_weight, count);
   RETURN_IF_ERR(cudaGetLastError());
   for (int64_t r0 = 0; r0 < n; r0 += c) {
     const int64_t m = n - r0 < c ? n - r0 : c;
@@ -123,8 +122,7 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     }
   }
   if (loss) {
-    lce_loss_kernel<<<1, kThreads, 0, s>>>(nll, n, count, row_weight == nullptr && reduction == 0,
-                                           loss);
+    lce_loss_kernel<<<1, kThreads, 0, s>>>(nll, n, count, reduction == 0, loss);
     RETURN_IF_ERR(cudaGetLastError());
   }
   return cudaGetLastError();

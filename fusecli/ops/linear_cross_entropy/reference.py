@@ -37,7 +37,8 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
             loss = nll[valid].sum() / (count if mean else 1.0)
             c = valid * (float(grad_scale) / (count if mean else 1.0))
         else:
-            loss = (row_weight.reshape(-1).astype(np.float64) * nll).sum()
+            rw = row_weight.reshape(-1).astype(np.float64)
+            loss = (rw * nll).sum() / (rw.sum() if mean else 1.0)
         if row_grad is not None:
             c = row_grad.reshape(-1).astype(np.float64)
     dz = np.exp(z - lse[:, None])

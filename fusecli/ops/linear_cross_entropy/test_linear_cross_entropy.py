@@ -100,7 +100,10 @@ def test_lce_row_weight_and_row_grad_are_the_torch_joint_inputs(case):
     g = (mf * 0.75 / keep.sum()).astype(F32)
     got = fused(h, w, None, np.where(keep, lab, 0), rw=mf, rg=g, outs=(1, 1, 1, 0),
                 chunk_rows=chunk)
-    assert_close(got[0] / F32(keep.sum()), unf[0], what="sum_i w_i nll_i / count")
+    assert_close(got[0], unf[0], what="sum_i w_i nll_i / sum_i w_i")
+    loss_sum = fused(h, w, None, np.where(keep, lab, 0), rw=mf, outs=(1, 0, 0, 0),
+                     reduction="sum")[0]
+    assert_close(loss_sum / F32(keep.sum()), unf[0], what="sum_i w_i nll_i")
     assert_close(got[1], unf[1], what="dH")
     assert_close(got[2], unf[2], what="dW")
 
