@@ -88,7 +88,8 @@ def _mask_without_vmap() -> None:
 
 
 def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest: Path,
-               check: bool) -> dict:
+               check: bool, loss=None) -> dict:
+    """loss: generate_artifacts' loss (a LossType or an onnxblock); None: MSELoss."""
     from onnx import numpy_helper
     from onnxruntime.training import artifacts
     from onnxruntime.training.onnxblock import _graph_utils as onnxblock_graph_utils
@@ -113,7 +114,7 @@ def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest
     onnxblock_graph_utils._GRAPH_TOKEN = 0
     with tempfile.TemporaryDirectory() as td:
         artifacts.generate_artifacts(fwd, requires_grad=trainable, frozen_params=frozen,
-                                     loss=artifacts.LossType.MSELoss,
+                                     loss=loss or artifacts.LossType.MSELoss,
                                      optimizer=artifacts.OptimType.AdamW, artifact_directory=td)
         m = onnx.load(Path(td) / "training_model.onnx")
     n_random = seed_random_nodes(m)

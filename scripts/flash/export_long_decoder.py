@@ -1,7 +1,10 @@
 """Export a long-sequence Llama-style decoder as an onnxruntime-training graph (the memory
 figure of FlashAttention, issue 22): LlamaModel, eager attention, hidden 512, 8 heads / 2 KV
 heads, 2 layers, SwiGLU FF 1376, vocabulary 32,000, batch 1, sequence --seq; MSE loss on the
-last hidden state (no LM head: the logits' memory is the fused linear + cross-entropy's part).
+last hidden state (no LM head: the logits' memory is the fused linear + cross-entropy's part);
+with --lm-head: LlamaForCausalLM (untied LM head 512 -> 32,000) and the cross-entropy loss of
+generate_artifacts (CrossEntropyLoss, mean, ignore_index -100) on the logits viewed [S, V]
+(fused by rules/lce_ortt.yaml), written as ortt_llama_lm_S{seq}.onnx.
 
 Run with the corpus generator venv (torch, transformers, onnxruntime-training):
   build/venv-corpus-ortt/bin/python scripts/flash/export_long_decoder.py --seq 2048 --out DIR
@@ -27,9 +30,13 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--lm-head", action="store_true")
     a = ap.parse_args()
     torch.manual_seed(0)
-    build = archs._hf("LlamaConfig", "LlamaModel", vocab_size=32000, hidden_size=512,
+    head = a.lm_head
+    build = archs._hf("LlamaConfig", "LlamaForCausalLM" if head else "LlamaModel",
+                      pick=(lambda o: o[0].reshape(-1, 32000)) if head else (lambda o: o[0]),
+                      vocab_size=32000, tie_word_embeddings=False, hidden_size=512,
                       intermediate_size=1376, num_hidden_layers=a.layers,
                       num_attention_heads=8, num_key_value_heads=2,
                       max_position_embeddings=a.seq)
@@ -38,8 +45,13 @@ def main() -> int:
                       input_ranges={"input_ids": [0, 32000]})
     model, inputs = archs.make(arch, "ort-training")
     a.out.mkdir(parents=True, exist_ok=True)
-    name = f"ortt_llama_long_S{a.seq}"
-    gen.build_ortt(arch, model, inputs, name, a.out, check=False)
+    name = f"ortt_llama_{'lm' if head else 'long'}_S{a.seq}"
+    loss = None
+    if head:
+        from onnxruntime.training import onnxblock
+
+        loss = onnxblock.loss.CrossEntropyLoss(reduction="mean", ignore_index=-100)
+    gen.build_ortt(arch, model, inputs, name, a.out, check=False, loss=loss)
     print(a.out / f"{name}.onnx")
     return 0
 

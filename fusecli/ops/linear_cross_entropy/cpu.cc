@@ -26,7 +26,7 @@ struct LceKernel : CpuKernel<LceKernel, kLinearCrossEntropy> {
   OrtMatMul mm;
 };
 
-constexpr int64_t kChunkBytes = 8 << 20;  // a chunk's logits: at most 8 MiB (at least 16 rows)
+constexpr int64_t kChunkBytes = 32 << 20;  // a chunk's logits: at most 32 MiB (at least 16 rows)
 
 void LceKernel::Compute(Ort::KernelContext& ctx) {
   In h = get_input(ctx, 0), w = get_input(ctx, 1), b = get_input(ctx, 2), lab = get_input(ctx, 3);
