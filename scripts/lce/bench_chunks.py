@@ -4,12 +4,13 @@ a constant, dH = dZ W, dW = Gemm(dZ^T H)) at several tokens x vocabulary sizes, 
 interleaved runs in one process, medians; and each model's peak memory (VmHWM of a fresh
 process). Not a test: a measurement for the rule's choice (rules/lce_ortt.yaml, BENCHMARKS.md).
 
-  .venv-ortt/bin/python scripts/lce/bench_threshold.py [--runs 7] [--threads 2]
+  .venv-ortt/bin/python scripts/lce/bench_chunks.py [--runs 7] [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import subprocess
 import sys
@@ -21,7 +22,11 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-LIB = Path(__file__).resolve().parents[2] / "fusecli" / "lib" / "libfusecli_ops.so"
+ROOT = Path(__file__).resolve().parents[2]
+LIB = ROOT / "fusecli" / "lib" / "libfusecli_ops.so"
+# the fused op, as its contract names it
+OP = re.search(r"^name: (\w+)$", (ROOT / "fusecli/ops/linear_cross_entropy/contract.yaml")
+               .read_text(), re.M).group(1)
 SIZES = [(256, 8000), (512, 32000), (1024, 32000), (2048, 32000), (4096, 32000), (2048, 50257)]
 D = 512
 
@@ -43,7 +48,7 @@ def models(n, v, chunk=0):
         helper.make_node("Gemm", ["H", "dZ"], ["dWt"], transA=1),
         helper.make_node("Transpose", ["dWt"], ["dW"], perm=[1, 0])], "unfused", ins, outs, [seed])
     fus = helper.make_graph([helper.make_node(
-        "LinearCrossEntropy", ["H", "W", "", "labels"], ["loss", "dH", "dW"], domain="com.fusecli",
+        OP, ["H", "W", "", "labels"], ["loss", "dH", "dW"], domain="com.fusecli",
         ignore_index=-100, reduction="mean", chunk_rows=chunk)], "fused", ins, outs)
     ops = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1),
            helper.make_opsetid("com.fusecli", 1)]
