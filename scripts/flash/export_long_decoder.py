@@ -31,6 +31,9 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--lm-head", action="store_true")
+    ap.add_argument("--family", choices=["ort-training", "torch-joint"], default="ort-training",
+                    help="torch-joint (with --lm-head): aot_export of the model and Hugging "
+                         "Face's cross-entropy written out (tests/data/make_lce.py's Loss)")
     a = ap.parse_args()
     torch.manual_seed(0)
     head = a.lm_head
@@ -43,8 +46,10 @@ def main() -> int:
     arch = archs.Arch("llama_long", "transformers", "long-sequence Llama decoder", build,
                       lambda: {"input_ids": torch.randint(0, 32000, (1, a.seq))},
                       input_ranges={"input_ids": [0, 32000]})
-    model, inputs = archs.make(arch, "ort-training")
+    model, inputs = archs.make(arch, a.family)
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.family == "torch-joint":
+        return export_torch(model, inputs, a)
     name = f"ortt_llama_{'lm' if head else 'long'}_S{a.seq}"
     loss = None
     if head:
@@ -52,6 +57,26 @@ def main() -> int:
 
         loss = onnxblock.loss.CrossEntropyLoss(reduction="mean", ignore_index=-100)
     gen.build_ortt(arch, model, inputs, name, a.out, check=False, loss=loss)
+    print(a.out / f"{name}.onnx")
+    return 0
+
+
+def export_torch(model, inputs, a) -> int:
+    import numpy as np
+    import onnx
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "data"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples"))
+    from gen_torch import export_joint
+    from make_lce import Loss
+
+    assert a.lm_head, "torch-joint: only with --lm-head"
+    labels = torch.randint(0, 32000, (a.seq,))
+    m, values, _ = export_joint(Loss(model, "mean"), [inputs["input_ids"], labels],
+                                ["input_ids", "labels"], metadata=False)
+    name = f"torch_llama_lm_S{a.seq}"
+    onnx.save(m, a.out / f"{name}.onnx", save_as_external_data=False)
+    np.savez(a.out / f"{name}.params.npz", **values)
     print(a.out / f"{name}.onnx")
     return 0
 
