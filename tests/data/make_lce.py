@@ -15,6 +15,9 @@ Models (vocabulary 50, width 16, batch 2 x 7 tokens; counts from this code: one 
   lce_frozen     the head frozen (no dW; the rest trains): 1
   lce_lora       a hand-written LoRA adapter on the frozen head (logits = h W^T + s (h A^T) B^T,
                  s = 0.5, A and B train): 0 (the adapters read the logits' gradient)
+  lce_sum        no bias, reduction sum (ort-training: ignore_index -100): 1
+  lce_bias       head with bias, mean (ort-training: no ignore_index): 1
+  lce_frozen_sum the head frozen, reduction sum (ort-training: no ignore_index): 1
 (Class weights: onnxblock 1.19.2's CrossEntropyLoss(weight=array) fails on `if self._weight`.)
 Run with the corpus venvs (scripts/corpus/requirements-*.txt):
   build/venv-corpus-ortt/bin/python tests/data/make_lce.py ort-training
@@ -63,6 +66,9 @@ CASES = {  # name: (Net kwargs, reduction, ignore -100, frozen parameter names)
     "lce_bias_sum": ({"bias": True}, "sum", True, ()),
     "lce_frozen": ({}, "mean", True, ("head.weight",)),
     "lce_lora": ({"lora": True}, "mean", True, ("head.weight",)),
+    "lce_sum": ({}, "sum", True, ()),
+    "lce_bias": ({"bias": True}, "mean", False, ()),
+    "lce_frozen_sum": ({}, "sum", False, ("head.weight",)),
 }
 
 
