@@ -30,7 +30,7 @@ constexpr int64_t kChunkBytes = 32 << 20;  // a chunk's logits: at most 32 MiB (
 
 void LceKernel::Compute(Ort::KernelContext& ctx) {
   In h = get_input(ctx, 0), w = get_input(ctx, 1), b = get_input(ctx, 2), lab = get_input(ctx, 3);
-  In rw = get_input(ctx, 4), rg = get_input(ctx, 5);
+  In rw = get_input(ctx, 4), rg = get_input(ctx, 5), seed = get_input(ctx, 6);
   FUSECLI_CHECK(!h.shape.empty() && w.shape.size() == 2, "LinearCrossEntropy: H needs rank >= 1, "
                                                          "W must be [V, D]");
   const int64_t D = h.shape.back(), V = w.shape[0];
@@ -41,6 +41,8 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   FUSECLI_CHECK(!rw.present || rw.numel() == N, "LinearCrossEntropy: row_weight must be [N]");
   FUSECLI_CHECK(!rg.present || rg.numel() == N, "LinearCrossEntropy: row_grad must be [N]");
   FUSECLI_CHECK(V > 0 || N == 0, "LinearCrossEntropy: an empty vocabulary");
+  FUSECLI_CHECK(!seed.present || seed.numel() == 1,
+                "LinearCrossEntropy: grad_seed must hold one value");
   bool want_loss, want_dh, want_dw, want_db;
   float* loss = output_or_null<float>(ctx, 0, {}, &want_loss);
   float* dh = output_or_null<float>(ctx, 1, h.shape, &want_dh);
@@ -67,7 +69,8 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
     if (rwp) wsum += rwp[i];
   }
   const double denom = mean ? (rwp ? wsum : count) : 1.0;
-  const float coef = static_cast<float>(grad_scale / denom);
+  const double seed_v = seed.present ? static_cast<double>(*seed.ptr<float>()) : 1.0;
+  const float coef = static_cast<float>(grad_scale * seed_v / denom);
   const bool want_grad = want_dh || want_dw || want_db;
 
   int64_t C = chunk_rows > 0 ? chunk_rows

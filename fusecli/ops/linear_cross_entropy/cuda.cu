@@ -33,7 +33,8 @@ __global__ void lce_count_kernel(const int64_t* labels, int64_t n, int64_t ignor
 }
 
 __global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labels,
-                                const float* rw, const float* rg, const float* count,
+                                const float* rw, const float* rg, const float* seed,
+                                const float* count,
                                 float* nll, int64_t r0, int64_t v, int64_t ignore_index,
                                 int mean, float grad_scale, int want_grad) {
   __shared__ float sh[kThreads];
@@ -56,7 +57,8 @@ __global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labe
   __syncthreads();
   if (threadIdx.x == 0) nll[g] = valid ? (rw ? rw[g] : 1.f) * (lse - zt) : 0.f;
   if (!want_grad) return;
-  const float c = rg ? rg[g] : (valid ? grad_scale / (mean ? count[0] : 1.f) : 0.f);
+  const float sc = grad_scale * (seed ? seed[0] : 1.f);
+  const float c = rg ? rg[g] : (valid ? sc / (mean ? count[0] : 1.f) : 0.f);
   for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
     row[j] = c == 0.f ? 0.f : c * (expf(row[j] - lse) - (j == t ? 1.f : 0.f));
 }
@@ -82,7 +84,8 @@ __global__ void lce_loss_kernel(const float* nll, int64_t n, const float* count,
 
 FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     void* stream, const float* h, const float* w, const float* bias, const int64_t* labels,
-    const float* row_weight, const float* row_grad, float* loss, float* dh, float* dw, float* db,
+    const float* row_weight, const float* row_grad, const float* grad_seed, float* loss,
+    float* dh, float* dw, float* db,
     int64_t n, int64_t v, int64_t d, int64_t ignore_index, int reduction, float grad_scale,
     int64_t chunk_rows) {
   if (n < 0 || v < 0 || d < 0) return cudaErrorInvalidValue;
@@ -109,7 +112,7 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     const float* hc = h + r0 * d;
     RETURN_IF_ERR(sgemm(s, false, true, m, v, d, 1.f, hc, d, 0, w, d, 0, 0.f, zs.f(), v, 0));
     lce_rows_kernel<<<static_cast<unsigned>(m), kThreads, 0, s>>>(
-        zs.f(), bias, labels, row_weight, row_grad, count, nll, r0, v, ignore_index,
+        zs.f(), bias, labels, row_weight, row_grad, grad_seed, count, nll, r0, v, ignore_index,
         reduction == 0, grad_scale, want_grad);
     RETURN_IF_ERR(cudaGetLastError());
     if (dh) RETURN_IF_ERR(sgemm(s, false, false, m, d, v, 1.f, zs.f(), v, 0, w, d, 0, 0.f,

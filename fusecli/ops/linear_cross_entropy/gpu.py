@@ -19,8 +19,8 @@ def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ign
     dw = torch.empty_like(w) if want[2] else None
     db = torch.empty(v, device=h.device) if want[3] and bias is not None else None
     launch("fusecli_launch_linear_cross_entropy", h=h, w=w, bias=bias, labels=labels,
-           row_weight=row_weight, row_grad=row_grad, loss=loss, dh=dh, dw=dw, db=db, n=n, v=v,
-           d=d, ignore_index=ignore_index, reduction=0 if reduction == "mean" else 1,
+           row_weight=row_weight, row_grad=row_grad, grad_seed=None, loss=loss, dh=dh, dw=dw,
+           db=db, n=n, v=v, d=d, ignore_index=ignore_index, reduction=0 if reduction == "mean" else 1,
            grad_scale=grad_scale, chunk_rows=chunk_rows)
     return loss, dh, dw, db
 

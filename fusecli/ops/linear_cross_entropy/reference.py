@@ -12,7 +12,7 @@ NO_IGNORE = -(2 ** 63)
 
 
 def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad=None,
-                         ignore_index=-100, reduction="mean", grad_scale=1.0):
+                         ignore_index=-100, reduction="mean", grad_scale=1.0, grad_seed=None):
     """Returns (loss, dH, dW, dB) as the contract defines them."""
     d = h.shape[-1]
     h2 = h.astype(np.float64).reshape(-1, d)
@@ -35,7 +35,8 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
     with np.errstate(invalid="ignore", divide="ignore"):
         if row_weight is None:
             loss = nll[valid].sum() / (count if mean else 1.0)
-            c = valid * (float(grad_scale) / (count if mean else 1.0))
+            seed = 1.0 if grad_seed is None else float(np.asarray(grad_seed).reshape(-1)[0])
+            c = valid * (float(grad_scale) * seed / (count if mean else 1.0))
         else:
             rw = row_weight.reshape(-1).astype(np.float64)
             loss = (rw * nll).sum() / (rw.sum() if mean else 1.0)
@@ -51,9 +52,9 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
 
 class Reference(OpRun):
 
-    def _run(self, h, w, bias=None, labels=None, row_weight=None, row_grad=None,
+    def _run(self, h, w, bias=None, labels=None, row_weight=None, row_grad=None, grad_seed=None,
              ignore_index=None, reduction=None, grad_scale=None, chunk_rows=None):
         return _fit(self, linear_cross_entropy(
             h, w, bias, labels, row_weight, row_grad,
             -100 if ignore_index is None else ignore_index, reduction or "mean",
-            1.0 if grad_scale is None else grad_scale))
+            1.0 if grad_scale is None else grad_scale, grad_seed))

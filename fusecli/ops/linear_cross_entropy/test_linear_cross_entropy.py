@@ -167,6 +167,23 @@ def test_lce_outputs_are_optional_and_loss_alone_needs_no_gradient():
     assert_close(dh, linear_cross_entropy(h, w, None, lab)[1], what="dH alone (frozen head)")
 
 
+def test_lce_grad_seed_scales_the_gradients_not_the_loss():
+    """A loss gradient fed at run time (grad_seed) multiplies grad_scale."""
+    h, w, bias, lab = make_case((3, 37), 8, 11)
+    seed = np.array([-1.5], F32)
+    got = run_fused("LinearCrossEntropy",
+                    [("H", h), ("W", w), ("bias", bias), ("labels", lab), ("row_weight", None),
+                     ("row_grad", None), ("grad_seed", seed)],
+                    [("loss", F32), ("dH", F32), ("dW", F32), ("dB", F32)], chunk_rows=16,
+                    grad_scale=0.5)
+    ref = linear_cross_entropy(h, w, bias, lab, grad_scale=0.5, grad_seed=seed)
+    unscaled = linear_cross_entropy(h, w, bias, lab)
+    for g, r, nm in zip(got, ref, ["loss", "dH", "dW", "dB"]):
+        assert_close(g, r, what=nm)
+    assert_close(ref[0], unscaled[0], what="the loss does not see the seed")
+    assert_close(ref[1], (unscaled[1] * -0.75).astype(F32), what="dH = -0.75 x the unseeded")
+
+
 def test_lce_mean_over_no_token_is_nan_and_gradients_zero():
     h, w, bias, lab = make_case((1, 5), 4, 7)
     lab[:] = -100
