@@ -59,6 +59,9 @@ when all of these hold:
     stays sdpa in ort-training).
 The family limits are the same for every corpus architecture with flash set, so one flag holds
 for both families; dK (and dQ / dV) absent in a fine-tuning setup does not change the count.
+Of the extra (sweep) architectures, flash is set where a sweep checked it (vit_sdpa, electra,
+opt, gemma, stablelm, clip_vision: flash 2/2, verify PASS, both families; llama_bench as
+llama); the others keep sdpa until a sweep looks at them.
 """
 from __future__ import annotations
 
@@ -586,7 +589,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
     Arch("vit_sdpa", "transformers", "ViTModel as vit, " + _SDPA + ", no mask",
          lambda fam: _vit_hf(fam, attn="sdpa"), _image(8),
          attention=("ViTSelfAttention", "ViTSdpaSelfAttention"), count_notes="as vit",
-         families=_ORTT, extra=True),
+         families=_ORTT, extra=True, flash=True),
     Arch("tv_vit", "torchvision",
          "torchvision VisionTransformer, 8x8 image, patch 4, hidden 32, 2 layers, 4 heads, "
          "nn.MultiheadAttention (need_weights=False: F.scaled_dot_product_attention), nn.GELU "
@@ -719,7 +722,8 @@ for _a in [
              hidden_size=HID, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
              intermediate_size=FF, max_position_embeddings=16, type_vocab_size=1,
              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
-         _ids_mask, attention=("ElectraSelfAttention",), input_ranges=_MASK_R, extra=True),
+         _ids_mask, attention=("ElectraSelfAttention",), input_ranges=_MASK_R, extra=True,
+         flash=True),
     Arch("albert", "transformers",
          "AlbertModel: embedding 16 -> Linear(16->32), ONE shared layer applied twice, 4 heads, "
          "no dropout, padding mask, gelu_new FFN, pooler Linear+Tanh",
@@ -734,7 +738,7 @@ for _a in [
          "OPTModel (causal decoder, pre-LN), 2 layers, hidden 32, 4 heads, q_proj(x) * scaling "
          "before q@k^T, ReLU FFN (fc1 -> ReLU -> fc2), padding mask",
          _opt,
-         _ids_mask, attention=("OPTAttention",), input_ranges=_MASK_R, extra=True),
+         _ids_mask, attention=("OPTAttention",), input_ranges=_MASK_R, extra=True, flash=True),
     Arch("bloom", "transformers",
          "BloomModel (causal decoder), 2 layers, hidden 32, 4 heads, ALiBi bias through "
          "baddbmm(alibi, q, k^T, beta, alpha), fused query_key_value Linear, BloomGelu "
@@ -756,7 +760,7 @@ for _a in [
              intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
              num_key_value_heads=1, head_dim=8, max_position_embeddings=16,
              hidden_activation="gelu_pytorch_tanh"),
-         _ids, attention=("GemmaAttention",), input_ranges=_IDS_R, extra=True),
+         _ids, attention=("GemmaAttention",), input_ranges=_IDS_R, extra=True, flash=True),
     Arch("stablelm", "transformers",
          "StableLmModel (causal decoder), 2 layers, hidden 32, 4 heads, nn.LayerNorm (not "
          "RMSNorm), partial rotary 0.25, q/k/v bias, SwiGLU MLP",
@@ -764,7 +768,7 @@ for _a in [
              intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
              num_key_value_heads=HEADS, max_position_embeddings=16, partial_rotary_factor=0.25,
              use_qkv_bias=True, hidden_dropout=0.0, attention_dropout=0.0),
-         _ids, attention=("StableLmAttention",), input_ranges=_IDS_R, extra=True),
+         _ids, attention=("StableLmAttention",), input_ranges=_IDS_R, extra=True, flash=True),
     Arch("clip_vision", "transformers",
          "CLIPVisionModel, 8x8 image, patch 4, hidden 32, 2 layers, 4 heads, quick_gelu MLP "
          "(x * sigmoid(1.702 x)), pre_layrnorm, q_proj * scale; torch-joint: patch conv frozen",
@@ -772,7 +776,7 @@ for _a in [
                            intermediate_size=FF, num_hidden_layers=LAYERS,
                            num_attention_heads=HEADS, image_size=8, patch_size=4,
                            hidden_act="quick_gelu"), "net.vision_model.embeddings.patch_embedding"),
-         _image(8), attention=("CLIPAttention",), extra=True),
+         _image(8), attention=("CLIPAttention",), extra=True, flash=True),
     Arch("beit", "transformers",
          "BeitModel, 8x8 image, patch 4, hidden 32, 2 layers, 4 heads, per-layer relative-"
          "position bias (table gathered by an index buffer) added to the scores, layer scale, "
@@ -1064,7 +1068,7 @@ for _a in [
                           num_key_value_heads=BENCH_LLAMA["kv_heads"],
                           max_position_embeddings=BENCH_LLAMA["seq"]),
          _bench_llama_ids, attention=("LlamaAttention",),
-         input_ranges={"input_ids": [0, VOCAB]}, extra=True),
+         input_ranges={"input_ids": [0, VOCAB]}, extra=True, flash=True),
     Arch("tv_mobilenet_v2_bench", "torchvision",
          f"torchvision MobileNetV2 (width 1.0, 17 inverted-residual blocks) on "
          f"{BENCH_MBV2['hw']}x{BENCH_MBV2['hw']} images, batch {BENCH_MBV2['batch']}",
