@@ -59,12 +59,7 @@ if cfg["mode"] == "attn_artifacts":
     artifacts.generate_artifacts(
         model, requires_grad=["wq", "wk", "wv", "wo"], loss=artifacts.LossType.MSELoss,
         optimizer=artifacts.OptimType.AdamW, artifact_directory=d)
-    opt = onnx.load(os.path.join(d, "optimizer_model.onnx"))
-    if opt.ir_version > 10:
-        opt.ir_version = 10
-        onnx.save(opt, os.path.join(d, "optimizer_model.onnx"))
-    print(json.dumps(sorted(os.listdir(d))))
-    sys.exit(0)
+    finish_artifacts()
 '''
 _MARK = 'if cfg["mode"] == "artifacts":'
 assert _MARK in _SCRIPT

@@ -36,6 +36,20 @@ from onnxruntime.training.api import CheckpointState, Module, Optimizer
 
 cfg = json.loads(sys.argv[1])
 d = cfg["dir"]
+
+
+def finish_artifacts():
+    # ends an artifacts mode: prints the files made. onnx >= 1.19 (.venv-ortt has 1.23.2)
+    # stamps the optimizer model with its own IR version (14), which onnxruntime 1.19.2 refuses
+    # (max 10); the ops are unchanged
+    opt = onnx.load(os.path.join(d, "optimizer_model.onnx"))
+    if opt.ir_version > 10:
+        opt.ir_version = 10
+        onnx.save(opt, os.path.join(d, "optimizer_model.onnx"))
+    print(json.dumps(sorted(os.listdir(d))))
+    sys.exit(0)
+
+
 if cfg["mode"] == "artifacts":
     rng = np.random.default_rng(0)
     sizes = [16, 32, 32, 32, 8]
@@ -69,14 +83,7 @@ if cfg["mode"] == "artifacts":
         model, requires_grad=[i.name for i in inits if i.name.startswith("fc")],
         loss=artifacts.LossType.MSELoss, optimizer=artifacts.OptimType.AdamW,
         artifact_directory=d)
-    # onnx >= 1.19 (.venv-ortt has 1.23.2) stamps the optimizer model with its own IR version
-    # (14), which onnxruntime 1.19.2 refuses (max 10); the ops are unchanged
-    opt = onnx.load(os.path.join(d, "optimizer_model.onnx"))
-    if opt.ir_version > 10:
-        opt.ir_version = 10
-        onnx.save(opt, os.path.join(d, "optimizer_model.onnx"))
-    print(json.dumps(sorted(os.listdir(d))))
-    sys.exit(0)
+    finish_artifacts()
 
 # --- train: the README's loop -----------------------------------------------------------------
 import ctypes

@@ -152,6 +152,11 @@ for _name in ("ortt_lora_hand", "ortt_lora_hand_relu", "ortt_lora_qv", "torch_lo
               "torch_lora_hand_relu", "torch_lora_qv"):
     SAMPLE_MODELS[f"lora_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 
+# language-model head + cross-entropy, both families (tests/data/make_lce.py; counts,
+# verification, training and the run-time guards: tests/test_lce.py)
+for _fam in ("ortt", "torch"):
+    for _name in ("untied", "bias_sum", "frozen", "sum", "bias", "frozen_sum"):
+        SAMPLE_MODELS[f"lce_{_fam}_{_name}"] = onnx.load(DATA / f"{_fam}_lce_{_name}.onnx")
 
 def _upto(rule_name):
     """The shipped rules up to and including ``rule_name`` in application order, so that a
@@ -309,7 +314,8 @@ def test_negative_wrong_constant(rule, spec_id, var):
             old = numpy_helper.to_array(t)
     if old is None:
         prod = next(n for n in mutated.graph.node if tensor in n.output)
-        old = numpy_helper.to_array(helper.get_attribute_value(prod.attribute[0]))
+        old = (numpy_helper.to_array(helper.get_attribute_value(prod.attribute[0]))
+               if prod.attribute else np.zeros(1, np.float32))  # ConstantOfShape's default 0
     if spec.kind in ("scalar", "large_negative"):
         bad = np.asarray([1.0, 2.0], dtype=old.dtype)  # not a scalar
     elif old.dtype.kind in "iu":

@@ -56,9 +56,9 @@ def check(contracts) -> None:
         if len(c.inputs) > 32 or len(c.outputs) > 32:
             raise SystemExit(f"{c.name}: more than 32 ports do not fit the signature bitmasks")
         for port in c.inputs:
-            if port.type not in ("", "bool"):
+            if port.type not in ("", "bool", "int64"):
                 raise SystemExit(f"{c.folder}/contract.yaml: input {port.name} has type "
-                                 f"{port.type!r}; only bool is supported")
+                                 f"{port.type!r}; only bool and int64 are supported")
         if len(c.inplace_pairs()) > 4:
             raise SystemExit(f"{c.name}: at most 4 in-place pairs (struct Inplace)")
         for name, spec in c.attributes.items():
@@ -150,9 +150,9 @@ def tables_h(contracts) -> str:
            + ", ".join(f'"{a}"' for a in contracts.activations) + "};", "",
            "// One signature per fused op, shared by its CPU and its CUDA registration: port counts,",
            "// which ports are optional (bit i = port i), which inputs accept float32 or float16 at",
-           "// run time, which are bool.",
+           "// run time, which are bool, which are int64.",
            "struct Signature {", "  size_t n_in, n_out;",
-           "  uint32_t opt_in, opt_out, any_float_in, bool_in;", "};",
+           "  uint32_t opt_in, opt_out, any_float_in, bool_in, int64_in;", "};",
            "// In-place pairs for OrtCustomOp::GetMayInplace: output out[i] may reuse input in[i]'s",
            "// buffer. The runtime's memory planner decides (only when that input is not used after",
            "// the node, has the same size and is not a graph input; the first usable pair wins);",
@@ -165,9 +165,10 @@ def tables_h(contracts) -> str:
         opt_out = _mask(c.outputs, lambda p: p.optional)
         anyf = _mask(c.inputs, lambda p: p.any_float)
         bools = _mask(c.inputs, lambda p: p.type == "bool")
+        int64s = _mask(c.inputs, lambda p: p.type == "int64")
         pairs = c.inplace_pairs()
         sigs.append(f"    {{{len(c.inputs)}, {len(c.outputs)}, {opt_in}, {opt_out}, {anyf}, "
-                    f"{bools}}},  // {c.name}")
+                    f"{bools}, {int64s}}},  // {c.name}")
         desc = ", ".join(f"{c.outputs[o].name} over {c.inputs[i].name}" for i, o in pairs)
         inplace.append(f"    {{{len(pairs)}, {{{', '.join(str(i) for i, _ in pairs)}}}, "
                        f"{{{', '.join(str(o) for _, o in pairs)}}}}},  // {c.name}"

@@ -149,6 +149,7 @@ struct SigOp : OpBase<TOp, TKernel> {
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (S.any_float_in >> i & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // checked later
     if (S.bool_in >> i & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
+    if (S.int64_in >> i & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
     return half ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   ONNXTensorElementDataType GetOutputType(size_t) const {

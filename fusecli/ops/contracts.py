@@ -33,7 +33,7 @@ class Port:
     any_float: bool = False  # an input that is float32 or float16 whatever the op's type
     like: tuple[str, ...] = ()  # an output's type rules (see domain.yaml)
     inplace_over: tuple[str, ...] = ()  # inputs whose buffer this output may reuse
-    type: str = ""  # an input's element type when it is not the op's float type ("bool")
+    type: str = ""  # an input's element type when it is not the op's float type (bool, int64)
 
 
 @dataclass(frozen=True)

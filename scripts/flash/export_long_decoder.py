@@ -10,9 +10,10 @@ training graph of either family (the memory table of issue 22):
 
   --family ortt   onnxruntime-training artifacts (generate_artifacts, CrossEntropyLoss on the
                   logits): SoftmaxCrossEntropyLoss + its Grad; run with build/venv-corpus-ortt
-  --family torch  torch-joint graph (aot_export_module(trace_joint=True) of the model + F.
-                  cross_entropy, then torch.onnx dynamo export): log_softmax + nll_loss
-                  decomposed; run with build/venv-corpus-torch
+  --family torch  torch-joint graph (aot_export_module(trace_joint=True) of the model and
+                  Hugging Face's loss written out, tests/data/make_lce.py's Loss, then the
+                  torch.onnx dynamo export): log_softmax, the -100 mask, gather, mean; run
+                  with build/venv-corpus-torch
 
 Writes DIR/{family}_{arch}_long_S{seq}.onnx (+ .params.npz). scripts/flash/memory.sh runs it
 and then `fusecli bench` on the original and the fused graph.
@@ -25,10 +26,10 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "corpus"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "data"))
 import gen  # noqa: E402
 
 VOCAB = {"llama": 32000, "gpt2": 50257}
@@ -62,15 +63,6 @@ class Logits(torch.nn.Module):
     def forward(self, input_ids):
         logits = self.net(input_ids=input_ids).logits
         return logits.reshape(-1, logits.shape[-1])
-
-
-class CELoss(torch.nn.Module):
-    def __init__(self, net: torch.nn.Module) -> None:
-        super().__init__()
-        self.net = Logits(net)
-
-    def forward(self, input_ids, labels):
-        return (F.cross_entropy(self.net(input_ids), labels),)
 
 
 def _ortt(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path) -> None:
@@ -109,11 +101,13 @@ def _torch(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path) -> 
     import onnx
 
     from gen_torch import export_joint
+    from make_lce import Loss  # Hugging Face's loss written out (F.cross_entropy's joint export
+                               # has wrong gradients in torch 2.13: shared/notes)
 
     vocab = model.config.vocab_size
     labels = torch.randint(0, vocab, ids.reshape(-1).shape)
-    m, values, _ = export_joint(CELoss(model), [ids, labels], ["input_ids", "labels"],
-                                metadata=False)
+    m, values, _ = export_joint(Loss(Logits(model), "mean"), [ids, labels],
+                                ["input_ids", "labels"], metadata=False)
     onnx.save(m, dest / f"{name}.onnx")
     np.savez(dest / f"{name}.params.npz", **values)
 

@@ -1,0 +1,132 @@
+// LinearCrossEntropy: CPU kernel. Rows in chunks: Z = Hc W^T (+ b) on onnxruntime's MLAS, the
+// row log-sum-exp, loss and dZ = c (softmax - onehot) in place (threads over rows), then
+// dHc = dZ W (MLAS) and dW += dZ^T Hc (Eigen, accumulating; threads over W's rows).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "cpu_eigen.h"
+#include "cpu_gemm.h"
+#include "cpu_kernel.h"
+#include "cpu_threads.h"
+
+namespace fusecli {
+namespace {
+
+// attributes: ignore_index, reduction, grad_scale, chunk_rows
+struct LceKernel : CpuKernel<LceKernel, kLinearCrossEntropy> {
+  template <typename TOp>
+  LceKernel(const OrtKernelInfo* info, const TOp* op) : CpuKernel(info, op), mm(info) {
+    FUSECLI_CHECK(reduction == "mean" || reduction == "sum",
+                  "LinearCrossEntropy: reduction must be mean or sum");
+  }
+  void Compute(Ort::KernelContext& ctx);
+  OrtMatMul mm;
+};
+
+constexpr int64_t kChunkBytes = 32 << 20;  // a chunk's logits: at most 32 MiB (at least 16 rows)
+
+void LceKernel::Compute(Ort::KernelContext& ctx) {
+  In h = get_input(ctx, 0), w = get_input(ctx, 1), b = get_input(ctx, 2), lab = get_input(ctx, 3);
+  In rw = get_input(ctx, 4), rg = get_input(ctx, 5), seed = get_input(ctx, 6);
+  FUSECLI_CHECK(!h.shape.empty() && w.shape.size() == 2, "LinearCrossEntropy: H needs rank >= 1, "
+                                                         "W must be [V, D]");
+  const int64_t D = h.shape.back(), V = w.shape[0];
+  FUSECLI_CHECK(w.shape[1] == D, "LinearCrossEntropy: W must be [V, D] with H's last dim D");
+  const int64_t N = D ? h.numel() / D : 0;
+  FUSECLI_CHECK(lab.numel() == N, "LinearCrossEntropy: labels must have one entry per row of H");
+  FUSECLI_CHECK(!b.present || b.numel() == V, "LinearCrossEntropy: bias must be [V]");
+  FUSECLI_CHECK(!rw.present || rw.numel() == N, "LinearCrossEntropy: row_weight must be [N]");
+  FUSECLI_CHECK(!rg.present || rg.numel() == N, "LinearCrossEntropy: row_grad must be [N]");
+  FUSECLI_CHECK(V > 0 || N == 0, "LinearCrossEntropy: an empty vocabulary");
+  FUSECLI_CHECK(!seed.present || seed.numel() == 1,
+                "LinearCrossEntropy: grad_seed must hold one value");
+  bool want_loss, want_dh, want_dw, want_db;
+  float* loss = output_or_null<float>(ctx, 0, {}, &want_loss);
+  float* dh = output_or_null<float>(ctx, 1, h.shape, &want_dh);
+  float* dw = output_or_null<float>(ctx, 2, w.shape, &want_dw);
+  float* db = output_or_null<float>(ctx, 3, {V}, &want_db);
+  FUSECLI_CHECK(!want_db || b.present, "LinearCrossEntropy: dB is requested but bias is absent");
+  if (want_dw) std::fill(dw, dw + V * D, 0.f);
+  if (want_db) std::fill(db, db + V, 0.f);
+  const float* hp = h.ptr<float>();
+  const float* wp = w.ptr<float>();
+  const float* bp = b.present ? b.ptr<float>() : nullptr;
+  const int64_t* lp = lab.ptr<int64_t>();
+  const float* rwp = rw.present ? rw.ptr<float>() : nullptr;
+  const float* rgp = rg.present ? rg.ptr<float>() : nullptr;
+  const bool mean = reduction == "mean";
+
+  // tokens that count (without row_weight), and the labels' range
+  double count = 0.0, wsum = 0.0;
+  for (int64_t i = 0; i < N; ++i) {
+    const bool valid = rwp || lp[i] != ignore_index;
+    FUSECLI_CHECK(!valid || (lp[i] >= 0 && lp[i] < V),
+                  "LinearCrossEntropy: a label is outside [0, V) and not ignore_index");
+    count += valid;
+    if (rwp) wsum += rwp[i];
+  }
+  const double denom = mean ? (rwp ? wsum : count) : 1.0;
+  const double seed_v = seed.present ? static_cast<double>(*seed.ptr<float>()) : 1.0;
+  const float coef = static_cast<float>(grad_scale * seed_v / denom);
+  const bool want_grad = want_dh || want_dw || want_db;
+
+  int64_t C = chunk_rows > 0 ? chunk_rows
+                             : std::max<int64_t>(16, kChunkBytes / static_cast<int64_t>(
+                                                         sizeof(float) * std::max<int64_t>(V, 1)));
+  C = std::max<int64_t>(1, std::min(C, N));
+  std::unique_ptr<float[]> zbuf(new float[static_cast<size_t>(C * V)]);
+  std::vector<double> nll(static_cast<size_t>(C));
+  const OrtKernelContext* kc = ctx.GetOrtKernelContext();
+  double total = 0.0;
+  for (int64_t r0 = 0; r0 < N; r0 += C) {
+    const int64_t c = std::min(C, N - r0);
+    float* z = zbuf.get();
+    const float* hc = hp + r0 * D;
+    mm.run(kc, false, true, 1, c, V, D, hc, wp, z);  // Z[c, V] = Hc W^T
+    parallel_for(c, std::max<int64_t>(1, (1 << 14) / V), [&](int, int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        MA row(z + i * V, V);
+        if (bp) row += CA(bp, V);
+        const int64_t g = r0 + i;
+        const bool valid = rwp || lp[g] != ignore_index;
+        const int64_t t = valid ? lp[g] : 0;
+        const float mx = row.maxCoeff();
+        const float zt = row[t];
+        const float lse = mx + std::log((row - mx).exp().sum());
+        nll[i] = !valid ? 0.0 : (rwp ? static_cast<double>(rwp[g]) : 1.0) * (lse - zt);
+        if (!want_grad) continue;
+        const float ci = rgp ? rgp[g] : (valid ? coef : 0.f);
+        if (ci == 0.f) {
+          row.setZero();
+          continue;
+        }
+        row = (row - lse).exp() * ci;  // c (softmax - onehot)
+        row[t] -= ci;
+      }
+    });
+    for (int64_t i = 0; i < c; ++i) total += nll[i];
+    if (!want_grad) continue;
+    if (want_dh) mm.run(kc, false, false, 1, c, D, V, z, wp, dh + r0 * D);  // dHc = dZ W
+    if (want_dw) gemm(true, false, V, D, c, 1.f, z, V, hc, D, 1.f, dw, D);  // dW += dZ^T Hc
+    if (want_db) {
+      parallel_for(V, 4096, [&](int, int64_t j0, int64_t j1) {
+        for (int64_t i = 0; i < c; ++i) {
+          const float* zr = z + i * V;
+          for (int64_t j = j0; j < j1; ++j) db[j] += zr[j];
+        }
+      });
+    }
+  }
+  if (want_loss) *loss = static_cast<float>(total / denom);
+}
+
+}  // namespace
+
+void add_linear_cross_entropy_cpu_ops(Ort::CustomOpDomain& domain) {
+  add_op<FusedOp<LceKernel>>(domain);
+}
+
+}  // namespace fusecli

@@ -1,0 +1,132 @@
+// LinearCrossEntropy: CUDA launcher. Per chunk of rows: Z = Hc W^T (SGEMM), one block per row
+// for the bias, log-sum-exp, nll and dZ = c (softmax - onehot) in place, then dHc = dZ W and
+// dW += dZ^T Hc (SGEMM, beta 1 after the first chunk) and dB += column sums. The token count
+// and the loss are reduced on the device.
+#include "cuda_common.cuh"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float block_reduce(float v, float* sh, bool is_max) {
+  const int t = threadIdx.x;
+  sh[t] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (t < s) sh[t] = is_max ? fmaxf(sh[t], sh[t + s]) : sh[t] + sh[t + s];
+    __syncthreads();
+  }
+  const float r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+// count[0] = number of rows whose label is not ignore_index (with row_weight: their sum)
+__global__ void lce_count_kernel(const int64_t* labels, int64_t n, int64_t ignore_index,
+                                 const float* rw, float* count) {
+  __shared__ float sh[kThreads];
+  float c = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    c += rw ? rw[i] : (labels[i] != ignore_index ? 1.f : 0.f);
+  c = block_reduce(c, sh, false);
+  if (threadIdx.x == 0) count[0] = c;
+}
+
+__global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labels,
+                                const float* rw, const float* rg, const float* seed,
+                                const float* count,
+                                float* nll, int64_t r0, int64_t v, int64_t ignore_index,
+                                int mean, float grad_scale, int want_grad) {
+  __shared__ float sh[kThreads];
+  const int64_t i = blockIdx.x, g = r0 + i;
+  float* row = z + i * v;
+  if (bias)
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) row[j] += bias[j];
+  __syncthreads();
+  const bool valid = rw || labels[g] != ignore_index;
+  int64_t t = valid ? labels[g] : 0;
+  if (t < 0 || t >= v) t = 0;  // checked on the host side of the graph; never read out of range
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, row[j]);
+  mx = block_reduce(mx, sh, true);
+  float s = 0.f;
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) s += expf(row[j] - mx);
+  s = block_reduce(s, sh, false);
+  const float lse = mx + logf(s);
+  const float zt = row[t];
+  __syncthreads();
+  if (threadIdx.x == 0) nll[g] = valid ? (rw ? rw[g] : 1.f) * (lse - zt) : 0.f;
+  if (!want_grad) return;
+  const float sc = grad_scale * (seed ? seed[0] : 1.f);
+  const float c = rg ? rg[g] : (valid ? sc / (mean ? count[0] : 1.f) : 0.f);
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
+    row[j] = c == 0.f ? 0.f : c * (expf(row[j] - lse) - (j == t ? 1.f : 0.f));
+}
+
+__global__ void lce_col_add_kernel(const float* z, float* db, int64_t rows, int64_t v) {
+  const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= v) return;
+  float s = 0.f;
+  for (int64_t r = 0; r < rows; ++r) s += z[r * v + j];
+  db[j] += s;
+}
+
+__global__ void lce_loss_kernel(const float* nll, int64_t n, const float* count, int use_count,
+                                float* loss) {
+  __shared__ float sh[kThreads];
+  float s = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += nll[i];
+  s = block_reduce(s, sh, false);
+  if (threadIdx.x == 0) loss[0] = use_count ? s / count[0] : s;
+}
+
+}  // namespace
+
+FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
+    void* stream, const float* h, const float* w, const float* bias, const int64_t* labels,
+    const float* row_weight, const float* row_grad, const float* grad_seed, float* loss,
+    float* dh, float* dw, float* db,
+    int64_t n, int64_t v, int64_t d, int64_t ignore_index, int reduction, float grad_scale,
+    int64_t chunk_rows) {
+  if (n < 0 || v < 0 || d < 0) return cudaErrorInvalidValue;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (dw) RETURN_IF_ERR(cudaMemsetAsync(dw, 0, v * d * sizeof(float), s));
+  if (db) RETURN_IF_ERR(cudaMemsetAsync(db, 0, v * sizeof(float), s));
+  const bool want_grad = dh || dw || db;
+  if (n == 0 || v == 0) {
+    if (loss) RETURN_IF_ERR(cudaMemsetAsync(loss, 0, sizeof(float), s));
+    return cudaGetLastError();
+  }
+  int64_t c = chunk_rows > 0 ? chunk_rows : (int64_t{64} << 20) / (4 * v);  // 64 MiB of logits
+  c = c < 16 ? 16 : c;
+  c = c > n ? n : c;
+  Scratch zs(s), ns(s);
+  RETURN_IF_ERR(zs.alloc(static_cast<size_t>(c * v) * sizeof(float)));
+  RETURN_IF_ERR(ns.alloc(static_cast<size_t>(n + 1) * sizeof(float)));
+  float* nll = ns.f();
+  float* count = nll + n;
+  lce_count_kernel<<<1, kThreads, 0, s>>>(labels, n, ignore_index, row_weight, count);
+  RETURN_IF_ERR(cudaGetLastError());
+  for (int64_t r0 = 0; r0 < n; r0 += c) {
+    const int64_t m = n - r0 < c ? n - r0 : c;
+    const float* hc = h + r0 * d;
+    RETURN_IF_ERR(sgemm(s, false, true, m, v, d, 1.f, hc, d, 0, w, d, 0, 0.f, zs.f(), v, 0));
+    lce_rows_kernel<<<static_cast<unsigned>(m), kThreads, 0, s>>>(
+        zs.f(), bias, labels, row_weight, row_grad, grad_seed, count, nll, r0, v, ignore_index,
+        reduction == 0, grad_scale, want_grad);
+    RETURN_IF_ERR(cudaGetLastError());
+    if (dh) RETURN_IF_ERR(sgemm(s, false, false, m, d, v, 1.f, zs.f(), v, 0, w, d, 0, 0.f,
+                                dh + r0 * d, d, 0));
+    if (dw) RETURN_IF_ERR(sgemm(s, true, false, v, d, m, 1.f, zs.f(), v, 0, hc, d, 0, 1.f, dw,
+                                d, 0));
+    if (db) {
+      lce_col_add_kernel<<<static_cast<unsigned>((v + 255) / 256), 256, 0, s>>>(zs.f(), db, m, v);
+      RETURN_IF_ERR(cudaGetLastError());
+    }
+  }
+  if (loss) {
+    lce_loss_kernel<<<1, kThreads, 0, s>>>(nll, n, count, reduction == 0, loss);
+    RETURN_IF_ERR(cudaGetLastError());
+  }
+  return cudaGetLastError();
+}

@@ -1,0 +1,46 @@
+// LinearCrossEntropy: onnxruntime CUDAExecutionProvider kernel (calls the C launcher in cuda.cu).
+#include "cuda_op_kernel.h"
+#include "op_launchers.h"
+
+namespace fusecli {
+namespace {
+
+// attributes: ignore_index, reduction, grad_scale, chunk_rows
+struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
+  using CudaKernel::CudaKernel;
+  void Compute(Ort::KernelContext& ctx) {
+    In h = get_input(ctx, 0), w = get_input(ctx, 1), b = get_input(ctx, 2),
+       lab = get_input(ctx, 3), rw = get_input(ctx, 4), rg = get_input(ctx, 5),
+       seed = get_input(ctx, 6);
+    FUSECLI_CHECK(!h.shape.empty() && w.shape.size() == 2 && w.shape[1] == h.shape.back(),
+                  "LinearCrossEntropy: H [..., D] and W [V, D] needed");
+    const int64_t D = h.shape.back(), V = w.shape[0];
+    const int64_t N = D ? h.numel() / D : 0;
+    FUSECLI_CHECK(lab.numel() == N && (!b.present || b.numel() == V) &&
+                      (!rw.present || rw.numel() == N) && (!rg.present || rg.numel() == N) &&
+                      (!seed.present || seed.numel() == 1),
+                  "LinearCrossEntropy: shape mismatch");
+    FUSECLI_CHECK(reduction == "mean" || reduction == "sum",
+                  "LinearCrossEntropy: reduction must be mean or sum");
+    float* loss = opt_out<float>(ctx, 0, {});
+    float* dh = opt_out<float>(ctx, 1, h.shape);
+    float* dw = opt_out<float>(ctx, 2, w.shape);
+    float* db = opt_out<float>(ctx, 3, {V});
+    FUSECLI_CHECK(!db || b.present, "LinearCrossEntropy: dB is requested but bias is absent");
+    check_cuda(fusecli_launch_linear_cross_entropy(
+                   ctx.GetGPUComputeStream(), h.ptr<float>(), w.ptr<float>(),
+                   b.present ? b.ptr<float>() : nullptr, lab.ptr<int64_t>(),
+                   rw.present ? rw.ptr<float>() : nullptr, rg.present ? rg.ptr<float>() : nullptr,
+                   seed.present ? seed.ptr<float>() : nullptr, loss, dh, dw, db, N, V, D, ignore_index, reduction == "mean" ? 0 : 1,
+                   grad_scale, chunk_rows),
+               "LinearCrossEntropy");
+  }
+};
+
+}  // namespace
+
+void add_linear_cross_entropy_cuda_ops(Ort::CustomOpDomain& domain) {
+  add_op<FusedOp<LceKernel, true>>(domain);
+}
+
+}  // namespace fusecli

@@ -1,0 +1,52 @@
+"""LinearCrossEntropy on the GPU: its launcher called by parameter name (fusecli/ops/gpu.py), the
+outputs allocated with torch, the torch reference and its timing case for
+tests/gpu/bench_cuda.py."""
+
+from __future__ import annotations
+
+from fusecli.ops.gpu import launch
+
+
+def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ignore_index=-100,
+                         reduction="mean", grad_scale=1.0, chunk_rows=0, want=(1, 1, 1, 1)):
+    """(loss, dH, dW, dB), None where not wanted (dB also without a bias)."""
+    import torch
+
+    d, v = h.shape[-1], w.shape[0]
+    n = h.numel() // d
+    loss = torch.empty((), device=h.device) if want[0] else None
+    dh = torch.empty_like(h) if want[1] else None
+    dw = torch.empty_like(w) if want[2] else None
+    db = torch.empty(v, device=h.device) if want[3] and bias is not None else None
+    launch("fusecli_launch_linear_cross_entropy", h=h, w=w, bias=bias, labels=labels,
+           row_weight=row_weight, row_grad=row_grad, grad_seed=None, loss=loss, dh=dh, dw=dw,
+           db=db, n=n, v=v, d=d, ignore_index=ignore_index, reduction=0 if reduction == "mean" else 1,
+           grad_scale=grad_scale, chunk_rows=chunk_rows)
+    return loss, dh, dw, db
+
+
+def ref_lce(h, w, bias, labels, ignore_index=-100, reduction="mean", grad_scale=1.0):
+    """(loss, dH, dW, dB) with torch autograd in float64."""
+    import torch
+
+    hh = h.double().reshape(-1, h.shape[-1]).detach().requires_grad_()
+    ww = w.double().detach().requires_grad_()
+    bb = None if bias is None else bias.double().detach().requires_grad_()
+    z = hh @ ww.t() + (0 if bb is None else bb)
+    loss = torch.nn.functional.cross_entropy(z, labels, ignore_index=ignore_index,
+                                             reduction=reduction)
+    (loss * grad_scale).backward()
+    return (loss.detach(), hh.grad.reshape(h.shape), ww.grad,
+            None if bb is None else bb.grad)
+
+
+def bench(add, r):
+    """A Llama-style LM head and loss: 2048 tokens, D 512, vocabulary 32000."""
+    import torch
+
+    h, w = r(2048, 512), r(32000, 512) * 0.02
+    lab = torch.randint(0, 32000, (2048,), device=h.device)
+    add("LinearCrossEntropy", [2048, 512, 32000],
+        lambda: linear_cross_entropy(h, w, None, lab),
+        lambda: ref_lce(h.float(), w.float(), None, lab),
+        (2 * h.numel() + 3 * w.numel()) * 4, None)

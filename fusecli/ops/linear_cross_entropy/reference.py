@@ -1,0 +1,60 @@
+"""NumPy reference of LinearCrossEntropy (the oracle for its kernels), following its
+contract.yaml: the plain formula on the whole [N, V] logits in float64."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx.reference.op_run import OpRun
+
+from fusecli.ops.reference import _fit, _s
+
+NO_IGNORE = -(2 ** 63)
+
+
+def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad=None,
+                         ignore_index=-100, reduction="mean", grad_scale=1.0, grad_seed=None):
+    """Returns (loss, dH, dW, dB) as the contract defines them."""
+    d = h.shape[-1]
+    h2 = h.astype(np.float64).reshape(-1, d)
+    n, v = h2.shape[0], w.shape[0]
+    lab = np.asarray(labels).reshape(-1).astype(np.int64)
+    if lab.size != n:
+        raise ValueError(f"LinearCrossEntropy: {lab.size} labels for {n} rows")
+    z = h2 @ w.astype(np.float64).T
+    if bias is not None:
+        z = z + bias.astype(np.float64)
+    m = z.max(axis=1, keepdims=True) if v else np.zeros((n, 1))
+    lse = (m + np.log(np.exp(z - m).sum(axis=1, keepdims=True)))[:, 0]
+    valid = lab != ignore_index if row_weight is None else np.ones(n, bool)
+    if np.any((lab[valid] < 0) | (lab[valid] >= v)):
+        raise ValueError("LinearCrossEntropy: a label is outside [0, V)")
+    safe = np.where(valid, lab, 0)
+    nll = lse - z[np.arange(n), safe]
+    count = float(valid.sum())
+    mean = _s(reduction) == "mean"
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if row_weight is None:
+            loss = nll[valid].sum() / (count if mean else 1.0)
+            seed = 1.0 if grad_seed is None else float(np.asarray(grad_seed).reshape(-1)[0])
+            c = valid * (float(grad_scale) * seed / (count if mean else 1.0))
+        else:
+            rw = row_weight.reshape(-1).astype(np.float64)
+            loss = (rw * nll).sum() / (rw.sum() if mean else 1.0)
+        if row_grad is not None:
+            c = row_grad.reshape(-1).astype(np.float64)
+    dz = np.exp(z - lse[:, None])
+    dz[np.arange(n), safe] -= 1.0
+    dz *= np.asarray(c, np.float64)[:, None]
+    f = h.dtype
+    return (np.array(loss, f), (dz @ w.astype(np.float64)).reshape(h.shape).astype(f),
+            (dz.T @ h2).astype(f), None if bias is None else dz.sum(axis=0).astype(f))
+
+
+class Reference(OpRun):
+
+    def _run(self, h, w, bias=None, labels=None, row_weight=None, row_grad=None, grad_seed=None,
+             ignore_index=None, reduction=None, grad_scale=None, chunk_rows=None):
+        return _fit(self, linear_cross_entropy(
+            h, w, bias, labels, row_weight, row_grad,
+            -100 if ignore_index is None else ignore_index, reduction or "mean",
+            1.0 if grad_scale is None else grad_scale, grad_seed))

@@ -1,0 +1,201 @@
+"""LinearCrossEntropy: the CPU kernel (fusecli/lib/libfusecli_ops.so) against the NumPy
+reference, against the unfused standard-ONNX head + loss + gradient in onnxruntime (graph
+optimizations off: MatMul, Add, LogSoftmax, GatherElements, the mask, ScatterElements, Exp,
+ReduceSum, Sub, the gradient MatMuls: the torch-joint spelling) and against onnxruntime-
+training's SoftmaxCrossEntropyLoss + SoftmaxCrossEntropyLossGrad, on shapes that cross every
+chunk edge: rows not a multiple of the chunk, one-row chunks, a chunk whose every token is
+ignored."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from fusecli.ops.linear_cross_entropy.reference import NO_IGNORE, linear_cross_entropy
+# (_built: the autouse fixture that fails clearly when the library is not built)
+from kernel_helpers import (DOMAIN, F32, Builder, _built, _rng, assert_close, ort_session,  # noqa: F401
+                            rand, run_fused, run_in_ortt)
+
+I64 = np.int64
+# (rows N as [B, S], D, V, chunk_rows): one row; rows below, at and across the chunk; chunk 1
+SHAPES = [((1, 1), 4, 3, 0), ((3, 37), 8, 11, 16), ((2, 32), 16, 50, 16), ((5, 7), 6, 29, 1),
+          ((2, 40), 12, 300, 0), ((1, 48), 8, 20, 48)]
+
+
+def make_case(shape, d, v, seed="a", ignore="chunk"):
+    rng = _rng("lce", shape, d, v, seed)
+    n = int(np.prod(shape))
+    h, w, bias = rand(rng, (*shape, d)), rand(rng, (v, d), scale=0.5), rand(rng, (v,))
+    lab = rng.integers(0, v, n).astype(I64)
+    if ignore == "chunk" and n >= 32:
+        lab[16:32] = -100           # every token of the second 16-row chunk
+    elif ignore == "some":
+        lab[::3] = -100
+    return h, w, bias, lab
+
+
+def fused(h, w, bias, lab, rw=None, rg=None, outs=(1, 1, 1, 1), **attrs):
+    names = ["loss", "dH", "dW", "dB"]
+    return run_fused("LinearCrossEntropy",
+                     [("H", h), ("W", w), ("bias", bias), ("labels", lab), ("row_weight", rw),
+                      ("row_grad", rg)],
+                     [(nm, F32) if o else None for nm, o in zip(names, outs)], **attrs)
+
+
+def torch_joint_unfused(h, w, bias, lab, grad_scale=1.0):
+    """The torch-joint decomposition of log_softmax + masked nll (mean over kept tokens) and its
+    backward, as torch 2.13's export writes it (tests/data/make_lce.py)."""
+    n, v = lab.size, w.shape[0]
+    b = Builder()
+    hn, wn, ln = b.input("H", h), b.input("W", w), b.input("labels", lab)
+    h2 = b.op("Reshape", hn, b.ints([n, h.shape[-1]]))
+    wt = b.op("Transpose", wn, perm=[1, 0])
+    z = b.op("MatMul", h2, wt)
+    if bias is not None:
+        z = b.add(z, b.input("bias", bias))
+    lp = b.op("LogSoftmax", z, axis=-1)
+    ne = b.op("Not", b.op("Equal", ln, b.ints(-100)))
+    safe = b.op("Where", ne, ln, b.ints(np.zeros(n, I64)))
+    idx = b.op("Unsqueeze", safe, b.ints([1]))
+    nll = b.op("Neg", b.op("Squeeze", b.op("GatherElements", lp, idx, axis=1), b.ints([1])))
+    mf = b.op("Cast", ne, to=1)
+    cnt = b.op("Cast", b.op("ReduceSum", b.op("Cast", ne, to=7), keepdims=0), to=1)
+    loss = b.op("Div", b.op("ReduceSum", b.mul(nll, mf), keepdims=0), cnt)
+    g = b.mul(b.op("Expand", b.op("Div", b.const(grad_scale), cnt), b.ints([n])), mf)
+    sa = b.op("ScatterElements", b.const(np.zeros((n, v))), idx,
+              b.op("Unsqueeze", b.op("Neg", g), b.ints([1])), axis=1, reduction="add")
+    dz = b.sub(sa, b.mul(b.op("Exp", lp), b.op("ReduceSum", sa, b.ints([-1]), keepdims=1)))
+    dw = b.op("MatMul", b.op("Transpose", dz, perm=[1, 0]), h2)
+    dh = b.op("Reshape", b.op("MatMul", dz, b.op("Transpose", wt, perm=[1, 0])),
+              b.ints(list(h.shape)))
+    outs = [loss, dh, dw] + ([b.op("ReduceSum", dz, b.ints([0]), keepdims=0)]
+                             if bias is not None else [])
+    return b.run(outs), (mf, g)
+
+
+@pytest.mark.parametrize("case", SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_lce_vs_reference_and_torch_joint_unfused(case, with_bias):
+    shape, d, v, chunk = case
+    h, w, bias, lab = make_case(shape, d, v)
+    bias = bias if with_bias else None
+    got = fused(h, w, bias, lab, outs=(1, 1, 1, with_bias), chunk_rows=chunk)
+    ref = linear_cross_entropy(h, w, bias, lab)
+    unf, _ = torch_joint_unfused(h, w, bias, lab)
+    for i, nm in enumerate(["loss", "dH", "dW", "dB"][:3 + with_bias]):
+        assert_close(got[i], ref[i], what=f"{nm} vs reference")
+        assert_close(got[i], unf[i], what=f"{nm} vs unfused")
+
+
+@pytest.mark.parametrize("case", SHAPES[1:4])
+def test_lce_row_weight_and_row_grad_are_the_torch_joint_inputs(case):
+    """torch-joint: the op takes the float mask (row_weight) and the gradient coefficient
+    (row_grad) that the graph computes, with the ignored labels replaced by 0."""
+    shape, d, v, chunk = case
+    h, w, bias, lab = make_case(shape, d, v, ignore="some")
+    unf, _ = torch_joint_unfused(h, w, None, lab, grad_scale=0.75)
+    keep = lab != -100
+    mf = keep.astype(F32)
+    g = (mf * 0.75 / keep.sum()).astype(F32)
+    got = fused(h, w, None, np.where(keep, lab, 0), rw=mf, rg=g, outs=(1, 1, 1, 0),
+                chunk_rows=chunk)
+    assert_close(got[0], unf[0], what="sum_i w_i nll_i / sum_i w_i")
+    loss_sum = fused(h, w, None, np.where(keep, lab, 0), rw=mf, outs=(1, 0, 0, 0),
+                     reduction="sum")[0]
+    assert_close(loss_sum / F32(keep.sum()), unf[0], what="sum_i w_i nll_i")
+    assert_close(got[1], unf[1], what="dH")
+    assert_close(got[2], unf[2], what="dW")
+
+
+def ortt_unfused_model(n, d, v, reduction, ignore_index, with_bias):
+    """onnxruntime-training's spelling: SoftmaxCrossEntropyLoss -> SoftmaxCrossEntropyLossGrad
+    (com.microsoft) seeded by a constant dLoss, and the head's gradient GEMMs."""
+    b = Builder()
+    hn, wn, ln = b.input("H", np.zeros((n, d), F32)), b.input("W", np.zeros((v, d), F32)), \
+        b.input("labels", np.zeros(n, I64))
+    z = b.op("MatMul", hn, b.op("Transpose", wn, perm=[1, 0]))
+    if with_bias:
+        z = b.add(z, b.input("bias", np.zeros(v, F32)))
+    ii = {} if ignore_index is None else {"ignore_index": ignore_index}
+    loss, lp = b.op("SoftmaxCrossEntropyLoss", z, ln, n_out=2, reduction=reduction, **ii)
+    dz = b.op("SoftmaxCrossEntropyLossGrad", b.const(0.5), lp, ln, reduction=reduction, **ii)
+    b.nodes[-1].domain = "com.microsoft"
+    dh = b.op("MatMul", dz, wn)
+    dw = b.op("Gemm", dz, hn, transA=1)
+    outs = [loss, dh, dw] + ([b.op("ReduceSum", dz, b.ints([0]), keepdims=0)] if with_bias else [])
+    m = b.model(outs)
+    m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return m, outs
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("ignore_index", [None, -100, 3])
+def test_lce_matches_ort_training_softmax_cross_entropy(reduction, ignore_index):
+    jobs, cases = [], []
+    for (shape, d, v, chunk), with_bias in zip(SHAPES[1:5], [True, False, True, False]):
+        h, w, bias, lab = make_case(shape, d, v, seed=reduction,
+                                    ignore="none" if ignore_index is None else "chunk")
+        n = lab.size
+        if ignore_index is not None:
+            lab = np.where(lab == -100, ignore_index, lab)
+        h2 = h.reshape(n, d)
+        m, outs = ortt_unfused_model(n, d, v, reduction, ignore_index, with_bias)
+        feeds = {"H": h2, "W": w, "labels": lab, **({"bias": bias} if with_bias else {})}
+        jobs.append({"model": m, "feeds": feeds, "outputs": outs})
+        cases.append((h2, w, bias if with_bias else None, lab, chunk, with_bias))
+    _, results, _ = run_in_ortt(jobs)
+    for (h2, w, bias, lab, chunk, with_bias), want in zip(cases, results):
+        got = fused(h2, w, bias, lab, outs=(1, 1, 1, with_bias), chunk_rows=chunk,
+                    reduction=reduction, grad_scale=0.5,
+                    ignore_index=NO_IGNORE if ignore_index is None else ignore_index)
+        ref = linear_cross_entropy(h2, w, bias, lab, ignore_index=NO_IGNORE if ignore_index is None
+                                   else ignore_index, reduction=reduction, grad_scale=0.5)
+        for i, nm in enumerate(["loss", "dH", "dW", "dB"][:3 + with_bias]):
+            assert_close(got[i], want[i], what=f"{nm} vs onnxruntime-training")
+            assert_close(got[i], ref[i], what=f"{nm} vs reference")
+
+
+def test_lce_outputs_are_optional_and_loss_alone_needs_no_gradient():
+    h, w, bias, lab = make_case((2, 40), 8, 30)
+    ref = linear_cross_entropy(h, w, bias, lab)
+    loss, dh, dw, db = fused(h, w, bias, lab, outs=(1, 0, 0, 0), chunk_rows=16)
+    assert dh is None and dw is None and db is None
+    assert_close(loss, ref[0], what="loss alone")
+    loss, dh, dw, db = fused(h, w, None, lab, outs=(0, 1, 0, 0), chunk_rows=16)
+    assert loss is None and dw is None
+    assert_close(dh, linear_cross_entropy(h, w, None, lab)[1], what="dH alone (frozen head)")
+
+
+def test_lce_grad_seed_scales_the_gradients_not_the_loss():
+    """A loss gradient fed at run time (grad_seed) multiplies grad_scale."""
+    h, w, bias, lab = make_case((3, 37), 8, 11)
+    seed = np.array([-1.5], F32)
+    got = run_fused("LinearCrossEntropy",
+                    [("H", h), ("W", w), ("bias", bias), ("labels", lab), ("row_weight", None),
+                     ("row_grad", None), ("grad_seed", seed)],
+                    [("loss", F32), ("dH", F32), ("dW", F32), ("dB", F32)], chunk_rows=16,
+                    grad_scale=0.5)
+    ref = linear_cross_entropy(h, w, bias, lab, grad_scale=0.5, grad_seed=seed)
+    unscaled = linear_cross_entropy(h, w, bias, lab)
+    for g, r, nm in zip(got, ref, ["loss", "dH", "dW", "dB"]):
+        assert_close(g, r, what=nm)
+    assert_close(ref[0], unscaled[0], what="the loss does not see the seed")
+    assert_close(ref[1], (unscaled[1] * -0.75).astype(F32), what="dH = -0.75 x the unseeded")
+
+
+def test_lce_mean_over_no_token_is_nan_and_gradients_zero():
+    h, w, bias, lab = make_case((1, 5), 4, 7)
+    lab[:] = -100
+    loss, dh, dw, _ = fused(h, w, None, lab, outs=(1, 1, 1, 0))
+    assert np.isnan(loss) and not np.any(dh) and not np.any(dw)
+
+
+def test_lce_refuses_bad_inputs():
+    h, w, bias, lab = make_case((1, 6), 4, 7)
+    with pytest.raises(Exception, match="outside"):
+        fused(h, w, None, np.full(6, 7, I64), outs=(1, 0, 0, 0))
+    with pytest.raises(Exception, match="labels"):
+        fused(h, w, None, lab[:5], outs=(1, 0, 0, 0))
+    with pytest.raises(Exception, match="W must be"):
+        fused(h, w[:, :3], None, lab, outs=(1, 0, 0, 0))

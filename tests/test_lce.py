@@ -1,0 +1,199 @@
+"""Fused linear + cross-entropy (rules/lce_ortt.yaml, rules/lce_torch.yaml -> LinearCrossEntropy):
+the real exports of tests/data/make_lce.py in both families fuse where the model code says
+(one LM head + loss each; the LoRA-adapted head is left to the LoRA rules: its adapters read the
+logits' gradient) and verify against their originals; one negative per guard (the logits read
+elsewhere, a loss gradient that is not a graph constant, a mean whose divisor is not the mask's
+count); and the ort-training workflow (Module + Optimizer) on fused models with the original's
+loss curve, a LoRA-adapted head's adapters included."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from conftest import run_cli
+from fusecli import FusionPass
+from fusecli.runtime.library import library_path
+from fusecli.runtime.verify import verify_models
+from test_ortt_training import _SCRIPT, _ortt
+
+DATA = Path(__file__).parent / "data"
+# from the model code (tests/data/make_lce.py): one head + loss per model; the LoRA head: none
+EXPECTED = {"lce_untied": 1, "lce_tied": 1, "lce_bias_sum": 1, "lce_frozen": 1, "lce_lora": 0,
+            "lce_sum": 1, "lce_bias": 1, "lce_frozen_sum": 1}
+CASES = [f"{p}_{n}" for p in ("ortt", "torch") for n in EXPECTED]
+RULES = {"ortt_lce_untied": "lce_ortt", "ortt_lce_tied": "lce_ortt",
+         "ortt_lce_bias_sum": "lce_ortt_ii", "ortt_lce_frozen": "lce_ortt_ii_frozen",
+         "torch_lce_untied": "lce_torch_mean", "torch_lce_tied": "lce_torch_mean",
+         "torch_lce_bias_sum": "lce_torch_sum_bias", "torch_lce_frozen": "lce_torch_mean_frozen_3d",
+         "ortt_lce_sum": "lce_ortt_ii", "ortt_lce_bias": "lce_ortt", "ortt_lce_frozen_sum":
+         "lce_ortt_frozen", "torch_lce_sum": "lce_torch_sum", "torch_lce_bias":
+         "lce_torch_mean_bias", "torch_lce_frozen_sum": "lce_torch_sum_frozen_3d"}
+
+
+def _fuse(m):
+    fp = FusionPass()
+    fp.run(m)
+    st = fp.stats.patterns.get("linear_cross_entropy")
+    return (st.fused if st else 0), fp
+
+
+def _lce_nodes(m):
+    return [n for n in m.graph.node if n.op_type == "LinearCrossEntropy"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_lce_exports_fuse_and_verify(name, tmp_path):
+    m = onnx.load(DATA / f"{name}.onnx")
+    fused, fp = _fuse(m)
+    assert fused == EXPECTED[name.split("_", 1)[1]]
+    nodes = _lce_nodes(m)
+    assert len(nodes) == fused
+    if fused:
+        rec = [r for r in fp.stats.fusions if r.pattern == "linear_cross_entropy"]
+        assert [r.rule for r in rec] == [RULES[name]]
+        outs = list(nodes[0].output) + [""] * (4 - len(nodes[0].output))
+        assert (outs[2] == "") == ("frozen" in name)               # a frozen head: no dW
+        assert (outs[3] != "") == ("bias" in name)                 # dB only with a bias
+        # the [N, V] tensors are gone: no LogSoftmax, no loss op, no ScatterElements
+        left = {n.op_type for n in m.graph.node}
+        assert not left & {"SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossGrad",
+                           "LogSoftmax", "ScatterElements"}
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(DATA / f"{name}.onnx", out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+def _logits(m):
+    for n in m.graph.node:
+        if n.op_type in ("SoftmaxCrossEntropyLoss", "LogSoftmax"):
+            return n.input[0]
+    raise AssertionError("no loss")
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+def test_lce_not_fused_when_the_logits_are_a_model_output(family):
+    m = onnx.load(DATA / f"{family}_lce_untied.onnx")
+    m.graph.output.append(helper.make_tensor_value_info(_logits(m), onnx.TensorProto.FLOAT, None))
+    fused, fp = _fuse(m)
+    assert fused == 0 and not _lce_nodes(m)
+    assert fp.stats.patterns["linear_cross_entropy"].detected == 1
+
+
+def test_lce_ortt_not_fused_when_the_loss_gradient_is_a_run_time_input():
+    """The op computes the gradient at the forward's position from the constant dLoss: a seed
+    fed at run time (a loss scale) is not that."""
+    m = onnx.load(DATA / "ortt_lce_untied.onnx")
+    seed = next(n for n in m.graph.node if n.op_type == "SoftmaxCrossEntropyLossGrad").input[0]
+    init = next(i for i in m.graph.initializer if i.name == seed)
+    m.graph.initializer.remove(init)
+    m.graph.input.append(helper.make_tensor_value_info(seed, onnx.TensorProto.FLOAT, []))
+    assert _fuse(m)[0] == 0 and not _lce_nodes(m)
+
+
+def test_lce_torch_mean_needs_the_mask_count_as_divisor(tmp_path):
+    """A loss divided by something else than the count of the mask (here a constant) is not the
+    op's mean: the _mean rules refuse it; whatever fuses instead (the sum rule, the Div left
+    outside) computes what the original does."""
+    m = onnx.load(DATA / "torch_lce_untied.onnx")
+    div = next(n for n in m.graph.node if n.op_type == "Div" and n.output[0] == "loss")
+    m.graph.initializer.append(numpy_helper.from_array(np.array(3.0, np.float32), "three"))
+    div.input[1] = "three"
+    orig = tmp_path / "orig.onnx"
+    onnx.save(m, orig)
+    _, fp = _fuse(m)
+    assert not [r for r in fp.stats.fusions if r.rule.startswith("lce_torch_mean")]
+    onnx.save(m, tmp_path / "fused.onnx")
+    report = verify_models(orig, tmp_path / "fused.onnx")
+    assert report.ok, report
+
+
+# --- training: onnxruntime.training.api Module + Optimizer ----------------------------------
+
+STEPS, SEQ, VOCAB, EMB = 5, 40, 300, 16
+_LM = r'''
+if cfg["mode"] == "lm_artifacts":
+    from onnxruntime.training import onnxblock
+    rng = np.random.default_rng(0)
+    S, V, E, lora = cfg["seq"], cfg["vocab"], cfg["emb"], cfg["lora"]
+    def w(shape, name, s=1.0):
+        return numpy_helper.from_array((s * rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32), name)
+    inits = [w((V, E), "emb", 4.0), w((E, E), "fc"), w((V, E), "head"),
+             numpy_helper.from_array(np.array([-1, V], np.int64), "flat")]
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["x"]),
+             helper.make_node("Transpose", ["fc"], ["fc_t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "fc_t"], ["h0"]),
+             helper.make_node("Relu", ["h0"], ["h"]),
+             helper.make_node("Transpose", ["head"], ["head_t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["h", "head_t"], ["z"])]
+    logits = "z"
+    trained = ["emb", "fc", "head"]
+    if lora:   # logits += 0.5 (h A^T) B^T, the head frozen, the adapters trained
+        inits += [w((4, E), "lora_A"), w((V, 4), "lora_B"),
+                  numpy_helper.from_array(np.array(0.5, np.float32), "lora_s")]
+        nodes += [helper.make_node("Transpose", ["lora_A"], ["a_t"], perm=[1, 0]),
+                  helper.make_node("MatMul", ["h", "a_t"], ["ha"]),
+                  helper.make_node("Transpose", ["lora_B"], ["b_t"], perm=[1, 0]),
+                  helper.make_node("MatMul", ["ha", "b_t"], ["hab"]),
+                  helper.make_node("Mul", ["hab", "lora_s"], ["habs"]),
+                  helper.make_node("Add", ["z", "habs"], ["zl"])]
+        logits = "zl"
+        trained = ["emb", "fc", "lora_A", "lora_B"]
+    nodes.append(helper.make_node("Reshape", [logits, "flat"], ["logits"]))
+    graph = helper.make_graph(
+        nodes, "lm", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, S])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [S, V])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    artifacts.generate_artifacts(
+        model, requires_grad=trained, frozen_params=[i.name for i in inits if i.name not in trained and i.data_type == 1],
+        loss=onnxblock.loss.CrossEntropyLoss(reduction="mean", ignore_index=-100),
+        optimizer=artifacts.OptimType.AdamW, artifact_directory=d)
+    finish_artifacts()
+'''
+_MARK = 'if cfg["mode"] == "artifacts":'
+assert _MARK in _SCRIPT
+SCRIPT = _SCRIPT.replace(_MARK, _LM.strip("\n") + "\n" + _MARK, 1)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["head", "lora_head"])
+def test_fused_lm_head_trains_like_the_original(lora, tmp_path, ortt_python, monkeypatch):
+    import test_ortt_training
+
+    monkeypatch.setattr(test_ortt_training, "_SCRIPT", SCRIPT)
+    art = tmp_path / "artifacts"
+    art.mkdir()
+    made = _ortt(ortt_python, {"mode": "lm_artifacts", "dir": str(art), "seq": SEQ,
+                               "vocab": VOCAB, "emb": EMB, "lora": lora})
+    assert {"training_model.onnx", "optimizer_model.onnx", "checkpoint"} <= set(made)
+    orig, fused = art / "training_model.onnx", art / "fused_training_model.onnx"
+    report = json.loads(run_cli("optimize", orig, "-o", fused, "--json").stdout)
+    fusions = {p: v["fused"] for p, v in report["patterns"].items() if v["fused"]}
+    # the model code: one head + loss; with the LoRA adapter the head's logits' gradient goes
+    # to the adapters (left to the LoRA rule), so the head + loss stays
+    assert fusions.get("linear_cross_entropy", 0) == (0 if lora else 1), fusions
+
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, VOCAB, (1, SEQ)).astype(np.int64)
+    labels = np.roll(ids[0], -1).astype(np.int64)      # next-token targets
+    labels[-3:] = -100                                 # ignored tokens
+    np.savez(tmp_path / "batch.npz", x=ids, y=labels)
+    res = _ortt(ortt_python, {"mode": "train", "dir": str(art), "library": library_path(),
+                              "batch": str(tmp_path / "batch.npz"), "steps": STEPS, "lr": 0.02,
+                              "models": [str(orig), str(fused)], "ops": ["LinearCrossEntropy"]})
+    a, b = res[str(orig)], res[str(fused)]
+    assert all(np.diff(a["losses"]) < 0), a["losses"]     # it does train
+    np.testing.assert_allclose(b["losses"], a["losses"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b["params"], a["params"], rtol=1e-4, atol=1e-6)
+    assert a["calls"] == {"LinearCrossEntropy": 0}
+    assert b["calls"] == {"LinearCrossEntropy": 0 if lora else STEPS}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _library_built():
+    library_path()
