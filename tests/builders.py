@@ -533,7 +533,7 @@ def torch_linear_act(act_rule, *, layout="linear", three_d=False, bias=True, fir
 
 def with_probabilities_output(m):
     """A copy of `m` whose Softmax outputs are graph outputs too (a model that returns its
-    attentions): the ort-training flash rules refuse there (P must exist), and the sdpa rules,
+    attentions): the flash rules refuse there (P must exist), and the sdpa rules,
     which keep P, fuse the attention backward (the fixture of sdpa variants that flash would
     otherwise take first, e.g. attention without dK since issue 21's optional flash branches)."""
     import copy

@@ -1,7 +1,8 @@
 """Flash-style attention in torch-joint graphs (issue 22 item 1: rules/flash_torch.yaml): each
 variant on a real export (positive), one negative per guard (P read elsewhere, attention
-dropout, a learned bias taking dS, a masked_fill mask), and the fused graphs against the
-originals in onnxruntime. Expected counts are the models' attention layers."""
+dropout, a learned bias taking dS, a masked_fill mask), fine-tuning exports without dQ, dK or
+dV (optional branches), and the fused graphs against the originals in onnxruntime. Expected
+counts are the models' attention layers."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from fusecli import FusionPass
 from test_flash import assert_verifies
 
 CORPUS = SAMPLES.parent / "corpus"
-GQA = Path(__file__).parent / "data" / "gqa"
+DATA = Path(__file__).parent / "data"
+GQA = DATA / "gqa"
 
 # graph -> (flash rule, attention layers in the model code); the corpus graphs have 2 layers
 # (scripts/corpus/archs.py LAYERS), the tests/data/make_gqa.py graphs one attention
@@ -29,11 +31,19 @@ POSITIVE = {
     "torch_vit": ("flash_torch_plain", 2),           # no mask, Mul scale
     "torch_timm_vit": ("flash_torch_plain", 2),
     "torch_gqa_expand_kv2": ("flash_torch_gqa_plain", 1),
+    # fine-tuning: layer 0 of a LoRA-q/v model has no dK (k_proj and everything below frozen)
+    "torch_llama_lora": ("flash_torch_gqa_mask", 2),
+    "torch_bert_lora": ("flash_torch_mask", 2),
+    "torch_frozen_block": ("flash_torch_plain", 1),  # tests/data/make_frozen.py: no dK
+    # tests/data/make_gqa.py: one projection frozen (x needs no gradient): no dQ / dK / dV
+    "torch_gqa_expand_kv2_frozen_q": ("flash_torch_gqa_plain", 1),
+    "torch_gqa_expand_kv2_frozen_k": ("flash_torch_gqa_plain", 1),
+    "torch_gqa_expand_kv2_frozen_v": ("flash_torch_gqa_plain", 1),
 }
 
 
 def _load(name):
-    for d in (CORPUS, GQA, SAMPLES):
+    for d in (CORPUS, GQA, DATA, SAMPLES):
         if (d / f"{name}.onnx").exists():
             return d / f"{name}.onnx"
     raise FileNotFoundError(name)
@@ -144,3 +154,56 @@ def test_flash_torch_fused_graph_verifies(name, tmp_path):
     fused, stats = _fuse(onnx.load(src))
     assert stats.patterns["flash_attention"].fused >= 1
     assert_verifies(src, fused, stats, tmp_path)
+
+
+# --- fine-tuning: any of dQ, dK, dV absent (issue 21) ---------------------------------------
+
+def _given(node):
+    """Which of FlashAttentionGrad's dQ, dK, dV the node computes (trailing "" dropped)."""
+    return [bool(t) for t in (list(node.output) + ["", "", ""])[:3]]
+
+
+@pytest.mark.parametrize("name,given", [
+    ("torch_gqa_expand_kv2_frozen_q", [[False, True, True]]),
+    ("torch_gqa_expand_kv2_frozen_k", [[True, False, True]]),
+    ("torch_gqa_expand_kv2_frozen_v", [[True, True, False]]),
+    ("torch_frozen_block", [[True, False, True]]),
+    # LoRA on q / v: layer 0's K has no gradient (nothing below it trains), layer 1's has
+    ("torch_llama_lora", [[True, False, True], [True, True, True]]),
+    ("torch_bert_lora", [[True, False, True], [True, True, True]]),
+])
+def test_flash_torch_without_some_gradients(name, given, tmp_path):
+    """The absent branch (with its views and repeat_kv's group sum) is not computed: the fused
+    node leaves that output empty, and the fused graph verifies against the original."""
+    src = _load(name)
+    fused, stats = _fuse(onnx.load(src))
+    bwd = [n for n in fused.graph.node if n.op_type == "FlashAttentionGrad"]
+    assert sorted(_given(n) for n in bwd) == sorted(given)  # (in any layer order)
+    assert "Softmax" not in [n.op_type for n in fused.graph.node]
+    assert_verifies(src, fused, stats, tmp_path)
+
+
+@pytest.mark.parametrize("name,read", [
+    # dK absent, but dS is read by another node (a dK computed another way)
+    ("torch_gqa_expand_kv2_frozen_k", "dS"),
+    # dV absent, but P's batched view is read by another node (a dV computed another way)
+    ("torch_gqa_expand_kv2_frozen_v", "P3"),
+])
+def test_flash_torch_absent_branch_is_no_licence_to_drop_a_reader(name, read):
+    """An absent gradient branch is a node that is not there, not one the rule may remove: a
+    reader of dS or P outside the match keeps the attention out of the flash rule."""
+    m = onnx.load(_load(name))
+    if read == "P3":  # the batched view of the probabilities, which the P @ V MatMul reads
+        p4 = next(n.output[0] for n in m.graph.node if n.op_type == "Softmax")
+        t = next(n.output[0] for n in m.graph.node if n.op_type == "Reshape" and n.input[0] == p4)
+    else:  # dS: the softmax backward's Sub (dP * P - P * sum(dP * P)), after P's Muls
+        p4 = next(n.output[0] for n in m.graph.node if n.op_type == "Softmax")
+        p_muls = {n.output[0] for n in m.graph.node if n.op_type == "Mul" and p4 in n.input}
+        t = next(n.output[0] for n in m.graph.node
+                 if n.op_type == "Sub" and set(n.input) <= p_muls)
+    m.graph.node.append(onnx.helper.make_node("ReduceMax", [t], ["extra"], keepdims=0))
+    m.graph.output.append(onnx.helper.make_empty_tensor_value_info("extra"))
+    fused, stats = _fuse(m)
+    assert stats.patterns["flash_attention"].fused == 0
+    assert stats.patterns["flash_attention"].skipped == {"intermediate_consumed_outside": 1}
+    assert "FlashAttention" not in [n.op_type for n in fused.graph.node]

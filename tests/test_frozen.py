@@ -28,10 +28,9 @@ EXPECTED = {
     "frozen_mlp": {"linear_relu": 1, "linear_gelu": 1, "linear_silu": 1},
     "frozen_first": {"linear_gelu": 1},
     "frozen_norms": {"layernorm": 1, "rmsnorm": 1},
-    # ln1 has no backward (its input and parameters need no gradient); the attention has no dK
-    "frozen_block": {"sdpa": 1, "layernorm": 1, "linear_gelu": 1},
-    # ort-training: the flash rules take that attention whole (no dropout; dK absent)
-    "ortt_frozen_block": {"flash_attention": 1, "layernorm": 1, "linear_gelu": 1},
+    # ln1 has no backward (its input and parameters need no gradient); the attention has no dK;
+    # the flash rules take that attention whole (explicit, no dropout, no mask; dK absent)
+    "frozen_block": {"flash_attention": 1, "layernorm": 1, "linear_gelu": 1},
 }
 CASES = [(f"{p}_{n}", f"{p}_{n}" if f"{p}_{n}" in EXPECTED else n)
          for p in ("ortt", "torch") for n in EXPECTED if not n.startswith(("ortt_", "torch_"))]
@@ -213,18 +212,17 @@ def test_frozen_weight_variant_guards(rule, guard):
 @pytest.mark.parametrize("family", ["ortt", "torch"])
 def test_attention_without_dk_fuses_into_dq_dv_only(family):
     """k_proj and everything below it frozen: the fused AttentionGrad writes dQ and dV, no dK,
-    and reads Q (bound through the forward score MatMul, kept). In ort-training the flash
-    rules take such an attention first (FlashAttentionGrad without dK); AttentionGrad does
-    where they refuse (here: the probabilities are a graph output too)."""
-    m = onnx.load(DATA / f"{family}_frozen_block.onnx")
-    if family == "ortt":
-        flash = copy.deepcopy(m)
-        FusionPass().run(flash)
-        (n,) = [n for n in flash.graph.node if n.op_type == "FlashAttentionGrad"]
-        assert _given(n.output, 0, 3) == [True, False, True]
-        import builders
+    and reads Q (bound through the forward score MatMul, kept). The flash rules take such an
+    attention first (FlashAttentionGrad without dK); AttentionGrad does where they refuse
+    (here: the probabilities are a graph output too)."""
+    import builders
 
-        m = builders.with_probabilities_output(m)
+    m = onnx.load(DATA / f"{family}_frozen_block.onnx")
+    flash = copy.deepcopy(m)
+    FusionPass().run(flash)
+    (n,) = [n for n in flash.graph.node if n.op_type == "FlashAttentionGrad"]
+    assert _given(n.output, 0, 3) == [True, False, True]
+    m = builders.with_probabilities_output(m)
     fp = FusionPass()
     fp.run(m)
     assert [f.rule for f in fp.stats.fusions if f.pattern == "sdpa"] == [
@@ -296,7 +294,7 @@ def test_explain_names_the_missing_gradient(name, rule, node, branch):
 
     fp = FusionPass(only={rule})  # (the earlier stages apply first, as in `fusecli explain`)
     model = onnx.load(DATA / f"{name}.onnx")
-    if name == "ortt_frozen_block":  # where the flash rules (an earlier stage) do not take it
+    if name.endswith("_frozen_block"):  # where the flash rules (an earlier stage) do not take it
         model = builders.with_probabilities_output(model)
     misses = [m for m in explain_model(model, fp) if m["rule"] == rule]
     assert misses

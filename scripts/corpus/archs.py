@@ -39,9 +39,29 @@ a partially frozen model, a ViT patch-embedding conv frozen for torch-joint). A 
 whose input needs a gradient still has its backward (the dX branch) and counts; the first layer
 of a network (no dX) counts when it trains. rope counts the rotated Q and K separately (each
 when the q_proj / k_proj output needs a gradient: layer 0's K of a LoRA-on-q/v model has none).
-flash_attention (ort-training only, Arch.flash): the attention calls of an eager attention
-without active probability dropout count as flash_attention instead of sdpa (the ort-training
-flash rules take such an attention whole, forward and backward).
+flash_attention (Arch.flash, both families): the sdpa calls of an architecture whose attention
+the flash rules take whole, forward and backward (rules/flash_ortt.yaml, rules/flash_torch.yaml),
+count as flash_attention instead of sdpa. Arch.flash is set from the attention module's code
+when all of these hold:
+  - the scores are computed explicitly, softmax(Q K^T [* scale] [+ mask]) V (transformers'
+    attn_implementation "eager", timm's fused_attn off), or, in ort-training, through
+    F.scaled_dot_product_attention WITHOUT a mask (the TorchScript export writes it out as
+    MatMul / Softmax / MatMul; with a mask it adds a NaN guard, Where(IsNaN(P), 0, P), which
+    stays sdpa; torch-joint cannot export F.scaled_dot_product_attention at all);
+  - no active attention-probability dropout (dropout on P; LoRA's lora_dropout on the
+    projection inputs is none);
+  - no learned bias added to the scores (T5's relative attention bias, Swin's position table:
+    its gradient reads dS);
+  - the mask is additive or absent (a masked_fill / where mask, DistilBERT's and GPT-2's /
+    GPT-Neo's causal where, stays sdpa);
+  - P is not a model output (output_attentions off);
+  - grouped K / V (GQA, multi-query) go through repeat_kv (a K / V broadcast inside the MatMuls
+    stays sdpa in ort-training).
+The family limits are the same for every corpus architecture with flash set, so one flag holds
+for both families; dK (and dQ / dV) absent in a fine-tuning setup does not change the count.
+Of the extra (sweep) architectures, flash is set where a sweep checked it (vit_sdpa, electra,
+opt, gemma, stablelm, clip_vision: flash 2/2, verify PASS, both families; llama_bench as
+llama); the others keep sdpa until a sweep looks at them.
 """
 from __future__ import annotations
 
@@ -242,12 +262,32 @@ class Arch:
     optimize: bool = True
     # fine-tuning corpus (issue 21): what trains ("full": every parameter), shown in the README
     # table's setup column; symbolic: the [batch, sequence] inputs are exported with symbolic
-    # dims "batch" and "sequence"; flash: in ort-training the eager attention (no probability
-    # dropout, no learned bias) counts as flash_attention, not sdpa (see the module docstring)
+    # dims "batch" and "sequence"; flash: the attention meets the flash conditions (module
+    # docstring): its sdpa calls count as flash_attention (flash_counts, FLASH_NOTE)
     setup: str = "full"
     symbolic: bool = False
     flash: bool = False
     loss: str = "mse"            # mse | ce (ignore_index -100; torch-joint: label smoothing) | bce
+
+
+FLASH_NOTE = ("flash_attention = those attention calls, forward and backward as one (eager "
+              "attention or a mask-free F.scaled_dot_product_attention, no attention-probability "
+              "dropout, no learned bias reading dS, additive mask or none, P not an output), "
+              "which leaves sdpa 0")
+
+
+def flash_counts(arch: "Arch", counts: dict[str, int]) -> dict[str, int]:
+    """derive_counts' counts with an Arch.flash architecture's sdpa calls moved to
+    flash_attention (module docstring), in every family."""
+    out = dict(counts)
+    if arch.flash:
+        out["flash_attention"], out["sdpa"] = out["flash_attention"] + out["sdpa"], 0
+    return out
+
+
+def count_notes(arch: "Arch") -> str:
+    """The manifest's expected_from: the arch's count notes, and the flash note when it applies."""
+    return "; ".join(n for n in (arch.count_notes, FLASH_NOTE if arch.flash else "") if n)
 
 
 class Wrap(nn.Module):
@@ -330,7 +370,7 @@ def decoder_model(kind: str, kv_heads: int, layers: int = LAYERS, **extra) -> Ca
 
 
 def _decoder(name: str, kind: str, kv_heads: int, desc: str, inputs=_ids, is_extra=False,
-             families=FAMILIES, **extra) -> "Arch":
+             families=FAMILIES, flash: bool = False, **extra) -> "Arch":
     ranges = {"input_ids": [0, VOCAB]}
     if inputs is not _ids:
         # SDPA: feeds without padding (see phi_sdpa: a random 0/1 mask can hide every key of
@@ -339,10 +379,12 @@ def _decoder(name: str, kind: str, kv_heads: int, desc: str, inputs=_ids, is_ext
     return Arch(
         name, "transformers", f"{kind}Model (causal decoder), 2 layers, hidden 32, 4 heads, "
         + desc, decoder_model(kind, kv_heads, **extra), inputs, attention=(f"{kind}Attention",),
-        input_ranges=ranges, extra=is_extra, families=families,
+        input_ranges=ranges, extra=is_extra, families=families, flash=flash,
         count_notes=f"rmsnorm 5 = per layer input_layernorm and post_attention_layernorm + "
-        f"norm; sdpa 2 = one {kind}Attention per layer; linear_silu 2 = mlp.gate_proj -> SiLU "
-        "per layer (up_proj is multiplied in afterwards)")
+        f"norm; sdpa 2 = one {kind}Attention per layer; swiglu 2 = one {kind}MLP "
+        "(act_fn(gate_proj(x)) * up_proj(x), SiLU) per layer, whose gate_proj -> SiLU is counted "
+        f"there and not in linear_silu; rope 4 = q and k through apply_rotary_pos_emb in each "
+        f"{kind}Attention (2 per layer)")
 
 
 def _vit_hf(family: str, attn: str = "eager") -> nn.Module:
@@ -475,11 +517,11 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          "layer; linear_gelu 2 = mlp.c_fc (Conv1D) -> NewGELUActivation per layer",
          input_ranges={"input_ids": [0, VOCAB], "attention_mask": [0, 2]}),
     _decoder("llama", "Llama", 2, "2 KV heads (GQA via repeat_kv), RMSNorm, rotary, SwiGLU MLP "
-             "(silu(gate) * up), scores (q@k^T) * scaling"),
+             "(silu(gate) * up), scores (q@k^T) * scaling", flash=True),
     _decoder("mistral", "Mistral", 1, "ONE KV head (multi-query attention), RMSNorm, SwiGLU "
-             "MLP, scores (q@k^T) * scaling", sliding_window=None),
+             "MLP, scores (q@k^T) * scaling", sliding_window=None, flash=True),
     _decoder("qwen2", "Qwen2", 2, "2 KV heads (GQA), q/k/v Linears with bias, RMSNorm, SwiGLU "
-             "MLP, scores (q@k^T) * scaling"),
+             "MLP, scores (q@k^T) * scaling", flash=True),
     Arch("t5", "transformers",
          "T5EncoderModel, 2 layers, d_model 32, 4 heads of 8, no dropout, no score scaling, "
          "learned relative-position bias (layer 0's table, reused by layer 1), T5LayerNorm "
@@ -490,7 +532,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
     Arch("vit", "transformers",
          "ViTModel, 8x8 image, 4x4 patches (Conv), hidden 32, 2 layers, 4 heads, no mask, "
          "(q@k^T) * scaling, erf-GELU MLP, pre-LN; torch-joint: patch conv frozen",
-         _vit_hf, _image(8), attention=("ViTSelfAttention",),
+         _vit_hf, _image(8), attention=("ViTSelfAttention",), flash=True,
          count_notes="layernorm 5 = per layer layernorm_before and layernorm_after + final "
          "layernorm; "
          "sdpa 2 = one ViTSelfAttention per layer; linear_gelu 2 = intermediate.dense -> "
@@ -507,7 +549,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
     Arch("timm_vit", "timm",
          "timm VisionTransformer, 8x8 image, patch 4, dim 32, depth 2, 4 heads, fused_attn off "
          "(q * scale, q@k^T, softmax, @v), no mask, nn.GELU Mlp, class-token head Linear(32->4)",
-         _timm_vit, _image(8), attention=("Attention",),
+         _timm_vit, _image(8), attention=("Attention",), flash=True,
          count_notes="layernorm 5 = per block norm1 and norm2 + final norm; sdpa 2 = one "
          "Attention per"
          " block; linear_gelu 2 = mlp.fc1 -> nn.GELU per block; head Linear has no "
@@ -531,7 +573,8 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          # graph's SoftmaxGrad then computes NaN gradients, and verify cannot judge
          input_ranges={"input_ids": [0, VOCAB], "attention_mask": [1, 2]},
          count_notes="layernorm 3 = per layer input_layernorm + final_layernorm; sdpa 2 = one "
-         "PhiAttention per layer; linear_gelu 2 = mlp.fc1 -> NewGELUActivation per layer"),
+         "PhiAttention per layer; linear_gelu 2 = mlp.fc1 -> NewGELUActivation per layer; rope 4 "
+         "= q and k through apply_rotary_pos_emb in each PhiAttention (2 per layer)"),
     Arch("bert_sdpa", "transformers",
          "BertModel as bert, " + _SDPA + ": padding mask, attention-probability dropout 0.1 "
          "inside SDPA",
@@ -546,12 +589,13 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
     Arch("vit_sdpa", "transformers", "ViTModel as vit, " + _SDPA + ", no mask",
          lambda fam: _vit_hf(fam, attn="sdpa"), _image(8),
          attention=("ViTSelfAttention", "ViTSdpaSelfAttention"), count_notes="as vit",
-         families=_ORTT, extra=True),
+         families=_ORTT, extra=True, flash=True),
     Arch("tv_vit", "torchvision",
          "torchvision VisionTransformer, 8x8 image, patch 4, hidden 32, 2 layers, 4 heads, "
          "nn.MultiheadAttention (need_weights=False: F.scaled_dot_product_attention), nn.GELU "
          "MLP, pre-LN; torch-joint: patch conv frozen",
          _tv_vit, _image(8), attention=("MultiheadAttention",), families=_ORTT,
+         flash=True,  # F.scaled_dot_product_attention without a mask (module docstring)
          count_notes="layernorm 5 = per layer ln_1 and ln_2 + encoder.ln; sdpa 2 = one "
          "MultiheadAttention per layer; linear_gelu 2 = mlp Linear -> nn.GELU per layer; heads "
          "Linear has no activation"),
@@ -600,7 +644,7 @@ ARCHS["llama_raw"] = dataclasses.replace(
     _decoder("llama_raw", "Llama", 2, "2 KV heads (GQA via repeat_kv), RMSNorm, rotary, SwiGLU "
              "MLP (silu(gate) * up), scores (q@k^T) * scaling; RAW dynamo export "
              "(optimize=False): constant subgraphs, Identity detach/clone, no-op views"),
-    families=("torch-joint",), optimize=False)
+    families=("torch-joint",), optimize=False, flash=True)
 
 
 # --- sweep: architectures the corpus does not commit (extra=True) ---------------------------------
@@ -678,7 +722,8 @@ for _a in [
              hidden_size=HID, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
              intermediate_size=FF, max_position_embeddings=16, type_vocab_size=1,
              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
-         _ids_mask, attention=("ElectraSelfAttention",), input_ranges=_MASK_R, extra=True),
+         _ids_mask, attention=("ElectraSelfAttention",), input_ranges=_MASK_R, extra=True,
+         flash=True),
     Arch("albert", "transformers",
          "AlbertModel: embedding 16 -> Linear(16->32), ONE shared layer applied twice, 4 heads, "
          "no dropout, padding mask, gelu_new FFN, pooler Linear+Tanh",
@@ -693,7 +738,7 @@ for _a in [
          "OPTModel (causal decoder, pre-LN), 2 layers, hidden 32, 4 heads, q_proj(x) * scaling "
          "before q@k^T, ReLU FFN (fc1 -> ReLU -> fc2), padding mask",
          _opt,
-         _ids_mask, attention=("OPTAttention",), input_ranges=_MASK_R, extra=True),
+         _ids_mask, attention=("OPTAttention",), input_ranges=_MASK_R, extra=True, flash=True),
     Arch("bloom", "transformers",
          "BloomModel (causal decoder), 2 layers, hidden 32, 4 heads, ALiBi bias through "
          "baddbmm(alibi, q, k^T, beta, alpha), fused query_key_value Linear, BloomGelu "
@@ -715,7 +760,7 @@ for _a in [
              intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
              num_key_value_heads=1, head_dim=8, max_position_embeddings=16,
              hidden_activation="gelu_pytorch_tanh"),
-         _ids, attention=("GemmaAttention",), input_ranges=_IDS_R, extra=True),
+         _ids, attention=("GemmaAttention",), input_ranges=_IDS_R, extra=True, flash=True),
     Arch("stablelm", "transformers",
          "StableLmModel (causal decoder), 2 layers, hidden 32, 4 heads, nn.LayerNorm (not "
          "RMSNorm), partial rotary 0.25, q/k/v bias, SwiGLU MLP",
@@ -723,7 +768,7 @@ for _a in [
              intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
              num_key_value_heads=HEADS, max_position_embeddings=16, partial_rotary_factor=0.25,
              use_qkv_bias=True, hidden_dropout=0.0, attention_dropout=0.0),
-         _ids, attention=("StableLmAttention",), input_ranges=_IDS_R, extra=True),
+         _ids, attention=("StableLmAttention",), input_ranges=_IDS_R, extra=True, flash=True),
     Arch("clip_vision", "transformers",
          "CLIPVisionModel, 8x8 image, patch 4, hidden 32, 2 layers, 4 heads, quick_gelu MLP "
          "(x * sigmoid(1.702 x)), pre_layrnorm, q_proj * scale; torch-joint: patch conv frozen",
@@ -731,7 +776,7 @@ for _a in [
                            intermediate_size=FF, num_hidden_layers=LAYERS,
                            num_attention_heads=HEADS, image_size=8, patch_size=4,
                            hidden_act="quick_gelu"), "net.vision_model.embeddings.patch_embedding"),
-         _image(8), attention=("CLIPAttention",), extra=True),
+         _image(8), attention=("CLIPAttention",), extra=True, flash=True),
     Arch("beit", "transformers",
          "BeitModel, 8x8 image, patch 4, hidden 32, 2 layers, 4 heads, per-layer relative-"
          "position bias (table gathered by an index buffer) added to the scores, layer scale, "
@@ -1023,7 +1068,7 @@ for _a in [
                           num_key_value_heads=BENCH_LLAMA["kv_heads"],
                           max_position_embeddings=BENCH_LLAMA["seq"]),
          _bench_llama_ids, attention=("LlamaAttention",),
-         input_ranges={"input_ids": [0, VOCAB]}, extra=True),
+         input_ranges={"input_ids": [0, VOCAB]}, extra=True, flash=True),
     Arch("tv_mobilenet_v2_bench", "torchvision",
          f"torchvision MobileNetV2 (width 1.0, 17 inverted-residual blocks) on "
          f"{BENCH_MBV2['hw']}x{BENCH_MBV2['hw']} images, batch {BENCH_MBV2['batch']}",
@@ -1104,7 +1149,7 @@ _BERT_NOTES = ("layernorm = embeddings.LayerNorm + per layer attention.output.La
                "intermediate.dense -> GELUActivation per layer; each when its output needs a "
                "gradient")
 _LLAMA_NOTES = ("rmsnorm = per layer input_layernorm and post_attention_layernorm + norm; "
-                "sdpa (flash_attention in ort-training) = one LlamaAttention per layer; "
+                "sdpa = one LlamaAttention per layer; "
                 "swiglu = one LlamaMLP per layer; rope = the rotated Q and K per layer; lora = "
                 "each peft LoRA layer; each when its output needs a gradient")
 

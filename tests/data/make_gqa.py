@@ -9,11 +9,16 @@ the spellings real code uses:
 - bcast: q viewed [B, kv, g, S, D], k/v unsqueezed to [B, kv, 1, S, D]: broadcast inside the
   MatMuls (h // g)
 
+Fine-tuning cases (torch-joint): expand with kv 2 and one projection frozen (`_frozen_q`,
+`_frozen_k`, `_frozen_v`: its Linear's parameters need no gradient and x needs none, so the
+backward has no dQ, dK or dV branch).
+
 Both families, through the corpus exporters (scripts/corpus/gen.py: TorchScript +
 onnxruntime-training artifacts; aot_export joint + dynamo export):
   build/venv-corpus-ortt/bin/python tests/data/make_gqa.py ort-training
-  build/venv-corpus-torch/bin/python tests/data/make_gqa.py torch-joint
-Files: tests/data/gqa/{ortt,torch}_gqa_<spelling>_kv<kv>.onnx (+ .params.npz).
+  build/venv-corpus-torch/bin/python tests/data/make_gqa.py torch-joint [NAME ...]
+Files: tests/data/gqa/{ortt,torch}_gqa_<spelling>_kv<kv>[_frozen_<q|k|v>].onnx (+ .params.npz);
+NAMEs (without the family prefix) limit the run to those cases.
 """
 from __future__ import annotations
 
@@ -30,18 +35,21 @@ from archs import Arch  # noqa: E402
 
 B, S, E, H, D = 2, 4, 16, 4, 4
 SPELLINGS = ("expand", "interleave", "tile", "bcast")
-CASES = [("expand", 2), ("expand", 1), ("interleave", 2), ("tile", 2), ("bcast", 2),
-         ("bcast", 1)]
+CASES = [("expand", 2, ""), ("expand", 1, ""), ("interleave", 2, ""), ("tile", 2, ""),
+         ("bcast", 2, ""), ("bcast", 1, "")]
+FROZEN = [("expand", 2, p) for p in "qkv"]  # torch-joint only
 
 
 class GQA(nn.Module):
-    def __init__(self, spelling: str, kv: int) -> None:
+    def __init__(self, spelling: str, kv: int, frozen: str = "") -> None:
         super().__init__()
         self.spelling, self.kv, self.g = spelling, kv, H // kv
         self.q = nn.Linear(E, H * D)
         self.k = nn.Linear(E, kv * D)
         self.v = nn.Linear(E, kv * D)
         self.o = nn.Linear(H * D, E)
+        if frozen:
+            getattr(self, frozen).requires_grad_(False)
 
     def _rep(self, t: torch.Tensor) -> torch.Tensor:  # [B, kv, S, D] -> [B, H, S, D]
         if self.spelling == "expand":
@@ -64,14 +72,17 @@ class GQA(nn.Module):
         return self.o(o)
 
 
-def main(family: str) -> None:
+def main(family: str, only: list[str]) -> None:
     dest = Path(__file__).resolve().parent / "gqa"
     dest.mkdir(exist_ok=True)
-    for spelling, kv in CASES:
-        name = f"{gen.PREFIX[family]}_gqa_{spelling}_kv{kv}"
+    for spelling, kv, frozen in CASES + (FROZEN if family == "torch-joint" else []):
+        case = f"gqa_{spelling}_kv{kv}" + (f"_frozen_{frozen}" if frozen else "")
+        if only and case not in only:
+            continue
+        name = f"{gen.PREFIX[family]}_{case}"
         arch = Arch(name, "test", "", lambda fam: None, lambda: {"x": torch.randn(B, S, E)})
         torch.manual_seed(0)
-        model = GQA(spelling, kv).train()
+        model = GQA(spelling, kv, frozen).train()
         inputs = arch.inputs()
         builder = gen.build_ortt if family == "ort-training" else gen.build_torch
         res = builder(arch, model, inputs, name, dest, True)
@@ -80,4 +91,4 @@ def main(family: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])
