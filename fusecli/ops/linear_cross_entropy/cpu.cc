@@ -31,8 +31,9 @@ constexpr int64_t kChunkBytes = 32 << 20;  // a chunk's logits: at most 32 MiB (
 void LceKernel::Compute(Ort::KernelContext& ctx) {
   In h = get_input(ctx, 0), w = get_input(ctx, 1), b = get_input(ctx, 2), lab = get_input(ctx, 3);
   In rw = get_input(ctx, 4), rg = get_input(ctx, 5), seed = get_input(ctx, 6);
-  FUSECLI_CHECK(!h.shape.empty() && w.shape.size() == 2, "LinearCrossEntropy: H needs rank >= 1, "
-                                                         "W must be [V, D]");
+  FUSECLI_CHECK(!h.shape.empty() && w.shape.size() == 2,
+                "LinearCrossEntropy: H needs rank >= 1, "
+                "W must be [V, D]");
   const int64_t D = h.shape.back(), V = w.shape[0];
   FUSECLI_CHECK(w.shape[1] == D, "LinearCrossEntropy: W must be [V, D] with H's last dim D");
   const int64_t N = D ? h.numel() / D : 0;
@@ -73,9 +74,11 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   const float coef = static_cast<float>(grad_scale * seed_v / denom);
   const bool want_grad = want_dh || want_dw || want_db;
 
-  int64_t C = chunk_rows > 0 ? chunk_rows
-                             : std::max<int64_t>(16, kChunkBytes / static_cast<int64_t>(
-                                                         sizeof(float) * std::max<int64_t>(V, 1)));
+  int64_t C =
+      chunk_rows > 0
+          ? chunk_rows
+          : std::max<int64_t>(
+                16, kChunkBytes / static_cast<int64_t>(sizeof(float) * std::max<int64_t>(V, 1)));
   C = std::max<int64_t>(1, std::min(C, N));
   std::unique_ptr<float[]> zbuf(new float[static_cast<size_t>(C * V)]);
   std::vector<double> nll(static_cast<size_t>(C));

@@ -32,11 +32,10 @@ __global__ void lce_count_kernel(const int64_t* labels, int64_t n, int64_t ignor
   if (threadIdx.x == 0) count[0] = c;
 }
 
-__global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labels,
-                                const float* rw, const float* rg, const float* seed,
-                                const float* count,
-                                float* nll, int64_t r0, int64_t v, int64_t ignore_index,
-                                int mean, float grad_scale, int want_grad) {
+__global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labels, const float* rw,
+                                const float* rg, const float* seed, const float* count, float* nll,
+                                int64_t r0, int64_t v, int64_t ignore_index, int mean,
+                                float grad_scale, int want_grad) {
   __shared__ float sh[kThreads];
   const int64_t i = blockIdx.x, g = r0 + i;
   float* row = z + i * v;
@@ -84,10 +83,9 @@ __global__ void lce_loss_kernel(const float* nll, int64_t n, const float* count,
 
 FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     void* stream, const float* h, const float* w, const float* bias, const int64_t* labels,
-    const float* row_weight, const float* row_grad, const float* grad_seed, float* loss,
-    float* dh, float* dw, float* db,
-    int64_t n, int64_t v, int64_t d, int64_t ignore_index, int reduction, float grad_scale,
-    int64_t chunk_rows) {
+    const float* row_weight, const float* row_grad, const float* grad_seed, float* loss, float* dh,
+    float* dw, float* db, int64_t n, int64_t v, int64_t d, int64_t ignore_index, int reduction,
+    float grad_scale, int64_t chunk_rows) {
   if (n < 0 || v < 0 || d < 0) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (dw) RETURN_IF_ERR(cudaMemsetAsync(dw, 0, v * d * sizeof(float), s));
@@ -115,10 +113,11 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
         zs.f(), bias, labels, row_weight, row_grad, grad_seed, count, nll, r0, v, ignore_index,
         reduction == 0, grad_scale, want_grad);
     RETURN_IF_ERR(cudaGetLastError());
-    if (dh) RETURN_IF_ERR(sgemm(s, false, false, m, d, v, 1.f, zs.f(), v, 0, w, d, 0, 0.f,
-                                dh + r0 * d, d, 0));
-    if (dw) RETURN_IF_ERR(sgemm(s, true, false, v, d, m, 1.f, zs.f(), v, 0, hc, d, 0, 1.f, dw,
-                                d, 0));
+    if (dh)
+      RETURN_IF_ERR(
+          sgemm(s, false, false, m, d, v, 1.f, zs.f(), v, 0, w, d, 0, 0.f, dh + r0 * d, d, 0));
+    if (dw)
+      RETURN_IF_ERR(sgemm(s, true, false, v, d, m, 1.f, zs.f(), v, 0, hc, d, 0, 1.f, dw, d, 0));
     if (db) {
       lce_col_add_kernel<<<static_cast<unsigned>((v + 255) / 256), 256, 0, s>>>(zs.f(), db, m, v);
       RETURN_IF_ERR(cudaGetLastError());

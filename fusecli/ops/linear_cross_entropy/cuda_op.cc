@@ -9,9 +9,8 @@ namespace {
 struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
   using CudaKernel::CudaKernel;
   void Compute(Ort::KernelContext& ctx) {
-    In h = get_input(ctx, 0), w = get_input(ctx, 1), b = get_input(ctx, 2),
-       lab = get_input(ctx, 3), rw = get_input(ctx, 4), rg = get_input(ctx, 5),
-       seed = get_input(ctx, 6);
+    In h = get_input(ctx, 0), w = get_input(ctx, 1), b = get_input(ctx, 2), lab = get_input(ctx, 3),
+       rw = get_input(ctx, 4), rg = get_input(ctx, 5), seed = get_input(ctx, 6);
     FUSECLI_CHECK(!h.shape.empty() && w.shape.size() == 2 && w.shape[1] == h.shape.back(),
                   "LinearCrossEntropy: H [..., D] and W [V, D] needed");
     const int64_t D = h.shape.back(), V = w.shape[0];
@@ -31,8 +30,8 @@ struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
                    ctx.GetGPUComputeStream(), h.ptr<float>(), w.ptr<float>(),
                    b.present ? b.ptr<float>() : nullptr, lab.ptr<int64_t>(),
                    rw.present ? rw.ptr<float>() : nullptr, rg.present ? rg.ptr<float>() : nullptr,
-                   seed.present ? seed.ptr<float>() : nullptr, loss, dh, dw, db, N, V, D, ignore_index, reduction == "mean" ? 0 : 1,
-                   grad_scale, chunk_rows),
+                   seed.present ? seed.ptr<float>() : nullptr, loss, dh, dw, db, N, V, D,
+                   ignore_index, reduction == "mean" ? 0 : 1, grad_scale, chunk_rows),
                "LinearCrossEntropy");
   }
 };
