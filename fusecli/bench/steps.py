@@ -57,9 +57,8 @@ def e2e_benchmarks(ctx: Ctx, entries: dict, fused_dir: Path) -> list[dict]:
                              - {o for n in final for o in n.output})
             tensors = sorted(({t for n in final for t in n.input if t} - inits) | set(removed))
             vals = probe_values(src, tensors, feeds, python)
-        except Exception as exc:  # noqa: BLE001
-            rows.append({"sample": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
-            log(f"    failed: {exc}")
+        except Exception as exc:  # noqa: BLE001 - keep the suite going, report it
+            rows.append(_failed(name, exc))
             continue
         shapes = {t: v.shape for t, v in vals.items()}
         t_un, t_fu = res["a"]["median_ms"], res["b"]["median_ms"]
@@ -117,12 +116,9 @@ def step_pairs(ctx: Ctx, entries: dict, fused_dir: Path, scale: float = 1.0,
             dims = entry.get("dims")
             feeds = make_feeds(orig, entry, dims=dims)
             n_scaled = scale_weights(feeds, entry, scale) if scale != 1.0 else 0
-            res = steadiest(lambda: run_bench(
-                src, dest, runs=ctx.runs, warmup=ctx.warmup, threads=ctx.threads, feeds=feeds,
-                peak_memory=peak_memory, min_time_s=STEP_MIN_TIME_S))
+            res = _step_pair(ctx, src, dest, feeds, peak_memory)
         except Exception as exc:  # noqa: BLE001 - keep the suite going, report it
-            rows.append({"sample": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
-            log(f"    failed: {exc}")
+            rows.append(_failed(name, exc))
             continue
         rows.append({"sample": name, "family": entry["family"], "scale": scale,
                      "weights_scaled": n_scaled, "chains": len(recs), "runs": res.get("runs"),
@@ -150,17 +146,26 @@ def pattern_pairs(ctx: Ctx, entries: dict, fused_dir: Path, patterns: list[str])
             onnx.save(without, str(pa))
             onnx.save(work, str(pb))
             feeds = make_feeds(orig, entry, dims=entry.get("dims"))
-            res = steadiest(lambda: run_bench(
-                pa, pb, runs=ctx.runs, warmup=ctx.warmup, threads=ctx.threads, feeds=feeds,
-                peak_memory=True, min_time_s=STEP_MIN_TIME_S))
+            res = _step_pair(ctx, pa, pb, feeds, True)
         except Exception as exc:  # noqa: BLE001 - keep the suite going, report it
-            rows.append({"sample": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
-            log(f"    failed: {exc}")
+            rows.append(_failed(name, exc))
             continue
         rows.append({"sample": name, "family": entry["family"], "without": patterns,
                      "fused_ops_without": _op_counts(without), "fused_ops": _op_counts(work),
                      **_pair_cols(res, True)})
     return rows
+
+
+def _step_pair(ctx: Ctx, a: Path, b: Path, feeds: dict, peak: bool) -> dict:
+    """One step of `a` vs `b` on the same feeds, interleaved, the steadiest of up to 3 tries."""
+    return steadiest(lambda: run_bench(a, b, runs=ctx.runs, warmup=ctx.warmup,
+                                       threads=ctx.threads, feeds=feeds, peak_memory=peak,
+                                       min_time_s=STEP_MIN_TIME_S))
+
+
+def _failed(name: str, exc: Exception) -> dict:
+    log(f"    failed: {exc}")
+    return {"sample": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def _pair_cols(res: dict, peak: bool) -> dict:
