@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 22's memory table: long-sequence decoders WITH their LM head and cross-entropy loss, in
 # both graph families (ort-training, torch-joint), original vs fused with every shipped pattern
-# (flash attention today; the fused linear + cross-entropy too once its rules are on main: the
-# script fuses with whatever rules exist), peak step memory (fusecli bench: VmHWM above the
+# (flash attention and the fused linear + cross-entropy are the memory fusions; the script fuses
+# with whatever rules exist), peak step memory (fusecli bench: VmHWM above the
 # loaded session in fresh processes, arena off) and step time (medians of interleaved runs),
 # side by side in one run per row. Writes build/flash-mem/memory.md (a markdown table) and
 # prints it.
@@ -25,7 +25,7 @@ TABLE=$OUT/memory.md
   echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"
 } > "$TABLE"
 for fam in $FAMILIES; do
-  gen=build/venv-corpus-$([[ $fam == ortt ]] && echo ortt || echo torch)/bin/python
+  gen=build/venv-corpus-$fam/bin/python
   for arch in $ARCHS; do
     for s in $SEQS; do
       m="$OUT/${fam}_${arch}_long_S$s"

@@ -73,10 +73,11 @@ def feeds(n, v):
             .astype(np.float32), "labels": lab}
 
 
-def peak(which, n, v, threads):
+def peak(which, n, v, threads, chunk):
     """VmHWM growth of one run in a fresh process (MiB)."""
     out = subprocess.run([sys.executable, __file__, "--peak", which, str(n), str(v),
-                          str(threads)], capture_output=True, text=True, check=True)
+                          str(threads), "--chunk", str(chunk)], capture_output=True, text=True,
+                         check=True)
     return float(out.stdout.split()[-1])
 
 
@@ -97,7 +98,7 @@ def main():
     a = ap.parse_args()
     if a.peak:
         which, n, v, t = a.peak[0], int(a.peak[1]), int(a.peak[2]), int(a.peak[3])
-        m = models(n, v)[which == "fused"]
+        m = models(n, v, a.chunk)[which == "fused"]
         s, fd = session(m, t), feeds(n, v)
         open("/proc/self/clear_refs", "w").write("5")
         base = _vm("VmRSS")
