@@ -123,7 +123,7 @@ def main():
                 sess.run(None, fd)
                 acc.append((time.perf_counter() - t0) * 1e3)
         mu, mf = statistics.median(tu), statistics.median(tf)
-        pu, pf = peak("unfused", n, v, a.threads), peak("fused", n, v, a.threads)
+        pu, pf = (peak(w, n, v, a.threads, a.chunk) for w in ("unfused", "fused"))
         print(f"{n:>7} {v:>6} {mu:>11.1f} {mf:>9.1f} {mu / mf:>8.2f}x {pu:>12.1f} {pf:>10.1f}",
               flush=True)
 
