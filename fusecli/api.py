@@ -110,7 +110,7 @@ class Result:
         the fusion removed and added: counts, and bytes as an int, a polynomial in the
         symbolic dimensions ('8*S*S'), or None when a shape is unknown; `net_bytes_removed`
         = removed - added."""
-        return self.stats.as_dict()["saved_activations"]
+        return self.stats.saved_dict()
 
     @property
     def has_gradient_nodes(self) -> bool:

@@ -89,6 +89,7 @@ def test_lce_not_fused_when_the_logits_are_a_model_output(family):
 def test_lce_ortt_not_fused_when_the_loss_gradient_is_a_run_time_input():
     """The op computes the gradient at the forward's position from the constant dLoss: a seed
     fed at run time (a loss scale) is not that."""
+    assert _fuse(onnx.load(DATA / "ortt_lce_untied.onnx"))[0] == 1  # control: as exported
     m = onnx.load(DATA / "ortt_lce_untied.onnx")
     seed = next(n for n in m.graph.node if n.op_type == "SoftmaxCrossEntropyLossGrad").input[0]
     init = next(i for i in m.graph.initializer if i.name == seed)

@@ -148,9 +148,12 @@ class Stats:
             "rules": {k: v.as_dict() for k, v in self.rules.items()},
             "buffers_eliminated": self.buffers_eliminated,
             "bytes_eliminated": self.bytes_eliminated,
-            "saved_activations": (self.saved.as_dict() if self.saved is not None else
-                                  SavedDiff.empty()),
+            "saved_activations": self.saved_dict(),
         }
+
+    def saved_dict(self) -> dict:
+        """The saved-activation figures (saved.py), empty ones before a pass has run."""
+        return self.saved.as_dict() if self.saved is not None else SavedDiff.empty()
 
 
 def tensor_bytes(index: GraphIndex, name: str) -> int | None:
