@@ -1,5 +1,6 @@
 """The fine-tuning corpus graphs of ort-training (issue 21: LoRA, frozen norms, frozen first block,
-input gradient only, dropout, symbolic dims, a frozen-base MobileNetV2) train through
+input gradient only, dropout, symbolic dims, a frozen-base MobileNetV2, non-default losses
+down to a user's own onnxblock.Block loss) train through
 onnxruntime.training.api (Module + Optimizer) after fusion with the loss curve of the original.
 
 For each corpus entry of family ort-training with a `setup` (scripts/corpus/archs.py), the
@@ -109,6 +110,7 @@ def test_the_ort_training_fine_tuning_corpus_is_there():
     setups = {_ENTRIES[n]["setup"] for n in NAMES}
     assert len(NAMES) >= 9 and any("LoRA" in s for s in setups), NAMES
     assert any("symbolic" in s for s in setups) and any("dropout" in s for s in setups)
+    assert {"ce", "bce", "custom"} <= {_ENTRIES[n]["loss"] for n in NAMES}
 
 
 @pytest.mark.parametrize("name", NAMES)
