@@ -1182,6 +1182,22 @@ _LLAMA_NOTES = ("rmsnorm = per layer input_layernorm and post_attention_layernor
                 "each peft LoRA layer; each when its output needs a gradient")
 
 
+# a token classifier fine-tuned on its top: the losses' architectures (distilbert_tokens_*)
+_distilbert_tokens = _freeze(
+    _hf("DistilBertConfig", "DistilBertForTokenClassification",
+        pick=lambda o: o[0].reshape(-1, TAGS), num_labels=TAGS, vocab_size=VOCAB, dim=HID,
+        n_layers=LAYERS, n_heads=HEADS, hidden_dim=FF, max_position_embeddings=16, dropout=0.0,
+        attention_dropout=0.0),
+    lambda n, p: "embeddings" in n or ".layer.0." in n)
+_DISTILBERT_TOKENS = (f"DistilBertForTokenClassification (2 layers, dim 32, 4 heads, no dropout, "
+                      f"{TAGS} tags), embeddings and layer 0 frozen, layer 1 and the classifier "
+                      f"train; the logits flattened to [batch * sequence, {TAGS}]")
+_DISTILBERT_TOKENS_NOTES = (
+    "layernorm = layer 1's sa_layer_norm and output_layer_norm; sdpa = layer 1's attention "
+    "module (masked_fill mask: no flash); linear_gelu = layer 1's ffn.lin1 -> GELUActivation; "
+    "each when its output needs a gradient (embeddings and layer 0 have none)")
+
+
 def _mbv2_head_only(family: str) -> nn.Module:
     net = _tv_mobilenet(family)
     for p in net.features[:-2].parameters():  # the pre-trained base frozen; the last inverted
@@ -1270,24 +1286,25 @@ for _a in [
          _no_pooler(_bert()), _ids_mask, attention=("BertSelfAttention",),
          input_ranges=_MASK_R, setup="loss: BCE with logits", flash=True, loss="bce",
          count_notes=_BERT_NOTES),
-    Arch("distilbert_tokens_custom_loss", "transformers", "DistilBertForTokenClassification "
-         f"(2 layers, dim 32, 4 heads, no dropout, {TAGS} tags), embeddings and layer 0 frozen, "
-         "layer 1 and the classifier train; the logits flattened to [batch * sequence, "
-         f"{TAGS}] and trained with a user's onnxblock.Block loss (scripts/corpus/custom_loss.py): "
-         "cross-entropy (ignore_index -100 on a third of the labels) + 0.01 mean(logits^2)",
-         _freeze(_hf("DistilBertConfig", "DistilBertForTokenClassification",
-                     pick=lambda o: o[0].reshape(-1, TAGS), num_labels=TAGS, vocab_size=VOCAB,
-                     dim=HID, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FF,
-                     max_position_embeddings=16, dropout=0.0, attention_dropout=0.0),
-                 lambda n, p: "embeddings" in n or ".layer.0." in n),
+    # the custom loss's twin with onnxblock's own CrossEntropyLoss. Not torch-joint: torch 2.13's
+    # joint export of F.cross_entropy computes wrong gradients (shared/notes/training-graphs.md;
+    # measured here: max |grad - torch| 3.4, the classifier's gradients ~10x torch's)
+    Arch("distilbert_tokens_ce", "transformers", _DISTILBERT_TOKENS + " and trained with "
+         "cross-entropy (ignore_index -100 on a third of the labels)", _distilbert_tokens,
          _ids_mask, attention=("MultiHeadSelfAttention", "DistilBertSelfAttention"),
-         input_ranges=_MASK_R, families=_ORTT, loss="custom",
+         input_ranges=_MASK_R, families=_ORTT, loss="ce",
+         setup="loss: CE ignore_index, first block frozen",
+         count_notes=_DISTILBERT_TOKENS_NOTES + "; linear_cross_entropy 1: the classifier "
+         "head's logits are read by the cross-entropy alone"),
+    Arch("distilbert_tokens_custom_loss", "transformers", _DISTILBERT_TOKENS + " and trained "
+         "with a user's onnxblock.Block loss (scripts/corpus/custom_loss.py): cross-entropy "
+         "(ignore_index -100 on a third of the labels) + mean(0.01 logits^2)",
+         _distilbert_tokens, _ids_mask,
+         attention=("MultiHeadSelfAttention", "DistilBertSelfAttention"), input_ranges=_MASK_R,
+         families=_ORTT, loss="custom",
          setup="loss: custom onnxblock Block (CE + logit penalty), first block frozen",
-         count_notes="layernorm = layer 1's sa_layer_norm and output_layer_norm; sdpa = layer "
-         "1's attention module (masked_fill mask: no flash); linear_gelu = layer 1's ffn.lin1 -> "
-         "GELUActivation; each when its output needs a gradient (embeddings and layer 0 have "
-         "none); linear_cross_entropy 0: the classifier head's logits feed "
-         + LOSS_READS_LOGITS["custom"] + " besides the cross-entropy"),
+         count_notes=_DISTILBERT_TOKENS_NOTES + "; linear_cross_entropy 0: the classifier "
+         "head's logits feed " + LOSS_READS_LOGITS["custom"] + " besides the cross-entropy"),
     Arch("tv_mobilenet_v2_head", "torchvision", "torchvision MobileNetV2 as tv_mobilenet_v2, the "
          "base frozen but for its last inverted-residual block and 1x1 head conv, classifier "
          "trains (the on-device transfer-learning example)",
