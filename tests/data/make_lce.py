@@ -37,6 +37,7 @@ from torch import nn
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "scripts" / "samples"))
+from gen_torch import cross_entropy  # noqa: E402
 V, D, B, S = 50, 16, 2, 7
 
 
@@ -137,19 +138,15 @@ def ortt(name, kw, reduction, ignore, frozen):
 
 
 class Loss(nn.Module):
-    """Hugging Face's loss written out: log_softmax, the -100 mask, gather, mean over kept
-    tokens (or sum)."""
+    """Hugging Face's loss written out (gen_torch.cross_entropy): log_softmax, the -100 mask,
+    gather, mean over kept tokens (or sum)."""
 
     def __init__(self, net, reduction):
         super().__init__()
         self.net, self.reduction = net, reduction
 
     def forward(self, ids, lab):
-        lp = torch.log_softmax(self.net(ids), -1)
-        mask = lab != -100
-        safe = torch.where(mask, lab, torch.zeros_like(lab))
-        nll = -lp.gather(1, safe[:, None]).squeeze(1) * mask
-        return (nll.sum() if self.reduction == "sum" else nll.sum() / mask.sum(),)
+        return (cross_entropy(self.net(ids), lab, self.reduction),)
 
 
 def torch_joint(name, kw, reduction, ignore, frozen):
