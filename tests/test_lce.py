@@ -3,7 +3,7 @@ the real exports of tests/data/make_lce.py in both families fuse where the model
 (one LM head + loss each; the LoRA-adapted head is left to the LoRA rules: its adapters read the
 logits' gradient) and verify against their originals; one negative per guard (the logits read
 elsewhere, a loss gradient that is not a graph constant, a mean whose divisor is not the mask's
-count); and the ort-training workflow (Module + Optimizer) on fused models with the original's
+count, a label-smoothed loss); and the ort-training workflow (Module + Optimizer) on fused models with the original's
 loss curve, a LoRA-adapted head's adapters included."""
 
 from __future__ import annotations
@@ -113,6 +113,21 @@ def test_lce_torch_mean_needs_the_mask_count_as_divisor(tmp_path):
     onnx.save(m, tmp_path / "fused.onnx")
     report = verify_models(orig, tmp_path / "fused.onnx")
     assert report.ok, report
+
+
+def test_lce_torch_not_fused_on_a_label_smoothed_loss(tmp_path):
+    """torch_lce_smooth (make_lce.py): lce_untied's loss with label smoothing 0.1 (the corpus's
+    torch-joint cross-entropy): its smoothing term, the masked mean over classes of
+    -log_softmax, reads the log-probabilities again, and LinearCrossEntropy computes no
+    smoothing: the head and loss stay as exported, and the rest still fuses and verifies."""
+    m = onnx.load(DATA / "torch_lce_smooth.onnx")
+    fused, fp = _fuse(m)
+    assert fused == 0 and not _lce_nodes(m)
+    assert {"LogSoftmax", "GatherElements", "ScatterElements"} <= {n.op_type for n in m.graph.node}
+    assert fp.stats.patterns["linear_relu"].fused == 1  # the model's Linear + ReLU: control
+    onnx.save(m, tmp_path / "fused.onnx")
+    report = verify_models(DATA / "torch_lce_smooth.onnx", tmp_path / "fused.onnx")
+    assert report.ok and report.max_rel <= 1e-5, report
 
 
 # --- training: onnxruntime.training.api Module + Optimizer ----------------------------------
