@@ -147,6 +147,9 @@ def _mutate(m, rec, case):
                 ["starts", "ends", "axes", "steps"].index(port) + 1
                 + (node.op_type == "SliceGrad"))
             _set_const(m, node, pos, np.asarray(value, np.int64))
+    elif case == "odd_width":  # ortt symbolic: dY's last dim recorded odd (7): no halves
+        vi = next(v for v in m.graph.value_info if v.name == t["dY"])
+        vi.type.tensor_type.shape.dim[-1].dim_value = 7
     elif case == "half_of_another_tensor":  # ortt symbolic: h from Shape(cos), not Shape(X)
         _rule_node(m, rec, "x_shape").input[0] = t["cos"]
     elif case == "perm_not_swap":  # torch: the scatter's Transpose keeps the axes
@@ -170,7 +173,8 @@ SYMBOLIC_MUTATIONS = {
 GUARDS = {"ortt": [("split_not_halves", {"constant"}), ("neg_on_other_half", {"op_type"}),
                    ("sin_not_forward", {"dataflow"})],
           "ortt_symbolic": [(c, {"constant"}) for c in SYMBOLIC_MUTATIONS]
-          + [("half_of_another_tensor", {"dataflow"}), ("sin_not_forward", {"dataflow"})],
+          + [("half_of_another_tensor", {"dataflow"}), ("sin_not_forward", {"dataflow"}),
+             ("odd_width", {"shape_mismatch"})],
           "torch": [("index_not_the_half", {"constant"}), ("index_shifted", {"constant"}),
                     ("sin_not_forward", {"dataflow"}), ("perm_not_swap", {"attribute"})],
           "torch_interleaved": [("pairs_not_pairs", {"constant"}),
