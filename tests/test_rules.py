@@ -141,6 +141,8 @@ for _fam in ("ortt", "torch"):
 for _fam in ("ortt", "torch"):
     SAMPLE_MODELS[f"rope_{_fam}_half"] = onnx.load(DATA / f"{_fam}_rope_half.onnx")
 SAMPLE_MODELS["rope_torch_interleaved"] = onnx.load(DATA / "torch_rope_interleaved.onnx")
+# (ort-training with symbolic batch and sequence: the half point computed at run time)
+SAMPLE_MODELS["rope_ortt_half_symbolic"] = onnx.load(DATA / "ortt_rope_half_symbolic.onnx")
 # Conv + BN + ReLU6 / SiLU / hardswish (two spellings), ort-training exports of MobileNet-style
 # blocks (tests/data/make_conv_act.py; counts and look-alikes in tests/test_conv_act.py)
 for _name in ("ortt_conv_mbv2", "ortt_conv_effnet_silu", "ortt_conv_mbv3_hswish"):
