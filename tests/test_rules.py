@@ -28,6 +28,7 @@ from conftest import SAMPLES
 from fusecli import FusionPass, load_rules
 from fusecli.engine.explain import explain_model
 from fusecli.engine.rules import var_name
+from test_lce import with_run_time_seed
 
 RULES = load_rules()
 SAMPLE_MODELS = {p.stem: onnx.load(p) for p in sorted(SAMPLES.glob("*.onnx"))}
@@ -157,6 +158,15 @@ for _name in ("ortt_lora_hand", "ortt_lora_hand_relu", "ortt_lora_qv", "torch_lo
 for _fam in ("ortt", "torch"):
     for _name in ("untied", "bias_sum", "frozen", "sum", "bias", "frozen_sum"):
         SAMPLE_MODELS[f"lce_{_fam}_{_name}"] = onnx.load(DATA / f"{_fam}_lce_{_name}.onnx")
+# ... with the loss's gradient fed at run time (ort-training's _seed) or computed from the
+# loss (_split, both families)
+for _fam, _how, _names in (("ortt", "input", ("untied", "bias_sum", "frozen", "frozen_sum")),
+                           ("ortt", "loss", ("untied", "bias_sum", "frozen", "frozen_sum")),
+                           ("torch", "loss", ("untied", "bias_sum", "frozen", "sum", "bias",
+                                              "frozen_sum"))):
+    for _name in _names:
+        SAMPLE_MODELS[f"lce_{_fam}_{_name}_seed_{_how}"] = with_run_time_seed(
+            _fam, _how, f"lce_{_name}")
 
 def _upto(rule_name):
     """The shipped rules up to and including ``rule_name`` in application order, so that a
