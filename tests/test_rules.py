@@ -927,6 +927,49 @@ def test_null_parameter_drops_a_key_and_alternatives_capture():
         parse_rules(one_alt, "<alpha>")
 
 
+_NESTED_RULE = """
+name: t_${kind}${sfx}
+pattern: activation_grad
+order: 1
+variants:
+  cross:
+    - - {kind: relu, grad_op: ReluGrad}
+      - {kind: gelu, grad_op: GeluGrad}
+    - - {sfx: "", grad: {op: $grad_op, domain: com.microsoft}, act: $kind}
+      - {sfx: _ms, grad: {op: $grad_op, domain: com.microsoft, attrs: {x: 1}}, act: silu}
+nodes:
+  - id: grad
+    op: [$grad]
+    inputs: [dY, X]
+    outputs: [dZ]
+replace:
+  op: ActivationGrad
+  inputs: [dY, X]
+  outputs: [dZ]
+  attrs: {activation: $act}
+"""
+
+
+def test_a_parameter_may_use_parameters_of_another_cross_list():
+    """A value set by one list of a cross may use parameters that another list sets (a
+    replacement node that differs by variant and by the other list's tensors, as lce_ortt's
+    _split gradient node uses dw and ii_value); a value that uses itself is refused."""
+    from fusecli.errors import RuleError
+    from fusecli.engine.rules import parse_rules
+
+    rules = {r.name: r for r in parse_rules(_NESTED_RULE, "<nested>")}
+    assert sorted(rules) == ["t_gelu", "t_gelu_ms", "t_relu", "t_relu_ms"]
+    for name, op, act in [("t_relu", "ReluGrad", "relu"), ("t_gelu_ms", "GeluGrad", "silu")]:
+        assert rules[name].nodes[0].ops == (op,)
+        assert rules[name].replace.attrs["activation"] == ("literal", act)
+    assert "x" in rules["t_relu_ms"].nodes[0].alt("ReluGrad").attrs
+    looped = _NESTED_RULE.replace("{kind: relu, grad_op: ReluGrad}",
+                                  "{kind: relu, grad_op: [$grad]}")
+    with pytest.raises(RuleError, match=re.escape("parameter 'grad' uses itself (through "
+                                                  "grad -> grad_op -> grad)")):
+        parse_rules(looped, "<nested>")
+
+
 @pytest.mark.parametrize("variants,message", [
     ("[{act: relu}]", "unknown parameter 'op'"),
     ("[{act: relu, op: Neg, typo: 1}]", "sets ['typo'], which the rule never uses"),
