@@ -266,26 +266,54 @@ if cfg["mode"] == "lm_artifacts":
         nodes, "lm", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, S])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [S, V])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    ce = onnxblock.loss.CrossEntropyLoss(reduction="mean", ignore_index=-100)
+
+    class Scaled(onnxblock.Block):  # the loss times a scale: fed at run time, or itself
+        def __init__(self):
+            super().__init__()
+            self.ce, self.mul = ce, onnxblock.blocks.Mul()
+
+        def build(self, logits):
+            loss = self.ce(logits)
+            if cfg["seed"] == "input":
+                self.base.graph.input.append(
+                    helper.make_tensor_value_info("loss_scale", TensorProto.FLOAT, []))
+                return self.mul(loss, "loss_scale")
+            return self.mul(loss, loss)
+
     artifacts.generate_artifacts(
         model, requires_grad=trained, frozen_params=[i.name for i in inits if i.name not in trained and i.data_type == 1],
-        loss=onnxblock.loss.CrossEntropyLoss(reduction="mean", ignore_index=-100),
-        optimizer=artifacts.OptimType.AdamW, artifact_directory=d)
+        loss=ce if cfg["seed"] is None else Scaled(),
+        optimizer=getattr(artifacts.OptimType, cfg["optim"]), artifact_directory=d)
     finish_artifacts()
 '''
 _MARK = 'if cfg["mode"] == "artifacts":'
 assert _MARK in _SCRIPT
-SCRIPT = _SCRIPT.replace(_MARK, _LM.strip("\n") + "\n" + _MARK, 1)
+_FEED = 'loss = module(batch["x"], batch["y"])'
+assert _FEED in _SCRIPT
+# the batch's arrays in the order of the model's inputs (x, y[, loss_scale])
+SCRIPT = _SCRIPT.replace(_MARK, _LM.strip("\n") + "\n" + _MARK, 1).replace(
+    _FEED, 'loss = module(*(batch[k] for k in batch.files))', 1)
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["head", "lora_head"])
-def test_fused_lm_head_trains_like_the_original(lora, tmp_path, ortt_python, monkeypatch):
+# (LoRA adapter, the loss's scale): the cross-entropy as it is, times a loss_scale input fed at
+# every step (train_step's third input), or times itself (a scale computed from the loss); with
+# a scale, plain SGD, whose steps follow the gradients' size (AdamW's nearly do not)
+TRAIN = {"head": (False, None), "lora_head": (True, None), "head_scale_input": (False, "input"),
+         "head_scale_loss": (False, "loss")}
+
+
+@pytest.mark.parametrize("case", list(TRAIN))
+def test_fused_lm_head_trains_like_the_original(case, tmp_path, ortt_python, monkeypatch):
     import test_ortt_training
 
+    lora, seed = TRAIN[case]
     monkeypatch.setattr(test_ortt_training, "_SCRIPT", SCRIPT)
     art = tmp_path / "artifacts"
     art.mkdir()
     made = _ortt(ortt_python, {"mode": "lm_artifacts", "dir": str(art), "seq": SEQ,
-                               "vocab": VOCAB, "emb": EMB, "lora": lora})
+                               "vocab": VOCAB, "emb": EMB, "lora": lora, "seed": seed,
+                               "optim": "AdamW" if seed is None else "SGD"})
     assert {"training_model.onnx", "optimizer_model.onnx", "checkpoint"} <= set(made)
     orig, fused = art / "training_model.onnx", art / "fused_training_model.onnx"
     report = json.loads(run_cli("optimize", orig, "-o", fused, "--json").stdout)
@@ -293,12 +321,15 @@ def test_fused_lm_head_trains_like_the_original(lora, tmp_path, ortt_python, mon
     # the model code: one head + loss; with the LoRA adapter the head's logits' gradient goes
     # to the adapters (left to the LoRA rule), so the head + loss stays
     assert fusions.get("linear_cross_entropy", 0) == (0 if lora else 1), fusions
+    # a loss gradient computed from the loss: the loss op, then the gradient op
+    ops = 2 if seed == "loss" else 0 if lora else 1
 
     rng = np.random.default_rng(1)
     ids = rng.integers(0, VOCAB, (1, SEQ)).astype(np.int64)
     labels = np.roll(ids[0], -1).astype(np.int64)      # next-token targets
     labels[-3:] = -100                                 # ignored tokens
-    np.savez(tmp_path / "batch.npz", x=ids, y=labels)
+    scale = {"loss_scale": np.array(0.75, np.float32)} if seed == "input" else {}
+    np.savez(tmp_path / "batch.npz", x=ids, y=labels, **scale)
     res = _ortt(ortt_python, {"mode": "train", "dir": str(art), "library": library_path(),
                               "batch": str(tmp_path / "batch.npz"), "steps": STEPS, "lr": 0.02,
                               "models": [str(orig), str(fused)], "ops": ["LinearCrossEntropy"]})
@@ -307,7 +338,7 @@ def test_fused_lm_head_trains_like_the_original(lora, tmp_path, ortt_python, mon
     np.testing.assert_allclose(b["losses"], a["losses"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(b["params"], a["params"], rtol=1e-4, atol=1e-6)
     assert a["calls"] == {"LinearCrossEntropy": 0}
-    assert b["calls"] == {"LinearCrossEntropy": 0 if lora else STEPS}
+    assert b["calls"] == {"LinearCrossEntropy": ops * STEPS}
 
 
 @pytest.fixture(scope="module", autouse=True)
