@@ -878,15 +878,8 @@ def test_variants_expand_with_substitution_and_splicing():
     assert [r.name for r in crossed] == ["t_relu_chain", "t_gelu_chain"]
 
 
-_ALPHA_RULE = """
-name: t_${tag}
-pattern: activation_grad
-order: 1
-params: {alpha: null}
-variants:
-  - {tag: plain, grad: [{op: QuickGeluGrad, domain: com.microsoft, attrs: {alpha: 1.0}}]}
-  - {tag: scaled, alpha: {attr: a},
-     grad: [{op: QuickGeluGrad, domain: com.microsoft, attrs: {alpha: {not: 1.0, capture: a}}}]}
+# one rule node (the activation gradient) -> ActivationGrad{activation, alpha}
+_GRAD_RULE_BODY = """
 nodes:
   - id: grad
     op: $grad
@@ -896,8 +889,19 @@ replace:
   op: ActivationGrad
   inputs: [dY, X]
   outputs: [dZ]
-  attrs: {activation: silu, alpha: $alpha}
+  attrs: {activation: $act, alpha: $alpha}
 """
+
+_ALPHA_RULE = """
+name: t_${tag}
+pattern: activation_grad
+order: 1
+params: {alpha: null, act: silu}
+variants:
+  - {tag: plain, grad: [{op: QuickGeluGrad, domain: com.microsoft, attrs: {alpha: 1.0}}]}
+  - {tag: scaled, alpha: {attr: a},
+     grad: [{op: QuickGeluGrad, domain: com.microsoft, attrs: {alpha: {not: 1.0, capture: a}}}]}
+""" + _GRAD_RULE_BODY
 
 
 def test_null_parameter_drops_a_key_and_alternatives_capture():
@@ -931,23 +935,14 @@ _NESTED_RULE = """
 name: t_${kind}${sfx}
 pattern: activation_grad
 order: 1
+params: {alpha: null}
 variants:
   cross:
     - - {kind: relu, grad_op: ReluGrad}
       - {kind: gelu, grad_op: GeluGrad}
-    - - {sfx: "", grad: {op: $grad_op, domain: com.microsoft}, act: $kind}
-      - {sfx: _ms, grad: {op: $grad_op, domain: com.microsoft, attrs: {x: 1}}, act: silu}
-nodes:
-  - id: grad
-    op: [$grad]
-    inputs: [dY, X]
-    outputs: [dZ]
-replace:
-  op: ActivationGrad
-  inputs: [dY, X]
-  outputs: [dZ]
-  attrs: {activation: $act}
-"""
+    - - {sfx: "", grad: [{op: $grad_op, domain: com.microsoft}], act: $kind}
+      - {sfx: _ms, grad: [{op: $grad_op, domain: com.microsoft, attrs: {x: 1}}], act: silu}
+""" + _GRAD_RULE_BODY
 
 
 def test_a_parameter_may_use_parameters_of_another_cross_list():
@@ -964,7 +959,7 @@ def test_a_parameter_may_use_parameters_of_another_cross_list():
         assert rules[name].replace.attrs["activation"] == ("literal", act)
     assert "x" in rules["t_relu_ms"].nodes[0].alt("ReluGrad").attrs
     looped = _NESTED_RULE.replace("{kind: relu, grad_op: ReluGrad}",
-                                  "{kind: relu, grad_op: [$grad]}")
+                                  "{kind: relu, grad_op: $grad}")
     with pytest.raises(RuleError, match=re.escape("parameter 'grad' uses itself (through "
                                                   "grad -> grad_op -> grad)")):
         parse_rules(looped, "<nested>")
