@@ -289,15 +289,11 @@ if cfg["mode"] == "lm_artifacts":
 '''
 _MARK = 'if cfg["mode"] == "artifacts":'
 assert _MARK in _SCRIPT
-_FEED = 'loss = module(batch["x"], batch["y"])'
-assert _FEED in _SCRIPT
-# the batch's arrays in the order of the model's inputs (x, y[, loss_scale])
-SCRIPT = _SCRIPT.replace(_MARK, _LM.strip("\n") + "\n" + _MARK, 1).replace(
-    _FEED, 'loss = module(*(batch[k] for k in batch.files))', 1)
+SCRIPT = _SCRIPT.replace(_MARK, _LM.strip("\n") + "\n" + _MARK, 1)
 
 
 # (LoRA adapter, the loss's scale): the cross-entropy as it is, times a loss_scale input fed at
-# every step (train_step's third input), or times itself (a scale computed from the loss); with
+# every step (the Module's third input, the batch's third array), or times itself (a scale computed from the loss); with
 # a scale, plain SGD, whose steps follow the gradients' size (AdamW's nearly do not)
 TRAIN = {"head": (False, None), "lora_head": (True, None), "head_scale_input": (False, "input"),
          "head_scale_loss": (False, "loss")}
