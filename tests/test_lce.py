@@ -215,14 +215,22 @@ def test_lce_ortt_run_time_seed_must_be_one_value():
 
 def test_lce_torch_mean_needs_the_mask_count_as_divisor(tmp_path):
     """A loss divided by something else than the count of the mask (here a constant) is not the
-    op's mean: the _mean rules refuse it; whatever fuses instead (the sum rule, the Div left
-    outside) computes what the original does."""
+    op's mean: the _mean rule stops at the divisor's check (the count must be Cast of the mask's
+    ReduceSum); whatever fuses instead (the sum rule, the Div left outside) computes what the
+    original does."""
+    from fusecli.engine.explain import explain_model
+
+    only_mean = FusionPass(only=["lce_torch_mean"])
+    assert only_mean.run(onnx.load(DATA / "torch_lce_untied.onnx")) == 1  # control: as exported
     m = onnx.load(DATA / "torch_lce_untied.onnx")
     div = next(n for n in m.graph.node if n.op_type == "Div" and n.output[0] == "loss")
     m.graph.initializer.append(numpy_helper.from_array(np.array(3.0, np.float32), "three"))
     div.input[1] = "three"
     orig = tmp_path / "orig.onnx"
     onnx.save(m, orig)
+    (miss,) = [x for x in explain_model(m, only_mean, include_shallow=True)
+               if x["rule"] == "lce_torch_mean"]
+    assert miss["node"] == "cnt_cast" and "'three' (bound to cnt)" in miss["detail"]
     _, fp = _fuse(m)
     assert not [r for r in fp.stats.fusions if r.rule.startswith("lce_torch_mean")]
     onnx.save(m, tmp_path / "fused.onnx")
