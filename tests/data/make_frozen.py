@@ -17,6 +17,10 @@ some parameters frozen (requires_grad=False), so that their backward lacks those
   Linear(16->8), residual), input [2, 4, 8] (no gradient), ln1, k_proj and ln2 frozen: the
   attention backward has no dK (k_proj and everything below it frozen), ln1 has no backward,
   ln2's has no dGamma/dBeta: sdpa 1, layernorm 1, linear_gelu 1.
+- frozen_block_no_{q,v,kv,qv,qk}: the same block with other projections frozen in place of
+  k_proj (ln1, ln2 and the input as above), so that the attention backward lacks those
+  gradients: no_q (q_proj frozen: dK, dV), no_v (dQ, dK), no_kv (dQ only), no_qv (dK only),
+  no_qk (dV only: no softmax backward at all).
 
 Through the corpus exporters (scripts/corpus/gen.py; parameters with requires_grad=False are
 frozen: `generate_artifacts(requires_grad=[trainable only], frozen_params=[the rest])` and
@@ -26,6 +30,7 @@ build/venv-corpus-ortt/bin/python tests/data/make_frozen.py ort-training
 build/venv-corpus-torch/bin/python tests/data/make_frozen.py torch-joint
 """
 
+import functools
 import shutil
 import sys
 import tempfile
@@ -90,7 +95,7 @@ class FrozenNorms(torch.nn.Module):
 class FrozenBlock(torch.nn.Module):
     """Pre-norm transformer block, explicit attention softmax(q k^T / sqrt(d)) v, 2 heads of 4."""
 
-    def __init__(self, d=8, heads=2):
+    def __init__(self, d=8, heads=2, frozen="k"):
         super().__init__()
         self.h, self.dh = heads, d // heads
         self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
@@ -100,7 +105,7 @@ class FrozenBlock(torch.nn.Module):
             for ln in (self.ln1, self.ln2):
                 ln.weight.add_(0.1 * torch.randn(d))
                 ln.bias.add_(0.1 * torch.randn(d))
-        for m in (self.ln1, self.k, self.ln2):
+        for m in (self.ln1, *(getattr(self, c) for c in frozen), self.ln2):
             for p in m.parameters():
                 p.requires_grad_(False)
 
@@ -119,6 +124,9 @@ class FrozenBlock(torch.nn.Module):
 
 GRAPHS = [("frozen_mlp", FrozenMLP, (4, 8)), ("frozen_first", FrozenFirst, (4, 8)),
           ("frozen_norms", FrozenNorms, (2, 3, 8)), ("frozen_block", FrozenBlock, (2, 4, 8))]
+# the block without the gradients of the projections it freezes (frozen_block: no dK)
+GRAPHS += [(f"frozen_block_no_{c}", functools.partial(FrozenBlock, frozen=c), (2, 4, 8))
+           for c in ("q", "v", "kv", "qv", "qk")]
 
 
 def main(family: str, only: list[str]) -> None:
