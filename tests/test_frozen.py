@@ -264,6 +264,37 @@ def test_attention_without_some_gradients_fuses_into_only_those(family, name, tm
 
 
 @pytest.mark.parametrize("family", ["ortt", "torch"])
+@pytest.mark.parametrize("name,suffix,skip", [
+    ("frozen_block_no_v", "nokv", "intermediate_consumed_outside"),
+    ("frozen_block_no_v", "noqv", "intermediate_consumed_outside"),
+    ("frozen_block", "nokv", None), ("frozen_block_no_q", "noqv", None)])
+def test_a_variant_never_drops_a_gradient_the_graph_computes(family, name, suffix, skip,
+                                                            tmp_path):
+    """A variant without dQ or dK, alone on a graph that computes that gradient: the absent
+    branch's GEMM reads dS, which the fused op does not write, so the match is refused. A
+    variant without dV on a graph with dV fuses the rest and leaves the dV GEMM (it reads only
+    P and dO) as it is; the graph computes the same. The two-gradient variants come first
+    (test above), so this never happens under the full rule set."""
+    import builders
+
+    m = builders.with_probabilities_output(onnx.load(DATA / f"{family}_{name}.onnx"))
+    fused = copy.deepcopy(m)
+    rule = f"{SDPA_PLAIN[family]}_{suffix}"
+    fp = FusionPass(only={rule})
+    fp.run(fused)
+    if skip:
+        assert not fp.stats.fusions
+        assert fp.stats.patterns["sdpa"].skipped == {skip: 1}
+        return
+    assert [f.rule for f in fp.stats.fusions] == [rule]
+    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
+    onnx.save(m, src)
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
 def test_attention_with_only_dv_is_left_as_it_is(family):
     """q_proj and k_proj frozen: no softmax backward, dV = P^T dO alone. Neither the flash nor
     the sdpa rules take it (an AttentionGrad would do the same GEMM and keep the forward's Q
