@@ -19,7 +19,8 @@ from fusecli.runtime import library
 from fusecli.ops.linear_activation_grad.reference import linear_activation_grad
 from fusecli.runtime.verify import verify_models
 
-from kernel_helpers import F32, _built, _rng, assert_close, rand, run_fused  # noqa: F401
+from kernel_helpers import (F32, _built, _rng, assert_close, assert_verifies,  # noqa: F401
+                            rand, run_fused)
 
 DATA = Path(__file__).parent / "data"
 
@@ -256,11 +257,7 @@ def test_attention_without_some_gradients_fuses_into_only_those(family, name, tm
     (n,) = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
     assert _given(n.output, 0, 3) == list(want)
     assert all(n.input[:5])
-    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
-    onnx.save(m, src)
-    onnx.save(fused, out)
-    report = verify_models(src, out)
-    assert report.ok and report.max_rel <= 1e-5, report
+    assert_verifies(tmp_path, m, fused)
 
 
 @pytest.mark.parametrize("family", ["ortt", "torch"])
@@ -287,11 +284,7 @@ def test_a_variant_never_drops_a_gradient_the_graph_computes(family, name, suffi
         assert fp.stats.patterns["sdpa"].skipped == {skip: 1}
         return
     assert [f.rule for f in fp.stats.fusions] == [rule]
-    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
-    onnx.save(m, src)
-    onnx.save(fused, out)
-    report = verify_models(src, out)
-    assert report.ok and report.max_rel <= 1e-5, report
+    assert_verifies(tmp_path, m, fused)
 
 
 @pytest.mark.parametrize("family", ["ortt", "torch"])
@@ -354,11 +347,7 @@ def test_ortt_frozen_weight_variants_compute_the_same(act, build, kw, rule, tmp_
     fp = FusionPass()
     assert fp.run(fused) == 1
     assert [f.rule for f in fp.stats.fusions] == [f"linear_{act}_ortt_{rule}"]
-    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
-    onnx.save(m, src)
-    onnx.save(fused, out)
-    report = verify_models(src, out)
-    assert report.ok and report.max_rel <= 1e-5, report
+    assert_verifies(tmp_path, m, fused)
 
 
 # --- explain names the missing gradient ---------------------------------------------------------
