@@ -33,7 +33,7 @@ def _built():
 
 def assert_verifies(tmp_path, original, fused):
     """`fusecli verify` of the fused model against the original (both saved under tmp_path)
-    passes at 1e-5."""
+    passes at 1e-5; returns the original's path."""
     import onnx
 
     from fusecli.runtime.verify import verify_models
@@ -43,6 +43,7 @@ def assert_verifies(tmp_path, original, fused):
     onnx.save(fused, out)
     report = verify_models(src, out)
     assert report.ok and report.max_rel <= 1e-5, report
+    return src
 
 
 def _rng(*key):

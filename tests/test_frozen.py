@@ -17,7 +17,7 @@ import pytest
 from fusecli import FusionPass
 from fusecli.runtime import library
 from fusecli.ops.linear_activation_grad.reference import linear_activation_grad
-from fusecli.runtime.verify import verify_models
+from fusecli.runtime.verify import check_fusions, verify_models
 
 from kernel_helpers import (F32, _built, _rng, assert_close, assert_verifies,  # noqa: F401
                             rand, run_fused)
@@ -238,7 +238,7 @@ def test_attention_without_some_gradients_fuses_into_only_those(family, name, tm
     kept, where its gradient GEMM is absent). The flash rules take such an attention first
     (FlashAttentionGrad without those outputs); AttentionGrad does where they refuse (here: the
     probabilities are a graph output too), and the fused graph computes what the original
-    does."""
+    does; the fused node's outputs equal the NumPy reference on the original's tensors."""
     import builders
 
     want, suffix = ATTENTION_SUBSETS[name]
@@ -257,7 +257,11 @@ def test_attention_without_some_gradients_fuses_into_only_those(family, name, tm
     (n,) = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
     assert _given(n.output, 0, 3) == list(want)
     assert all(n.input[:5])
-    assert_verifies(tmp_path, m, fused)
+    src = assert_verifies(tmp_path, m, fused)
+    # each fused node against its NumPy reference on the original's tensors
+    checks = check_fusions(src, fp.stats.fusions, atol=1e-6)
+    assert len(checks) == fp.stats.total_fused
+    assert not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]
 
 
 @pytest.mark.parametrize("family", ["ortt", "torch"])
