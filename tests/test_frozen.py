@@ -37,6 +37,9 @@ EXPECTED = {
     # take each (any of their gradient branches may be absent)
     **{f"frozen_block_no_{c}": {"flash_attention": 1, "layernorm": 1, "linear_gelu": 1}
        for c in ("q", "v", "kv", "qv")},
+    # ... with attention dropout, which the flash rules refuse: the sdpa rules take each
+    **{f"frozen_block_dropout{c}": {"sdpa": 1, "layernorm": 1, "linear_gelu": 1}
+       for c in ("", "_no_q", "_no_v", "_no_kv", "_no_qv")},
     # q_proj and k_proj frozen: dV = P^T dO is the attention's whole backward (no softmax
     # backward), which no rule takes (one GEMM either way)
     "frozen_block_no_qk": {"layernorm": 1, "linear_gelu": 1},
@@ -228,31 +231,42 @@ ATTENTION_SUBSETS = {  # fixture: ((dQ, dK, dV) computed, variant suffix)
     "frozen_block_no_kv": ((True, False, False), "nokv"),
     "frozen_block_no_qv": ((False, True, False), "noqv")}
 SDPA_PLAIN = {"ortt": "sdpa_ortt_scores_plain", "torch": "sdpa_torch_plain"}
+# with attention dropout (frozen_block_dropout*): ort-training's variants take an optional
+# Dropout, torch-joint's dropout spelling has its own variants
+SDPA_DROPOUT = {"ortt": "sdpa_ortt_scores_plain", "torch": "sdpa_torch_plain_dropout"}
 
 
 @pytest.mark.parametrize("family", ["ortt", "torch"])
+@pytest.mark.parametrize("dropout", [False, True], ids=["", "dropout"])
 @pytest.mark.parametrize("name", list(ATTENTION_SUBSETS))
-def test_attention_without_some_gradients_fuses_into_only_those(family, name, tmp_path):
+def test_attention_without_some_gradients_fuses_into_only_those(family, dropout, name,
+                                                                tmp_path):
     """A frozen projection: the fused attention backward writes only the gradients the graph
     computes and reads dO, Q, K, V and P (Q or K^T bound through the forward score MatMul,
     kept, where its gradient GEMM is absent). The flash rules take such an attention first
     (FlashAttentionGrad without those outputs); AttentionGrad does where they refuse (here: the
-    probabilities are a graph output too), and the fused graph computes what the original
-    does; the fused node's outputs equal the NumPy reference on the original's tensors."""
+    probabilities are a graph output too, or attention dropout), and the fused graph computes
+    what the original does; the fused node's outputs equal the NumPy reference on the
+    original's tensors."""
     import builders
 
     want, suffix = ATTENTION_SUBSETS[name]
+    if dropout:
+        name = name.replace("frozen_block", "frozen_block_dropout")
     m = onnx.load(DATA / f"{family}_{name}.onnx")
     flash = copy.deepcopy(m)
     FusionPass().run(flash)
-    (n,) = [n for n in flash.graph.node if n.op_type == "FlashAttentionGrad"]
-    assert _given(n.output, 0, 3) == list(want)
-    m = builders.with_probabilities_output(m)
+    grads = [n for n in flash.graph.node if n.op_type == "FlashAttentionGrad"]
+    if dropout:
+        assert not grads
+    else:
+        assert [_given(n.output, 0, 3) for n in grads] == [list(want)]
+        m = builders.with_probabilities_output(m)
     fused = copy.deepcopy(m)
     fp = FusionPass()
     fp.run(fused)
     assert [f.rule for f in fp.stats.fusions if f.pattern == "sdpa"] == [
-        f"{SDPA_PLAIN[family]}_{suffix}"]
+        f"{(SDPA_DROPOUT if dropout else SDPA_PLAIN)[family]}_{suffix}"]
     assert not any(s.skipped for p, s in fp.stats.patterns.items() if p != "flash_attention")
     (n,) = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
     assert _given(n.output, 0, 3) == list(want)

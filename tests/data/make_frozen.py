@@ -21,6 +21,8 @@ some parameters frozen (requires_grad=False), so that their backward lacks those
   k_proj (ln1, ln2 and the input as above), so that the attention backward lacks those
   gradients: no_q (q_proj frozen: dK, dV), no_v (dQ, dK), no_kv (dQ only), no_qv (dK only),
   no_qk (dV only: no softmax backward at all).
+- frozen_block_dropout[_no_{q,v,kv,qv}]: frozen_block[_no_...] with Dropout(0.1) on the
+  attention probabilities (the flash rules refuse it: the sdpa rules' fixtures as exported).
 
 Through the corpus exporters (scripts/corpus/gen.py; parameters with requires_grad=False are
 frozen: `generate_artifacts(requires_grad=[trainable only], frozen_params=[the rest])` and
@@ -95,8 +97,9 @@ class FrozenNorms(torch.nn.Module):
 class FrozenBlock(torch.nn.Module):
     """Pre-norm transformer block, explicit attention softmax(q k^T / sqrt(d)) v, 2 heads of 4."""
 
-    def __init__(self, d=8, heads=2, frozen="k"):
+    def __init__(self, d=8, heads=2, frozen="k", attn_dropout=0.0):
         super().__init__()
+        self.drop = torch.nn.Dropout(attn_dropout)
         self.h, self.dh = heads, d // heads
         self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
         self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
@@ -117,7 +120,7 @@ class FrozenBlock(torch.nn.Module):
             return t.view(b, s, self.h, self.dh).transpose(1, 2)
 
         q, k, v = heads(self.q(h)), heads(self.k(h)), heads(self.v(h))
-        p = torch.softmax(q @ k.transpose(-2, -1) / self.dh ** 0.5, dim=-1)
+        p = self.drop(torch.softmax(q @ k.transpose(-2, -1) / self.dh ** 0.5, dim=-1))
         x = x + self.o((p @ v).transpose(1, 2).reshape(b, s, d))
         return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
 
@@ -127,6 +130,11 @@ GRAPHS = [("frozen_mlp", FrozenMLP, (4, 8)), ("frozen_first", FrozenFirst, (4, 8
 # the block without the gradients of the projections it freezes (frozen_block: no dK)
 GRAPHS += [(f"frozen_block_no_{c}", functools.partial(FrozenBlock, frozen=c), (2, 4, 8))
            for c in ("q", "v", "kv", "qv", "qk")]
+# ... and with attention-probability dropout (p = 0.1: BERT, GPT-Neo), which the flash rules
+# refuse: frozen_block_dropout (no dK), frozen_block_dropout_no_{q,v,kv,qv}
+GRAPHS += [(f"frozen_block_dropout{f'_no_{c}' if c != 'k' else ''}",
+            functools.partial(FrozenBlock, frozen=c, attn_dropout=0.1), (2, 4, 8))
+           for c in ("k", "q", "v", "kv", "qv")]
 
 
 def main(family: str, only: list[str]) -> None:
