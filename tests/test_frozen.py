@@ -283,8 +283,9 @@ def test_attention_without_some_gradients_fuses_into_only_those(family, dropout,
     ("frozen_block_no_v", "nokv", "intermediate_consumed_outside"),
     ("frozen_block_no_v", "noqv", "intermediate_consumed_outside"),
     ("frozen_block", "nokv", None), ("frozen_block_no_q", "noqv", None)])
+@pytest.mark.parametrize("dropout", [False, True], ids=["", "dropout"])
 def test_a_variant_never_drops_a_gradient_the_graph_computes(family, name, suffix, skip,
-                                                            tmp_path):
+                                                            dropout, tmp_path):
     """A variant without dQ or dK, alone on a graph that computes that gradient: the absent
     branch's GEMM reads dS, which the fused op does not write, so the match is refused. A
     variant without dV on a graph with dV fuses the rest and leaves the dV GEMM (it reads only
@@ -292,9 +293,12 @@ def test_a_variant_never_drops_a_gradient_the_graph_computes(family, name, suffi
     (test above), so this never happens under the full rule set."""
     import builders
 
-    m = builders.with_probabilities_output(onnx.load(DATA / f"{family}_{name}.onnx"))
+    if dropout:
+        m = onnx.load(DATA / f"{family}_{name.replace('frozen_block', 'frozen_block_dropout')}.onnx")
+    else:
+        m = builders.with_probabilities_output(onnx.load(DATA / f"{family}_{name}.onnx"))
     fused = copy.deepcopy(m)
-    rule = f"{SDPA_PLAIN[family]}_{suffix}"
+    rule = f"{(SDPA_DROPOUT if dropout else SDPA_PLAIN)[family]}_{suffix}"
     fp = FusionPass(only={rule})
     fp.run(fused)
     if skip:
