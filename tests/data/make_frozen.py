@@ -130,7 +130,7 @@ GRAPHS = [("frozen_mlp", FrozenMLP, (4, 8)), ("frozen_first", FrozenFirst, (4, 8
 # the block without the gradients of the projections it freezes (frozen_block: no dK)
 GRAPHS += [(f"frozen_block_no_{c}", functools.partial(FrozenBlock, frozen=c), (2, 4, 8))
            for c in ("q", "v", "kv", "qv", "qk")]
-# ... and with attention-probability dropout (p = 0.1: BERT, GPT-Neo), which the flash rules
+# ... and with attention-probability dropout (p = 0.1, as BERT), which the flash rules
 # refuse: frozen_block_dropout (no dK), frozen_block_dropout_no_{q,v,kv,qv}
 GRAPHS += [(f"frozen_block_dropout{f'_no_{c}' if c != 'k' else ''}",
             functools.partial(FrozenBlock, frozen=c, attn_dropout=0.1), (2, 4, 8))
