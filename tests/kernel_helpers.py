@@ -1,6 +1,6 @@
 """Helpers for the custom-op kernel tests: tiny one-node fused models, standard-op (unfused)
-subgraph builders, onnxruntime sessions with fusecli's library, and an onnxruntime-training
-subprocess runner."""
+subgraph builders, onnxruntime sessions with fusecli's library, an onnxruntime-training
+subprocess runner, and the check that a fused model computes what its original does."""
 
 from __future__ import annotations
 
@@ -30,6 +30,21 @@ F32, F16 = np.float32, np.float16
 @pytest.fixture(autouse=True, scope="module")
 def _built():
     library.library_path()  # fails clearly when the library is not built
+
+def assert_verifies(tmp_path, original, fused):
+    """`fusecli verify` of the fused model against the original (both saved under tmp_path)
+    passes at 1e-5; returns the original's path."""
+    import onnx
+
+    from fusecli.runtime.verify import verify_models
+
+    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
+    onnx.save(original, src)
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+    return src
+
 
 def _rng(*key):
     return np.random.default_rng(abs(hash(key)) % (2**32))

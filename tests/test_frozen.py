@@ -7,6 +7,7 @@ work counters, not timed."""
 from __future__ import annotations
 
 import copy
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +17,10 @@ import pytest
 from fusecli import FusionPass
 from fusecli.runtime import library
 from fusecli.ops.linear_activation_grad.reference import linear_activation_grad
-from fusecli.runtime.verify import verify_models
+from fusecli.runtime.verify import check_fusions, verify_models
 
-from kernel_helpers import F32, _built, _rng, assert_close, rand, run_fused  # noqa: F401
+from kernel_helpers import (F32, _built, _rng, assert_close, assert_verifies,  # noqa: F401
+                            rand, run_fused)
 
 DATA = Path(__file__).parent / "data"
 
@@ -31,6 +33,16 @@ EXPECTED = {
     # ln1 has no backward (its input and parameters need no gradient); the attention has no dK;
     # the flash rules take that attention whole (explicit, no dropout, no mask; dK absent)
     "frozen_block": {"flash_attention": 1, "layernorm": 1, "linear_gelu": 1},
+    # the same block without dQ, without dV, with dQ only, with dK only: the flash rules
+    # take each (any of their gradient branches may be absent)
+    **{f"frozen_block_no_{c}": {"flash_attention": 1, "layernorm": 1, "linear_gelu": 1}
+       for c in ("q", "v", "kv", "qv")},
+    # ... with attention dropout, which the flash rules refuse: the sdpa rules take each
+    **{f"frozen_block_dropout{c}": {"sdpa": 1, "layernorm": 1, "linear_gelu": 1}
+       for c in ("", "_no_q", "_no_v", "_no_kv", "_no_qv")},
+    # q_proj and k_proj frozen: dV = P^T dO is the attention's whole backward (no softmax
+    # backward), which no rule takes (one GEMM either way)
+    "frozen_block_no_qk": {"layernorm": 1, "linear_gelu": 1},
 }
 CASES = [(f"{p}_{n}", f"{p}_{n}" if f"{p}_{n}" in EXPECTED else n)
          for p in ("ortt", "torch") for n in EXPECTED if not n.startswith(("ortt_", "torch_"))]
@@ -209,32 +221,117 @@ def test_frozen_weight_variant_guards(rule, guard):
     assert any(s.rule == rule and s.failure.reason == guard for s in fp.stats.skips)
 
 
+# attention backward without some of dQ, dK, dV (tests/data/make_frozen.py: the projection of
+# each absent gradient frozen, with ln1 and the input): the gradients the graph computes, from
+# the model code, and the sdpa variant named after the absent ones
+ATTENTION_SUBSETS = {  # fixture: ((dQ, dK, dV) computed, variant suffix)
+    "frozen_block": ((True, False, True), "nok"),
+    "frozen_block_no_q": ((False, True, True), "noq"),
+    "frozen_block_no_v": ((True, True, False), "nov"),
+    "frozen_block_no_kv": ((True, False, False), "nokv"),
+    "frozen_block_no_qv": ((False, True, False), "noqv")}
+SDPA_PLAIN = {"ortt": "sdpa_ortt_scores_plain", "torch": "sdpa_torch_plain"}
+# with attention dropout (frozen_block_dropout*): ort-training's variants take an optional
+# Dropout, torch-joint's dropout spelling has its own variants
+SDPA_DROPOUT = {"ortt": "sdpa_ortt_scores_plain", "torch": "sdpa_torch_plain_dropout"}
+
+
 @pytest.mark.parametrize("family", ["ortt", "torch"])
-def test_attention_without_dk_fuses_into_dq_dv_only(family):
-    """k_proj and everything below it frozen: the fused AttentionGrad writes dQ and dV, no dK,
-    and reads Q (bound through the forward score MatMul, kept). The flash rules take such an
-    attention first (FlashAttentionGrad without dK); AttentionGrad does where they refuse
-    (here: the probabilities are a graph output too)."""
+@pytest.mark.parametrize("dropout", [False, True], ids=["", "dropout"])
+@pytest.mark.parametrize("name", list(ATTENTION_SUBSETS))
+def test_attention_without_some_gradients_fuses_into_only_those(family, dropout, name,
+                                                                tmp_path):
+    """A frozen projection: the fused attention backward writes only the gradients the graph
+    computes and reads dO, Q, K, V and P (Q or K^T bound through the forward score MatMul,
+    kept, where its gradient GEMM is absent). The flash rules take such an attention first
+    (FlashAttentionGrad without those outputs); AttentionGrad does where they refuse (here: the
+    probabilities are a graph output too, or attention dropout), and the fused graph computes
+    what the original does; the fused node's outputs equal the NumPy reference on the
+    original's tensors."""
     import builders
 
-    m = onnx.load(DATA / f"{family}_frozen_block.onnx")
+    want, suffix = ATTENTION_SUBSETS[name]
+    if dropout:
+        name = name.replace("frozen_block", "frozen_block_dropout")
+    m = onnx.load(DATA / f"{family}_{name}.onnx")
     flash = copy.deepcopy(m)
     FusionPass().run(flash)
-    (n,) = [n for n in flash.graph.node if n.op_type == "FlashAttentionGrad"]
-    assert _given(n.output, 0, 3) == [True, False, True]
-    m = builders.with_probabilities_output(m)
+    grads = [n for n in flash.graph.node if n.op_type == "FlashAttentionGrad"]
+    if dropout:
+        assert not grads
+    else:
+        assert [_given(n.output, 0, 3) for n in grads] == [list(want)]
+        m = builders.with_probabilities_output(m)
+    fused = copy.deepcopy(m)
     fp = FusionPass()
-    fp.run(m)
+    fp.run(fused)
     assert [f.rule for f in fp.stats.fusions if f.pattern == "sdpa"] == [
-        "sdpa_ortt_scores_plain_nok" if family == "ortt" else "sdpa_torch_plain_nok"]
-    (n,) = [n for n in m.graph.node if n.op_type == "AttentionGrad"]
-    assert _given(n.output, 0, 3) == [True, False, True]
+        f"{(SDPA_DROPOUT if dropout else SDPA_PLAIN)[family]}_{suffix}"]
+    assert not any(s.skipped for p, s in fp.stats.patterns.items() if p != "flash_attention")
+    (n,) = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
+    assert _given(n.output, 0, 3) == list(want)
     assert all(n.input[:5])
+    src = assert_verifies(tmp_path, m, fused)
+    # each fused node against its NumPy reference on the original's tensors
+    checks = check_fusions(src, fp.stats.fusions, atol=1e-6)
+    assert len(checks) == fp.stats.total_fused
+    assert not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]
 
 
-def test_attention_grad_without_dk_skips_its_gemm():
-    """AttentionGrad asked for dQ and dV only runs the dV, dP and dQ GEMMs: the multiply-adds
-    of the dK GEMM (b * Sk * D * Sq) are not spent; the outputs equal the reference."""
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+@pytest.mark.parametrize("name,suffix,skip", [
+    ("frozen_block_no_v", "nokv", "intermediate_consumed_outside"),
+    ("frozen_block_no_v", "noqv", "intermediate_consumed_outside"),
+    ("frozen_block", "nokv", None), ("frozen_block_no_q", "noqv", None)])
+@pytest.mark.parametrize("dropout", [False, True], ids=["", "dropout"])
+def test_a_variant_never_drops_a_gradient_the_graph_computes(family, name, suffix, skip,
+                                                            dropout, tmp_path):
+    """A variant without dQ or dK, alone on a graph that computes that gradient: the absent
+    branch's GEMM reads dS, which the fused op does not write, so the match is refused. A
+    variant without dV on a graph with dV fuses the rest and leaves the dV GEMM (it reads only
+    P and dO) as it is; the graph computes the same. The two-gradient variants come first
+    (test above), so this never happens under the full rule set."""
+    import builders
+
+    if dropout:
+        m = onnx.load(DATA / f"{family}_{name.replace('frozen_block', 'frozen_block_dropout')}.onnx")
+    else:
+        m = builders.with_probabilities_output(onnx.load(DATA / f"{family}_{name}.onnx"))
+    fused = copy.deepcopy(m)
+    rule = f"{(SDPA_DROPOUT if dropout else SDPA_PLAIN)[family]}_{suffix}"
+    fp = FusionPass(only={rule})
+    fp.run(fused)
+    if skip:
+        assert not fp.stats.fusions
+        assert fp.stats.patterns["sdpa"].skipped == {skip: 1}
+        return
+    assert [f.rule for f in fp.stats.fusions] == [rule]
+    assert_verifies(tmp_path, m, fused)
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+def test_attention_with_only_dv_is_left_as_it_is(family):
+    """q_proj and k_proj frozen: no softmax backward, dV = P^T dO alone. Neither the flash nor
+    the sdpa rules take it (an AttentionGrad would do the same GEMM and keep the forward's Q
+    and K^T alive until the backward), with or without the probabilities as an output."""
+    import builders
+
+    m = onnx.load(DATA / f"{family}_frozen_block_no_qk.onnx")
+    for model in (m, builders.with_probabilities_output(m)):
+        fp = FusionPass()
+        fp.run(model)
+        assert not [f for f in fp.stats.fusions if f.pattern in ("sdpa", "flash_attention")]
+        assert not any(n.op_type in ("AttentionGrad", "FlashAttentionGrad")
+                       for n in model.graph.node)
+
+
+@pytest.mark.parametrize("want", [w for w in itertools.product([False, True], repeat=3)
+                                  if any(w)])
+def test_attention_grad_skips_the_gemms_of_absent_gradients(want):
+    """AttentionGrad asked for some of dQ, dK, dV runs only their GEMMs: dV = P^T dO
+    (b * Sk * Dv * Sq multiply-adds), and for dQ or dK the dP = dO V^T GEMM (b * Sq * Sk * Dv)
+    with dQ = dS K (b * Sq * Sk * D), dK = dS^T Q (b * Sk * D * Sq); the outputs equal the
+    NumPy reference."""
     from fusecli.ops.attention_grad.reference import attention_grad
     from fusecli.ops.attention_grad.test_attention_grad import _attn_inputs
 
@@ -242,17 +339,17 @@ def test_attention_grad_without_dk_skips_its_gemm():
     ins = _attn_inputs(_rng("frozen-attn"), (b,), sq, sk, d, dv, 1)
     ref = attention_grad(*ins, 0.5, 0.5, 1)
     feeds = list(zip(["dO", "Q", "K", "V", "P"], ins))
-    macs = {}
-    for outs in ([("dQ", F32), ("dK", F32), ("dV", F32)], [("dQ", F32), None, ("dV", F32)]):
-        library.reset_kernel_calls()
-        got = run_fused("AttentionGrad", feeds, outs, scale_q=0.5, scale_k=0.5, k_transposed=1)
-        assert library.kernel_calls("AttentionGrad") == 1
-        for g, r, o in zip(got, ref, outs):
-            if o:
-                assert_close(g, r, what=o[0])
-        macs[outs[1] is None] = library.kernel_calls("cpu/gemm_macs")
-    assert macs[False] == b * (2 * sq * sk * dv + 2 * sq * sk * d)
-    assert macs[True] == macs[False] - b * sk * d * sq
+    outs = [(nm, F32) if w else None for nm, w in zip(("dQ", "dK", "dV"), want)]
+    library.reset_kernel_calls()
+    got = run_fused("AttentionGrad", feeds, outs, scale_q=0.5, scale_k=0.5, k_transposed=1)
+    assert library.kernel_calls("AttentionGrad") == 1
+    for g, r, o in zip(got, ref, outs):
+        if o:
+            assert_close(g, r, what=o[0])
+    want_q, want_k, want_v = want
+    assert library.kernel_calls("cpu/gemm_macs") == b * (
+        sq * sk * dv * want_v + sq * sk * dv * (want_q or want_k) + sq * sk * d * want_q
+        + sk * d * sq * want_k)
 
 
 @pytest.mark.parametrize("act", ["relu", "quick_gelu"])
@@ -272,11 +369,7 @@ def test_ortt_frozen_weight_variants_compute_the_same(act, build, kw, rule, tmp_
     fp = FusionPass()
     assert fp.run(fused) == 1
     assert [f.rule for f in fp.stats.fusions] == [f"linear_{act}_ortt_{rule}"]
-    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
-    onnx.save(m, src)
-    onnx.save(fused, out)
-    report = verify_models(src, out)
-    assert report.ok and report.max_rel <= 1e-5, report
+    assert_verifies(tmp_path, m, fused)
 
 
 # --- explain names the missing gradient ---------------------------------------------------------
@@ -287,14 +380,21 @@ def test_ortt_frozen_weight_variants_compute_the_same(act, build, kw, rule, tmp_
     ("torch_frozen_mlp", "linear_gelu_torch", "tz", "weight gradient (dW)"),
     ("ortt_frozen_first", "linear_gelu_ortt_gemm_frozen_w", "dgrad", "input gradient (dA)"),
     ("ortt_frozen_block", "sdpa_ortt_scores_plain", "dk", "key gradient (dK)"),
-    ("torch_frozen_block", "sdpa_torch_plain", "dk", "key gradient (dK)")])
+    ("torch_frozen_block", "sdpa_torch_plain", "dk", "key gradient (dK)"),
+    ("ortt_frozen_block_no_q", "sdpa_ortt_scores_plain", "dq", "query gradient (dQ)"),
+    ("torch_frozen_block_no_q", "sdpa_torch_plain", "dq", "query gradient (dQ)"),
+    ("ortt_frozen_block_no_v", "sdpa_ortt_scores_plain", "dv", "value gradient (dV)"),
+    ("torch_frozen_block_no_v", "sdpa_torch_plain", "dv", "value gradient (dV)"),
+    # a two-gradient variant explained on a one-gradient graph names the other missing one
+    ("ortt_frozen_block_no_kv", "sdpa_ortt_scores_plain_nok", "dv", "value gradient (dV)"),
+    ("torch_frozen_block_no_qv", "sdpa_torch_plain_noq", "dv", "value gradient (dV)")])
 def test_explain_names_the_missing_gradient(name, rule, node, branch):
     import builders
     from fusecli.engine.explain import explain_model
 
     fp = FusionPass(only={rule})  # (the earlier stages apply first, as in `fusecli explain`)
     model = onnx.load(DATA / f"{name}.onnx")
-    if name.endswith("_frozen_block"):  # where the flash rules (an earlier stage) do not take it
+    if "_frozen_block" in name:  # where the flash rules (an earlier stage) do not take it
         model = builders.with_probabilities_output(model)
     misses = [m for m in explain_model(model, fp) if m["rule"] == rule]
     assert misses

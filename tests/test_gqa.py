@@ -90,7 +90,12 @@ def test_gqa_spelling_fuses_and_verifies(name, tmp_path):
 @pytest.mark.ortt
 def test_broadcast_head_sum_reshaped_to_another_shape_is_refused(tmp_path):
     """ort-training's broadcast-MatMul gradient sums with keepdims=0 and Reshapes back to K/V's
-    shape; a Reshape to any other shape must not become the op's dV (shape guard)."""
+    shape; a Reshape to any other shape must not become the op's dV (shape guard). The rules
+    refuse dV there; the variant without a dV branch (sdpa_ortt_scores_plain_nov) fuses dQ and
+    dK and leaves the dV GEMM, its sum and that Reshape as they are (they read only P and dO;
+    the mutated graph itself does not run: the Squeeze after that Reshape refuses its shape).
+    The same partial fusion on a graph that runs verifies: tests/test_frozen.py
+    (test_a_variant_never_drops_a_gradient_the_graph_computes)."""
     from onnx import numpy_helper
 
     m = onnx.load(DATA / "ortt_gqa_bcast_kv2.onnx")
@@ -104,7 +109,15 @@ def test_broadcast_head_sum_reshaped_to_another_shape_is_refused(tmp_path):
     view.proto.input[1] = "wrong_shape"
     for vi in [vi for vi in m.graph.value_info if vi.name == view.outputs[0]]:
         m.graph.value_info.remove(vi)  # its recorded shape would no longer be true
-    fp = FusionPass()
-    fp.run(m)
+    src = tmp_path / "m.onnx"
+    onnx.save(m, src)
+    fp = FusionPass(only={"sdpa_ortt_scores_plain"})
+    fp.run(onnx.load(src))
     assert fp.stats.patterns["sdpa"].fused == 0
     assert "shape_mismatch" in fp.stats.patterns["sdpa"].skipped
+    fp = FusionPass()
+    fp.run(m)
+    assert [f.rule for f in fp.stats.fusions] == ["sdpa_ortt_scores_plain_nov"]
+    (n,) = [n for n in m.graph.node if n.op_type == "AttentionGrad"]
+    assert len(n.output) < 3 or not n.output[2]  # no dV
+    assert [n.op_type for n in m.graph.node if view.outputs[0] in n.output] == ["Reshape"]

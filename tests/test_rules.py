@@ -69,10 +69,17 @@ for _name in EXPORTS:
 for _name in ("ortt_frozen_mlp", "ortt_frozen_first", "torch_frozen_mlp", "torch_frozen_first",
               "ortt_frozen_block", "torch_frozen_block"):
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
-# attention without dK where the flash rules refuse (P a graph output): the sdpa no-dK variants
-for _name in ("ortt_frozen_block", "torch_frozen_block"):
-    SAMPLE_MODELS[f"export_{_name}_p_output"] = builders.with_probabilities_output(
-        onnx.load(DATA / f"{_name}.onnx"))
+# attention without dK (without dQ, dV, with dQ or dK alone) where the flash rules refuse (P a
+# graph output): the sdpa variants without those gradients (counts: tests/test_frozen.py)
+for _name in ("frozen_block", "frozen_block_no_q", "frozen_block_no_v", "frozen_block_no_kv",
+              "frozen_block_no_qv"):
+    for _fam in ("ortt", "torch"):
+        SAMPLE_MODELS[f"export_{_fam}_{_name}_p_output"] = builders.with_probabilities_output(
+            onnx.load(DATA / f"{_fam}_{_name}.onnx"))
+    # with attention dropout, torch-joint's dropout spelling (ort-training's is optional in the
+    # variants above)
+    _drop = _name.replace("frozen_block", "frozen_block_dropout")
+    SAMPLE_MODELS[f"export_torch_{_drop}"] = onnx.load(DATA / f"torch_{_drop}.onnx")
 # the frozen-weight variants of every activation the exports lack (dA [+ dB] without dW; the
 # first layer's dB alone, also on GPT-2's 2-D view)
 for _act in ("relu", "gelu", "gelu_fast", "silu", "quick_gelu"):

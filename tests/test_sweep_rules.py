@@ -21,6 +21,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import builders
+from kernel_helpers import assert_verifies
 from fusecli import FusionPass, load_rules
 from fusecli.engine.explain import explain_model
 from fusecli.runtime.verify import verify_models
@@ -31,15 +32,6 @@ BLOOM = "act_gelu_tanh_bloom_grad_torch"
 BLOOM_RULE = next(r for r in RULES if r.name == BLOOM)
 GUARD_FIXTURE_RULES = ("act_gelu_tanh_bloom_grad_torch",)
 
-
-
-def _assert_verifies(tmp_path, m, fused):
-    """`fusecli verify` of the fused copy against the original passes at 1e-5."""
-    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
-    onnx.save(m, src)
-    onnx.save(fused, out)
-    report = verify_models(src, out)
-    assert report.ok and report.max_rel <= 1e-5, report
 
 
 def _upto(rule_name):
@@ -137,7 +129,7 @@ def test_attention_on_3d_view_fuses_and_verifies(tmp_path):
     assert node.input[4] == "P3"  # the op reads P in the layout of Q, K, V and dO
     assert list(node.output[:3]) == ["dQ", "dKt", "dV"]
     assert not {n.op_type for n in fused.graph.node} & {"SoftmaxGrad_13", "FusedMatMul"}
-    _assert_verifies(tmp_path, m, fused)
+    assert_verifies(tmp_path, m, fused)
 
 
 def test_attention_on_3d_view_with_dropout_before_the_view_is_not_fused():
@@ -178,7 +170,7 @@ def test_scores_fill_fuses_and_verifies(tmp_path):
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["scale_q"] == pytest.approx(1 / np.sqrt(3), rel=1e-6)
     assert attrs["scale_k"] == pytest.approx(1 / np.sqrt(3), rel=1e-6)
-    _assert_verifies(tmp_path, m, fused)
+    assert_verifies(tmp_path, m, fused)
 
 
 @pytest.mark.parametrize("kw,var", [
@@ -316,7 +308,7 @@ def test_layernorm_centred_fuses_and_verifies(residual, tmp_path):
     assert stats.patterns["rmsnorm"].fused == 0
     [node] = [n for n in fused.graph.node if n.op_type == "LayerNormGrad"]
     assert list(node.input[:5]) == ["dY", "X", "gamma", "mean", "inv_std"]
-    _assert_verifies(tmp_path, m, fused)
+    assert_verifies(tmp_path, m, fused)
 
 
 @pytest.mark.parametrize("kw,reason", [

@@ -17,6 +17,12 @@ some parameters frozen (requires_grad=False), so that their backward lacks those
   Linear(16->8), residual), input [2, 4, 8] (no gradient), ln1, k_proj and ln2 frozen: the
   attention backward has no dK (k_proj and everything below it frozen), ln1 has no backward,
   ln2's has no dGamma/dBeta: sdpa 1, layernorm 1, linear_gelu 1.
+- frozen_block_no_{q,v,kv,qv,qk}: the same block with other projections frozen in place of
+  k_proj (ln1, ln2 and the input as above), so that the attention backward lacks those
+  gradients: no_q (q_proj frozen: dK, dV), no_v (dQ, dK), no_kv (dQ only), no_qv (dK only),
+  no_qk (dV only: no softmax backward at all).
+- frozen_block_dropout[_no_{q,v,kv,qv}]: frozen_block[_no_...] with Dropout(0.1) on the
+  attention probabilities (the flash rules refuse it: the sdpa rules' fixtures as exported).
 
 Through the corpus exporters (scripts/corpus/gen.py; parameters with requires_grad=False are
 frozen: `generate_artifacts(requires_grad=[trainable only], frozen_params=[the rest])` and
@@ -26,6 +32,7 @@ build/venv-corpus-ortt/bin/python tests/data/make_frozen.py ort-training
 build/venv-corpus-torch/bin/python tests/data/make_frozen.py torch-joint
 """
 
+import functools
 import shutil
 import sys
 import tempfile
@@ -90,8 +97,9 @@ class FrozenNorms(torch.nn.Module):
 class FrozenBlock(torch.nn.Module):
     """Pre-norm transformer block, explicit attention softmax(q k^T / sqrt(d)) v, 2 heads of 4."""
 
-    def __init__(self, d=8, heads=2):
+    def __init__(self, d=8, heads=2, frozen="k", attn_dropout=0.0):
         super().__init__()
+        self.drop = torch.nn.Dropout(attn_dropout)
         self.h, self.dh = heads, d // heads
         self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
         self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
@@ -100,7 +108,7 @@ class FrozenBlock(torch.nn.Module):
             for ln in (self.ln1, self.ln2):
                 ln.weight.add_(0.1 * torch.randn(d))
                 ln.bias.add_(0.1 * torch.randn(d))
-        for m in (self.ln1, self.k, self.ln2):
+        for m in (self.ln1, *(getattr(self, c) for c in frozen), self.ln2):
             for p in m.parameters():
                 p.requires_grad_(False)
 
@@ -112,13 +120,21 @@ class FrozenBlock(torch.nn.Module):
             return t.view(b, s, self.h, self.dh).transpose(1, 2)
 
         q, k, v = heads(self.q(h)), heads(self.k(h)), heads(self.v(h))
-        p = torch.softmax(q @ k.transpose(-2, -1) / self.dh ** 0.5, dim=-1)
+        p = self.drop(torch.softmax(q @ k.transpose(-2, -1) / self.dh ** 0.5, dim=-1))
         x = x + self.o((p @ v).transpose(1, 2).reshape(b, s, d))
         return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
 
 
 GRAPHS = [("frozen_mlp", FrozenMLP, (4, 8)), ("frozen_first", FrozenFirst, (4, 8)),
           ("frozen_norms", FrozenNorms, (2, 3, 8)), ("frozen_block", FrozenBlock, (2, 4, 8))]
+# the block without the gradients of the projections it freezes (frozen_block: no dK)
+GRAPHS += [(f"frozen_block_no_{c}", functools.partial(FrozenBlock, frozen=c), (2, 4, 8))
+           for c in ("q", "v", "kv", "qv", "qk")]
+# ... and with attention-probability dropout (p = 0.1, as BERT), which the flash rules
+# refuse: frozen_block_dropout (no dK), frozen_block_dropout_no_{q,v,kv,qv}
+GRAPHS += [(f"frozen_block_dropout{f'_no_{c}' if c != 'k' else ''}",
+            functools.partial(FrozenBlock, frozen=c, attn_dropout=0.1), (2, 4, 8))
+           for c in ("k", "q", "v", "kv", "qv")]
 
 
 def main(family: str, only: list[str]) -> None:
