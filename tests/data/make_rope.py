@@ -1,6 +1,6 @@
 """Regenerates tests/data/{ortt,torch}_rope_{half,partial,interleaved,inputs,bad_concat,
-bad_slice}.onnx: one eager self-attention layer (hidden 16, 2 heads of 8, no biases, input
-[2, 4, 16], MSE loss) whose Q and K go through rotary position embeddings written like
+bad_slice}.onnx and torch_rope_{half,bad_concat,bad_slice}_raw.onnx: one eager self-attention
+layer (hidden 16, 2 heads of 8, no biases, input [2, 4, 16], MSE loss) whose Q and K go through rotary position embeddings written like
 transformers' Llama (`apply_rotary_pos_emb`: q * cos + rotate_half(q) * sin, cos/sin from
 LlamaRotaryEmbedding's inv_freq and the position ids, unsqueezed on the head axis):
 
@@ -14,11 +14,16 @@ LlamaRotaryEmbedding's inv_freq and the position ids, unsqueezed on the head axi
   bad_concat   look-alike: cat(x1, -x2) instead of cat(-x2, x1) (not a rotation)   0
   bad_slice    look-alike: rotate-half split at 3 of 8 dims (not half)              0
 
+torch-joint only, a STYLE_raw of half, bad_concat and bad_slice: the same model exported raw,
+torch.onnx.export(dynamo=True, optimize=False), as big models are exported: every Slice reads
+its own Cast/Reshape constants, each slice_scatter its own CastLike zeros (torch_rope_*_raw).
+
 Through the corpus exporters (scripts/corpus/gen.py), each checked against torch autograd:
 build/venv-corpus-ortt/bin/python tests/data/make_rope.py ort-training
 build/venv-corpus-torch/bin/python tests/data/make_rope.py torch-joint
 """
 
+import functools
 import math
 import shutil
 import sys
@@ -96,12 +101,15 @@ class Attention(nn.Module):
 
 
 STYLES = ["half", "partial", "interleaved", "inputs", "bad_concat", "bad_slice"]
+RAW = ["half_raw", "bad_concat_raw", "bad_slice_raw"]  # torch-joint only
 
 
 def main(family: str, names: list[str]) -> None:
     prefix = gen.PREFIX[family]
-    builder = gen.build_ortt if family == "ort-training" else gen.build_torch
-    for style in names or STYLES:
+    for full in names or STYLES + (RAW if family == "torch-joint" else []):
+        style = full.removesuffix("_raw")
+        builder = (gen.build_ortt if family == "ort-training" else
+                   functools.partial(gen.build_torch, optimize=full == style))
         torch.manual_seed(0)
         model = Attention(style).train()
         inputs = {"x": torch.randn(B, S, D)}
@@ -114,7 +122,7 @@ def main(family: str, names: list[str]) -> None:
             inputs["position_ids"] = pos
             ranges = {"position_ids": [0, S]}
         arch = types.SimpleNamespace(library="torch", input_ranges=ranges)
-        name = f"{prefix}_rope_{style}"
+        name = f"{prefix}_rope_{full}"
         with tempfile.TemporaryDirectory() as td:
             res = builder(arch, model, inputs, name, Path(td), True)
             shutil.copy(Path(td) / f"{name}.onnx", HERE / f"{name}.onnx")
