@@ -1,5 +1,6 @@
 """The fine-tuning corpus graphs of ort-training (issue 21: LoRA, frozen norms, frozen first block,
-input gradient only, dropout, symbolic dims, a frozen-base MobileNetV2) train through
+input gradient only, dropout, symbolic dims, a frozen-base MobileNetV2, non-default losses
+down to a user's own onnxblock.Block loss) train through
 onnxruntime.training.api (Module + Optimizer) after fusion with the loss curve of the original.
 
 For each corpus entry of family ort-training with a `setup` (scripts/corpus/archs.py), the
@@ -13,7 +14,6 @@ parameters (its random nodes carry fixed seeds, so dropout masks agree step by s
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,7 @@ import yaml
 
 from conftest import run_cli
 from fusecli.runtime.library import library_path
+from ortt_train import HEAD, TRAIN, run_ortt
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "corpus"
@@ -30,17 +31,8 @@ _ENTRIES = yaml.safe_load((CORPUS / "manifest.yaml").read_text())["samples"]
 NAMES = sorted(n for n, e in _ENTRIES.items()
                if e["family"] == "ort-training" and e.get("setup"))
 
-_SCRIPT = r"""
-import json, os, sys, types, onnxruntime as ort
-sys.modules["onnxruntime.training"] = types.ModuleType("onnxruntime.training")
-sys.modules["onnxruntime.training"].__path__ = [os.path.join(os.path.dirname(ort.__file__), "training")]
-import numpy as np, onnx
-from onnx import numpy_helper
-from onnxruntime.training import onnxblock
-from onnxruntime.training.api import CheckpointState, Module, Optimizer
-
-cfg = json.loads(sys.argv[1])
-d = cfg["dir"]
+# the checkpoint and optimizer model as generate_artifacts writes them; then ortt_train.TRAIN
+_SCRIPT = HEAD + r"""
 params = np.load(cfg["params"])
 trainable = [numpy_helper.from_array(params[n], n) for n in cfg["trainable"]]
 frozen = [numpy_helper.from_array(params[n], n) for n in cfg["frozen"]]
@@ -48,34 +40,8 @@ onnxblock.save_checkpoint((trainable, frozen), os.path.join(d, "checkpoint"))
 with onnxblock.empty_base(opset_version=16):
     block = onnxblock.optim.AdamW()
     block((trainable, frozen))
-    opt = block.to_model_proto()
-opt.ir_version = min(opt.ir_version, 10)  # onnxruntime 1.19.2 reads up to IR 10
-onnx.save(opt, os.path.join(d, "optimizer_model.onnx"))
-batch = np.load(cfg["batch"])
-out = {}
-for model in cfg["models"]:
-    state = CheckpointState.load_checkpoint(os.path.join(d, "checkpoint"))
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(cfg["library"])
-    # onnxruntime-training 1.19.2 with buffer reuse computed an ORIGINAL symbolic-dim BERT
-    # graph's gradients wrong (tests/data/ortt_bert_tokens_symbolic.onnx: losses 1.4405, 1.0253
-    # after steps 1, 2 with reuse; 1.4147, 0.9795 without, which the fused graph gives either
-    # way): the comparison is made without it
-    so.enable_mem_reuse = False
-    module = Module(model, state, session_options=so)
-    optimizer = Optimizer(os.path.join(d, "optimizer_model.onnx"), module)
-    optimizer.set_learning_rate(cfg["lr"])
-    module.train()
-    losses = []
-    for step in range(cfg["steps"]):
-        loss = module(*[batch[n] for n in cfg["inputs"]])
-        optimizer.step()
-        module.lazy_reset_grad()
-        losses.append(float(loss))
-    out[model] = {"losses": losses,
-                  "params": module.get_contiguous_parameters().numpy().tolist()}
-print(json.dumps(out))
-"""
+    onnx.save(readable_ir(block.to_model_proto()), os.path.join(d, "optimizer_model.onnx"))
+""" + TRAIN
 
 
 def _batch(entry: dict) -> dict[str, np.ndarray]:
@@ -109,6 +75,7 @@ def test_the_ort_training_fine_tuning_corpus_is_there():
     setups = {_ENTRIES[n]["setup"] for n in NAMES}
     assert len(NAMES) >= 9 and any("LoRA" in s for s in setups), NAMES
     assert any("symbolic" in s for s in setups) and any("dropout" in s for s in setups)
+    assert {"ce", "bce", "custom"} <= {_ENTRIES[n]["loss"] for n in NAMES}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -123,12 +90,14 @@ def test_fused_fine_tuning_graph_trains_like_the_original(name, tmp_path, ortt_p
     cfg = {"dir": str(tmp_path), "params": str(CORPUS / entry["params"]),
            "trainable": [n for n, r in roles.items() if r == "parameter"],
            "frozen": [n for n, r in roles.items() if r == "frozen_parameter"],
-           "inputs": list(batch), "batch": str(tmp_path / "batch.npz"), "steps": STEPS,
-           "lr": 0.002, "library": library_path(), "models": [str(orig), str(fused)]}
-    proc = subprocess.run([ortt_python, "-c", _SCRIPT, json.dumps(cfg)], capture_output=True,
-                          text=True, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+           "batch": str(tmp_path / "batch.npz"), "steps": STEPS, "lr": 0.002,
+           "library": library_path(), "models": [str(orig), str(fused)],
+           # onnxruntime-training 1.19.2 with buffer reuse computed an ORIGINAL symbolic-dim
+           # BERT graph's gradients wrong (tests/data/ortt_bert_tokens_symbolic.onnx: losses
+           # 1.4405, 1.0253 after steps 1, 2 with reuse; 1.4147, 0.9795 without, which the
+           # fused graph gives either way): the comparison is made without it
+           "mem_reuse": False}
+    res = run_ortt(ortt_python, _SCRIPT, cfg)
     a, b = res[str(orig)], res[str(fused)]
     assert a["losses"][-1] < a["losses"][0], a["losses"]  # it does train
     np.testing.assert_allclose(b["losses"], a["losses"], rtol=1e-5, atol=1e-7)

@@ -12,20 +12,16 @@ give the original's losses and parameters, with LoraLinearGrad running.
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 
 from conftest import run_cli
 from fusecli.runtime.library import library_path
-from test_ortt_training import _SCRIPT as _ORTT_SCRIPT
+from ortt_train import HEAD, TRAIN, run_ortt
 
 STEPS = 6
-_HEAD, _TRAIN = _ORTT_SCRIPT.split("# --- train: the README's loop")
 
-_ARTIFACTS = r"""
-cfg = json.loads(sys.argv[1])
-d = cfg["dir"]
+_SCRIPT = HEAD + r"""
 if cfg["mode"] == "artifacts":
     rng = np.random.default_rng(0)
     sizes, r, s = [16, 32, 8], 4, 2.0
@@ -62,25 +58,12 @@ if cfg["mode"] == "artifacts":
         frozen_params=[i.name for i in inits if i.name not in trainable],
         loss=artifacts.LossType.MSELoss, optimizer=artifacts.OptimType.AdamW,
         artifact_directory=d)
-    opt = onnx.load(os.path.join(d, "optimizer_model.onnx"))
-    if opt.ir_version > 10:  # see test_ortt_training
-        opt.ir_version = 10
-        onnx.save(opt, os.path.join(d, "optimizer_model.onnx"))
-    print(json.dumps(sorted(os.listdir(d))))
-    sys.exit(0)
-"""
-
-
-def _script() -> str:
-    head = _HEAD[:_HEAD.index('cfg = json.loads(sys.argv[1])')]
-    return head + _ARTIFACTS + "\n# --- train" + _TRAIN
+    finish_artifacts()
+""" + TRAIN
 
 
 def _ortt(ortt_python: str, cfg: dict):
-    proc = subprocess.run([ortt_python, "-c", _script(), json.dumps(cfg)], capture_output=True,
-                          text=True, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_ortt(ortt_python, _SCRIPT, cfg)
 
 
 def test_fused_lora_model_trains_like_the_original(tmp_path, ortt_python):

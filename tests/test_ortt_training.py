@@ -11,45 +11,19 @@ Runs in .venv-ortt (onnxruntime-training 1.19.2). The forward model is built wit
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
 
 from conftest import run_cli
 from fusecli.runtime.library import library_path
+from ortt_train import HEAD, TRAIN, run_ortt
 
 STEPS = 6
 
-# onnxruntime-training 1.19.2's package __init__ imports torch (for ORTModule and its torch
-# optimizers) although the `api` and `artifacts` modules do not use it; .venv-ortt has no torch,
-# so the script registers the package without running that __init__. Everything after the
-# first three lines is the user-facing API unchanged.
-_SCRIPT = r"""
-import json, os, sys, types, onnxruntime as ort
-sys.modules["onnxruntime.training"] = types.ModuleType("onnxruntime.training")
-sys.modules["onnxruntime.training"].__path__ = [os.path.join(os.path.dirname(ort.__file__), "training")]
-import numpy as np, onnx
-from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.training import artifacts
-from onnxruntime.training.api import CheckpointState, Module, Optimizer
-
-cfg = json.loads(sys.argv[1])
-d = cfg["dir"]
-
-
-def finish_artifacts():
-    # ends an artifacts mode: prints the files made. onnx >= 1.19 (.venv-ortt has 1.23.2)
-    # stamps the optimizer model with its own IR version (14), which onnxruntime 1.19.2 refuses
-    # (max 10); the ops are unchanged
-    opt = onnx.load(os.path.join(d, "optimizer_model.onnx"))
-    if opt.ir_version > 10:
-        opt.ir_version = 10
-        onnx.save(opt, os.path.join(d, "optimizer_model.onnx"))
-    print(json.dumps(sorted(os.listdir(d))))
-    sys.exit(0)
-
-
+# the training part is ortt_train.TRAIN, the README's loop; test_lce and test_flash_training put
+# their own artifacts step before this one
+_SCRIPT = HEAD + r"""
 if cfg["mode"] == "artifacts":
     rng = np.random.default_rng(0)
     sizes = [16, 32, 32, 32, 8]
@@ -84,42 +58,11 @@ if cfg["mode"] == "artifacts":
         loss=artifacts.LossType.MSELoss, optimizer=artifacts.OptimType.AdamW,
         artifact_directory=d)
     finish_artifacts()
-
-# --- train: the README's loop -----------------------------------------------------------------
-import ctypes
-calls = ctypes.CDLL(cfg["library"])
-calls.fusecli_kernel_calls.restype = ctypes.c_int64
-calls.fusecli_kernel_calls.argtypes = [ctypes.c_char_p]
-calls.fusecli_reset_kernel_calls.restype = None
-batch = np.load(cfg["batch"])
-out = {}
-for model in cfg["models"]:
-    state = CheckpointState.load_checkpoint(os.path.join(d, "checkpoint"))
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(cfg["library"])
-    module = Module(model, state, session_options=so)
-    optimizer = Optimizer(os.path.join(d, "optimizer_model.onnx"), module)
-    optimizer.set_learning_rate(cfg["lr"])
-    calls.fusecli_reset_kernel_calls()
-    module.train()
-    losses = []
-    for step in range(cfg["steps"]):
-        loss = module(batch["x"], batch["y"])
-        optimizer.step()
-        module.lazy_reset_grad()
-        losses.append(float(loss))
-    out[model] = {"losses": losses,
-                  "params": module.get_contiguous_parameters().numpy().tolist(),
-                  "calls": {op: calls.fusecli_kernel_calls(op.encode()) for op in cfg["ops"]}}
-print(json.dumps(out))
-"""
+""" + TRAIN
 
 
 def _ortt(ortt_python: str, cfg: dict):
-    proc = subprocess.run([ortt_python, "-c", _SCRIPT, json.dumps(cfg)], capture_output=True,
-                          text=True, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_ortt(ortt_python, _SCRIPT, cfg)
 
 
 def test_fused_training_model_trains_like_the_original(tmp_path, ortt_python):

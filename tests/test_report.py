@@ -100,6 +100,7 @@ def test_every_fused_chain_is_drawn_beside_its_fused_node(reports, name):
 def test_every_near_miss_is_listed_and_drawn_with_the_failing_node_highlighted(reports, name):
     data, html, result, original = reports(name)
     misses = api.explain(CORPUS / MANIFEST[name]["file"])
+    assert misses  # (140 rules on a real model: other patterns' rules start and fail)
     assert [(m.rule, m.anchor_node, m.detail) for m in data.misses] == \
         [(m["rule"], m["anchor"], m["detail"]) for m in misses]
     drawn = sections(html, "miss")
@@ -160,7 +161,30 @@ def test_markdown_summary_has_the_pattern_table_and_the_top_near_misses(reports)
     groups = data.miss_groups()
     assert f"**Top near misses** ({len(data.misses)} at {len(groups)} distinct" in text
     first = groups[0].first
-    assert f"| {len(groups[0].misses)} | " in text and first.rule.replace("_", "\\_") in text
+    row = (rf"^\| {re.escape(first.rule.replace('_', chr(92) + '_'))} \| [^|]+ \| "
+           rf"{len(groups[0].misses)} \| [^\n]+ \|$")
+    assert re.search(row, text, re.M), row
+
+
+def test_a_known_near_miss_is_drawn_at_its_failing_node(tmp_path):
+    """A Linear + ReLU backward whose weight-gradient Gemm has transA=0 (not a weight gradient):
+    linear_relu_ortt_gemm fails at that Gemm, which the drawing marks as the failing node and
+    the Markdown row names with the constraint."""
+    path = tmp_path / "wrong_attr.onnx"
+    onnx.save(builders.ortt_linear_act("relu", extra="wrong_attr"), path)
+    data, html, result, _ = report_of(path)
+    assert result.total_fused == 0
+    (miss,) = [m for m in data.misses if m.rule == "linear_relu_ortt_gemm"]
+    assert miss.candidate.name == "wgrad" and "transA = 0, rule wants 1" in miss.detail
+    (group,) = [g for g in data.miss_groups() if miss in g.misses]
+    sec = sections(html, "miss")[group.anchor]
+    failing = re.findall(r'<g id="[^"]*" class="node failing">\s*<g[^>]*><a xlink:title="'
+                         r'([^"]*)"', sec)
+    assert len(failing) == 1 and "wgrad" in failing[0]
+    assert f'<tr id="{miss.anchor}">' in sec and escape(miss.detail) in sec
+    text = render_markdown(data)
+    assert re.search(r"^\| linear\\_relu\\_ortt\\_gemm \| [^|]+ \| 1 \| act\\_grad: [^|]*"
+                     r"transA = 0, rule wants 1 \|$", text, re.M), text
 
 
 def test_fused_nodes_describe_themselves_for_netron(reports):

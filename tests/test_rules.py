@@ -1049,3 +1049,32 @@ def test_a_static_dim_read_from_a_symbolic_shape_is_a_constant():
     assert int(index.const_value("d")) == 8 and int(index.const_value("d2")) == 8
     assert index.const_value("last").tolist() == [8]
     assert index.const_value("b") is None and index.const_value("sh") is None
+
+
+def test_rules_whose_ops_the_graph_lacks_are_not_tried(monkeypatch):
+    """The pass skips a rule when a node it requires has no op of its kind in the graph as it
+    is at that rule's turn: on a torch-joint graph no rule that needs a com.microsoft op (an
+    ort-training gradient op) is searched, while rules that match the fused ops earlier rules
+    created (ActivationGrad, from the act_*_grad_torch stage) still fire."""
+    from fusecli.engine.matcher import Matcher
+
+    tried: set[str] = set()
+    match_at = Matcher.match_at
+
+    def spy(self, anchor):
+        tried.add(self.rule.name)
+        return match_at(self, anchor)
+
+    monkeypatch.setattr(Matcher, "match_at", spy)
+    fp = FusionPass(load_rules())
+    m = onnx.load(SAMPLES / "torch_mlp.onnx")
+    # torch_mlp: Linear+ReLU, Linear+GELU, Linear+SiLU, Linear(bias=False)+ReLU, then the head
+    assert fp.run(m) == 4
+    def needs_microsoft(rule) -> bool:  # a required node only a com.microsoft op can be
+        return any(not s.optional and all(s.alt(op).domains == ("com.microsoft",)
+                                           for op in s.ops) for s in rule.nodes)
+
+    ms_rules = {r.name for r in fp.rules if needs_microsoft(r)}
+    assert len(ms_rules) > 20 and tried and not tried & ms_rules
+    assert any(r.rule.startswith("linear_") and r.rule.endswith("_torch")
+               for r in fp.stats.fusions)

@@ -14,19 +14,10 @@ namespace fusecli {
 // ---- activations --------------------------------------------------------------------------
 #if defined(__AVX512F__)
 namespace {
-// act'(x) for gelu (erf form) with ONE exponential (phi16: Phi(v) and e = exp(-v^2 / 2))
-inline __m512 gelu_grad16(__m512 v) {
-  __m512 e;
-  const __m512 cdf = phi16(v, &e);
-  return _mm512_fmadd_ps(_mm512_mul_ps(v, e), _mm512_set1_ps(0.39894228040143268f), cdf);
-}
-// silu'(x) = s (1 + x (1 - s)), s = 1 / (1 + e^-x), with 1 - s = e^-x s (no cancellation
-// for large x, where s rounds to 1)
-inline __m512 silu_grad16(__m512 v) {
-  const __m512 one = _mm512_set1_ps(1.f);
-  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), v));
-  const __m512 s = recip16(_mm512_add_ps(one, e));
-  return _mm512_mul_ps(s, _mm512_fmadd_ps(v, _mm512_mul_ps(e, s), one));
+template <Act A> inline __m512 grad16(__m512 v) {  // act'(v) of act_and_grad16
+  __m512 g;
+  act_and_grad16<A>(v, &g);
+  return g;
 }
 // relu6'(x) with the bounds kept (onnxruntime-training's Clip gradient): 1 on [0, 6], else 0
 inline __m512 relu6_grad16(__m512 v) {
@@ -75,8 +66,8 @@ void act_grad_block(Act act, float alpha, const float* dy, const float* x, float
 namespace {
 void act_grad_unscaled(Act act, const float* dy, const float* x, float* out, int64_t n) {
 #if defined(__AVX512F__)
-  if (act == Act::kGelu) return act_grad16<gelu_grad16>(dy, x, out, n);
-  if (act == Act::kSilu) return act_grad16<silu_grad16>(dy, x, out, n);
+  if (act == Act::kGelu) return act_grad16<grad16<Act::kGelu>>(dy, x, out, n);
+  if (act == Act::kSilu) return act_grad16<grad16<Act::kSilu>>(dy, x, out, n);
   if (act == Act::kRelu6) return act_grad16<relu6_grad16>(dy, x, out, n);
   if (act == Act::kHardswish) return act_grad16<hardswish_grad16>(dy, x, out, n);
 #endif
@@ -84,7 +75,7 @@ void act_grad_unscaled(Act act, const float* dy, const float* x, float* out, int
   using CA = Eigen::Map<const Arr>;
   using MA = Eigen::Map<Arr>;
   constexpr int64_t kBlock = 1024;
-  alignas(64) float tmp[kBlock];
+  alignas(64) float tmp[kBlock], gtmp[kBlock];
   for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
     const int64_t len = std::min(kBlock, n - i0);
     CA d(dy + i0, len), v(x + i0, len);
@@ -94,22 +85,12 @@ void act_grad_unscaled(Act act, const float* dy, const float* x, float* out, int
       case Act::kRelu:
         o = (v > 0.f).select(d, 0.f);
         break;
-      case Act::kGelu: {
-        const float kSqrt1_2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
-        o = d * (0.5f * (1.f + (v * kSqrt1_2).erf()) + v * (-0.5f * v * v).exp() * kInvSqrt2Pi);
+      case Act::kGelu:
+      case Act::kGeluTanh:
+      case Act::kSilu:
+        act_and_grad_block(act, 1.f, x + i0, tmp, gtmp, len);
+        o = d * MA(gtmp, len);
         break;
-      }
-      case Act::kGeluTanh: {
-        const float a = 0.79788456080286536f, c = 0.044715f;
-        t = (a * v * (1.f + c * v * v)).tanh();
-        o = d * 0.5f * (1.f + t + v * (1.f - t * t) * a * (1.f + 3.f * c * v * v));
-        break;
-      }
-      case Act::kSilu: {  // s (1 + x (1 - s)) with 1 - s = e^-x s, as in silu_grad16
-        t = (-v).min(88.f).exp();
-        o = d * (1.f + v * (t / (1.f + t))) / (1.f + t);
-        break;
-      }
       case Act::kIdentity:
         if (o.data() != d.data()) o = d;
         break;
@@ -126,6 +107,40 @@ void act_grad_unscaled(Act act, const float* dy, const float* x, float* out, int
   }
 }
 }  // namespace
+
+void act_and_grad_block(Act act, float alpha, const float* a, float* f, float* g, int64_t n) {
+  using Arr = Eigen::Array<float, Eigen::Dynamic, 1>;
+  Eigen::Map<Arr> fo(f, n), go(g, n);
+  alignas(64) float vbuf[1024];
+  Eigen::Map<Arr> v(vbuf, n);
+  v = alpha * Eigen::Map<const Arr>(a, n);
+  switch (act) {
+    case Act::kSilu: {                  // s = 1 / (1 + e), e = e^-v; 1 - s = e s (no cancellation)
+      go = (-v).min(88.f).exp();        // e
+      fo = 1.f / (1.f + go);            // s
+      go = fo * (1.f + v * (go * fo));  // s (1 + v (1 - s))
+      fo = v * fo;                      // v s
+      break;
+    }
+    case Act::kGelu: {
+      const float kSqrt1_2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
+      fo = 0.5f * (1.f + (v * kSqrt1_2).erf());  // Phi(v)
+      go = fo + v * (-0.5f * v * v).exp() * kInvSqrt2Pi;
+      fo = v * fo;
+      break;
+    }
+    case Act::kGeluTanh: {
+      const float k = 0.79788456080286536f, c = 0.044715f;
+      fo = (k * v * (1.f + c * v * v)).tanh();  // t
+      go = 0.5f * (1.f + fo + v * (1.f - fo * fo) * k * (1.f + 3.f * c * v * v));
+      fo = 0.5f * v * (1.f + fo);
+      break;
+    }
+    default:
+      FUSECLI_CHECK(false, "act_and_grad_block: silu, gelu or gelu_tanh only");
+  }
+  if (alpha != 1.f) fo *= 1.f / alpha;
+}
 
 void half_to_float(const Ort::Float16_t* src, float* dst, int64_t n) {
   Eigen::Map<Eigen::Array<float, Eigen::Dynamic, 1>>(dst, n) =

@@ -17,6 +17,9 @@ namespace fusecli {
 // the gradient of the activation at input scale alpha, act(alpha x) / alpha (silu at
 // alpha = 1.702 is QuickGELU, x sigmoid(1.702 x)).
 void act_grad_block(Act act, float alpha, const float* dy, const float* x, float* out, int64_t n);
+// f[i] = act(alpha a[i]) / alpha and g[i] = act'(alpha a[i]) for a block of at most 1024
+// (silu, gelu, gelu_tanh: the gated activations; GatedActivationGrad's generic path).
+void act_and_grad_block(Act act, float alpha, const float* a, float* f, float* g, int64_t n);
 
 #if defined(__AVX512F__)
 // ---- 16-lane float math shared by the activation kernels ----------------------------------
@@ -57,6 +60,24 @@ inline __m512 phi16(__m512 v, __m512* e_out) {
   const __mmask16 neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
   *e_out = e;
   return _mm512_mask_blend_ps(neg, _mm512_sub_ps(one, h), h);
+}
+// f = act(v) and *g = act'(v) on 16 lanes, for silu (one exponential, no divide: s = 1 / (1 + e),
+// e = e^-v, and 1 - s = e s, no cancellation where s rounds to 1) and gelu (erf form, one
+// exponential: phi16's Phi(v) and exp(-v^2 / 2)). The one source of both formulas for
+// ActivationGrad (g only: the compiler drops f) and GatedActivationGrad (both).
+template <Act A> inline __m512 act_and_grad16(__m512 v, __m512* g) {
+  static_assert(A == Act::kSilu || A == Act::kGelu, "act_and_grad16: silu or gelu");
+  const __m512 one = _mm512_set1_ps(1.f);
+  if (A == Act::kSilu) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), v));
+    const __m512 s = recip16(_mm512_add_ps(one, e));
+    *g = _mm512_mul_ps(s, _mm512_fmadd_ps(v, _mm512_mul_ps(e, s), one));
+    return _mm512_mul_ps(v, s);
+  }
+  __m512 e;
+  const __m512 cdf = phi16(v, &e);
+  *g = _mm512_fmadd_ps(_mm512_mul_ps(v, e), _mm512_set1_ps(0.39894228040143268f), cdf);
+  return _mm512_mul_ps(v, cdf);
 }
 #endif
 

@@ -261,6 +261,8 @@ class FusionPass:
         for _round in range(MAX_ROUNDS):
             touched: set[int] = set()
             for rule in self.rules:
+                if not self._could_match(rule, index):
+                    continue
                 spec = rule.anchor
                 anchors = [n for op in spec.ops for d in spec.alt(op).domains
                            for n in index.candidates(op, d)]
@@ -318,6 +320,16 @@ class FusionPass:
         stats.saved.finish(model, changed=bool(credit))
         stats.nodes_after = len(graph.node)
         return stats.total_fused
+
+    @staticmethod
+    def _could_match(rule: Rule, index: GraphIndex) -> bool:
+        """False when a node the rule requires (not optional) has no op of its kind in the graph
+        as it is now: the search could not bind it, so the rule is not tried at all (the other
+        family's rules on a graph, a conv rule on a transformer). Read at each rule's turn, since
+        earlier rules create fused ops that later ones match."""
+        by_op = index.by_op
+        return all(any(by_op.get((d, op)) for op in spec.ops for d in spec.alt(op).domains)
+                   for spec in rule.nodes if not spec.optional)
 
     def check_kernel(self, res: MatchResult, index: GraphIndex) -> None:
         """Turn a match into a skip when its fused op has no kernel for the chosen provider, or

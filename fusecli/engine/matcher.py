@@ -287,6 +287,10 @@ class Matcher:
         role = self._roles.get(spec)
         if role:
             detail = f"no {role} branch: {detail}"
+        if not self.explain:  # the pass reads only why a node fit no rule node (guard messages)
+            if node is not None and reason != "op_type":
+                self._node_fail[node.uid] = f"rule node '{spec}': {detail}"
+            return
         f = Failure(depth, {k: n.name for k, n in nodes.items()}, spec, reason, detail,
                     node.name if node is not None else None)
         if node is not None:

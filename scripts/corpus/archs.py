@@ -32,6 +32,11 @@ From that dataflow:
     embedding module (a class named *RotaryEmbedding).
   lora: every call of a peft LoRA layer (a module with lora_A and lora_B) whose output needs a
     gradient; an activation module reading its output counts there, not in linear_*.
+  linear_cross_entropy: 1 when the model's output (or a view of it, the [-1, C] flatten) is the
+    output of a Linear-like module (a classification / language-model head) and the loss
+    (Arch.loss) reads those logits through its softmax cross-entropy alone (LOSS_READS_LOGITS:
+    "ce"); a loss that reads the logits again ("custom": its logit penalty) keeps them, which
+    the fused op does not produce, and counts 0, as do MSE and BCE (no softmax cross-entropy).
 A pattern only counts when its backward exists in the training graph: the forward runs with
 autograd on, and a module call counts only when its output requires grad (a module whose
 parameters are all frozen AND whose input needs no gradient has no backward: the first blocks of
@@ -161,7 +166,19 @@ CONV_BN_ACT = {nn.ReLU: "conv_bn_relu", nn.ReLU6: "conv_bn_relu6", nn.SiLU: "con
                nn.Hardswish: "conv_bn_hardswish"}
 
 
-def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...]) -> dict[str, int]:
+def _root(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose storage a view reads (itself when it is no view)."""
+    return t if t._base is None else t._base
+
+
+# Arch.loss -> what the loss does with the model's output besides its softmax cross-entropy
+# (None: no softmax cross-entropy at all); linear_cross_entropy counts where it is "nothing"
+LOSS_READS_LOGITS = {"mse": None, "bce": None, "ce": "nothing",
+                     "custom": "the logit penalty mean(logits^2)"}
+
+
+def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...],
+                  loss: str = "mse") -> dict[str, int]:
     """Pattern counts from the model's own dataflow (see the module docstring). A tensor is
     identified by (id, _version): one modified in place after a module returned it (timm's
     `x += shortcut` on the BN output) is no longer that module's output."""
@@ -176,6 +193,7 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...]) -
         seen_in[id(mod)] = [(id(a), a._version) for a in ts]
 
     grad_out: dict[int, bool] = {}  # id(module) -> its (last) output requires grad
+    out_roots: list[tuple[nn.Module, int]] = []  # (module, id of its output's storage root)
 
     def hook(mod, args, out):
         first = out[0] if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) \
@@ -184,6 +202,7 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...]) -
             grad_out[id(mod)] = first.requires_grad
         if isinstance(out, torch.Tensor):
             keep.append(out)
+            out_roots.append((mod, id(_root(out))))
             out = (id(out), out._version)
         calls.append((mod, seen_in.get(id(mod), []), out))
 
@@ -191,7 +210,7 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...]) -
                for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(hook))]
     try:
         with torch.enable_grad():
-            model(*inputs)
+            result = model(*inputs)
     finally:
         for h in handles:
             h.remove()
@@ -237,6 +256,12 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...]) -
                 counts["rope"] += sum(grad_out.get(id(p), True) for p in
                                       (getattr(mod, n, None) for n in ("q_proj", "k_proj"))
                                       if p is not None) if hasattr(mod, "q_proj") else 2
+    if LOSS_READS_LOGITS[loss] == "nothing":
+        # the head: the first (innermost) module whose output is the model's output up to views
+        # (a 3-D F.linear's output is itself a view of its 2-D product; the [-1, C] flatten)
+        head = next((mod for mod, root in out_roots if root == id(_root(result))), None)
+        if head is not None and _is_linear(head) and grad_out.get(id(head), True):
+            counts["linear_cross_entropy"] += 1
     return counts
 
 
@@ -267,7 +292,9 @@ class Arch:
     setup: str = "full"
     symbolic: bool = False
     flash: bool = False
-    loss: str = "mse"            # mse | ce (ignore_index -100; torch-joint: label smoothing) | bce
+    # mse | ce (ignore_index -100; torch-joint: label smoothing) | bce | custom (ort-training:
+    # an onnxblock.Block, CE + logit penalty, scripts/corpus/custom_loss.py); see gen.py
+    loss: str = "mse"
 
 
 FLASH_NOTE = ("flash_attention = those attention calls, forward and backward as one (eager "
@@ -314,6 +341,7 @@ def make(arch: "Arch", family: str) -> tuple[nn.Module, dict[str, torch.Tensor]]
 
 
 VOCAB, SEQ, HID, HEADS, FF, LAYERS = 64, 8, 32, 4, 64, 2
+TAGS = 8  # token-classification labels
 
 
 def _ids() -> dict[str, torch.Tensor]:
@@ -1154,6 +1182,22 @@ _LLAMA_NOTES = ("rmsnorm = per layer input_layernorm and post_attention_layernor
                 "each peft LoRA layer; each when its output needs a gradient")
 
 
+# a token classifier fine-tuned on its top: the losses' architectures (distilbert_tokens_*)
+_distilbert_tokens = _freeze(
+    _hf("DistilBertConfig", "DistilBertForTokenClassification",
+        pick=lambda o: o[0].reshape(-1, TAGS), num_labels=TAGS, vocab_size=VOCAB, dim=HID,
+        n_layers=LAYERS, n_heads=HEADS, hidden_dim=FF, max_position_embeddings=16, dropout=0.0,
+        attention_dropout=0.0),
+    lambda n, p: "embeddings" in n or ".layer.0." in n)
+_DISTILBERT_TOKENS = (f"DistilBertForTokenClassification (2 layers, dim 32, 4 heads, no dropout, "
+                      f"{TAGS} tags), embeddings and layer 0 frozen, layer 1 and the classifier "
+                      f"train; the logits flattened to [batch * sequence, {TAGS}]")
+_DISTILBERT_TOKENS_NOTES = (
+    "layernorm = layer 1's sa_layer_norm and output_layer_norm; sdpa = layer 1's attention "
+    "module (masked_fill mask: no flash); linear_gelu = layer 1's ffn.lin1 -> GELUActivation; "
+    "each when its output needs a gradient (embeddings and layer 0 have none)")
+
+
 def _mbv2_head_only(family: str) -> nn.Module:
     net = _tv_mobilenet(family)
     for p in net.features[:-2].parameters():  # the pre-trained base frozen; the last inverted
@@ -1242,6 +1286,25 @@ for _a in [
          _no_pooler(_bert()), _ids_mask, attention=("BertSelfAttention",),
          input_ranges=_MASK_R, setup="loss: BCE with logits", flash=True, loss="bce",
          count_notes=_BERT_NOTES),
+    # the custom loss's twin with onnxblock's own CrossEntropyLoss. Not torch-joint: torch 2.13's
+    # joint export of F.cross_entropy computes wrong gradients (shared/notes/training-graphs.md;
+    # measured here: max |grad - torch| 3.4, the classifier's gradients ~10x torch's)
+    Arch("distilbert_tokens_ce", "transformers", _DISTILBERT_TOKENS + " and trained with "
+         "cross-entropy (ignore_index -100 on a third of the labels)", _distilbert_tokens,
+         _ids_mask, attention=("MultiHeadSelfAttention", "DistilBertSelfAttention"),
+         input_ranges=_MASK_R, families=_ORTT, loss="ce",
+         setup="loss: CE ignore_index, first block frozen",
+         count_notes=_DISTILBERT_TOKENS_NOTES + "; linear_cross_entropy 1: the classifier "
+         "head's logits are read by the cross-entropy alone"),
+    Arch("distilbert_tokens_custom_loss", "transformers", _DISTILBERT_TOKENS + " and trained "
+         "with a user's onnxblock.Block loss (scripts/corpus/custom_loss.py): cross-entropy "
+         "(ignore_index -100 on a third of the labels) + mean(0.01 logits^2)",
+         _distilbert_tokens, _ids_mask,
+         attention=("MultiHeadSelfAttention", "DistilBertSelfAttention"), input_ranges=_MASK_R,
+         families=_ORTT, loss="custom",
+         setup="loss: custom onnxblock Block (CE + logit penalty), first block frozen",
+         count_notes=_DISTILBERT_TOKENS_NOTES + "; linear_cross_entropy 0: the classifier "
+         "head's logits feed " + LOSS_READS_LOGITS["custom"] + " besides the cross-entropy"),
     Arch("tv_mobilenet_v2_head", "torchvision", "torchvision MobileNetV2 as tv_mobilenet_v2, the "
          "base frozen but for its last inverted-residual block and 1x1 head conv, classifier "
          "trains (the on-device transfer-learning example)",

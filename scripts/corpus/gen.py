@@ -1,9 +1,9 @@
 """Generate corpus training graphs of one family: `gen.py ort-training|torch-joint [ARCH ...]`.
 
 ort-training (build/venv-corpus-ortt): torch.onnx.export (TorchScript, training mode, opset 16,
-no constant folding, fixed shapes) then onnxruntime.training generate_artifacts(MSE, AdamW);
-training_model.onnx is kept as corpus/ortt_<arch>.onnx.
-torch-joint (build/venv-corpus-torch): aot_export_module(trace_joint=True) of (model, MSE loss),
+no constant folding, fixed shapes) then onnxruntime.training generate_artifacts(the Arch's loss,
+AdamW); training_model.onnx is kept as corpus/ortt_<arch>.onnx.
+torch-joint (build/venv-corpus-torch): aot_export_module(trace_joint=True) of (model, its loss),
 then torch.onnx.export(dynamo=True); inputs/outputs renamed like samples/ (parameter names,
 'loss', '<param>_grad'); node metadata dropped; corpus/torch_<arch>.onnx.
 Parameter values go to corpus/<graph>.params.npz keyed by graph input name; one JSON fragment per
@@ -78,10 +78,15 @@ def _data_inputs(arch: Arch, inputs: dict) -> dict[str, list[int] | None]:
 # mse: the default. ce: cross-entropy over the last dim of the output with ignore_index -100 (a
 # third of the labels ignored) and, in torch-joint, label smoothing 0.1 (onnxblock's
 # CrossEntropyLoss has none); the ort-training labels input is onnxblock's `labels`. bce:
-# binary cross-entropy with logits against targets in [0, 1].
+# binary cross-entropy with logits against targets in [0, 1]. custom (ort-training only): a user's
+# onnxblock.Block loss (custom_loss.py): the ce loss (ignore_index -100) + LOGIT_PENALTY *
+# mean(logits^2); its labels input is `labels` as for ce.
+
+LOGIT_PENALTY = 0.01
+
 
 def _target(loss: str, out: torch.Tensor) -> torch.Tensor:
-    if loss == "ce":
+    if loss in ("ce", "custom"):
         labels = torch.randint(0, out.shape[-1], out.shape[:-1])
         labels.view(-1)[::3] = -100
         return labels
@@ -95,13 +100,16 @@ def _loss_fn(loss: str, family: str):
         smoothing = 0.1 if family == "torch-joint" else 0.0
         return lambda out, t: F.cross_entropy(out.reshape(-1, out.shape[-1]), t.reshape(-1),
                                               ignore_index=-100, label_smoothing=smoothing)
+    if loss == "custom":
+        return lambda out, t: (F.cross_entropy(out, t, ignore_index=-100)
+                               + LOGIT_PENALTY * out.pow(2).mean())
     if loss == "bce":
         return F.binary_cross_entropy_with_logits
     return F.mse_loss
 
 
 def _target_name(loss: str, family: str) -> str:
-    return "labels" if loss == "ce" and family == "ort-training" else "target"
+    return "labels" if loss in ("ce", "custom") and family == "ort-training" else "target"
 
 
 # --- ort-training -------------------------------------------------------------------------------
@@ -178,6 +186,10 @@ def _ortt_loss(loss: str):
 
     if loss == "ce":
         return onnxblock.loss.CrossEntropyLoss(ignore_index=-100)
+    if loss == "custom":
+        from custom_loss import TokenCrossEntropyWithLogitPenalty
+
+        return TokenCrossEntropyWithLogitPenalty(LOGIT_PENALTY)
     if loss == "bce":
         return artifacts.LossType.BCEWithLogitsLoss
     return artifacts.LossType.MSELoss
@@ -261,7 +273,8 @@ def build(family: str, arch: Arch) -> None:
     name = f"{PREFIX[family]}_{arch.name}"
     torch.manual_seed(0)
     model, inputs = make(arch, family)
-    expected = flash_counts(arch, derive_counts(model, tuple(inputs.values()), arch.attention))
+    expected = flash_counts(arch, derive_counts(model, tuple(inputs.values()), arch.attention,
+                                                arch.loss))
     dynamic = ({k: {0: "batch", 1: "sequence"} for k, v in inputs.items() if v.dim() >= 2}
                if arch.symbolic else None)
     builder = functools.partial(build_ortt if family == "ort-training" else

@@ -1,6 +1,4 @@
 // GatedActivationGrad: CPU kernel (Eigen array expressions in L1-sized blocks, threads).
-#include <unsupported/Eigen/SpecialFunctions>
-
 #include <algorithm>
 
 #include "cpu_activation.h"
@@ -12,57 +10,7 @@ namespace {
 
 constexpr int64_t kBlock = 1024;
 
-// f = act(alpha a) / alpha and g = act'(alpha a) for one block (len <= kBlock).
-void act_and_grad(Act act, float alpha, const float* a, float* f, float* g, int64_t len) {
-  CA x(a, len);
-  MA fo(f, len), go(g, len);
-  alignas(64) float vbuf[kBlock];
-  MA v(vbuf, len);
-  v = alpha * x;
-  switch (act) {
-    case Act::kSilu: {                  // s = 1 / (1 + e), e = e^-v; 1 - s = e s (no cancellation)
-      go = (-v).min(88.f).exp();        // e
-      fo = 1.f / (1.f + go);            // s
-      go = fo * (1.f + v * (go * fo));  // s (1 + v (1 - s))
-      fo = v * fo;                      // v s
-      break;
-    }
-    case Act::kGelu: {
-      const float kSqrt1_2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
-      fo = 0.5f * (1.f + (v * kSqrt1_2).erf());  // Phi(v)
-      go = fo + v * (-0.5f * v * v).exp() * kInvSqrt2Pi;
-      fo = v * fo;
-      break;
-    }
-    case Act::kGeluTanh: {
-      const float k = 0.79788456080286536f, c = 0.044715f;
-      fo = (k * v * (1.f + c * v * v)).tanh();  // t
-      go = 0.5f * (1.f + fo + v * (1.f - fo * fo) * k * (1.f + 3.f * c * v * v));
-      fo = 0.5f * v * (1.f + fo);
-      break;
-    }
-    default:
-      FUSECLI_CHECK(false, "GatedActivationGrad: unsupported activation");
-  }
-  if (alpha != 1.f) fo *= 1.f / alpha;
-}
-
 #if defined(__AVX512F__)
-// f = act(v) and g = act'(v) on 16 lanes (alpha 1): silu with one exponential and no divide;
-// gelu (erf) with one exponential (phi16). Same math as ActivationGrad's AVX-512 kernels.
-template <Act A> inline __m512 act_parts16(__m512 v, __m512* g) {
-  const __m512 one = _mm512_set1_ps(1.f);
-  if (A == Act::kSilu) {  // s = 1 / (1 + e), e = e^-v; 1 - s = e s
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), v));
-    const __m512 sg = recip16(_mm512_add_ps(one, e));
-    *g = _mm512_mul_ps(sg, _mm512_fmadd_ps(v, _mm512_mul_ps(e, sg), one));
-    return _mm512_mul_ps(v, sg);
-  }
-  __m512 e;  // gelu: Phi(v) and e = exp(-v^2 / 2)
-  const __m512 cdf = phi16(v, &e);
-  *g = _mm512_fmadd_ps(_mm512_mul_ps(v, e), _mm512_set1_ps(0.39894228040143268f), cdf);
-  return _mm512_mul_ps(v, cdf);
-}
 // da = dh * b * g, db = dh * f over [0, n), one pass: each element of dh, a, b is loaded
 // before da / db at that position are stored (da may be dh, db may be b).
 template <Act A>
@@ -73,7 +21,7 @@ void gated16(const float* dh, const float* a, const float* b, float* da, float* 
     const __m512 d = _mm512_maskz_loadu_ps(m, dh + i);
     const __m512 bb = _mm512_maskz_loadu_ps(m, b + i);
     __m512 g;
-    const __m512 f = act_parts16<A>(_mm512_maskz_loadu_ps(m, a + i), &g);
+    const __m512 f = act_and_grad16<A>(_mm512_maskz_loadu_ps(m, a + i), &g);
     if (da) _mm512_mask_storeu_ps(da + i, m, _mm512_mul_ps(_mm512_mul_ps(d, bb), g));
     if (db) _mm512_mask_storeu_ps(db + i, m, _mm512_mul_ps(d, f));
   }
@@ -88,7 +36,7 @@ void gated_block(Act act, float alpha, const float* dh, const float* a, const fl
   if (alpha == 1.f && act == Act::kGelu) return gated16<Act::kGelu>(dh, a, b, da, db, len);
 #endif
   alignas(64) float fbuf[kBlock], gbuf[kBlock];
-  act_and_grad(act, alpha, a, fbuf, gbuf, len);
+  act_and_grad_block(act, alpha, a, fbuf, gbuf, len);
   CA d(dh, len), bb(b, len);
   MA f(fbuf, len), g(gbuf, len);
   f = d * f;                         // dB, kept until da is written (db may alias b)
