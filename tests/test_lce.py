@@ -1,10 +1,12 @@
 """Fused linear + cross-entropy (rules/lce_ortt.yaml, rules/lce_torch.yaml -> LinearCrossEntropy):
 the real exports of tests/data/make_lce.py in both families fuse where the model code says
 (one LM head + loss each; the LoRA-adapted head is left to the LoRA rules: its adapters read the
-logits' gradient) and verify against their originals; one negative per guard (the logits read
-elsewhere, a loss gradient that is not a graph constant, a mean whose divisor is not the mask's
-count); and the ort-training workflow (Module + Optimizer) on fused models with the original's
-loss curve, a LoRA-adapted head's adapters included."""
+logits' gradient) and verify against their originals, also with the loss's incoming gradient
+computed at run time (fed as an input: one op that reads it; computed from the loss: two ops,
+the loss, then the gradients); one negative per guard (the logits read elsewhere, a mean whose
+divisor is not the mask's count, a run-time loss gradient of more than one value, a
+label-smoothed loss); and the ort-training workflow (Module + Optimizer) on fused models with
+the original's loss curve, a LoRA-adapted head's adapters included."""
 
 from __future__ import annotations
 
@@ -77,25 +79,138 @@ def _logits(m):
     raise AssertionError("no loss")
 
 
+@pytest.mark.parametrize("how", [None, "input", "loss"])
 @pytest.mark.parametrize("family", ["ortt", "torch"])
-def test_lce_not_fused_when_the_logits_are_a_model_output(family):
-    m = onnx.load(DATA / f"{family}_lce_untied.onnx")
+def test_lce_not_fused_when_the_logits_are_a_model_output(family, how):
+    m = onnx.load(DATA / f"{family}_lce_untied.onnx") if how is None else \
+        with_run_time_seed(family, how)
     m.graph.output.append(helper.make_tensor_value_info(_logits(m), onnx.TensorProto.FLOAT, None))
     fused, fp = _fuse(m)
     assert fused == 0 and not _lce_nodes(m)
     assert fp.stats.patterns["linear_cross_entropy"].detected == 1
 
 
-def test_lce_ortt_not_fused_when_the_loss_gradient_is_a_run_time_input():
-    """The op computes the gradient at the forward's position from the constant dLoss: a seed
-    fed at run time (a loss scale) is not that."""
-    assert _fuse(onnx.load(DATA / "ortt_lce_untied.onnx"))[0] == 1  # control: as exported
-    m = onnx.load(DATA / "ortt_lce_untied.onnx")
-    seed = next(n for n in m.graph.node if n.op_type == "SoftmaxCrossEntropyLossGrad").input[0]
-    init = next(i for i in m.graph.initializer if i.name == seed)
-    m.graph.initializer.remove(init)
-    m.graph.input.append(helper.make_tensor_value_info(seed, onnx.TensorProto.FLOAT, []))
-    assert _fuse(m)[0] == 0 and not _lce_nodes(m)
+def with_run_time_seed(family, how, name="lce_untied", k=0.5, c=0.25):
+    """An export of tests/data/make_lce.py with its loss gradient computed at run time: the
+    graph input `seed` (how="input": a loss scale fed by the caller), or seed = k * loss + c
+    (how="loss": a scale computed from the loss value itself; k = 0 still reads the loss at
+    run time). onnxruntime-training: `seed` replaces the constant dLoss that
+    SoftmaxCrossEntropyLossGrad reads; torch-joint: the per-token coefficient g (the tangent
+    over the count, times the mask) is multiplied by `seed` before it enters the one-hot
+    scatter."""
+    m = onnx.load(DATA / f"{family}_{name}.onnx")
+    nodes = list(m.graph.node)
+    producer = {t: n for n in nodes for t in n.output}
+    new = []
+    if family == "ortt":
+        user = next(n for n in nodes if n.op_type == "SoftmaxCrossEntropyLossGrad")
+        init = next(i for i in m.graph.initializer if i.name == user.input[0])
+        m.graph.initializer.remove(init)                  # the constant dLoss as exported
+        user.input[0] = "seed"
+        loss = next(n for n in nodes if n.op_type == "SoftmaxCrossEntropyLoss").output[0]
+    else:
+        scatter = next(n for n in nodes if n.op_type == "ScatterElements")
+        user = producer[producer[scatter.input[2]].input[0]]     # Neg(g) -> Unsqueeze
+        assert user.op_type == "Neg"
+        new.append(helper.make_node("Mul", [user.input[0], "seed"], ["seed_g"]))
+        user.input[0] = "seed_g"
+        loss = m.graph.output[0].name
+        assert loss == "loss"
+    if how == "input":
+        m.graph.input.append(helper.make_tensor_value_info("seed", onnx.TensorProto.FLOAT, []))
+    else:
+        m.graph.initializer.extend([numpy_helper.from_array(np.array(k, np.float32), "seed_k"),
+                                    numpy_helper.from_array(np.array(c, np.float32), "seed_c")])
+        new[:0] = [helper.make_node("Mul", [loss, "seed_k"], ["seed_kl"]),
+                   helper.make_node("Add", ["seed_kl", "seed_c"], ["seed"])]
+        assert nodes.index(producer[loss]) < nodes.index(user)
+    at = nodes.index(user)
+    for j, n in enumerate(new):
+        m.graph.node.insert(at + j, n)
+    return m
+
+
+def _loss_of(m, family):
+    if family == "ortt":
+        return next(n for n in m.graph.node if n.op_type == "SoftmaxCrossEntropyLoss").output[0]
+    return "loss"
+
+
+# every export that fuses, with its loss gradient computed at run time: the same one head +
+# loss (the model code), fused by the rule of the constant case's spelling, in one op where
+# the seed does not depend on the loss (ort-training: _seed; torch-joint: the same rule, g
+# read as row_grad), in two where it does (_split)
+SEED_CASES = [(f, how, n) for f in ("ortt", "torch") for how in ("input", "loss")
+              for n in EXPECTED if EXPECTED[n]]
+SUFFIX = {("ortt", "input"): "_seed", ("ortt", "loss"): "_split", ("torch", "input"): "",
+          ("torch", "loss"): "_split"}
+
+
+@pytest.mark.parametrize("family,how,name", SEED_CASES)
+def test_lce_fuses_a_loss_gradient_computed_at_run_time(family, how, name, tmp_path):
+    m = with_run_time_seed(family, how, name)
+    loss = _loss_of(m, family)
+    fused, fp = _fuse(m)
+    assert fused == EXPECTED[name]
+    assert [r.rule for r in fp.stats.fusions if r.pattern == "linear_cross_entropy"] == \
+        [RULES[f"{family}_{name}"] + SUFFIX[family, how]]
+    nodes = _lce_nodes(m)
+    left = {n.op_type for n in m.graph.node}
+    assert not left & {"SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossGrad", "LogSoftmax",
+                       "ScatterElements"}
+    # the op reads the seed: as grad_seed (onnxruntime-training), in row_grad (torch-joint)
+    seed_in = (6, "seed") if family == "ortt" else (5, "seed_g")
+    if how == "input":
+        assert len(nodes) == 1
+        assert nodes[0].input[seed_in[0]] == seed_in[1]
+    else:
+        # two ops: the loss alone, then the gradients alone, after the seed's producer
+        fwd, bwd = nodes
+        assert list(fwd.output) == [loss]
+        assert bwd.output[0] == "" and bwd.output[1]
+        assert (len(bwd.output) > 2 and bwd.output[2] != "") == ("frozen" not in name)  # dW
+        assert list(fwd.input[:4]) == list(bwd.input[:4])
+        assert bwd.input[seed_in[0]] == seed_in[1]
+        names = [n.name for n in m.graph.node]
+        seed_at = next(j for j, n in enumerate(m.graph.node) if "seed" in n.output)
+        assert names.index(fwd.name) < seed_at < names.index(bwd.name)
+    _verify_seeds(m, tmp_path, family, how, name)
+
+
+def _verify_seeds(fused_model, tmp_path, family, how, name):
+    """The fused graph against the original on onnxruntime(-training), optimizations off:
+    the seed fed as the input, or several k, c of k * loss + c (the untied export: several
+    seeds; the others: one)."""
+    fused_path = tmp_path / "fused.onnx"
+    several = name == "lce_untied"
+    if how == "input":
+        onnx.save(with_run_time_seed(family, how, name), tmp_path / "orig.onnx")
+        onnx.save(fused_model, fused_path)
+        # (not 0: every gradient 0, which verify calls inconclusive; the op's tests have it)
+        for s in (1.0, -0.5, 2.5) if several else (2.5,):
+            np.savez(tmp_path / "feeds.npz", seed=np.array(s, np.float32))
+            report = verify_models(tmp_path / "orig.onnx", fused_path,
+                                   feeds_file=tmp_path / "feeds.npz")
+            assert report.ok and report.max_rel <= 1e-5, (s, report)
+        return
+    for k, c in ((0.0, 1.5), (0.5, 0.25), (-2.0, 0.0)) if several else ((0.5, 0.25),):
+        orig = with_run_time_seed(family, how, name, k=k, c=c)
+        onnx.save(orig, tmp_path / "orig.onnx")
+        assert _fuse(orig)[0] == 1
+        onnx.save(orig, fused_path)
+        report = verify_models(tmp_path / "orig.onnx", fused_path)
+        assert report.ok and report.max_rel <= 1e-5, (k, c, report)
+
+
+def test_lce_ortt_run_time_seed_must_be_one_value():
+    """grad_seed is one number (the loss is a scalar): a seed of another recorded shape is
+    refused by the shape guard, in one op and in two."""
+    m = with_run_time_seed("ortt", "input")
+    seed = next(i for i in m.graph.input if i.name == "seed")
+    seed.CopyFrom(helper.make_tensor_value_info("seed", onnx.TensorProto.FLOAT, [2]))
+    fused, fp = _fuse(m)
+    assert fused == 0 and not _lce_nodes(m)
+    assert fp.stats.patterns["linear_cross_entropy"].skipped == {"shape_mismatch": 1}
 
 
 def test_lce_torch_mean_needs_the_mask_count_as_divisor(tmp_path):
@@ -113,6 +228,21 @@ def test_lce_torch_mean_needs_the_mask_count_as_divisor(tmp_path):
     onnx.save(m, tmp_path / "fused.onnx")
     report = verify_models(orig, tmp_path / "fused.onnx")
     assert report.ok, report
+
+
+def test_lce_torch_not_fused_on_a_label_smoothed_loss(tmp_path):
+    """torch_lce_smooth (make_lce.py): lce_untied's loss with label smoothing 0.1 (the corpus's
+    torch-joint cross-entropy): its smoothing term, the masked mean over classes of
+    -log_softmax, reads the log-probabilities again, and LinearCrossEntropy computes no
+    smoothing: the head and loss stay as exported, and the rest still fuses and verifies."""
+    m = onnx.load(DATA / "torch_lce_smooth.onnx")
+    fused, fp = _fuse(m)
+    assert fused == 0 and not _lce_nodes(m)
+    assert {"LogSoftmax", "GatherElements", "ScatterElements"} <= {n.op_type for n in m.graph.node}
+    assert fp.stats.patterns["linear_relu"].fused == 1  # the model's Linear + ReLU: control
+    onnx.save(m, tmp_path / "fused.onnx")
+    report = verify_models(DATA / "torch_lce_smooth.onnx", tmp_path / "fused.onnx")
+    assert report.ok and report.max_rel <= 1e-5, report
 
 
 # --- training: onnxruntime.training.api Module + Optimizer ----------------------------------
@@ -151,10 +281,25 @@ if cfg["mode"] == "lm_artifacts":
         nodes, "lm", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, S])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [S, V])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    ce = onnxblock.loss.CrossEntropyLoss(reduction="mean", ignore_index=-100)
+
+    class Scaled(onnxblock.Block):  # the loss times a scale: fed at run time, or itself
+        def __init__(self):
+            super().__init__()
+            self.ce, self.mul = ce, onnxblock.blocks.Mul()
+
+        def build(self, logits):
+            loss = self.ce(logits)
+            if cfg["seed"] == "input":
+                self.base.graph.input.append(
+                    helper.make_tensor_value_info("loss_scale", TensorProto.FLOAT, []))
+                return self.mul(loss, "loss_scale")
+            return self.mul(loss, loss)
+
     artifacts.generate_artifacts(
         model, requires_grad=trained, frozen_params=[i.name for i in inits if i.name not in trained and i.data_type == 1],
-        loss=onnxblock.loss.CrossEntropyLoss(reduction="mean", ignore_index=-100),
-        optimizer=artifacts.OptimType.AdamW, artifact_directory=d)
+        loss=ce if cfg["seed"] is None else Scaled(),
+        optimizer=getattr(artifacts.OptimType, cfg["optim"]), artifact_directory=d)
     finish_artifacts()
 '''
 _MARK = 'if cfg["mode"] == "artifacts":'
@@ -162,15 +307,24 @@ assert _MARK in _SCRIPT
 SCRIPT = _SCRIPT.replace(_MARK, _LM.strip("\n") + "\n" + _MARK, 1)
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["head", "lora_head"])
-def test_fused_lm_head_trains_like_the_original(lora, tmp_path, ortt_python, monkeypatch):
+# (LoRA adapter, the loss's scale): the cross-entropy as it is, times a loss_scale input fed at
+# every step (the Module's third input, the batch's third array), or times itself (a scale computed from the loss); with
+# a scale, plain SGD, whose steps follow the gradients' size (AdamW's nearly do not)
+TRAIN = {"head": (False, None), "lora_head": (True, None), "head_scale_input": (False, "input"),
+         "head_scale_loss": (False, "loss")}
+
+
+@pytest.mark.parametrize("case", list(TRAIN))
+def test_fused_lm_head_trains_like_the_original(case, tmp_path, ortt_python, monkeypatch):
     import test_ortt_training
 
+    lora, seed = TRAIN[case]
     monkeypatch.setattr(test_ortt_training, "_SCRIPT", SCRIPT)
     art = tmp_path / "artifacts"
     art.mkdir()
     made = _ortt(ortt_python, {"mode": "lm_artifacts", "dir": str(art), "seq": SEQ,
-                               "vocab": VOCAB, "emb": EMB, "lora": lora})
+                               "vocab": VOCAB, "emb": EMB, "lora": lora, "seed": seed,
+                               "optim": "AdamW" if seed is None else "SGD"})
     assert {"training_model.onnx", "optimizer_model.onnx", "checkpoint"} <= set(made)
     orig, fused = art / "training_model.onnx", art / "fused_training_model.onnx"
     report = json.loads(run_cli("optimize", orig, "-o", fused, "--json").stdout)
@@ -178,12 +332,15 @@ def test_fused_lm_head_trains_like_the_original(lora, tmp_path, ortt_python, mon
     # the model code: one head + loss; with the LoRA adapter the head's logits' gradient goes
     # to the adapters (left to the LoRA rule), so the head + loss stays
     assert fusions.get("linear_cross_entropy", 0) == (0 if lora else 1), fusions
+    # a loss gradient computed from the loss: the loss op, then the gradient op
+    ops = 2 if seed == "loss" else 0 if lora else 1
 
     rng = np.random.default_rng(1)
     ids = rng.integers(0, VOCAB, (1, SEQ)).astype(np.int64)
     labels = np.roll(ids[0], -1).astype(np.int64)      # next-token targets
     labels[-3:] = -100                                 # ignored tokens
-    np.savez(tmp_path / "batch.npz", x=ids, y=labels)
+    scale = {"loss_scale": np.array(0.75, np.float32)} if seed == "input" else {}
+    np.savez(tmp_path / "batch.npz", x=ids, y=labels, **scale)
     res = _ortt(ortt_python, {"mode": "train", "dir": str(art), "library": library_path(),
                               "batch": str(tmp_path / "batch.npz"), "steps": STEPS, "lr": 0.02,
                               "models": [str(orig), str(fused)], "ops": ["LinearCrossEntropy"]})
@@ -192,7 +349,7 @@ def test_fused_lm_head_trains_like_the_original(lora, tmp_path, ortt_python, mon
     np.testing.assert_allclose(b["losses"], a["losses"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(b["params"], a["params"], rtol=1e-4, atol=1e-6)
     assert a["calls"] == {"LinearCrossEntropy": 0}
-    assert b["calls"] == {"LinearCrossEntropy": 0 if lora else STEPS}
+    assert b["calls"] == {"LinearCrossEntropy": ops * STEPS}
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -4,11 +4,13 @@ Positive fixtures: real exports of one eager attention layer whose Q and K go th
 transformers' Llama apply_rotary_pos_emb, in both families (tests/data/make_rope.py: rotate-
 half with cos/sin computed from position ids or given as inputs, and partial rotary on half the
 head dims), each fused and verified against its original; the expected count comes from the
-model code (Q and K: two rotations); torch-joint also raw (torch.onnx.export(dynamo=True,
-optimize=False): each Slice reads its own Cast/Reshape constants, each scatter its own CastLike
-zeros). Look-alikes from the same script (cat(x1, -x2), a split at
-3 of 8 dims) must not fuse. One negative per guard on mutated copies of the positive fixtures,
-with the reason explain gives.
+model code (Q and K: two rotations). Look-alikes from the same script (cat(x1, -x2), a split at
+3 of 8 dims) must not fuse. ort-training also with symbolic batch and sequence (`*_symbolic`:
+rotate_half's half point computed at run time from Shape(x), rope_ortt_symbolic), whose
+look-alikes are cat(x1, -x2) and a split at the run-time point x.shape[-1] // 4; torch-joint
+also raw (`*_raw`, torch.onnx.export(dynamo=True, optimize=False): each Slice reads its own
+Cast/Reshape constants, each scatter its own CastLike zeros). One negative per guard on mutated
+copies of the positive fixtures, with the reason explain gives.
 """
 
 from __future__ import annotations
@@ -27,17 +29,23 @@ from fusecli.runtime.verify import verify_models
 
 DATA = Path(__file__).parent / "data"
 RULES = load_rules()
-GUARD_FIXTURE_RULES = ("rope_ortt", "rope_torch", "rope_interleaved_torch")
+GUARD_FIXTURE_RULES = ("rope_ortt", "rope_ortt_symbolic", "rope_torch",
+                       "rope_interleaved_torch")
 
 # rope fusions from the model code (make_rope.py): Q and K rotated once each
 EXPECTED = {"half": 2, "partial": 2, "inputs": 2, "interleaved": 2, "bad_concat": 0,
-            "bad_slice": 0, "half_raw": 2, "bad_concat_raw": 0, "bad_slice_raw": 0}
+            "bad_slice": 0, "half_symbolic": 2, "partial_symbolic": 2,
+            "bad_concat_symbolic": 0, "bad_slice_symbolic": 0, "half_raw": 2,
+            "bad_concat_raw": 0, "bad_slice_raw": 0}
 # (ort-training has no interleaved fixture: its TorchScript export failed in generate_artifacts;
-# the raw exports, torch.onnx.export(dynamo=True, optimize=False), are torch-joint's alone)
+# the symbolic-dim fixtures are ort-training's, the raw exports torch-joint's)
 CASES = [(fam, name) for fam in ("ortt", "torch") for name in EXPECTED
-         if fam == "torch" or not (name == "interleaved" or name.endswith("_raw"))]
+         if (fam, name) != ("ortt", "interleaved")
+         and not (fam == "torch" and name.endswith("_symbolic"))
+         and not (fam == "ortt" and name.endswith("_raw"))]
 RULE = {"half": "rope_{}", "partial": "rope_{}", "inputs": "rope_{}",
-        "interleaved": "rope_interleaved_{}", "half_raw": "rope_{}"}
+        "interleaved": "rope_interleaved_{}", "half_symbolic": "rope_{}_symbolic",
+        "partial_symbolic": "rope_{}_symbolic", "half_raw": "rope_{}"}
 
 
 def _load(fam, name):
@@ -96,6 +104,19 @@ def _by_name(m, name):
     return next(n for n in m.graph.node if n.name == name)
 
 
+# context (kept) nodes of rope_ortt_symbolic, which a fusion record does not name: by output
+_KEPT_OUTPUT = {"half": "hs", "last_dim": "d", "fwd_lo": "x1", "fwd_hi": "x2",
+                "x_shape": "xshape"}
+
+
+def _rule_node(m, rec, node_id):
+    """The graph node that rule node `node_id` matched in the fusion `rec`."""
+    if node_id in rec.nodes:
+        return _by_name(m, rec.nodes[node_id])
+    out = rec.tensors[_KEPT_OUTPUT[node_id]]
+    return next(n for n in m.graph.node if out in n.output)
+
+
 def _mutate(m, rec, case):
     m = copy.deepcopy(m)
     t = rec.tensors
@@ -123,6 +144,18 @@ def _mutate(m, rec, case):
     elif case == "even_odd_swapped":  # interleaved: -g_even scattered to the even positions
         sc = _by_name(m, rec.nodes["sc_hi"])
         sc.input[1] = t["idx_lo"]
+    elif case in SYMBOLIC_MUTATIONS:  # ortt symbolic: one rotation's nodes
+        for node_id, port, value in SYMBOLIC_MUTATIONS[case]:
+            node = _rule_node(m, rec, node_id)
+            pos = port if isinstance(port, int) else (  # SliceGrad: Slice's inputs after dY
+                ["starts", "ends", "axes", "steps"].index(port) + 1
+                + (node.op_type == "SliceGrad"))
+            _set_const(m, node, pos, np.asarray(value, np.int64))
+    elif case == "odd_width":  # ortt symbolic: dY's last dim recorded odd (7): no halves
+        vi = next(v for v in m.graph.value_info if v.name == t["dY"])
+        vi.type.tensor_type.shape.dim[-1].dim_value = 7
+    elif case == "half_of_another_tensor":  # ortt symbolic: h from Shape(cos), not Shape(X)
+        _rule_node(m, rec, "x_shape").input[0] = t["cos"]
     elif case == "perm_not_swap":  # torch: the scatter's Transpose keeps the axes
         tr = _by_name(m, rec.nodes["tr_a"])
         tr.attribute[0].CopyFrom(helper.make_attribute("perm", [0, 1, 2, 3]))
@@ -146,8 +179,23 @@ def _value(m, name):
     return np.asarray(GraphIndex(m.graph).const_value(name))
 
 
+# symbolic spelling: constants of one rotation's nodes replaced (node id, input position or
+# Slice input name, value); the forward Slice and its SliceGrad read the same starts / ends /
+# axes / steps
+_HALVES = ("fwd_lo", "fwd_hi", "bpad_lo", "bpad_hi")
+SYMBOLIC_MUTATIONS = {
+    "half_not_by_two": [("half", 1, 4)],              # h = D / 4: a split at another point
+    "half_of_another_dim": [("last_dim", 1, 2)],      # h = Shape(X)[2] / 2: the sequence's
+    "slice_axis_not_last": [(n, "axes", [2]) for n in _HALVES],
+    "lower_half_not_from_0": [(n, "starts", [1]) for n in ("fwd_lo", "bpad_lo")],
+    "upper_half_not_to_end": [(n, "ends", [7]) for n in ("fwd_hi", "bpad_hi")],
+    "slice_step_not_1": [(n, "steps", [2]) for n in _HALVES],
+}
 GUARDS = {"ortt": [("split_not_halves", {"constant"}), ("neg_on_other_half", {"op_type"}),
                    ("sin_not_forward", {"dataflow"})],
+          "ortt_symbolic": [(c, {"constant"}) for c in SYMBOLIC_MUTATIONS]
+          + [("half_of_another_tensor", {"dataflow"}), ("sin_not_forward", {"dataflow"}),
+             ("odd_width", {"shape_mismatch"})],
           "torch": [("index_not_the_half", {"constant"}), ("index_shifted", {"constant"}),
                     ("sin_not_forward", {"dataflow"}), ("perm_not_swap", {"attribute"}),
                     ("scatter_into_ones", {"constant"})],
@@ -166,6 +214,7 @@ def test_rope_guards(fam, case, reasons):
     """Each guard broken on one rotation (Q's or K's): that one is left unfused, the other
     still fuses, and explain names the failing check."""
     fam, style = {"torch_interleaved": ("torch", "interleaved"),
+                  "ortt_symbolic": ("ortt", "half_symbolic"),
                   "torch_raw": ("torch", "half_raw")}.get(fam, (fam, "half"))
     m = _load(fam, style)
     rule = RULE[style].format(fam)

@@ -28,6 +28,7 @@ from conftest import SAMPLES
 from fusecli import FusionPass, load_rules
 from fusecli.engine.explain import explain_model
 from fusecli.engine.rules import var_name
+from test_lce import with_run_time_seed
 
 RULES = load_rules()
 SAMPLE_MODELS = {p.stem: onnx.load(p) for p in sorted(SAMPLES.glob("*.onnx"))}
@@ -141,6 +142,8 @@ for _fam in ("ortt", "torch"):
 for _fam in ("ortt", "torch"):
     SAMPLE_MODELS[f"rope_{_fam}_half"] = onnx.load(DATA / f"{_fam}_rope_half.onnx")
 SAMPLE_MODELS["rope_torch_interleaved"] = onnx.load(DATA / "torch_rope_interleaved.onnx")
+# (ort-training with symbolic batch and sequence: the half point computed at run time)
+SAMPLE_MODELS["rope_ortt_half_symbolic"] = onnx.load(DATA / "ortt_rope_half_symbolic.onnx")
 # Conv + BN + ReLU6 / SiLU / hardswish (two spellings), ort-training exports of MobileNet-style
 # blocks (tests/data/make_conv_act.py; counts and look-alikes in tests/test_conv_act.py)
 for _name in ("ortt_conv_mbv2", "ortt_conv_effnet_silu", "ortt_conv_mbv3_hswish"):
@@ -157,6 +160,15 @@ for _name in ("ortt_lora_hand", "ortt_lora_hand_relu", "ortt_lora_qv", "torch_lo
 for _fam in ("ortt", "torch"):
     for _name in ("untied", "bias_sum", "frozen", "sum", "bias", "frozen_sum"):
         SAMPLE_MODELS[f"lce_{_fam}_{_name}"] = onnx.load(DATA / f"{_fam}_lce_{_name}.onnx")
+# ... with the loss's gradient fed at run time (ort-training's _seed) or computed from the
+# loss (_split, both families)
+for _fam, _how, _names in (("ortt", "input", ("untied", "bias_sum", "frozen", "frozen_sum")),
+                           ("ortt", "loss", ("untied", "bias_sum", "frozen", "frozen_sum")),
+                           ("torch", "loss", ("untied", "bias_sum", "frozen", "sum", "bias",
+                                              "frozen_sum"))):
+    for _name in _names:
+        SAMPLE_MODELS[f"lce_{_fam}_{_name}_seed_{_how}"] = with_run_time_seed(
+            _fam, _how, f"lce_{_name}")
 
 def _upto(rule_name):
     """The shipped rules up to and including ``rule_name`` in application order, so that a
@@ -868,15 +880,8 @@ def test_variants_expand_with_substitution_and_splicing():
     assert [r.name for r in crossed] == ["t_relu_chain", "t_gelu_chain"]
 
 
-_ALPHA_RULE = """
-name: t_${tag}
-pattern: activation_grad
-order: 1
-params: {alpha: null}
-variants:
-  - {tag: plain, grad: [{op: QuickGeluGrad, domain: com.microsoft, attrs: {alpha: 1.0}}]}
-  - {tag: scaled, alpha: {attr: a},
-     grad: [{op: QuickGeluGrad, domain: com.microsoft, attrs: {alpha: {not: 1.0, capture: a}}}]}
+# one rule node (the activation gradient) -> ActivationGrad{activation, alpha}
+_GRAD_RULE_BODY = """
 nodes:
   - id: grad
     op: $grad
@@ -886,8 +891,19 @@ replace:
   op: ActivationGrad
   inputs: [dY, X]
   outputs: [dZ]
-  attrs: {activation: silu, alpha: $alpha}
+  attrs: {activation: $act, alpha: $alpha}
 """
+
+_ALPHA_RULE = """
+name: t_${tag}
+pattern: activation_grad
+order: 1
+params: {alpha: null, act: silu}
+variants:
+  - {tag: plain, grad: [{op: QuickGeluGrad, domain: com.microsoft, attrs: {alpha: 1.0}}]}
+  - {tag: scaled, alpha: {attr: a},
+     grad: [{op: QuickGeluGrad, domain: com.microsoft, attrs: {alpha: {not: 1.0, capture: a}}}]}
+""" + _GRAD_RULE_BODY
 
 
 def test_null_parameter_drops_a_key_and_alternatives_capture():
@@ -915,6 +931,40 @@ def test_null_parameter_drops_a_key_and_alternatives_capture():
                                   " attrs: {alpha: {not")
     with pytest.raises(RuleError, match="no attribute captured as 'a'"):
         parse_rules(one_alt, "<alpha>")
+
+
+_NESTED_RULE = """
+name: t_${kind}${sfx}
+pattern: activation_grad
+order: 1
+params: {alpha: null}
+variants:
+  cross:
+    - - {kind: relu, grad_op: ReluGrad}
+      - {kind: gelu, grad_op: GeluGrad}
+    - - {sfx: "", grad: [{op: $grad_op, domain: com.microsoft}], act: $kind}
+      - {sfx: _ms, grad: [{op: $grad_op, domain: com.microsoft, attrs: {x: 1}}], act: silu}
+""" + _GRAD_RULE_BODY
+
+
+def test_a_parameter_may_use_parameters_of_another_cross_list():
+    """A value set by one list of a cross may use parameters that another list sets (a
+    replacement node that differs by variant and by the other list's tensors, as lce_ortt's
+    _split gradient node uses dw and ii_value); a value that uses itself is refused."""
+    from fusecli.errors import RuleError
+    from fusecli.engine.rules import parse_rules
+
+    rules = {r.name: r for r in parse_rules(_NESTED_RULE, "<nested>")}
+    assert sorted(rules) == ["t_gelu", "t_gelu_ms", "t_relu", "t_relu_ms"]
+    for name, op, act in [("t_relu", "ReluGrad", "relu"), ("t_gelu_ms", "GeluGrad", "silu")]:
+        assert rules[name].nodes[0].ops == (op,)
+        assert rules[name].replace.attrs["activation"] == ("literal", act)
+    assert "x" in rules["t_relu_ms"].nodes[0].alt("ReluGrad").attrs
+    looped = _NESTED_RULE.replace("{kind: relu, grad_op: ReluGrad}",
+                                  "{kind: relu, grad_op: $grad}")
+    with pytest.raises(RuleError, match=re.escape("parameter 'grad' uses itself (through "
+                                                  "grad -> grad_op -> grad)")):
+        parse_rules(looped, "<nested>")
 
 
 @pytest.mark.parametrize("variants,message", [

@@ -151,6 +151,12 @@ def _kind_matches(arr: np.ndarray, kind: str, data_shape=None) -> tuple[bool, st
         ok = ints and flat.size == 1 and (int(flat[0]) == -1 or (
             data_shape is not None and int(flat[0]) == len(data_shape) - 1))
         return ok, f"{shown}, rule wants the last axis (-1, or rank-1 of a known shape)"
+    if kind == "last_dim_index":  # Gather's index into a Shape vector [n]: the last dim
+        n = data_shape[0] if data_shape is not None and len(data_shape) == 1 else None
+        ok = ints and flat.size == 1 and arr.ndim <= 1 and (
+            int(flat[0]) == -1 or (isinstance(n, int) and int(flat[0]) == n - 1))
+        return ok, (f"{shown}, rule wants the index of the last entry of a shape vector (-1, "
+                    "or n-1 of a recorded length n)")
     if kind == "flatten_2d":
         ok = ints and arr.ndim == 1 and flat.size == 2 and flat[1] > 0 and flat[0] != 0
         if ok and data_shape is not None and data_shape and data_shape[-1] is not None:

@@ -40,9 +40,9 @@ COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Sum", "Max", "Min", "Mean", "And", "
                              "Equal"})
 _PARAM_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _WHOLE_PARAM_RE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
-TENSOR_KINDS = ("constant", "scalar", "leading_axes", "last_axis", "flatten_2d",
-                "vector_shape", "large_negative", "halves", "index_range", "pairs_shape",
-                "shape")
+TENSOR_KINDS = ("constant", "scalar", "leading_axes", "last_axis", "last_dim_index",
+                "flatten_2d", "vector_shape", "large_negative", "halves", "index_range",
+                "pairs_shape", "shape")
 _RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace",
               "params", "variants"}
 
@@ -684,16 +684,21 @@ def _load_yaml(text: str, source: str, shipped: bool = False):
     return raw
 
 
-def _substitute(obj, values: dict, src: str, line, used: set):
+def _substitute(obj, values: dict, src: str, line, used: set, within: tuple = ()):
     """``obj`` with every ``$name`` string replaced by the parameter's value (any YAML value;
     as a list item, a list value is spliced in and null is dropped; as a mapping value, null
-    drops the key) and every ``${name}`` inside a string by the value's text."""
+    drops the key) and every ``${name}`` inside a string by the value's text. A value may
+    itself use parameters (set by another list of a cross, say); ``within``: the parameters
+    being substituted, to refuse a value that uses itself."""
     def lookup(name):
         if name not in values:
             raise RuleError(src, f"unknown parameter '{name}'; this file's parameters are "
                             f"{sorted(values)} (set them in params: or in every variant)", line)
+        if name in within:
+            raise RuleError(src, f"parameter '{name}' uses itself (through "
+                            f"{' -> '.join(within + (name,))})", line)
         used.add(name)
-        return values[name]
+        return _substitute(values[name], values, src, line, used, within + (name,))
 
     if isinstance(obj, str):
         whole = _WHOLE_PARAM_RE.match(obj)
@@ -704,7 +709,7 @@ def _substitute(obj, values: dict, src: str, line, used: set):
         out = _LineDict()
         out.line, out.key_lines = _line(obj), dict(getattr(obj, "key_lines", {}))
         for k, v in obj.items():
-            sv = _substitute(v, values, src, _line(obj, k), used)
+            sv = _substitute(v, values, src, _line(obj, k), used, within)
             if sv is None and isinstance(v, str) and _WHOLE_PARAM_RE.match(v):
                 continue  # `key: $p` with p null: the key is left out
             out[k] = sv
@@ -712,7 +717,7 @@ def _substitute(obj, values: dict, src: str, line, used: set):
     if isinstance(obj, list):
         out = []
         for raw in obj:
-            v = _substitute(raw, values, src, _line(raw) or line, used)
+            v = _substitute(raw, values, src, _line(raw) or line, used, within)
             if isinstance(raw, str) and _WHOLE_PARAM_RE.match(raw) and (
                     v is None or isinstance(v, list)):
                 out.extend(v or [])  # a list item `$p`: p's items spliced in, null dropped

@@ -35,8 +35,10 @@ From that dataflow:
   linear_cross_entropy: 1 when the model's output (or a view of it, the [-1, C] flatten) is the
     output of a Linear-like module (a classification / language-model head) and the loss
     (Arch.loss) reads those logits through its softmax cross-entropy alone (LOSS_READS_LOGITS:
-    "ce"); a loss that reads the logits again ("custom": its logit penalty) keeps them, which
-    the fused op does not produce, and counts 0, as do MSE and BCE (no softmax cross-entropy).
+    "ce" without label smoothing, the ort-training one); a loss that reads the logits again
+    counts 0: "custom" (its logit penalty keeps the logits, which the fused op does not
+    produce), torch-joint's "ce" (its label-smoothing term, which the fused op does not
+    compute), as do MSE and BCE (no softmax cross-entropy).
 A pattern only counts when its backward exists in the training graph: the forward runs with
 autograd on, and a module call counts only when its output requires grad (a module whose
 parameters are all frozen AND whose input needs no gradient has no backward: the first blocks of
@@ -171,17 +173,29 @@ def _root(t: torch.Tensor) -> torch.Tensor:
     return t if t._base is None else t._base
 
 
-# Arch.loss -> what the loss does with the model's output besides its softmax cross-entropy
-# (None: no softmax cross-entropy at all); linear_cross_entropy counts where it is "nothing"
+# Arch.loss "ce": its label smoothing per family (ort-training: onnxblock's CrossEntropyLoss,
+# which has none; torch-joint: gen.py's loss, gen_torch.cross_entropy)
+CE_LABEL_SMOOTHING = {"ort-training": 0.0, "torch-joint": 0.1}
+# loss_key(Arch.loss, family) -> what the loss does with the model's output besides its softmax
+# cross-entropy (None: no softmax cross-entropy at all); linear_cross_entropy counts where it is
+# "nothing" (LinearCrossEntropy computes no label smoothing: fusecli/ops/linear_cross_entropy)
 LOSS_READS_LOGITS = {"mse": None, "bce": None, "ce": "nothing",
+                     "ce_smoothed": "the label-smoothing term (the mean over classes of "
+                                    "-log_softmax of the logits)",
                      "custom": "the logit penalty mean(logits^2)"}
+
+
+def loss_key(loss: str, family: str) -> str:
+    """Arch.loss in `family` as a LOSS_READS_LOGITS key (the smoothed "ce" of torch-joint)."""
+    return "ce_smoothed" if loss == "ce" and CE_LABEL_SMOOTHING[family] else loss
 
 
 def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...],
                   loss: str = "mse") -> dict[str, int]:
     """Pattern counts from the model's own dataflow (see the module docstring). A tensor is
     identified by (id, _version): one modified in place after a module returned it (timm's
-    `x += shortcut` on the BN output) is no longer that module's output."""
+    `x += shortcut` on the BN output) is no longer that module's output. loss: a
+    LOSS_READS_LOGITS key (loss_key(Arch.loss, family))."""
     calls: list[tuple[nn.Module, list[tuple[int, int]], object]] = []
     seen_in: dict[int, list[tuple[int, int]]] = {}
     keep: list[torch.Tensor] = []  # keeps every tensor alive so that ids are not reused
@@ -1286,9 +1300,11 @@ for _a in [
          _no_pooler(_bert()), _ids_mask, attention=("BertSelfAttention",),
          input_ranges=_MASK_R, setup="loss: BCE with logits", flash=True, loss="bce",
          count_notes=_BERT_NOTES),
-    # the custom loss's twin with onnxblock's own CrossEntropyLoss. Not torch-joint: torch 2.13's
-    # joint export of F.cross_entropy computes wrong gradients (shared/notes/training-graphs.md;
-    # measured here: max |grad - torch| 3.4, the classifier's gradients ~10x torch's)
+    # the custom loss's twin with onnxblock's own CrossEntropyLoss, ort-training only (the
+    # corpus's LCE on a transformers model). torch 2.13's joint export of F.cross_entropy
+    # computes wrong gradients (shared/notes/training-graphs.md; measured here: max |grad -
+    # torch| 3.4, the classifier's gradients ~10x torch's); gen.py now writes the torch-joint
+    # loss out (gen_torch.cross_entropy), with label smoothing, which LinearCrossEntropy lacks
     Arch("distilbert_tokens_ce", "transformers", _DISTILBERT_TOKENS + " and trained with "
          "cross-entropy (ignore_index -100 on a third of the labels)", _distilbert_tokens,
          _ids_mask, attention=("MultiHeadSelfAttention", "DistilBertSelfAttention"),

@@ -35,6 +35,28 @@ class MSELossModule(torch.nn.Module):
         return (F.mse_loss(self.net(x), target),)
 
 
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> torch.Tensor:
+    """F.cross_entropy(logits [N, C], labels [N], ignore_index=-100, reduction, label_smoothing)
+    written out as Hugging Face's loss does: log_softmax, the -100 mask (an ignored label
+    replaced by 0), gather of the label's log-probability, the sum over kept tokens [/ their
+    count]; with label smoothing eps, (1 - eps) nll + eps * (the mean over classes of
+    -log_softmax, masked and reduced the same way). torch 2.13's joint export of F.cross_entropy
+    itself computes wrong gradients (shared/notes/training-graphs.md); this one exports right."""
+    lp = torch.log_softmax(logits, -1)
+    mask = labels != -100
+    safe = torch.where(mask, labels, torch.zeros_like(labels))
+
+    def reduce(per_token: torch.Tensor) -> torch.Tensor:
+        return per_token.sum() if reduction == "sum" else per_token.sum() / mask.sum()
+
+    loss = reduce(-lp.gather(1, safe[:, None]).squeeze(1) * mask)
+    if label_smoothing:
+        loss = ((1 - label_smoothing) * loss
+                + label_smoothing * reduce(-lp.mean(-1) * mask))
+    return loss
+
+
 def _rename(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
     g = model.graph
     for vi in list(g.input) + list(g.output) + list(g.value_info):

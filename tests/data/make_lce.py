@@ -18,10 +18,13 @@ Models (vocabulary 50, width 16, batch 2 x 7 tokens; counts from this code: one 
   lce_sum        no bias, reduction sum (ort-training: ignore_index -100): 1
   lce_bias       head with bias, mean (ort-training: no ignore_index): 1
   lce_frozen_sum the head frozen, reduction sum (ort-training: no ignore_index): 1
+  lce_smooth     torch-joint only (onnxblock's loss has no smoothing): lce_untied with label
+                 smoothing 0.1: 0 (the smoothing term, the masked mean over classes of
+                 -log_softmax, reads the log-probabilities again; LinearCrossEntropy has none)
 (Class weights: onnxblock 1.19.2's CrossEntropyLoss(weight=array) fails on `if self._weight`.)
-Run with the corpus venvs (scripts/corpus/requirements-*.txt):
-  build/venv-corpus-ortt/bin/python tests/data/make_lce.py ort-training
-  build/venv-corpus-torch/bin/python tests/data/make_lce.py torch-joint
+Run with the corpus venvs (scripts/corpus/requirements-*.txt), optionally naming models:
+  build/venv-corpus-ortt/bin/python tests/data/make_lce.py ort-training [NAME ...]
+  build/venv-corpus-torch/bin/python tests/data/make_lce.py torch-joint [NAME ...]
 """
 
 import io
@@ -37,6 +40,7 @@ from torch import nn
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "scripts" / "samples"))
+from gen_torch import cross_entropy  # noqa: E402
 V, D, B, S = 50, 16, 2, 7
 
 
@@ -70,6 +74,9 @@ CASES = {  # name: (Net kwargs, reduction, ignore -100, frozen parameter names)
     "lce_bias": ({"bias": True}, "mean", False, ()),
     "lce_frozen_sum": ({}, "sum", False, ("head.weight",)),
 }
+TORCH_ONLY = {  # name: CASES' fields + label smoothing
+    "lce_smooth": ({}, "mean", True, (), 0.1),
+}
 
 
 def inputs(ignore):
@@ -81,8 +88,9 @@ def inputs(ignore):
     return ids, lab
 
 
-def torch_loss(net, ids, lab, reduction):
-    return F.cross_entropy(net(ids), lab, reduction=reduction, ignore_index=-100)
+def torch_loss(net, ids, lab, reduction, smoothing=0.0):
+    return F.cross_entropy(net(ids), lab, reduction=reduction, ignore_index=-100,
+                           label_smoothing=smoothing)
 
 
 def ortt(name, kw, reduction, ignore, frozen):
@@ -137,22 +145,18 @@ def ortt(name, kw, reduction, ignore, frozen):
 
 
 class Loss(nn.Module):
-    """Hugging Face's loss written out: log_softmax, the -100 mask, gather, mean over kept
-    tokens (or sum)."""
+    """Hugging Face's loss written out (gen_torch.cross_entropy): log_softmax, the -100 mask,
+    gather, mean over kept tokens (or sum) [, label smoothing]."""
 
-    def __init__(self, net, reduction):
+    def __init__(self, net, reduction, smoothing=0.0):
         super().__init__()
-        self.net, self.reduction = net, reduction
+        self.net, self.reduction, self.smoothing = net, reduction, smoothing
 
     def forward(self, ids, lab):
-        lp = torch.log_softmax(self.net(ids), -1)
-        mask = lab != -100
-        safe = torch.where(mask, lab, torch.zeros_like(lab))
-        nll = -lp.gather(1, safe[:, None]).squeeze(1) * mask
-        return (nll.sum() if self.reduction == "sum" else nll.sum() / mask.sum(),)
+        return (cross_entropy(self.net(ids), lab, self.reduction, self.smoothing),)
 
 
-def torch_joint(name, kw, reduction, ignore, frozen):
+def torch_joint(name, kw, reduction, ignore, frozen, smoothing=0.0):
     from gen_torch import export_joint
 
     torch.manual_seed(0)
@@ -160,7 +164,7 @@ def torch_joint(name, kw, reduction, ignore, frozen):
     for n, p in net.named_parameters():
         p.requires_grad_(n not in frozen)
     ids, lab = inputs(True)  # the mask is in the graph either way: use it
-    mod = Loss(net, reduction)
+    mod = Loss(net, reduction, smoothing)
     m, values, trainable = export_joint(mod, [ids, lab], ["input_ids", "labels"], metadata=False)
     onnx.save(m, HERE / f"torch_{name}.onnx")
     import onnxruntime as ort
@@ -172,7 +176,7 @@ def torch_joint(name, kw, reduction, ignore, frozen):
     res = dict(zip([o.name for o in m.graph.output],
                    sess.run(None, {i.name: feeds[i.name] for i in m.graph.input})))
     net.zero_grad()
-    tl = torch_loss(net, ids, lab, reduction)
+    tl = torch_loss(net, ids, lab, reduction, smoothing)
     tl.backward()
     err = abs(float(res["loss"]) - float(tl))
     grads = {}
@@ -189,6 +193,8 @@ def torch_joint(name, kw, reduction, ignore, frozen):
 
 
 if __name__ == "__main__":
-    fam = sys.argv[1]
-    for name, case in CASES.items():
-        (ortt if fam == "ort-training" else torch_joint)(name, *case)
+    fam, only = sys.argv[1], set(sys.argv[2:])
+    cases = CASES if fam == "ort-training" else {**CASES, **TORCH_ONLY}
+    for name, case in cases.items():
+        if not only or name in only:
+            (ortt if fam == "ort-training" else torch_joint)(name, *case)

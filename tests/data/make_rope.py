@@ -1,8 +1,8 @@
 """Regenerates tests/data/{ortt,torch}_rope_{half,partial,interleaved,inputs,bad_concat,
-bad_slice}.onnx and torch_rope_{half,bad_concat,bad_slice}_raw.onnx: one eager self-attention
-layer (hidden 16, 2 heads of 8, no biases, input [2, 4, 16], MSE loss) whose Q and K go through rotary position embeddings written like
-transformers' Llama (`apply_rotary_pos_emb`: q * cos + rotate_half(q) * sin, cos/sin from
-LlamaRotaryEmbedding's inv_freq and the position ids, unsqueezed on the head axis):
+bad_slice}.onnx, ortt_rope_*_symbolic.onnx and torch_rope_*_raw.onnx: one eager self-attention
+layer (hidden 16, 2 heads of 8, no biases, input [2, 4, 16], MSE loss) whose Q and K go through
+rotary position embeddings written like transformers' Llama (`apply_rotary_pos_emb`: q * cos +
+rotate_half(q) * sin, cos/sin from LlamaRotaryEmbedding's inv_freq and the position ids, unsqueezed on the head axis):
 
   half         rotate-half, all 8 head dims rotated, cos/sin computed from position_ids
                                                                        2 rotations (Q, K)
@@ -14,12 +14,18 @@ LlamaRotaryEmbedding's inv_freq and the position ids, unsqueezed on the head axi
   bad_concat   look-alike: cat(x1, -x2) instead of cat(-x2, x1) (not a rotation)   0
   bad_slice    look-alike: rotate-half split at 3 of 8 dims (not half)              0
 
-torch-joint only, a STYLE_raw of half, bad_concat and bad_slice: the same model exported raw,
+ort-training only, `<style>_symbolic` (half, partial, bad_concat, bad_slice): the same layer
+with x / position_ids exported with symbolic batch and sequence dims (dynamic_axes, as the
+corpus' *_symbolic graphs), the views written with x's run-time dims. rotate_half's
+`x.shape[-1] // 2` is then computed at run time (Shape -> Gather -> Div), and bad_slice splits
+at `x.shape[-1] // 4` (a run-time point that is not the half)                        same counts
+
+torch-joint only, `<style>_raw` (half, bad_concat, bad_slice): the same layer exported raw,
 torch.onnx.export(dynamo=True, optimize=False), as big models are exported: every Slice reads
-its own Cast/Reshape constants, each slice_scatter its own CastLike zeros (torch_rope_*_raw).
+its own Cast/Reshape constants, each slice_scatter its own CastLike zeros        same counts
 
 Through the corpus exporters (scripts/corpus/gen.py), each checked against torch autograd:
-build/venv-corpus-ortt/bin/python tests/data/make_rope.py ort-training
+build/venv-corpus-ortt/bin/python tests/data/make_rope.py ort-training [STYLE ...]
 build/venv-corpus-torch/bin/python tests/data/make_rope.py torch-joint
 """
 
@@ -54,9 +60,9 @@ def rotate_every_two(x):
 
 
 class Attention(nn.Module):
-    def __init__(self, style):
+    def __init__(self, style, symbolic=False):
         super().__init__()
-        self.style = style
+        self.style, self.symbolic = style, symbolic
         self.rot = HD // 2 if style == "partial" else HD
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
             nn.Linear(D, D, bias=False) for _ in range(4))
@@ -80,13 +86,15 @@ class Attention(nn.Module):
             h = x.shape[-1] // 2
             return x * cos + torch.cat((x[..., :h], -x[..., h:]), dim=-1) * sin
         if self.style == "bad_slice":
-            return x * cos + rotate_half(x, split=3) * sin
+            split = x.shape[-1] // 4 if self.symbolic else 3
+            return x * cos + rotate_half(x, split=split) * sin
         return x * cos + rotate_half(x) * sin
 
     def forward(self, x, *extra):
-        q = self.q_proj(x).view(B, S, H, HD).transpose(1, 2)
-        k = self.k_proj(x).view(B, S, H, HD).transpose(1, 2)
-        v = self.v_proj(x).view(B, S, H, HD).transpose(1, 2)
+        b, s = (x.shape[0], x.shape[1]) if self.symbolic else (B, S)
+        q = self.q_proj(x).view(b, s, H, HD).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, H, HD).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, H, HD).transpose(1, 2)
         cos, sin = extra if self.style == "inputs" else self.cos_sin(extra[0])
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         if self.style == "partial":
@@ -97,34 +105,38 @@ class Attention(nn.Module):
         else:
             q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
         p = torch.softmax(q @ k.transpose(2, 3) / math.sqrt(HD), dim=-1)
-        return self.o_proj((p @ v).transpose(1, 2).reshape(B, S, D))
+        return self.o_proj((p @ v).transpose(1, 2).reshape(b, s, D))
 
 
 STYLES = ["half", "partial", "interleaved", "inputs", "bad_concat", "bad_slice"]
-RAW = ["half_raw", "bad_concat_raw", "bad_slice_raw"]  # torch-joint only
+SYMBOLIC = ["half_symbolic", "partial_symbolic", "bad_concat_symbolic", "bad_slice_symbolic"]
+RAW = ["half_raw", "bad_concat_raw", "bad_slice_raw"]
 
 
 def main(family: str, names: list[str]) -> None:
     prefix = gen.PREFIX[family]
-    for full in names or STYLES + (RAW if family == "torch-joint" else []):
-        style = full.removesuffix("_raw")
+    for style in names or STYLES + (SYMBOLIC if family == "ort-training" else RAW):
+        raw = style.endswith("_raw")
         builder = (gen.build_ortt if family == "ort-training" else
-                   functools.partial(gen.build_torch, optimize=full == style))
+                   functools.partial(gen.build_torch, optimize=not raw))
         torch.manual_seed(0)
-        model = Attention(style).train()
+        base = style.removesuffix("_symbolic").removesuffix("_raw")
+        model = Attention(base, symbolic=style.endswith("_symbolic")).train()
         inputs = {"x": torch.randn(B, S, D)}
         pos = torch.arange(S).unsqueeze(0).expand(B, S).contiguous()
-        if style == "inputs":
+        if base == "inputs":
             cos, sin = Attention("half").cos_sin(pos)
             inputs.update(cos=cos, sin=sin)
             ranges = {}
         else:
             inputs["position_ids"] = pos
             ranges = {"position_ids": [0, S]}
+        dynamic = ({k: {0: "batch", 1: "sequence"} for k in inputs} if model.symbolic
+                   else None)
         arch = types.SimpleNamespace(library="torch", input_ranges=ranges)
-        name = f"{prefix}_rope_{full}"
+        name = f"{prefix}_rope_{style}"
         with tempfile.TemporaryDirectory() as td:
-            res = builder(arch, model, inputs, name, Path(td), True)
+            res = builder(arch, model, inputs, name, Path(td), True, dynamic=dynamic)
             shutil.copy(Path(td) / f"{name}.onnx", HERE / f"{name}.onnx")
         print(f"{name}.onnx: {len(res['model'].graph.node)} nodes, max |grad - torch| = "
               f"{res['max_abs_grad_err_vs_torch']:.3g}")

@@ -7,7 +7,9 @@ from fusecli.ops.shapes import numel, show
 
 
 def input_problem(attrs, ins):
-    h, w, bias, labels = (ins + [None] * 4)[:4]
+    h, w, bias, labels, _, _, seed = (ins + [None] * 7)[:7]
+    if numel(seed) not in (None, 1):
+        return f"LinearCrossEntropy: grad_seed {show(seed)} is not one value"
     if w is not None and len(w) != 2:
         return f"LinearCrossEntropy: W {show(w)} is not [V, D]"
     if h and w and isinstance(h[-1], int) and isinstance(w[1], int) and h[-1] != w[1]:

@@ -108,9 +108,10 @@ def test_lce_row_weight_and_row_grad_are_the_torch_joint_inputs(case):
     assert_close(got[2], unf[2], what="dW")
 
 
-def ortt_unfused_model(n, d, v, reduction, ignore_index, with_bias):
+def ortt_unfused_model(n, d, v, reduction, ignore_index, with_bias, seed_input=False):
     """onnxruntime-training's spelling: SoftmaxCrossEntropyLoss -> SoftmaxCrossEntropyLossGrad
-    (com.microsoft) seeded by a constant dLoss, and the head's gradient GEMMs."""
+    (com.microsoft) seeded by a constant dLoss (0.5), or by the graph input `dloss`
+    (seed_input), and the head's gradient GEMMs."""
     b = Builder()
     hn, wn, ln = b.input("H", np.zeros((n, d), F32)), b.input("W", np.zeros((v, d), F32)), \
         b.input("labels", np.zeros(n, I64))
@@ -119,7 +120,8 @@ def ortt_unfused_model(n, d, v, reduction, ignore_index, with_bias):
         z = b.add(z, b.input("bias", np.zeros(v, F32)))
     ii = {} if ignore_index is None else {"ignore_index": ignore_index}
     loss, lp = b.op("SoftmaxCrossEntropyLoss", z, ln, n_out=2, reduction=reduction, **ii)
-    dz = b.op("SoftmaxCrossEntropyLossGrad", b.const(0.5), lp, ln, reduction=reduction, **ii)
+    seed = b.input("dloss", np.zeros((), F32)) if seed_input else b.const(0.5)
+    dz = b.op("SoftmaxCrossEntropyLossGrad", seed, lp, ln, reduction=reduction, **ii)
     b.nodes[-1].domain = "com.microsoft"
     dh = b.op("MatMul", dz, wn)
     dw = b.op("Gemm", dz, hn, transA=1)
@@ -182,6 +184,59 @@ def test_lce_grad_seed_scales_the_gradients_not_the_loss():
         assert_close(g, r, what=nm)
     assert_close(ref[0], unscaled[0], what="the loss does not see the seed")
     assert_close(ref[1], (unscaled[1] * -0.75).astype(F32), what="dH = -0.75 x the unseeded")
+
+
+SEEDS = [1.0, -1.5, 0.0, 3.25]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_lce_split_in_two_ops_matches_ort_training_with_a_run_time_seed(reduction):
+    """A loss gradient computed from the loss (rules/lce_*.yaml _split): one op writes the loss
+    alone (no gradient work), a second one the gradients alone from grad_seed (the logits
+    recomputed chunk by chunk), against onnxruntime-training's SoftmaxCrossEntropyLoss + Grad
+    seeded by a graph input, and the reference, for several seeds and chunk sizes."""
+    jobs, cases = [], []
+    for (shape, d, v, chunk), with_bias in zip(SHAPES[1:5], [True, False, True, False]):
+        h, w, bias, lab = make_case(shape, d, v, seed="split" + reduction)
+        n = lab.size
+        h2 = h.reshape(n, d)
+        m, outs = ortt_unfused_model(n, d, v, reduction, -100, with_bias, seed_input=True)
+        for s in SEEDS:
+            feeds = {"H": h2, "W": w, "labels": lab, "dloss": np.array(s, F32),
+                     **({"bias": bias} if with_bias else {})}
+            jobs.append({"model": m, "feeds": feeds, "outputs": outs})
+            cases.append((h2, w, bias if with_bias else None, lab, chunk, with_bias, s))
+    _, results, _ = run_in_ortt(jobs)
+    for (h2, w, bias, lab, chunk, with_bias, s), want in zip(cases, results):
+        ins = [("H", h2), ("W", w), ("bias", bias), ("labels", lab), ("row_weight", None),
+               ("row_grad", None)]
+        loss = run_fused("LinearCrossEntropy", ins, [("loss", F32)], chunk_rows=chunk,
+                         reduction=reduction)[0]
+        grads = run_fused("LinearCrossEntropy", ins + [("grad_seed", np.array([s], F32))],
+                          [None, ("dH", F32), ("dW", F32), ("dB", F32) if with_bias else None],
+                          chunk_rows=chunk, reduction=reduction)[1:]
+        ref = linear_cross_entropy(h2, w, bias, lab, reduction=reduction, grad_seed=s)
+        for got, i, nm in [(loss, 0, "loss"), (grads[0], 1, "dH"), (grads[1], 2, "dW"),
+                           (grads[2], 3, "dB")][:3 + with_bias]:
+            assert_close(got, want[i], what=f"{nm} vs onnxruntime-training, seed {s}")
+            assert_close(got, ref[i], what=f"{nm} vs reference, seed {s}")
+
+
+def test_lce_split_with_row_grad_matches_the_one_op():
+    """The torch-joint split: loss alone from row_weight, gradients alone from row_grad."""
+    h, w, bias, lab = make_case((3, 37), 8, 11, ignore="some")
+    keep = lab != -100
+    mf, safe = keep.astype(F32), np.where(keep, lab, 0)
+    for s in SEEDS:
+        g = (mf * s / keep.sum()).astype(F32)
+        one = fused(h, w, bias, safe, rw=mf, rg=g, chunk_rows=16)
+        loss = fused(h, w, bias, safe, rw=mf, outs=(1, 0, 0, 0), chunk_rows=16)[0]
+        grads = fused(h, w, bias, safe, rw=mf, rg=g, outs=(0, 1, 1, 1), chunk_rows=16)[1:]
+        ref = linear_cross_entropy(h, w, bias, safe, row_weight=mf, row_grad=g)
+        for got, i, nm in [(loss, 0, "loss"), (grads[0], 1, "dH"), (grads[1], 2, "dW"),
+                           (grads[2], 3, "dB")]:
+            assert_close(got, one[i], what=f"{nm} vs the one op, seed {s}")
+            assert_close(got, ref[i], what=f"{nm} vs reference, seed {s}")
 
 
 def test_lce_mean_over_no_token_is_nan_and_gradients_zero():

@@ -44,3 +44,23 @@ def test_linear_cross_entropy_row_weight_and_row_grad():
     ref = ref_lce(h, w, None, torch.where(keep, lab, -100))
     for x, r, nm in zip(got[:3], ref[:3], ["loss", "dH", "dW"]):
         close(x, r, 2e-4, nm)
+
+
+@pytest.mark.parametrize("seed", [-1.5, 0.0, 3.25])
+def test_linear_cross_entropy_split_with_grad_seed(seed):
+    """The two ops of a loss gradient computed from the loss (rules/lce_*.yaml _split): the
+    loss alone, then the gradients alone from grad_seed (a device tensor), the logits
+    recomputed chunk by chunk."""
+    n, d, v = 70, 32, 1000
+    h, w, bias = rand(n, d), rand(v, d) * 0.5, rand(v)
+    lab = torch.randint(0, v, (n,), device="cuda")
+    lab[16:32] = -100
+    loss = linear_cross_entropy(h, w, bias, lab, chunk_rows=16, want=(1, 0, 0, 0))
+    assert loss[1] is None and loss[2] is None and loss[3] is None
+    grads = linear_cross_entropy(h, w, bias, lab, chunk_rows=16, want=(0, 1, 1, 1),
+                                 grad_seed=torch.tensor([seed], device="cuda"))
+    assert grads[0] is None
+    ref = ref_lce(h, w, bias, lab, grad_scale=seed)
+    close(loss[0], ref[0], 2e-4, "loss")
+    for g, r, nm in zip(grads[1:], ref[1:], ["dH", "dW", "dB"]):
+        close(g, r, 2e-4, nm)

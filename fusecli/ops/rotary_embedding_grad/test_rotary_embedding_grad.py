@@ -91,3 +91,21 @@ def test_rotary_embedding_grad_bad_inputs_are_errors(cshape, axis, msg):
     with pytest.raises(Exception, match=msg):
         run_fused("RotaryEmbeddingGrad", [("dY", dy), ("cos", c), ("sin", c)], [("dX", F32)],
                   axis=axis)
+
+
+@pytest.mark.parametrize("shape,cshape,msg", [((2, 3, 5, 7), (5, 7), "even"),
+                                              ((2, 3, 5, 8), (5, 6), "last dim")])
+def test_shape_guard_refuses_what_the_kernel_refuses(shape, cshape, msg):
+    """The shape guard's input check (shapes.py) names the shapes the kernels refuse (an odd
+    rotated width, cos / sin of another width), and passes Llama's shapes and unknown dims."""
+    from fusecli.engine.shapes import input_problem
+
+    dy, c = np.ones(shape, F32), np.ones(cshape, F32)
+    with pytest.raises(Exception, match=msg):
+        run_fused("RotaryEmbeddingGrad", [("dY", dy), ("cos", c), ("sin", c)], [("dX", F32)])
+    assert input_problem("RotaryEmbeddingGrad", {}, [list(shape), list(cshape), list(cshape)],
+                         ["dY", "cos", "sin"])
+    ok = [[2, 3, 5, 8], [2, 1, 5, 8], [2, 1, 5, 8]]
+    assert input_problem("RotaryEmbeddingGrad", {}, ok, ["dY", "cos", "sin"]) is None
+    assert input_problem("RotaryEmbeddingGrad", {}, [["b", 3, "s", None], [1, 1, "s", 7], None],
+                         ["dY", "cos", "sin"]) is None
