@@ -25,6 +25,7 @@ from onnx import helper, numpy_helper
 
 from fusecli import FusionPass, load_rules
 from fusecli.engine.explain import explain_model
+from fusecli.engine.graph import GraphIndex
 from fusecli.runtime.verify import verify_models
 
 DATA = Path(__file__).parent / "data"
@@ -175,7 +176,6 @@ def _mutate(m, rec, case):
 
 def _value(m, name):
     """The value of a tensor computed from constants (the rules' reading of it)."""
-    from fusecli.engine.graph import GraphIndex
     return np.asarray(GraphIndex(m.graph).const_value(name))
 
 
