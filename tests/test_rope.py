@@ -7,8 +7,10 @@ head dims), each fused and verified against its original; the expected count com
 model code (Q and K: two rotations). Look-alikes from the same script (cat(x1, -x2), a split at
 3 of 8 dims) must not fuse. ort-training also with symbolic batch and sequence (`*_symbolic`:
 rotate_half's half point computed at run time from Shape(x), rope_ortt_symbolic), whose
-look-alikes are cat(x1, -x2) and a split at the run-time point x.shape[-1] // 4. One negative per
-guard on mutated copies of the positive fixtures, with the reason explain gives.
+look-alikes are cat(x1, -x2) and a split at the run-time point x.shape[-1] // 4; torch-joint
+also raw (`*_raw`, torch.onnx.export(dynamo=True, optimize=False): each Slice reads its own
+Cast/Reshape constants, each scatter its own CastLike zeros). One negative per guard on mutated
+copies of the positive fixtures, with the reason explain gives.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from onnx import helper, numpy_helper
 
 from fusecli import FusionPass, load_rules
 from fusecli.engine.explain import explain_model
+from fusecli.engine.graph import GraphIndex
 from fusecli.runtime.verify import verify_models
 
 DATA = Path(__file__).parent / "data"
@@ -33,15 +36,17 @@ GUARD_FIXTURE_RULES = ("rope_ortt", "rope_ortt_symbolic", "rope_torch",
 # rope fusions from the model code (make_rope.py): Q and K rotated once each
 EXPECTED = {"half": 2, "partial": 2, "inputs": 2, "interleaved": 2, "bad_concat": 0,
             "bad_slice": 0, "half_symbolic": 2, "partial_symbolic": 2,
-            "bad_concat_symbolic": 0, "bad_slice_symbolic": 0}
+            "bad_concat_symbolic": 0, "bad_slice_symbolic": 0, "half_raw": 2,
+            "bad_concat_raw": 0, "bad_slice_raw": 0}
 # (ort-training has no interleaved fixture: its TorchScript export failed in generate_artifacts;
-# the symbolic-dim fixtures are ort-training's)
+# the symbolic-dim fixtures are ort-training's, the raw exports torch-joint's)
 CASES = [(fam, name) for fam in ("ortt", "torch") for name in EXPECTED
          if (fam, name) != ("ortt", "interleaved")
-         and not (fam == "torch" and name.endswith("_symbolic"))]
+         and not (fam == "torch" and name.endswith("_symbolic"))
+         and not (fam == "ortt" and name.endswith("_raw"))]
 RULE = {"half": "rope_{}", "partial": "rope_{}", "inputs": "rope_{}",
         "interleaved": "rope_interleaved_{}", "half_symbolic": "rope_{}_symbolic",
-        "partial_symbolic": "rope_{}_symbolic"}
+        "partial_symbolic": "rope_{}_symbolic", "half_raw": "rope_{}"}
 
 
 def _load(fam, name):
@@ -155,7 +160,23 @@ def _mutate(m, rec, case):
     elif case == "perm_not_swap":  # torch: the scatter's Transpose keeps the axes
         tr = _by_name(m, rec.nodes["tr_a"])
         tr.attribute[0].CopyFrom(helper.make_attribute("perm", [0, 1, 2, 3]))
+    elif case == "scatter_into_ones":  # torch: -g1 scattered into ones, not zeros
+        sc = _by_name(m, rec.nodes["sc_hi"])
+        shape = _value(m, sc.input[0]).shape
+        _set_const(m, sc, 0, np.ones(shape, np.float32))
+    elif case in ("reads_value", "reads_type_of_runtime"):
+        # raw: an outside node reads the backward's -g1 for its value (CastLike(-g1, x)), or
+        # for its type but from a run-time tensor (CastLike(x, -g1), not a constant)
+        ins = [t["nga"], "x"] if case == "reads_value" else ["x", t["nga"]]
+        m.graph.node.append(helper.make_node("CastLike", ins, ["probe"], name="probe"))
+        m.graph.output.append(helper.make_tensor_value_info("probe", onnx.TensorProto.FLOAT,
+                                                            None))
     return m
+
+
+def _value(m, name):
+    """The value of a tensor computed from constants (the rules' reading of it)."""
+    return np.asarray(GraphIndex(m.graph).const_value(name))
 
 
 # symbolic spelling: constants of one rotation's nodes replaced (node id, input position or
@@ -176,7 +197,12 @@ GUARDS = {"ortt": [("split_not_halves", {"constant"}), ("neg_on_other_half", {"o
           + [("half_of_another_tensor", {"dataflow"}), ("sin_not_forward", {"dataflow"}),
              ("odd_width", {"shape_mismatch"})],
           "torch": [("index_not_the_half", {"constant"}), ("index_shifted", {"constant"}),
-                    ("sin_not_forward", {"dataflow"}), ("perm_not_swap", {"attribute"})],
+                    ("sin_not_forward", {"dataflow"}), ("perm_not_swap", {"attribute"}),
+                    ("scatter_into_ones", {"constant"})],
+          "torch_raw": [("index_not_the_half", {"constant"}), ("scatter_into_ones", {"constant"}),
+                        ("sin_not_forward", {"dataflow"}),
+                        ("reads_value", {"intermediate_consumed_outside"}),
+                        ("reads_type_of_runtime", {"intermediate_consumed_outside"})],
           "torch_interleaved": [("pairs_not_pairs", {"constant"}),
                                 ("even_odd_swapped", {"constant"}),
                                 ("sin_not_forward", {"dataflow"})]}
@@ -188,7 +214,8 @@ def test_rope_guards(fam, case, reasons):
     """Each guard broken on one rotation (Q's or K's): that one is left unfused, the other
     still fuses, and explain names the failing check."""
     fam, style = {"torch_interleaved": ("torch", "interleaved"),
-                  "ortt_symbolic": ("ortt", "half_symbolic")}.get(fam, (fam, "half"))
+                  "ortt_symbolic": ("ortt", "half_symbolic"),
+                  "torch_raw": ("torch", "half_raw")}.get(fam, (fam, "half"))
     m = _load(fam, style)
     rule = RULE[style].format(fam)
     rec = _first(m, rule)
@@ -202,3 +229,53 @@ def test_rope_guards(fam, case, reasons):
                            include_shallow=True)
     mine = {x["reason"] for x in misses if x["rule"] == rule and x["anchor"] == anchor}
     assert mine == reasons, misses
+
+
+def test_rope_raw_forward_split_must_be_the_backwards():
+    """The forward rotation is context: Q's and K's forwards both multiply by the same cos and
+    sin, so either one is context for either backward. Both forwards' first halves sliced at
+    h-1 (each Slice reading its own constant, as the raw export writes them) while the
+    backwards still split at h: nothing fuses, and explain names the slice point's
+    dataflow."""
+    m = _load("torch", "half_raw")
+    rec = _first(m, "rope_torch")
+    bad = copy.deepcopy(m)
+    fwd = [n for n in bad.graph.node if n.op_type == "Slice"
+           and any(c.op_type == "Concat" for c in bad.graph.node if n.output[0] in c.input)
+           and _value(bad, n.input[1]).reshape(-1).tolist() == [0]]
+    assert len(fwd) == 2  # x1 of Q and of K (the model code: two rotations)
+    h = int(_value(m, rec.tensors["h"]).reshape(-1)[0])
+    for sl in fwd:
+        _set_const(bad, sl, 2, np.asarray([h - 1], np.int64))
+    fp = FusionPass(rules=_upto("rope_torch"))
+    fp.run(copy.deepcopy(bad))
+    assert fp.stats.patterns["rope"].fused == 0
+    anchor = rec.nodes["bneg"]
+    misses = explain_model(bad, FusionPass(rules=_upto("rope_torch")), node_names=[anchor],
+                           include_shallow=True)
+    assert {x["reason"] for x in misses
+            if x["rule"] == "rope_torch" and x["anchor"] == anchor} == {"dataflow"}, misses
+
+
+def test_rope_raw_type_reader_outside_is_rewritten(tmp_path):
+    """A constant computed from the type of a fused-away tensor (CastLike(c, -g1), a raw
+    export's new_zeros) that the result still reads stays, rewritten as Cast(c) to that type:
+    the rotations fuse and the graph computes what it did."""
+    m = _load("torch", "half_raw")
+    rec = _first(m, "rope_torch")
+    m.graph.initializer.append(numpy_helper.from_array(np.asarray(2, np.int64), "two_i64"))
+    m.graph.node.append(helper.make_node("CastLike", ["two_i64", rec.tensors["nga"]],
+                                         ["probe"], name="probe"))
+    m.graph.output.append(helper.make_tensor_value_info("probe", onnx.TensorProto.FLOAT, []))
+    orig = tmp_path / "orig.onnx"
+    onnx.save(m, orig)
+    fp = FusionPass()
+    fp.run(m)
+    assert fp.stats.patterns["rope"].fused == 2
+    probe = next(n for n in m.graph.node if "probe" in n.output)
+    assert probe.op_type == "Cast" and list(probe.input) == ["two_i64"]
+    assert helper.get_attribute_value(probe.attribute[0]) == onnx.TensorProto.FLOAT
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(orig, out)
+    assert report.ok and report.max_rel <= 1e-5, report

@@ -37,7 +37,7 @@ FOLDABLE = frozenset(_UNARY) | frozenset(_BINARY) | _OTHER
 # inputs that are not read for their value: Shape and Size read only their input's static shape,
 # CastLike only its second input's element type (torch's dynamo export spells `full_like` /
 # `ones_like` as Expand(CastLike(c, x), Shape(x)) of a run-time x: a constant all the same)
-_NO_VALUE_INPUTS = {"Shape": (0,), "Size": (0,), "CastLike": (1,)}
+NO_VALUE_INPUTS = {"Shape": (0,), "Size": (0,), "CastLike": (1,)}
 
 
 def pending_input(node, cache) -> str | None:
@@ -46,7 +46,7 @@ def pending_input(node, cache) -> str | None:
     computed first, or "" when every input it needs is known."""
     if node.domain != "" or node.op not in FOLDABLE:
         return None
-    skip = _NO_VALUE_INPUTS.get(node.op, ())
+    skip = NO_VALUE_INPUTS.get(node.op, ())
     for i, t in enumerate(node.inputs):
         if not t or i in skip:
             continue

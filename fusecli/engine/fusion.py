@@ -417,6 +417,8 @@ class FusionPass:
             absorbed = credit.pop(n.uid, None)  # a fused node absorbed by a later rule
             if absorbed is not None:
                 stats.absorbed[absorbed.fused_node] = absorbed
+        for t in m.intermediates:  # outside readers of its type alone (the guard let them)
+            index.detach_type_reads(t)
         fused = index.add_node(proto, m.key)
         for key, node in m.extra:
             index.add_node(node, key)

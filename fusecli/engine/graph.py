@@ -26,6 +26,11 @@ _SAME_DTYPE = frozenset({
     "Gather", "MatMul", "Gemm", "ReduceSum", "ReduceMean", "Dropout"})
 
 
+# standard ops that only move or retype their first input's elements (a broadcast of one number
+# stays that number)
+_MOVES_ELEMENTS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Cast", "CastLike"})
+
+
 class GNode:
     __slots__ = ("uid", "proto", "op", "domain", "inputs", "outputs", "key", "alive", "_attrs",
                  "implicit", "has_subgraphs")
@@ -141,6 +146,34 @@ class GraphIndex:
             if t and self.producer.get(t) is node:
                 del self.producer[t]
         self.by_op[(node.domain, node.op)].pop(node.uid, None)
+
+    def reads_only_type(self, node: GNode, tensor: str) -> bool:
+        """True when ``node`` reads ``tensor`` only for its element type or static shape
+        (CastLike's second input, Shape, Size: torch's ``new_zeros`` / ``zeros_like`` of a raw
+        export) and computes a constant: a fusion may take ``tensor`` away, and
+        ``detach_type_reads`` then rewrites the node so that it no longer reads it."""
+        slots = constfold.NO_VALUE_INPUTS.get(node.op, ()) if node.domain == "" else ()
+        return (tensor not in node.implicit
+                and all(i in slots for i, t in enumerate(node.inputs) if t == tensor)
+                and all(self.const_value(o) is not None for o in node.outputs if o))
+
+    def detach_type_reads(self, tensor: str) -> None:
+        """Rewrites each consumer of ``tensor`` that reads only its type (``reads_only_type``)
+        into the same computation without it: CastLike(x, t) -> Cast(x, to=t's type),
+        Shape(t) / Size(t) -> a Constant of the value; in place (same key and outputs)."""
+        for c in list(self.consumers.get(tensor, [])):
+            if not self.reads_only_type(c, tensor):
+                continue
+            out = c.outputs[0]
+            value = self.const_value(out)
+            if c.op == "CastLike":
+                proto = helper.make_node("Cast", [c.inputs[0]], [out], name=c.proto.name,
+                                         to=helper.np_dtype_to_tensor_dtype(value.dtype))
+            else:
+                proto = helper.make_node("Constant", [], [out], name=c.proto.name,
+                                         value=numpy_helper.from_array(np.asarray(value)))
+            self.remove_node(c)
+            self._add(proto, c.key)
 
     # -- pass-through nodes ----------------------------------------------------------------
     def bypass_passthrough(self) -> int:
@@ -289,8 +322,18 @@ class GraphIndex:
     def broadcast_scalar(self, name: str) -> np.ndarray | None:
         """The one number that ``name`` holds everywhere when it is a broadcast of a constant
         to a run-time shape (Expand(c, Shape(...)), ConstantOfShape: torch's ones_like / full
-        under symbolic dims), else None. Only for matching a value: its shape is not known."""
+        under symbolic dims; also behind a Transpose, Reshape, Squeeze, Unsqueeze, Cast or
+        CastLike of one: slice_scatter's transposed zeros), else None. Only for matching a
+        value: its shape is not known."""
         prod = self.producer.get(name)
+        if prod is not None and prod.alive and prod.domain == "" and prod.inputs \
+                and prod.op in _MOVES_ELEMENTS and prod.inputs[0]:
+            v = self.broadcast_scalar(prod.inputs[0])
+            if v is None or prod.op not in ("Cast", "CastLike"):
+                return v
+            dtype = (helper.tensor_dtype_to_np_dtype(prod.attrs["to"]) if prod.op == "Cast"
+                     else self._np_dtype(prod.inputs[1]) if len(prod.inputs) > 1 else None)
+            return None if dtype is None else v.astype(dtype)
         if prod is None or not prod.alive:
             return None
         if prod.op == "Expand" and prod.inputs[0]:

@@ -375,13 +375,22 @@ class Matcher:
     def _candidates(self, i, spec: NodeSpec, tensors) -> list[GNode] | None:
         if i == 0:
             return [self._anchor]
-        best = None
+        # the node reads one of the bound tensors: the fewest consumers of one are the
+        # candidates; a constant binds by value (_same_constant), so another tensor of the same
+        # value may stand in its place: its consumers are candidates only when no run-time
+        # tensor is bound (a raw export writes one Constant subgraph per use)
+        best, best_const = None, None
         for t in spec.inputs:
             v = var_name(t)
             if t != "_" and tensors.get(v):
                 cons = self.g.consumers.get(tensors[v], [])
-                if best is None or len(cons) < len(best):
+                if self.g.const_value(tensors[v]) is not None:
+                    if best_const is None or len(cons) < len(best_const):
+                        best_const = cons
+                elif best is None or len(cons) < len(best):
                     best = cons
+        if best is None:
+            best = best_const
         for t in spec.outputs:
             v = var_name(t)
             if t != "_" and tensors.get(v):
@@ -555,7 +564,9 @@ class Matcher:
                                        f"intermediate '{t}' of node {node.name} is a graph output "
                                        f"and {rule.replace.op} does not produce it")
                 for c in self.g.consumers.get(t, []):
-                    if c.uid not in matched:
+                    # a constant computed from t's type or shape alone (a raw export's
+                    # new_zeros: CastLike(zeros, t)) is rewritten without t when fused
+                    if c.uid not in matched and not self.g.reads_only_type(c, t):
                         why = self._node_fail.get(c.uid)
                         return self._guard(nodes, "intermediate_consumed_outside",
                                            f"intermediate '{t}' of node {node.name} is also "

@@ -1,8 +1,8 @@
 """Regenerates tests/data/{ortt,torch}_rope_{half,partial,interleaved,inputs,bad_concat,
-bad_slice}.onnx: one eager self-attention layer (hidden 16, 2 heads of 8, no biases, input
-[2, 4, 16], MSE loss) whose Q and K go through rotary position embeddings written like
-transformers' Llama (`apply_rotary_pos_emb`: q * cos + rotate_half(q) * sin, cos/sin from
-LlamaRotaryEmbedding's inv_freq and the position ids, unsqueezed on the head axis):
+bad_slice}.onnx, ortt_rope_*_symbolic.onnx and torch_rope_*_raw.onnx: one eager self-attention
+layer (hidden 16, 2 heads of 8, no biases, input [2, 4, 16], MSE loss) whose Q and K go through
+rotary position embeddings written like transformers' Llama (`apply_rotary_pos_emb`: q * cos +
+rotate_half(q) * sin, cos/sin from LlamaRotaryEmbedding's inv_freq and the position ids, unsqueezed on the head axis):
 
   half         rotate-half, all 8 head dims rotated, cos/sin computed from position_ids
                                                                        2 rotations (Q, K)
@@ -20,11 +20,16 @@ corpus' *_symbolic graphs), the views written with x's run-time dims. rotate_hal
 `x.shape[-1] // 2` is then computed at run time (Shape -> Gather -> Div), and bad_slice splits
 at `x.shape[-1] // 4` (a run-time point that is not the half)                        same counts
 
+torch-joint only, `<style>_raw` (half, bad_concat, bad_slice): the same layer exported raw,
+torch.onnx.export(dynamo=True, optimize=False), as big models are exported: every Slice reads
+its own Cast/Reshape constants, each slice_scatter its own CastLike zeros        same counts
+
 Through the corpus exporters (scripts/corpus/gen.py), each checked against torch autograd:
 build/venv-corpus-ortt/bin/python tests/data/make_rope.py ort-training [STYLE ...]
 build/venv-corpus-torch/bin/python tests/data/make_rope.py torch-joint
 """
 
+import functools
 import math
 import shutil
 import sys
@@ -105,18 +110,21 @@ class Attention(nn.Module):
 
 STYLES = ["half", "partial", "interleaved", "inputs", "bad_concat", "bad_slice"]
 SYMBOLIC = ["half_symbolic", "partial_symbolic", "bad_concat_symbolic", "bad_slice_symbolic"]
+RAW = ["half_raw", "bad_concat_raw", "bad_slice_raw"]
 
 
 def main(family: str, names: list[str]) -> None:
     prefix = gen.PREFIX[family]
-    builder = gen.build_ortt if family == "ort-training" else gen.build_torch
-    for style in names or STYLES + (SYMBOLIC if family == "ort-training" else []):
+    for style in names or STYLES + (SYMBOLIC if family == "ort-training" else RAW):
+        raw = style.endswith("_raw")
+        builder = (gen.build_ortt if family == "ort-training" else
+                   functools.partial(gen.build_torch, optimize=not raw))
         torch.manual_seed(0)
-        base = style.removesuffix("_symbolic")
-        model = Attention(base, symbolic=base != style).train()
+        base = style.removesuffix("_symbolic").removesuffix("_raw")
+        model = Attention(base, symbolic=style.endswith("_symbolic")).train()
         inputs = {"x": torch.randn(B, S, D)}
         pos = torch.arange(S).unsqueeze(0).expand(B, S).contiguous()
-        if style == "inputs":
+        if base == "inputs":
             cos, sin = Attention("half").cos_sin(pos)
             inputs.update(cos=cos, sin=sin)
             ranges = {}
