@@ -1135,3 +1135,42 @@ def test_rules_whose_ops_the_graph_lacks_are_not_tried(monkeypatch):
     assert len(ms_rules) > 20 and tried and not tried & ms_rules
     assert any(r.rule.startswith("linear_") and r.rule.endswith("_torch")
                for r in fp.stats.fusions)
+
+
+def test_rules_that_start_alike_share_their_dead_ends(monkeypatch):
+    """Variants of one rule file share their first nodes (lora_identity_torch_dx and _nodx differ
+    only in the input-gradient nodes at the end): where the first one's search never got past
+    those shared nodes, the second is not searched at that anchor. A constraint that differs
+    (the ignore_index attribute of lce_ortt vs lce_ortt_ii's first node) makes the keys differ.
+    The fused graph is the same as without the sharing."""
+    from collections import Counter
+
+    from fusecli.engine.fusion import prefix_keys
+    from fusecli.engine.matcher import Matcher
+
+    by_name = {r.name: r for r in load_rules()}
+    dx, nodx = (prefix_keys(by_name[f"lora_identity_torch_{v}"]) for v in ("dx", "nodx"))
+    shared = len(by_name["lora_identity_torch_nodx"].nodes)
+    assert dx[:shared] == nodx and len(dx) > shared
+    assert prefix_keys(by_name["lce_ortt"])[0] != prefix_keys(by_name["lce_ortt_ii"])[0]
+
+    calls: Counter = Counter()
+    match_at = Matcher.match_at
+
+    def spy(self, anchor):
+        calls[self.rule.name] += 1
+        return match_at(self, anchor)
+
+    monkeypatch.setattr(Matcher, "match_at", spy)
+    shared_run, alone_run = FusionPass(load_rules()), FusionPass(load_rules())
+    alone_run._keys = lambda rule: [hash((rule.name, i))   # nothing shared
+                                    for i in range(len(rule.nodes))]
+    a, b = (onnx.load(SAMPLES / "torch_llama.onnx") for _ in range(2))
+    shared_run.run(a)
+    with_sharing = dict(calls)
+    calls.clear()
+    alone_run.run(b)
+    assert with_sharing["lora_identity_torch_dx"] == calls["lora_identity_torch_dx"] > 0
+    assert with_sharing.get("lora_identity_torch_nodx", 0) < calls["lora_identity_torch_nodx"]
+    assert a.SerializeToString() == b.SerializeToString()
+    assert shared_run.stats.as_dict() == alone_run.stats.as_dict()

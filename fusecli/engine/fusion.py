@@ -18,11 +18,32 @@ from fusecli.ops.contracts import FUSED_DOMAIN, infer_output_types, load_contrac
 from fusecli.errors import EXIT_INTERNAL, FuseError
 from fusecli.engine.graph import GNode, GraphIndex
 from fusecli.engine.matcher import NEW_TENSOR, Failure, Match, Matcher, MatchResult
-from fusecli.engine.rules import CANONICAL_PATTERNS, Rule
+from fusecli.engine.rules import CANONICAL_PATTERNS, Rule, var_name
 from fusecli.engine.saved import SavedDiff
 from fusecli.engine.shapes import fusion_problem
 
 MAX_ROUNDS = 16
+
+
+def prefix_keys(rule: Rule) -> list[int]:
+    """keys[i] identifies the rule's first i + 1 nodes as the matcher reads them: their text in
+    the rule's body (repr of the parsed YAML, the variant's parameters substituted; a
+    ``repeat`` node gives one spec per copy) and the tensor constraints of the variables they
+    name. Two rules with the same keys[i] search an anchor alike up to node i. Computed once
+    per rule object; a rule without a body (built in code) shares nothing."""
+    if not rule.prefix_cache:
+        raw_nodes = rule.body.get("nodes") or []
+        texts = [repr(n) for n in raw_nodes
+                 for _ in range(n.get("repeat", 1) if isinstance(n, dict) else 1)]
+        if len(texts) != len(rule.nodes):
+            texts = [f"{rule.name}#{i}" for i in range(len(rule.nodes))]
+        tensors = rule.body.get("tensors") or {}
+        acc = []
+        for text, spec in zip(texts, rule.nodes):
+            names = sorted({var_name(t) for t in spec.inputs + spec.outputs if t != "_"})
+            acc.append((text, repr([tensors.get(v) for v in names])))
+            rule.prefix_cache.append(hash(tuple(acc)))
+    return rule.prefix_cache
 
 
 class FusionError(FuseError):
@@ -258,6 +279,10 @@ class FusionPass:
         skipped: dict[tuple[str, int], tuple[Rule, Failure]] = {}
         removed_inputs: set[str] = set()
         dirty = None                          # None: examine every anchor
+        # anchor uid -> prefix keys (see prefix_keys) of rules whose search at that anchor never
+        # got past the prefix's last node: a rule that starts with the same nodes fails there
+        # too (variants of one file share their first nodes). Valid until the graph changes.
+        dead_ends: dict[int, set[int]] = {}
         for _round in range(MAX_ROUNDS):
             touched: set[int] = set()
             for rule in self.rules:
@@ -268,10 +293,16 @@ class FusionPass:
                            for n in index.candidates(op, d)]
                 anchors.sort(key=lambda n: n.key)
                 matcher = Matcher(index, rule, explain=False)
+                keys = self._keys(rule)
                 for anchor in anchors:
                     if not anchor.alive or (dirty is not None and anchor.uid not in dirty):
                         continue
+                    ends = dead_ends.get(anchor.uid)
+                    if ends is not None and not ends.isdisjoint(keys):
+                        continue
                     res = matcher.match_at(anchor)
+                    if not res.structural and matcher.reached < len(keys):
+                        dead_ends.setdefault(anchor.uid, set()).add(keys[matcher.reached])
                     k = (rule.name, anchor.uid)
                     if res.structural and k not in detected:
                         detected.add(k)
@@ -288,6 +319,7 @@ class FusionPass:
                     skipped.pop(k, None)
                     fused_chains.add((rule.pattern, anchor.uid))
                     fused = self._apply(index, res.match, credit, stats, removed_inputs)
+                    dead_ends.clear()
                     touched.update(self._neighbourhood(index, fused))
             if not touched:
                 break
@@ -320,6 +352,10 @@ class FusionPass:
         stats.saved.finish(model, changed=bool(credit))
         stats.nodes_after = len(graph.node)
         return stats.total_fused
+
+    @staticmethod
+    def _keys(rule: Rule) -> list[int]:
+        return prefix_keys(rule)
 
     @staticmethod
     def _could_match(rule: Rule, index: GraphIndex) -> bool:

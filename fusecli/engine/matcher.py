@@ -277,6 +277,7 @@ class Matcher:
         self._res = res
         self._anchor = anchor
         self._node_fail: dict[int, str] = {}  # graph node uid -> why it fit no rule node
+        self.reached = 0  # the furthest rule node the search tried (FusionPass's prefix skip)
         found = self._search(0, {}, {}, {})
         res.match = found
         return res
@@ -317,6 +318,8 @@ class Matcher:
     # -- search ----------------------------------------------------------------------------
     def _search(self, i, nodes, tensors, captures) -> Match | None:
         specs = self.rule.nodes
+        if i > self.reached:
+            self.reached = i
         if i == len(specs):
             return self._finish(nodes, tensors, captures)
         spec = specs[i]

@@ -189,6 +189,8 @@ class Rule:
     # the rule as the matcher reads it: its file's body with the variant's parameters
     # substituted (``fusecli rules show --expanded``)
     body: dict = field(default_factory=dict, repr=False, compare=False)
+    # FusionPass's prefix keys of the node list, computed once on first use (fusion.prefix_keys)
+    prefix_cache: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
     def anchor(self) -> NodeSpec:
@@ -230,17 +232,22 @@ _ATTR_VALUE_TYPES = {
 
 
 @functools.cache
-def _onnx_attr_types(domain: str) -> dict[str, dict[str, set[str]]]:
-    """op -> attribute -> its types over every version of the op in onnx.defs (ONNX's own
-    domains only; onnxruntime's com.microsoft ops are not described there)."""
+def _onnx_attr_table() -> dict[str, dict[str, dict[str, set[str]]]]:
+    """domain -> op -> attribute -> its types over every version of the op in onnx.defs (ONNX's
+    own domains only; onnxruntime's com.microsoft ops are not described there). One pass over
+    the schemas, the costly part of loading the rules."""
     import onnx.defs
 
-    out: dict[str, dict[str, set[str]]] = {}
+    out: dict[str, dict[str, dict[str, set[str]]]] = {}
     for schema in onnx.defs.get_all_schemas_with_history():
-        if schema.domain == domain:
-            for name, attr in schema.attributes.items():
-                out.setdefault(schema.name, {}).setdefault(name, set()).add(attr.type.name)
+        ops = out.setdefault(schema.domain, {})
+        for name, attr in schema.attributes.items():
+            ops.setdefault(schema.name, {}).setdefault(name, set()).add(attr.type.name)
     return out
+
+
+def _onnx_attr_types(domain: str) -> dict[str, dict[str, set[str]]]:
+    return _onnx_attr_table().get(domain, {})
 
 
 def _short(value) -> str:
