@@ -708,6 +708,8 @@ def _substitute(obj, values: dict, src: str, line, used: set, within: tuple = ()
         return _substitute(values[name], values, src, line, used, within + (name,))
 
     if isinstance(obj, str):
+        if "$" not in obj:
+            return obj
         whole = _WHOLE_PARAM_RE.match(obj)
         if whole:
             return lookup(whole.group(1))
