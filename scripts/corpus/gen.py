@@ -216,8 +216,11 @@ def _torch_ref(model, inputs: dict, target: torch.Tensor, fn=F.mse_loss) -> tupl
 # wrong export never enters the corpus (torch 2.13's joint export of F.cross_entropy: 40.1 on
 # llama_ce_loss; `verify` cannot see it, it compares against the same wrong graph). Every corpus
 # graph meets it (max_abs_grad_err_vs_torch at most 1.3e-4; the two above GRAD_ATOL, ortt_tv_vit
-# and ortt_timm_resnet, reach 0.0016 and 0.015 of their per-tensor limit).
-GRAD_RTOL, GRAD_ATOL = 1e-3, 1e-5
+# and ortt_timm_resnet, reach 0.0016 and 0.015 of their per-tensor limit at 1e-3). The limit is
+# 1e-2 of the tensor's scale: float32 rounding across a deep BatchNorm network reaches 1.3e-3 of
+# it (the bench-size MobileNetV2 of BENCHMARKS (h): 2.9e-4 on a gradient of max 0.215), while a
+# wrong export is off by its own size (the F.cross_entropy one: 40.1 on a scale of 4.45).
+GRAD_RTOL, GRAD_ATOL = 1e-2, 1e-5
 
 
 def _check_vs_torch(name: str, pairs: dict[str, tuple[np.ndarray, np.ndarray]]) -> float:
