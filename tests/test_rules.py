@@ -190,9 +190,24 @@ def _fusions(model, rule=None):
     return fp.stats.fusions if rule is None else [f for f in fp.stats.fusions if f.rule == rule]
 
 
+# (domain, op) of every node a sample has or a rule's replacement can create: a rule one of whose
+# required nodes matches none of them cannot fire on that sample (the search is not run)
+_MADE = {(rep.domain, rep.op) for r in RULES for rep in r.replace.nodes}
+_SAMPLE_OPS = {name: {("" if n.domain == "ai.onnx" else n.domain, n.op_type)
+                      for n in m.graph.node} | _MADE for name, m in SAMPLE_MODELS.items()}
+
+
+def _may_fire(rule, name) -> bool:
+    ops = _SAMPLE_OPS[name]
+    return all(any((d, op) in ops for op in s.ops for d in s.alt(op).domains)
+               for s in rule.nodes if not s.optional)
+
+
 def _first_instance(rule):
     """(sample name, model, FusionRecord) of the rule's first fusion on a shipped sample."""
     for name, model in SAMPLE_MODELS.items():
+        if not _may_fire(rule, name):
+            continue
         recs = _fusions(copy.deepcopy(model), rule.name)
         if recs:
             return name, model, recs[0], len(recs)
