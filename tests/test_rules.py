@@ -27,6 +27,7 @@ from conftest import SAMPLES
 
 from fusecli import FusionPass, load_rules
 from fusecli.engine.explain import explain_model
+from fusecli.engine.fusion import has_required_ops
 from fusecli.engine.rules import var_name
 from test_lce import with_run_time_seed
 
@@ -198,9 +199,7 @@ _SAMPLE_OPS = {name: {("" if n.domain == "ai.onnx" else n.domain, n.op_type)
 
 
 def _may_fire(rule, name) -> bool:
-    ops = _SAMPLE_OPS[name]
-    return all(any((d, op) in ops for op in s.ops for d in s.alt(op).domains)
-               for s in rule.nodes if not s.optional)
+    return has_required_ops(rule, lambda d, op: (d, op) in _SAMPLE_OPS[name])
 
 
 def _first_instance(rule):

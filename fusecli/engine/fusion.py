@@ -25,6 +25,15 @@ from fusecli.engine.shapes import fusion_problem
 MAX_ROUNDS = 16
 
 
+def has_required_ops(rule: Rule, present: Callable[[str, str], bool]) -> bool:
+    """False when a node the rule requires (not optional) has no op of its kind among those
+    ``present(domain, op)`` says a graph has: the search could not bind it. FusionPass asks at
+    each rule's turn (earlier rules create fused ops that later ones match), so that the other
+    family's rules or conv rules on a transformer are not tried at all."""
+    return all(any(present(d, op) for op in spec.ops for d in spec.alt(op).domains)
+               for spec in rule.nodes if not spec.optional)
+
+
 def prefix_keys(rule: Rule) -> list[int]:
     """keys[i] identifies the rule's first i + 1 nodes as the matcher reads them: their text in
     the rule's body (repr of the parsed YAML, the variant's parameters substituted; a
@@ -286,7 +295,7 @@ class FusionPass:
         for _round in range(MAX_ROUNDS):
             touched: set[int] = set()
             for rule in self.rules:
-                if not self._could_match(rule, index):
+                if not has_required_ops(rule, lambda d, op: bool(index.by_op.get((d, op)))):
                     continue
                 spec = rule.anchor
                 anchors = [n for op in spec.ops for d in spec.alt(op).domains
@@ -356,16 +365,6 @@ class FusionPass:
     @staticmethod
     def _keys(rule: Rule) -> list[int]:
         return prefix_keys(rule)
-
-    @staticmethod
-    def _could_match(rule: Rule, index: GraphIndex) -> bool:
-        """False when a node the rule requires (not optional) has no op of its kind in the graph
-        as it is now: the search could not bind it, so the rule is not tried at all (the other
-        family's rules on a graph, a conv rule on a transformer). Read at each rule's turn, since
-        earlier rules create fused ops that later ones match."""
-        by_op = index.by_op
-        return all(any(by_op.get((d, op)) for op in spec.ops for d in spec.alt(op).domains)
-                   for spec in rule.nodes if not spec.optional)
 
     def check_kernel(self, res: MatchResult, index: GraphIndex) -> None:
         """Turn a match into a skip when its fused op has no kernel for the chosen provider, or
