@@ -74,3 +74,78 @@ def test_rules_show_expanded_prints_every_variant(tmp_path):
     assert "${spelling}" not in out and "$chain" not in out
     plain = run_cli("rules", "show", "act_silu_scaled_grad_torch").stdout
     assert "variants:" in plain                     # without --expanded: the file as written
+
+
+# --- the cache of parsed shipped rules (rulefiles: FUSECLI_CACHE_DIR) -------------------------
+
+def _parses(monkeypatch) -> list[str]:
+    """Counts the rule files parsed from here on (their sources)."""
+    seen = []
+    parse = rulefiles.parse_rules
+
+    def counted(text, source, shipped=False):
+        seen.append(source)
+        return parse(text, source, shipped)
+
+    monkeypatch.setattr(rulefiles, "parse_rules", counted)
+    return seen
+
+
+def test_shipped_rules_are_parsed_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSECLI_CACHE_DIR", str(tmp_path / "cache"))
+    parsed = _parses(monkeypatch)
+    first = rulefiles.load_rules()
+    n_files = len(rulefiles._rule_files(rulefiles.DEFAULT_RULES_DIR))
+    assert len(parsed) == n_files
+    assert len(list((tmp_path / "cache").glob("rules-*.pickle"))) == 1
+    again = rulefiles.load_rules()
+    assert len(parsed) == n_files                   # nothing parsed the second time
+    assert again == first and again is not first
+    assert [r.body for r in again] == [r.body for r in first]
+    assert again == rulefiles.load_rules([rulefiles.DEFAULT_RULES_DIR])  # a fresh parse
+
+
+def test_a_changed_rule_file_is_parsed_again(tmp_path, monkeypatch):
+    import shutil
+
+    shipped = tmp_path / "rules"
+    shutil.copytree(rulefiles.DEFAULT_RULES_DIR, shipped)
+    monkeypatch.setattr(rulefiles, "DEFAULT_RULES_DIR", shipped)
+    monkeypatch.setenv("FUSECLI_CACHE_DIR", str(tmp_path / "cache"))
+    before = {r.name: r for r in rulefiles.load_rules()}
+    f = shipped / "act_relu_grad_torch.yaml"
+    f.write_text(f.read_text().replace("order: ", "order: 1", 1))
+    parsed = _parses(monkeypatch)
+    after = {r.name: r for r in rulefiles.load_rules()}
+    assert parsed                                    # a new key: parsed, not read
+    changed = [n for n in after if after[n].order != before[n].order]
+    assert changed and all(after[n].source == str(f) for n in changed)
+    assert len(list((tmp_path / "cache").glob("rules-*.pickle"))) == 1  # the old one went
+
+
+def test_a_corrupt_or_shared_cache_is_not_read(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FUSECLI_CACHE_DIR", str(cache))
+    want = rulefiles.load_rules()
+    (path,) = cache.glob("rules-*.pickle")
+    path.write_bytes(b"not a pickle")
+    parsed = _parses(monkeypatch)
+    assert rulefiles.load_rules() == want and parsed  # parsed again (and stored again)
+    parsed.clear()
+    cache.chmod(0o777)                                # others could have written it
+    assert rulefiles.load_rules() == want and parsed
+
+
+def test_an_empty_cache_dir_turns_the_cache_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSECLI_CACHE_DIR", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert rulefiles.load_rules()
+    assert not list(tmp_path.rglob("*.pickle"))
+
+
+def test_an_unwritable_cache_dir_is_no_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("FUSECLI_CACHE_DIR", str(blocker / "cache"))  # under a plain file
+    assert rulefiles.load_rules() == rulefiles.load_rules([rulefiles.DEFAULT_RULES_DIR])

@@ -6,11 +6,11 @@ match into one fused node (in the index) -> write the node list back -> drop wha
 
 from __future__ import annotations
 
+import functools
 import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 from onnx import helper
 
@@ -196,14 +196,20 @@ def tensor_bytes(index: GraphIndex, name: str) -> int | None:
     t = tp.tensor_type
     if not t.elem_type or not t.HasField("shape"):
         return None
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
-    if any(d is None for d in dims):
-        return None
+    size = _itemsize(t.elem_type)
+    for d in t.shape.dim:
+        if not d.HasField("dim_value") or size is None:
+            return None
+        size *= d.dim_value
+    return size
+
+
+@functools.cache
+def _itemsize(elem: int) -> int | None:
     try:
-        size = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
+        return onnx.helper.tensor_dtype_to_np_dtype(elem).itemsize
     except (KeyError, TypeError):
         return None
-    return int(np.prod(dims, dtype=np.int64)) * size
 
 
 _TYPE_NAMES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}
@@ -470,9 +476,10 @@ class FusionPass:
                     stats.bytes_eliminated = None
                     break
                 stats.bytes_eliminated += b
-        applied = sum(r.fused for r in stats.rules.values())
-        if self.progress is not None and applied % 100 == 0:
-            self.progress(f"{applied} fusions")
+        if self.progress is not None:
+            applied = sum(r.fused for r in stats.rules.values())
+            if applied % 100 == 0:
+                self.progress(f"{applied} fusions")
         return fused
 
     @staticmethod
@@ -483,7 +490,7 @@ class FusionPass:
         index.restore_bypassed(index.alive_nodes(),
                                renamable=lambda n: n.domain == FUSED_DOMAIN)
         for n in index.bypassed:
-            removed_inputs.update(t for t in n.proto.input if t)
+            removed_inputs.update(t for t in n.proto_inputs if t)
         # Nodes that computed a constant (a Constant node or a constant subgraph) whose only
         # consumers were fused away are dead now, and so, in turn, are their constant inputs.
         work = sorted(removed_inputs)
@@ -492,13 +499,13 @@ class FusionPass:
             if (p is None or not p.alive or p.domain != "" or p.implicit
                     or any(index.consumers.get(o) or o in index.graph_outputs
                            for o in p.outputs if o)
-                    or any(index.const_value(o) is None for o in p.outputs if o)):
+                    or not all(index.is_constant(o) for o in p.outputs if o)):
                 continue
             index.remove_node(p)
             work.extend(t for t in p.inputs if t)
             removed_inputs.update(t for t in p.inputs if t)
         alive = index.alive_nodes()
-        used = {t for n in alive for t in (*n.proto.input, *n.implicit) if t} | index.graph_outputs
+        used = {t for n in alive for t in (*n.proto_inputs, *n.implicit) if t} | index.graph_outputs
         produced = {t for n in alive for t in n.outputs if t}
         del graph.node[:]
         graph.node.extend(n.proto for n in alive)

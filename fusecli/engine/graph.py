@@ -32,15 +32,17 @@ _MOVES_ELEMENTS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Ca
 
 
 class GNode:
-    __slots__ = ("uid", "proto", "op", "domain", "inputs", "outputs", "key", "alive", "_attrs",
-                 "implicit", "has_subgraphs")
+    __slots__ = ("uid", "proto", "op", "domain", "inputs", "proto_inputs", "outputs", "key",
+                 "alive", "_attrs", "implicit", "has_subgraphs")
 
     def __init__(self, uid: int, proto: onnx.NodeProto, key: float):
         self.uid = uid
         self.proto = proto
         self.op = proto.op_type
         self.domain = "" if proto.domain in ("", "ai.onnx") else proto.domain
-        self.inputs = list(proto.input)
+        # proto_inputs: what the proto reads (the index never edits a proto's inputs);
+        # inputs: the dataflow the rules see, which bypass_passthrough rewrites (a new list)
+        self.inputs = self.proto_inputs = list(proto.input)
         self.outputs = list(proto.output)
         self.key = key
         self.alive = True
@@ -105,6 +107,7 @@ class GraphIndex:
         self.tensor_names: set[str] = set()  # given out by unique_tensor_name
         self._all_names: set[str] | None = None
         self._const_cache: dict[str, np.ndarray | None] = {}
+        self._is_const: dict[str, bool | None] = {}
         self._types: dict[str, onnx.TypeProto] | None = None
         self._shapes = None
         self.bypassed: list[GNode] = []  # pass-through nodes taken out of the index
@@ -222,7 +225,7 @@ class GraphIndex:
             return []
         first_reader: dict[str, float] = {}  # tensor -> upper bound of its first reader's key
         for n in alive:
-            for t in n.proto.input:
+            for t in n.proto_inputs:
                 if t and first_reader.get(t, math.inf) > n.key:
                     first_reader[t] = n.key
         back, bound = [], {}
@@ -232,20 +235,20 @@ class GraphIndex:
                 continue
             back.append(node)
             bound[node.uid] = hi
-            for t in node.proto.input:
+            for t in node.proto_inputs:
                 if t and first_reader.get(t, math.inf) > hi:
                     first_reader[t] = hi
         back.reverse()  # graph order: a put-back node's producer is placed before it
         reads: dict[str, int] = {}
         for n in alive:
-            for t in (*n.proto.input, *n.implicit):
+            for t in (*n.proto_inputs, *n.implicit):
                 reads[t] = reads.get(t, 0) + 1
         for n in back:
-            for t in n.proto.input:
+            for t in n.proto_inputs:
                 reads[t] = reads.get(t, 0) + 1
         kept = []
         for node in back:
-            src, out = node.proto.input[0], node.outputs[0]
+            src, out = node.proto_inputs[0], node.outputs[0]
             p = self.producer.get(src)
             if (p is not None and p.alive and renamable(p) and reads.get(src) == 1
                     and src not in self.graph_outputs):
@@ -258,13 +261,13 @@ class GraphIndex:
             kept.append(node)
         back = kept
         for node in back:
-            lo = max((p.key for t in node.proto.input if t and (p := self.producer.get(t))),
+            lo = max((p.key for t in node.proto_inputs if t and (p := self.producer.get(t))),
                      default=-math.inf)
             hi = bound[node.uid]
             if not lo < node.key < hi:
                 node.key = (lo + hi) / 2.0 if hi != math.inf else lo + 0.5
             node.alive = True
-            node.inputs = list(node.proto.input)
+            node.inputs = node.proto_inputs
             for t in node.inputs:
                 if t:
                     self.consumers[t].append(node)
@@ -318,6 +321,37 @@ class GraphIndex:
             return None
 
         return memoised(name, cache, step)
+
+    def is_constant(self, name: str) -> bool:
+        """Whether ``name`` is computed only from constants (initializers, Constant nodes) by
+        foldable standard ops, as const_value sees it, without computing any value (a dead
+        constant subgraph is found without evaluating it). Shape, Size and Gather, constant
+        only where the dims they read are static, ask const_value."""
+        cache = self._is_const
+
+        def step(t):
+            if t in self.initializers:
+                cache[t] = t not in self.graph_inputs
+                return None
+            prod = self.producer.get(t)
+            if prod is None or prod.domain != "" or prod.op not in constfold.FOLDABLE:
+                cache[t] = False
+                return None
+            if prod.op in ("Shape", "Size", "Gather"):
+                cache[t] = self.const_value(t) is not None
+                return None
+            skip = constfold.NO_VALUE_INPUTS.get(prod.op, ())
+            for i, x in enumerate(prod.inputs):
+                if x and i not in skip:
+                    if x not in cache:
+                        return x
+                    if not cache[x]:
+                        cache[t] = False
+                        return None
+            cache[t] = True
+            return None
+
+        return bool(memoised(name, cache, step))
 
     def broadcast_scalar(self, name: str) -> np.ndarray | None:
         """The one number that ``name`` holds everywhere when it is a broadcast of a constant

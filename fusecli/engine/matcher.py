@@ -7,6 +7,7 @@ that failed; a failed check never raises.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -72,9 +73,12 @@ class MatchResult:
     node_failures: dict[str, Failure] = field(default_factory=dict)
 
 
-def _schema_default(node: GNode, attr: str):
+@functools.cache
+def _op_default(op: str, domain: str, attr: str):
+    """An attribute's default in the op's latest schema (None: no default, unknown op); one
+    schema lookup (~0.2 ms) per op and attribute."""
     try:
-        schema = defs.get_schema(node.op, max_inclusive_version=10**6, domain=node.domain)
+        schema = defs.get_schema(op, max_inclusive_version=10**6, domain=domain)
     except Exception:  # noqa: BLE001 - unknown op/domain: no default known
         return None
     a = schema.attributes.get(attr)
@@ -116,7 +120,7 @@ def check_attr(node: GNode, name: str, c: AttrConstraint) -> tuple[bool, object,
             return False, None, f"attribute {name} is absent (= {c.absent_or!r}), rule wants " \
                 f"any value but {c.not_!r}"
         return True, c.absent_or, ""
-    effective = value if present else _schema_default(node, name)
+    effective = value if present else _op_default(node.op, node.domain, name)
     shown = _norm(effective) if present else f"absent (default {_norm(effective)!r})"
     if c.has_equals or c.has_absent_or:
         want = c.equals if c.has_equals else c.absent_or
@@ -257,6 +261,57 @@ def replacement_ports(m: Match, rep=None) -> tuple[list[str], list[str]]:
     return ins, outs
 
 
+class _Deps:
+    """What the backjumping search (Matcher._search) needs to know of a rule, as bit masks of
+    rule nodes (bit i: node i). A failure at node i depends on the nodes that gave its
+    variables their values, and on those that could have given them other values: every
+    earlier node that names the variable (a node that names it and was bound would have bound
+    it first, so such nodes were absent), through absent pass-through nodes, which make their
+    output their input."""
+
+    def __init__(self, rule: Rule):
+        specs = rule.nodes
+        reach: dict[str, int] = {}
+        for i, s in enumerate(specs):
+            for t in (*s.inputs, *s.outputs):
+                if t != "_":
+                    reach[var_name(t)] = reach.get(var_name(t), 0) | 1 << i
+        links = [(var_name(s.inputs[0]), var_name(s.outputs[0])) for s in specs
+                 if s.optional == "passthrough" and s.inputs and s.outputs]
+        changed = True
+        while changed:
+            changed = False
+            for a, b in links:
+                both = reach.get(a, 0) | reach.get(b, 0)
+                if reach.get(a) != both or reach.get(b) != both:
+                    reach[a] = reach[b] = both
+                    changed = True
+        # per node i: variable -> the earlier nodes that could have bound it
+        self.before: list[dict[str, int]] = []
+        for i, s in enumerate(specs):
+            names = {var_name(t) for t in (*s.inputs, *s.outputs) if t != "_"}
+            for v in list(names):
+                ts = rule.tensors.get(v)
+                if ts is not None and ts.kind == "index_range":
+                    names.update(r for r in (ts.start, ts.count) if isinstance(r, str))
+            self.before.append({v: reach.get(v, 0) & ((1 << i) - 1) for v in names})
+        self.everything = (1 << len(specs)) - 1
+
+    def of(self, i: int, bits: dict[str, int]) -> int:
+        """The nodes < i whose bindings decide what node i finds (its candidates, dataflow and
+        constant checks), given ``bits``: variable -> the nodes its value depends on."""
+        dep = 0
+        for v, before in self.before[i].items():
+            b = bits.get(v)
+            dep |= before if b is None else b
+        return dep
+
+    def bound(self, i: int, v: str) -> int:
+        """The nodes a variable that node i binds depends on: node i and those before it that
+        could have bound it instead."""
+        return 1 << i | self.before[i].get(v, 0)
+
+
 class Matcher:
     """Matches one rule against a GraphIndex."""
 
@@ -265,6 +320,11 @@ class Matcher:
         self.g = index
         self.rule = rule
         self._roles = {s.id: s.role for s in rule.nodes if s.role and not s.optional}
+        self._level = {s.id: i for i, s in enumerate(rule.nodes)}
+        # per rule node: (token, variable) of its listed inputs and outputs ("_": any tensor)
+        self._ports = [(tuple((t, var_name(t)) for t in s.inputs),
+                        tuple((t, var_name(t)) for t in s.outputs)) for s in rule.nodes]
+        self._deps = _Deps(rule)
         # False (FusionPass): a node of the wrong op type is not recorded as a failure (only
         # explain reads those: MatchResult.deepest / node_failures); the match is the same
         self.explain = explain
@@ -278,7 +338,7 @@ class Matcher:
         self._anchor = anchor
         self._node_fail: dict[int, str] = {}  # graph node uid -> why it fit no rule node
         self.reached = 0  # the furthest rule node the search tried (FusionPass's prefix skip)
-        found = self._search(0, {}, {}, {})
+        found, _ = self._search(0, {}, {}, {}, {})
         res.match = found
         return res
 
@@ -316,45 +376,68 @@ class Matcher:
         return f.depth, self._SPECIFIC.get(f.reason, 0), int(f.spec in self._roles)
 
     # -- search ----------------------------------------------------------------------------
-    def _search(self, i, nodes, tensors, captures) -> Match | None:
+    def _search(self, i, nodes, tensors, captures, bits) -> tuple[Match | None, int]:
+        """The first match that extends the bindings of rule nodes 0..i-1 (``bits``: each bound
+        variable -> the nodes its value depends on, _Deps), and on failure its conflict: a bit
+        mask of the rule nodes < i whose bindings the failure depends on. When a subtree fails
+        without depending on node i, no other binding of node i (another candidate, or absent)
+        can do better: the search returns at once to the latest node the failure depends on
+        (conflict-directed backjumping; the explain search, which records every failure, tries
+        them all)."""
         specs = self.rule.nodes
         if i > self.reached:
             self.reached = i
         if i == len(specs):
-            return self._finish(nodes, tensors, captures)
+            return self._finish(nodes, tensors, captures), self._deps.everything
         spec = specs[i]
+        bit = 1 << i
+        conflict = self._deps.of(i, bits)
         cands = self._candidates(i, spec, tensors)
         if cands is None:  # optional node whose neighbours are all absent
-            return self._absent(i, spec, nodes, tensors, captures)
+            m, c = self._absent(i, spec, nodes, tensors, captures, bits)
+            return m, conflict | (c & ~bit)
+        jump = not self.explain
+        extra = [0]  # bindings of other nodes that refused a candidate (_bind)
         for node in cands:
-            for binding in self._bind(i, spec, node, nodes, tensors, captures):
-                nt, nc = binding
+            for nt, nc in self._bind(i, spec, node, nodes, tensors, captures, extra):
                 nodes2 = dict(nodes)
                 nodes2[spec.id] = node
-                m = self._search(i + 1, nodes2, nt, nc)
+                nb = dict(bits)
+                for v, before in self._deps.before[i].items():
+                    if v not in tensors and v in nt:  # bound here
+                        nb[v] = bit | before
+                m, c = self._search(i + 1, nodes2, nt, nc, nb)
                 if m is not None:
-                    return m
+                    return m, 0
+                if jump and not c & bit:
+                    return None, c
+                conflict |= c
+        conflict = (conflict | extra[0]) & ~bit
         if spec.optional:
-            return self._absent(i, spec, nodes, tensors, captures)
+            m, c = self._absent(i, spec, nodes, tensors, captures, bits)
+            return m, conflict | (c & ~bit)
         # no candidate, or only nodes the match already took (the dK MatMul of an attention
         # whose dK is not computed: dS's only MatMul reader is dQ's)
         if self.explain and all(any(n is m for m in nodes.values()) for n in cands):
             self._fail(len(nodes), nodes, spec.id, "no_candidate",
                        self._no_candidate_detail(spec, tensors, nodes))
-        return None
+        return None, conflict
 
-    def _absent(self, i, spec, nodes, tensors, captures):
+    def _absent(self, i, spec, nodes, tensors, captures, bits) -> tuple[Match | None, int]:
         t2 = dict(tensors)
         if spec.optional == "passthrough":
             src = var_name(spec.inputs[0])
             dst = var_name(spec.outputs[0])
             if src in t2:
                 if dst in t2 and t2[dst] != t2[src]:
-                    return None
-                t2[dst] = t2[src]
+                    return None, self._deps.of(i, bits)
+                if dst not in t2:
+                    t2[dst] = t2[src]
+                    bits = {**bits, dst: bits[src] | self._deps.bound(i, dst)}
             elif dst in t2:
                 t2[src] = t2[dst]
-        return self._search(i + 1, nodes, t2, captures)
+                bits = {**bits, src: bits[dst] | self._deps.bound(i, src)}
+        return self._search(i + 1, nodes, t2, captures, bits)
 
     def _no_candidate_detail(self, spec: NodeSpec, tensors, nodes=None) -> str:
         ops = "|".join(spec.ops)
@@ -383,8 +466,8 @@ class Matcher:
         # value may stand in its place: its consumers are candidates only when no run-time
         # tensor is bound (a raw export writes one Constant subgraph per use)
         best, best_const = None, None
-        for t in spec.inputs:
-            v = var_name(t)
+        ins, outs = self._ports[i]
+        for t, v in ins:
             if t != "_" and tensors.get(v):
                 cons = self.g.consumers.get(tensors[v], [])
                 if self.g.const_value(tensors[v]) is not None:
@@ -394,8 +477,7 @@ class Matcher:
                     best = cons
         if best is None:
             best = best_const
-        for t in spec.outputs:
-            v = var_name(t)
+        for t, v in outs:
             if t != "_" and tensors.get(v):
                 p = self.g.producer.get(tensors[v])
                 return [p] if p is not None and p.alive else []
@@ -411,7 +493,11 @@ class Matcher:
                 out.append(n)
         return out
 
-    def _bind(self, i, spec: NodeSpec, node: GNode, nodes, tensors, captures):
+    def _bind(self, i, spec: NodeSpec, node: GNode, nodes, tensors, captures, extra):
+        """Every way ``node`` binds rule node i (commutative inputs: both orders). ``extra[0]``
+        gains the rule nodes whose bindings refused it beyond those _Deps.of names: the
+        node that already took it, every earlier node when a constant enters through an
+        earlier node's value function."""
         depth = len(nodes)
         if node.op not in spec.ops:
             if self.explain:
@@ -426,8 +512,10 @@ class Matcher:
                        f"node {node.name} is in domain '{node.domain or 'ai.onnx'}', rule wants "
                        f"{[d or 'ai.onnx' for d in domains]}", node)
             return
-        if any(n is node for n in nodes.values()):
-            return
+        for k, n in nodes.items():
+            if n is node:
+                extra[0] |= 1 << self._level[k]
+                return
         caps = dict(captures)
         for var, fn in alt.value.items():
             caps[VALUE_KEY + var] = fn
@@ -462,9 +550,11 @@ class Matcher:
                 continue
             seen.add(ins)
             t2 = dict(tensors)
-            ok = self._bind_ports(depth, nodes, spec, node, spec.inputs, ins, t2, "input", caps)
-            ok = ok and self._bind_ports(depth, nodes, spec, node, spec.outputs, outs, t2, "output",
-                                         caps)
+            ports_in, ports_out = self._ports[i]
+            ok = self._bind_ports(depth, nodes, spec, node, ports_in, ins, t2, "input", caps,
+                                  alt.value, extra, i)
+            ok = ok and self._bind_ports(depth, nodes, spec, node, ports_out, outs, t2, "output",
+                                         caps, alt.value, extra, i)
             if ok:
                 yield t2, caps
 
@@ -479,11 +569,13 @@ class Matcher:
         va, vb = np.asarray(va), np.asarray(vb)
         return va.dtype == vb.dtype and va.shape == vb.shape and np.array_equal(va, vb)
 
-    def _bind_ports(self, depth, nodes, spec, node, tokens, actual, t2, kind, caps) -> bool:
-        for pos, (tok, name) in enumerate(zip(tokens, actual)):
+    def _bind_ports(self, depth, nodes, spec, node, ports, actual, t2, kind, caps,
+                    own=(), extra=None, i=0) -> bool:
+        """Binds the rule node's ports ((token, variable) each, Matcher._ports) to the node's
+        tensor names ``actual``, into t2; False (and the failure recorded) when one refuses."""
+        for pos, ((tok, v), name) in enumerate(zip(ports, actual)):
             if tok == "_":
                 continue
-            v = var_name(tok)
             if name == "" and not tok.endswith("*"):
                 self._fail(depth, nodes, spec.id, kind + "s",
                            f"node {node.name} has no {kind} {pos} (rule: {tok})", node)
@@ -497,11 +589,15 @@ class Matcher:
                 continue
             ts = self.rule.tensors.get(v)
             if ts is not None and name:
-                data_shape = self.g.shape(actual[0]) if kind == "input" and pos else None
                 value = self.g.const_value(name)
                 if value is None:  # a constant broadcast to a run-time (symbolic) shape
                     value = self.g.broadcast_scalar(name)
+                # the shape of the data a constant input describes (a Reshape's input)
+                data_shape = (self.g.shape(actual[0])
+                              if kind == "input" and pos and value is not None else None)
                 fn = caps.get(VALUE_KEY + v)
+                if fn is not None and v not in own and extra is not None:
+                    extra[0] |= (1 << i) - 1  # set by an earlier node's op alternative
                 if value is not None and fn is not None and fn != "identity":
                     value = CONST_FUNCS[fn](compact(np.asarray(value)).astype(np.float64))
                 if ts.kind == "index_range":

@@ -48,6 +48,19 @@ def _types(graph: onnx.GraphProto, names) -> dict[str, onnx.TypeProto]:
             if v.name in names and v.type.HasField("tensor_type")}
 
 
+def _constant_types(graph: onnx.GraphProto, names) -> dict[str, onnx.TypeProto]:
+    """Types of those of `names` that Constant nodes with a tensor ``value`` write (a raw
+    export saves its Constants' outputs for the backward and records no type for them)."""
+    out = {}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.output and n.output[0] in names:
+            attr = next((a for a in n.attribute if a.name == "value" and a.HasField("t")), None)
+            if attr is not None:
+                out[n.output[0]] = helper.make_tensor_type_proto(attr.t.data_type,
+                                                                 list(attr.t.dims))
+    return out
+
+
 def _inferred(model: onnx.ModelProto, names) -> dict[str, onnx.TypeProto]:
     """Types of `names` by onnx shape inference on a copy of the graph without initializer
     data (initializers become typed inputs), for graphs that do not record them (ort-training
@@ -66,6 +79,19 @@ def _inferred(model: onnx.ModelProto, names) -> dict[str, onnx.TypeProto]:
     except Exception:  # noqa: BLE001 - inference is best effort; unknown stays unknown
         return {}
     return _types(m.graph, set(names))
+
+
+def _missing_types(model: onnx.ModelProto, names, types) -> dict[str, onnx.TypeProto]:
+    """Types of those of `names` whose size `types` does not give: a Constant's value, else
+    onnx shape inference over the whole graph (only when some are still missing)."""
+    missing = {n for n in names if tensor_size(types.get(n)) is None}
+    if not missing:
+        return {}
+    found = _constant_types(model.graph, missing)
+    missing -= found.keys()
+    if missing:
+        found.update(_inferred(model, missing))
+    return found
 
 
 def tensor_size(tp: onnx.TypeProto | None) -> Size | None:
@@ -128,9 +154,7 @@ class SavedDiff:
         before = model.graph
         self.before = saved_activations(before, io)
         self._types_before = _types(before, self.before)
-        missing = [n for n in self.before if tensor_size(self._types_before.get(n)) is None]
-        if missing:
-            self._types_before.update(_inferred(model, missing))
+        self._types_before.update(_missing_types(model, self.before, self._types_before))
         self.removed: list[str] = []
         self.added: list[str] = []
         self.removed_size: Size = {}
@@ -148,9 +172,7 @@ class SavedDiff:
         self.added = sorted(now - self.before)
         self.removed_size, self.removed_unsized = split_total(self.removed, self._types_before)
         types = _types(after, set(self.added))
-        missing = [n for n in self.added if tensor_size(types.get(n)) is None]
-        if missing:
-            types.update(_inferred(model, missing))
+        types.update(_missing_types(model, self.added, types))
         self.added_size, self.added_unsized = split_total(self.added, types)
 
     @staticmethod
