@@ -285,7 +285,8 @@ class FusionPass:
         graph = model.graph
         stats.nodes_before = len(graph.node)
         index = GraphIndex(graph)
-        stats.saved = SavedDiff(model, [(n.inputs, n.outputs) for n in index.nodes])
+        stats.saved = SavedDiff(model, [(n.inputs, n.outputs) for n in index.nodes],
+                                index.type_of)
         index.bypass_passthrough()
         credit: dict[int, FusionRecord] = {}  # fused node uid -> its record (absorbed: popped)
         detected: set[tuple[str, int]] = set()
@@ -363,8 +364,8 @@ class FusionPass:
         for rec in stats.fusions:
             stats.patterns[rec.pattern].fused += 1
         if credit:
-            self._write_back(model, index, removed_inputs)
-        stats.saved.finish(model, changed=bool(credit))
+            alive = self._write_back(model, index, removed_inputs)
+            stats.saved.finish(model, io=[(n.proto_inputs, n.outputs) for n in alive])
         stats.nodes_after = len(graph.node)
         return stats.total_fused
 
@@ -483,7 +484,9 @@ class FusionPass:
         return fused
 
     @staticmethod
-    def _write_back(model: onnx.ModelProto, index: GraphIndex, removed_inputs: set[str]) -> None:
+    def _write_back(model: onnx.ModelProto, index: GraphIndex, removed_inputs: set[str]
+                    ) -> list[GNode]:
+        """Writes the index's nodes back into the model; returns them, in graph order."""
         graph = model.graph
         # pass-through nodes (bypassed in the index) that the result still reads come back;
         # the others go, and their inputs may be dead constants now
@@ -534,3 +537,4 @@ class FusionPass:
         contracts = load_contracts()
         if not any(o.domain == FUSED_DOMAIN for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, contracts.version))
+        return alive

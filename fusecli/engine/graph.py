@@ -297,6 +297,8 @@ class GraphIndex:
         not computed (None).
         """
         cache = self._const_cache
+        if name in cache:  # (the common case, without memoised's set-up)
+            return cache[name]
 
         def step(t):
             if t in self.initializers and t not in self.graph_inputs:
@@ -328,6 +330,8 @@ class GraphIndex:
         constant subgraph is found without evaluating it). Shape, Size and Gather, constant
         only where the dims they read are static, ask const_value."""
         cache = self._is_const
+        if name in cache:
+            return bool(cache[name])
 
         def step(t):
             if t in self.initializers:

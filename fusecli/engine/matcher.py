@@ -96,6 +96,8 @@ def _norm(v):
 
 
 def _values_equal(a, b) -> bool:
+    if type(a) is type(b) and a == b:  # the common case: nothing to normalise
+        return True
     a, b = _norm(a), _norm(b)
     if isinstance(a, list) or isinstance(b, list):
         if not (isinstance(a, list) and isinstance(b, list)) or len(a) != len(b):
@@ -110,56 +112,71 @@ def _values_equal(a, b) -> bool:
 
 
 def check_attr(node: GNode, name: str, c: AttrConstraint) -> tuple[bool, object, str]:
-    """Returns (ok, effective value, failure detail)."""
+    """Returns (ok, effective value, failure detail); the failure detail is only written when
+    the check fails."""
     present = name in node.attrs
     value = node.attrs.get(name)
     if c.absent:
-        return (not present, None, f"attribute {name} must be absent, found {_norm(value)!r}")
+        if not present:
+            return True, None, ""
+        return False, None, f"attribute {name} must be absent, found {_norm(value)!r}"
     if not present and c.has_absent_or:
         if c.has_not and _values_equal(c.absent_or, c.not_):
             return False, None, f"attribute {name} is absent (= {c.absent_or!r}), rule wants " \
                 f"any value but {c.not_!r}"
         return True, c.absent_or, ""
     effective = value if present else _op_default(node.op, node.domain, name)
-    shown = _norm(effective) if present else f"absent (default {_norm(effective)!r})"
+
+    def shown():
+        return _norm(effective) if present else f"absent (default {_norm(effective)!r})"
+
     if c.has_equals or c.has_absent_or:
         want = c.equals if c.has_equals else c.absent_or
         if effective is None or not _values_equal(effective, want):
-            return False, None, f"attribute {name} = {shown}, rule wants {want!r}"
+            return False, None, f"attribute {name} = {shown()}, rule wants {want!r}"
     if c.one_of is not None:
         if effective is None or not any(_values_equal(effective, w) for w in c.one_of):
-            return False, None, f"attribute {name} = {shown}, rule wants one of {list(c.one_of)}"
+            return False, None, (f"attribute {name} = {shown()}, rule wants one of "
+                                 f"{list(c.one_of)}")
     if c.has_not and (effective is None or _values_equal(effective, c.not_)):
-        return False, None, f"attribute {name} = {shown}, rule wants any value but {c.not_!r}"
+        return False, None, f"attribute {name} = {shown()}, rule wants any value but {c.not_!r}"
     if c.capture and effective is None:
         return False, None, f"attribute {name} is absent and has no default to capture"
-    return True, _norm(effective), ""
+    return True, _norm(effective) if c.capture else effective, ""
 
 
 def _kind_matches(arr: np.ndarray, kind: str, data_shape=None) -> tuple[bool, str]:
-    flat = arr.reshape(-1)
-    ints = arr.dtype.kind in "iu"
-    shown = f"is {flat[:6].tolist()}{'...' if flat.size > 6 else ''}"
     if kind in ("constant", "shape"):
         return True, ""
+    ok, want = _kind_check(arr, kind, data_shape)
+    if ok:
+        return True, ""
+    flat = arr.reshape(-1)
+    return False, f"is {flat[:6].tolist()}{'...' if flat.size > 6 else ''}, rule wants {want}"
+
+
+def _kind_check(arr: np.ndarray, kind: str, data_shape) -> tuple[bool, str]:
+    """(whether ``arr`` is of the tensor kind, what the kind wants, for the failure detail)."""
+    flat = arr.reshape(-1)
+    ints = arr.dtype.kind in "iu"
     if kind == "scalar":
-        return arr.size == 1 and arr.dtype.kind in "iuf", f"{shown}, rule wants a scalar number"
+        return arr.size == 1 and arr.dtype.kind in "iuf", "a scalar number"
     if kind == "leading_axes":
         ok = ints and arr.ndim == 1 and flat.size >= 1 and sorted(flat.tolist()) == list(
             range(flat.size))
         if ok and data_shape is not None:
             ok = len(data_shape) == flat.size + 1
-        return ok, (f"{shown}, rule wants every axis but the last [0, ..., k-1]"
+        return ok, (f"every axis but the last [0, ..., k-1]"
                     f"{f' of a rank-{len(data_shape)} tensor' if data_shape else ''}")
     if kind == "last_axis":
         ok = ints and flat.size == 1 and (int(flat[0]) == -1 or (
             data_shape is not None and int(flat[0]) == len(data_shape) - 1))
-        return ok, f"{shown}, rule wants the last axis (-1, or rank-1 of a known shape)"
+        return ok, "the last axis (-1, or rank-1 of a known shape)"
     if kind == "last_dim_index":  # Gather's index into a Shape vector [n]: the last dim
         n = data_shape[0] if data_shape is not None and len(data_shape) == 1 else None
         ok = ints and flat.size == 1 and arr.ndim <= 1 and (
             int(flat[0]) == -1 or (isinstance(n, int) and int(flat[0]) == n - 1))
-        return ok, (f"{shown}, rule wants the index of the last entry of a shape vector (-1, "
+        return ok, ("the index of the last entry of a shape vector (-1, "
                     "or n-1 of a recorded length n)")
     if kind == "flatten_2d":
         ok = ints and arr.ndim == 1 and flat.size == 2 and flat[1] > 0 and flat[0] != 0
@@ -169,22 +186,22 @@ def _kind_matches(arr: np.ndarray, kind: str, data_shape=None) -> tuple[bool, st
                 None not in lead and int(np.prod(lead, dtype=np.int64)) == flat[0]))
         elif ok:
             ok = flat[0] == -1  # unknown input shape: only [-1, n] is surely a flatten
-        return ok, f"{shown}, rule wants a shape that flattens the leading dims: [-1 or M, n]"
+        return ok, "a shape that flattens the leading dims: [-1 or M, n]"
     if kind == "large_negative":
         ok = arr.size == 1 and arr.dtype.kind == "f" and float(flat[0]) <= -1e4
-        return ok, f"{shown}, rule wants a mask fill value <= -1e4 (or -inf)"
+        return ok, "a mask fill value <= -1e4 (or -inf)"
     if kind == "vector_shape":
         ok = ints and arr.ndim == 1 and flat.size == 1 and flat[0] > 0
-        return ok, f"{shown}, rule wants a 1-D shape [n]"
+        return ok, "a 1-D shape [n]"
     if kind == "pairs_shape":
         ok = (ints and arr.ndim == 1 and flat.size >= 2 and int(flat[-1]) == 2
               and data_shape is not None and bool(data_shape)
               and data_shape[-1] is not None and int(flat[-2]) * 2 == data_shape[-1])
-        return ok, (f"{shown}, rule wants a Reshape target [..., n/2, 2] splitting the last dim n "
+        return ok, ("a Reshape target [..., n/2, 2] splitting the last dim n "
                     "of its input (of recorded shape) into pairs")
     if kind == "halves":
         ok = ints and arr.ndim == 1 and flat.size == 2 and flat[0] > 0 and flat[0] == flat[1]
-        return ok, f"{shown}, rule wants split sizes [h, h] (two equal halves)"
+        return ok, "split sizes [h, h] (two equal halves)"
     return False, f"unknown kind {kind}"
 
 
@@ -211,8 +228,10 @@ def const_matches(value: np.ndarray | None, want, tol: float, kind: str | None =
         arr = value.astype(np.float64) if value.size == target.size else compact(value)
         ok = arr.size == target.size and bool(
             np.all(np.abs(arr.reshape(-1) - target.reshape(-1)) <= tol + tol * np.abs(target)))
+    if ok:
+        return True, ""
     shown = arr.reshape(-1)[:4].tolist()
-    return ok, f"has value {shown}{'...' if arr.size > 4 else ''}, rule wants {want}"
+    return False, f"has value {shown}{'...' if arr.size > 4 else ''}, rule wants {want}"
 
 
 def _const_attr(index: GraphIndex, m: Match, var: str, fn: str, default):
@@ -336,7 +355,8 @@ class Matcher:
         res = MatchResult()
         self._res = res
         self._anchor = anchor
-        self._node_fail: dict[int, str] = {}  # graph node uid -> why it fit no rule node
+        # graph node uid -> (rule node, why it fit none: text or a function that writes it)
+        self._node_fail: dict[int, tuple] = {}
         self.reached = 0  # the furthest rule node the search tried (FusionPass's prefix skip)
         found, _ = self._search(0, {}, {}, {}, {})
         res.match = found
@@ -348,27 +368,37 @@ class Matcher:
                  "dataflow": 3, "attribute": 4, "constant": 4}
 
     def _fail(self, depth, nodes, spec, reason, detail, node: GNode | None = None):
-        # a required rule node with a role names the missing piece of the chain ("no weight
-        # gradient (dW) branch: ..."): a gradient the graph does not compute, or whose nodes
-        # are spelled otherwise
-        role = self._roles.get(spec)
-        if role:
-            detail = f"no {role} branch: {detail}"
+        """Records a failure; ``detail`` is the text, or a function that writes it (the pass
+        writes it only if a guard message asks for it: _why)."""
         if not self.explain:  # the pass reads only why a node fit no rule node (guard messages)
             if node is not None and reason != "op_type":
-                self._node_fail[node.uid] = f"rule node '{spec}': {detail}"
+                self._node_fail[node.uid] = (spec, detail)
             return
+        raw, detail = detail, self._detail(spec, detail)
         f = Failure(depth, {k: n.name for k, n in nodes.items()}, spec, reason, detail,
                     node.name if node is not None else None)
         if node is not None:
             if reason != "op_type":
-                self._node_fail[node.uid] = f"rule node '{spec}': {detail}"
+                self._node_fail[node.uid] = (spec, raw)
             prev = self._res.node_failures.get(node.name)
             if prev is None or self._rank(f) > self._rank(prev):
                 self._res.node_failures[node.name] = f
         d = self._res.deepest
         if d is None or self._rank(f) > self._rank(d):
             self._res.deepest = f
+
+    def _detail(self, spec, detail) -> str:
+        # a required rule node with a role names the missing piece of the chain ("no weight
+        # gradient (dW) branch: ..."): a gradient the graph does not compute, or whose nodes
+        # are spelled otherwise
+        detail = detail() if callable(detail) else detail
+        role = self._roles.get(spec)
+        return f"no {role} branch: {detail}" if role else detail
+
+    def _why(self, uid: int) -> str | None:
+        """Why graph node ``uid`` fit no rule node, if it was tried."""
+        failed = self._node_fail.get(uid)
+        return None if failed is None else f"rule node '{failed[0]}': {self._detail(*failed)}"
 
     def _rank(self, f: Failure) -> tuple[int, int, int]:
         # (at equal depth and kind, a required node with a role: a missing gradient branch
@@ -399,6 +429,8 @@ class Matcher:
         jump = not self.explain
         extra = [0]  # bindings of other nodes that refused a candidate (_bind)
         for node in cands:
+            if jump and node.op not in spec.alts:  # (explain records the wrong op type)
+                continue
             for nt, nc in self._bind(i, spec, node, nodes, tensors, captures, extra):
                 nodes2 = dict(nodes)
                 nodes2[spec.id] = node
@@ -522,7 +554,8 @@ class Matcher:
         for name, c in ({**spec.attrs, **alt.attrs} if alt.attrs else spec.attrs).items():
             ok, value, detail = check_attr(node, name, c)
             if not ok:
-                self._fail(depth, nodes, spec.id, "attribute", f"node {node.name}: {detail}", node)
+                self._fail(depth, nodes, spec.id, "attribute",
+                           lambda: f"node {node.name}: {detail}", node)
                 return
             if c.capture:
                 caps[c.capture] = value
@@ -582,9 +615,10 @@ class Matcher:
                 return False
             if v in t2:
                 if t2[v] != name and not (kind == "input" and self._same_constant(t2[v], name)):
+                    bound = t2[v]
                     self._fail(depth, nodes, spec.id, "dataflow",
-                               f"node {node.name} {kind} {pos} is '{name}', but {v} is already "
-                               f"bound to '{t2[v]}'", node)
+                               lambda: f"node {node.name} {kind} {pos} is '{name}', but {v} is "
+                               f"already bound to '{bound}'", node)
                     return False
                 continue
             ts = self.rule.tensors.get(v)
@@ -606,11 +640,12 @@ class Matcher:
                     ok, detail = True, ""  # a Reshape target of symbolic dims
                 else:
                     ok, detail = const_matches(value, ts.const, ts.tol, ts.kind, data_shape)
-                if fn not in (None, "identity"):
-                    detail = f"(as {fn} of its value, {node.op} spelling) {detail}"
                 if not ok:
+                    how = f"(as {fn} of its value, {node.op} spelling) " if fn not in (
+                        None, "identity") else ""
                     self._fail(depth, nodes, spec.id, "constant",
-                               f"node {node.name} {kind} {pos} '{name}' ({v}) {detail}", node)
+                               lambda: f"node {node.name} {kind} {pos} '{name}' ({v}) {how}"
+                               f"{detail}", node)
                     return False
             t2[v] = name
         return True
@@ -666,7 +701,7 @@ class Matcher:
                     # a constant computed from t's type or shape alone (a raw export's
                     # new_zeros: CastLike(zeros, t)) is rewritten without t when fused
                     if c.uid not in matched and not self.g.reads_only_type(c, t):
-                        why = self._node_fail.get(c.uid)
+                        why = self._why(c.uid)
                         return self._guard(nodes, "intermediate_consumed_outside",
                                            f"intermediate '{t}' of node {node.name} is also "
                                            f"consumed by {c.name} ({c.op}) outside the match"

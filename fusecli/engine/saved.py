@@ -150,10 +150,14 @@ def size_json(size: Size | None) -> int | str | None:
 class SavedDiff:
     """The saved activations of a graph before fusion against those after."""
 
-    def __init__(self, model: onnx.ModelProto, io=None):
+    def __init__(self, model: onnx.ModelProto, io=None, type_of=None):
+        """io: the nodes' (inputs, outputs) in graph order; type_of: a tensor's recorded type
+        (GraphIndex.type_of), when the caller has them already."""
         before = model.graph
         self.before = saved_activations(before, io)
-        self._types_before = _types(before, self.before)
+        self._types_before = (_types(before, self.before) if type_of is None else
+                              {n: t for n in self.before if (t := type_of(n)) is not None
+                               and t.HasField("tensor_type")})
         self._types_before.update(_missing_types(model, self.before, self._types_before))
         self.removed: list[str] = []
         self.added: list[str] = []
@@ -162,16 +166,17 @@ class SavedDiff:
         self.removed_unsized: list[str] = []     # no recorded or inferable shape
         self.added_unsized: list[str] = []
 
-    def finish(self, model: onnx.ModelProto, changed: bool = True) -> None:
-        """Compare with the graph after fusion (changed=False: nothing was rewritten)."""
+    def finish(self, model: onnx.ModelProto, changed: bool = True, io=None) -> None:
+        """Compare with the graph after fusion (changed=False: nothing was rewritten; io: its
+        nodes' (inputs, outputs) in graph order)."""
         if not changed:
             return
         after = model.graph
-        now = saved_activations(after)
+        now = saved_activations(after, io)
         self.removed = sorted(self.before - now)
         self.added = sorted(now - self.before)
         self.removed_size, self.removed_unsized = split_total(self.removed, self._types_before)
-        types = _types(after, set(self.added))
+        types = _types(after, set(self.added)) if self.added else {}
         types.update(_missing_types(model, self.added, types))
         self.added_size, self.added_unsized = split_total(self.added, types)
 

@@ -96,6 +96,8 @@ class ShapeOracle:
         if not name:
             return None
         cache = self._cache
+        if name in cache:
+            return cache[name]
 
         def step(t):
             rec = self.recorded(t)
