@@ -251,6 +251,41 @@ def test_generated_names_avoid_value_info_and_subgraph_names(tmp_path):
     _run_ortt(out, feeds)
 
 
+@pytest.mark.parametrize("holder", ["If", "custom"])
+def test_a_tensor_a_subgraph_reads_is_read_outside_the_chain(holder):
+    """dZ (the activation gradient, an intermediate of the Linear+ReLU chain) read inside a
+    subgraph, of a standard If or of another domain's op, keeps the chain unfused."""
+    from fusecli import FusionPass
+
+    m = builders.ortt_linear_act("relu")
+    branch = helper.make_graph([helper.make_node("Neg", ["dZ"], ["neg_dz"])], "branch", [],
+                               [helper.make_tensor_value_info("neg_dz", TensorProto.FLOAT, None)])
+    if holder == "If":
+        node = helper.make_node("If", ["cond"], ["held"], name="holder", then_branch=branch,
+                                else_branch=branch)
+        m.graph.input.append(builders.vi("cond", [], TensorProto.BOOL))
+    else:
+        node = helper.make_node("Hold", [], ["held"], name="holder", domain="org.example",
+                                body=branch)
+    m.graph.node.append(node)
+    m.graph.output.append(builders.vi("held", [6, 5]))
+    assert FusionPass().run(m) == 0
+    assert FusionPass().run(builders.ortt_linear_act("relu")) == 1   # it fuses without them
+
+
+def test_the_standard_ops_with_subgraphs_are_the_ones_the_index_reads():
+    """GraphIndex looks for subgraph attributes only on these standard ops (and on every op
+    of another domain): the ops whose schema, in any version, has one."""
+    import onnx.defs
+
+    from fusecli.engine import graph
+
+    have = {s.name for s in onnx.defs.get_all_schemas_with_history()
+            if s.domain in ("", "ai.onnx") and any(
+                a.type in graph._GRAPH_ATTRS for a in s.attributes.values())}
+    assert have == graph._GRAPH_OPS
+
+
 # --- bounded work ------------------------------------------------------------------------------
 
 _BOMB = "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['lol'] * 9)}]\n"

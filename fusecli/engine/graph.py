@@ -64,6 +64,13 @@ class GNode:
         return f"GNode({self.name}, {self.domain or 'ai.onnx'}::{self.op})"
 
 
+_GRAPH_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+# the standard ops with subgraph attributes (every other standard op's schema has none; an
+# attribute its schema lacks makes onnx's checker and onnxruntime refuse the model); nodes of
+# other domains are asked (com.microsoft's BeamSearch, a custom op)
+_GRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
 def subgraphs(node: onnx.NodeProto):
     """(attribute name, GraphProto) of every subgraph attribute of a node (If/Loop/Scan)."""
     for a in node.attribute:
@@ -118,15 +125,21 @@ class GraphIndex:
     def _add(self, proto: onnx.NodeProto, key: float) -> GNode:
         node = GNode(len(self.nodes), proto, key)
         self.nodes.append(node)
-        for _, g in subgraphs(proto):
-            node.has_subgraphs = True
-            node.implicit.extend(sorted(outer_names(g)))
-        for t in node.inputs + node.implicit:
+        consumers, producer = self.consumers, self.producer
+        if (node.op in _GRAPH_OPS if node.domain == "" else
+                any(a.type in _GRAPH_ATTRS for a in proto.attribute)):
+            for _, g in subgraphs(proto):
+                node.has_subgraphs = True
+                node.implicit.extend(sorted(outer_names(g)))
+            for t in node.implicit:
+                if t:
+                    consumers[t].append(node)
+        for t in node.inputs:
             if t:
-                self.consumers[t].append(node)
+                consumers[t].append(node)
         for t in node.outputs:
             if t:
-                self.producer[t] = node
+                producer[t] = node
         self.by_op[(node.domain, node.op)][node.uid] = node
         if proto.name:
             self.names.add(proto.name)

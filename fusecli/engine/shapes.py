@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from fusecli.ops.contracts import infer_output_types, load_contracts
+from fusecli.ops.contracts import infer_output_shapes, load_contracts
 from fusecli.ops.shapes import input_check
 from fusecli.ops.shapes import show as _show
 from fusecli.engine.memo import memoised
@@ -73,17 +73,6 @@ class ShapeOracle:
     def __init__(self, index):
         self.g = index
         self._cache: dict[str, list | None] = {}
-        self._types: dict[str, onnx.TypeProto | None] = {}
-
-    def type_proto(self, name: str):
-        """A TypeProto with the (recorded or inferred) shape of ``name``, memoised."""
-        if name not in self._types:
-            s = self.shape(name)
-            t = self.g.type_of(name)
-            elem = t.tensor_type.elem_type if t is not None else onnx.TensorProto.FLOAT
-            self._types[name] = (None if s is None
-                                 else onnx.helper.make_tensor_type_proto(elem, s))
-        return self._types[name]
 
     def recorded(self, name: str):
         t = self.g.type_of(name)
@@ -209,11 +198,9 @@ def fusion_problem(oracle: ShapeOracle, node: onnx.NodeProto, replaced: dict) ->
     have = {out: oracle.shape(out) for out in node.output if out and out in replaced}
     if all(v is None for v in have.values()):
         return None
-    for out, tp in zip(node.output, infer_output_types(node, oracle.type_proto)):
-        if tp is None or have.get(out) is None:
+    for out, want in zip(node.output, infer_output_shapes(node, oracle.shape)):
+        if want is None or have.get(out) is None:
             continue
-        want = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                for d in tp.tensor_type.shape.dim]
         if same_shape(want, have[out]) is False:
             return (f"{node.op_type} would write '{out}' as {_show(want)}, but the tensor it "
                     f"replaces is {_show(have[out])} (a broadcast or reduction the rule does not "

@@ -172,23 +172,25 @@ def _attr_value(contract: OpContract, attrs: dict, name: str):
     return d
 
 
-def _eval_like(contract: OpContract, rule: str, attrs: dict, type_of_port):
-    import onnx
-
+def _eval_like(contract: OpContract, rule: str, attrs: dict, dims_of_port):
+    """One ``like`` rule: the output's (element type, dims) from its inputs', or None.
+    ``dims_of_port(port)``: the port's (element type, list of dims) or None; a dim is kept as
+    given (a TensorShapeProto.Dimension, or an int / str / None)."""
     expr, _, cond = rule.partition(" if ")
     for part in cond.split(" and ") if cond else ():
         a, op, b = _COND.fullmatch(part.strip()).groups()
         va, vb = _attr_value(contract, attrs, a), _attr_value(contract, attrs, b)
         if (va == vb) != (op == "=="):
             return None
+    terms = expr.split("+")
     dims, elem = [], None
-    for term in expr.split("+"):
+    for term in terms:
         port, transpose, start, end = _TERM.fullmatch(term.strip()).groups()
-        t = type_of_port(port)
+        t = dims_of_port(port)
         sliced = start is not None or end is not None
-        if t is None or (not sliced and not transpose and len(expr.split("+")) == 1):
+        if t is None or (not sliced and not transpose and len(terms) == 1):
             return t
-        d = list(t.tensor_type.shape.dim)
+        d = list(t[1])
         if transpose:
             if len(d) != 2:
                 return None
@@ -200,11 +202,34 @@ def _eval_like(contract: OpContract, rule: str, attrs: dict, type_of_port):
             hi = None if end is None else int(_attr_value(contract, attrs, end))
             d = d[lo:hi]
         dims += d
-        elem = elem or t.tensor_type.elem_type
-    out = onnx.TypeProto()
-    out.tensor_type.elem_type = elem
-    for dim in dims:
-        out.tensor_type.shape.dim.add().CopyFrom(dim)
+        elem = elem or t[0]
+    return elem, dims
+
+
+def _infer_outputs(node, dims_of) -> list:
+    """Per output of a fused node: (element type, dims) by its contract's ``like`` rules from
+    ``dims_of(input name)``, or None."""
+    import onnx
+
+    contract = load_contracts().ops.get(node.op_type)
+    if contract is None:
+        return [None] * len(node.output)
+    ins = list(node.input)
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    index = {p.name: i for i, p in enumerate(contract.inputs)}
+
+    def dims_of_port(port):
+        i = index[port]
+        return dims_of(ins[i]) if i < len(ins) and ins[i] else None
+
+    out = []
+    for i in range(len(node.output)):
+        t = None
+        for rule in contract.outputs[i].like if i < len(contract.outputs) else ():
+            t = _eval_like(contract, rule, attrs, dims_of_port)
+            if t is not None:
+                break
+        out.append(t)
     return out
 
 
@@ -218,23 +243,27 @@ def infer_output_types(node, type_of) -> list:
     """
     import onnx
 
-    contract = load_contracts().ops.get(node.op_type)
-    if contract is None:
-        return [None] * len(node.output)
-    ins = list(node.input)
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    index = {p.name: i for i, p in enumerate(contract.inputs)}
-
-    def type_of_port(port):
-        i = index[port]
-        return type_of(ins[i]) if i < len(ins) and ins[i] else None
+    def dims_of(name):
+        t = type_of(name)
+        return None if t is None else (t.tensor_type.elem_type, t.tensor_type.shape.dim)
 
     out = []
-    for i in range(len(node.output)):
-        t = None
-        for rule in contract.outputs[i].like if i < len(contract.outputs) else ():
-            t = _eval_like(contract, rule, attrs, type_of_port)
-            if t is not None:
-                break
-        out.append(t)
+    for t in _infer_outputs(node, dims_of):
+        tp = None
+        if t is not None:
+            tp = onnx.TypeProto()
+            tp.tensor_type.elem_type = t[0]
+            for dim in t[1]:
+                tp.tensor_type.shape.dim.add().CopyFrom(dim)
+        out.append(tp)
     return out
+
+
+def infer_output_shapes(node, shape_of) -> list:
+    """The dims of a fused node's outputs (each a list of int / str / None, or None), by the
+    same ``like`` rules, from ``shape_of(name)`` (the inputs' dims, or None)."""
+    def dims_of(name):
+        s = shape_of(name)
+        return None if s is None else (0, s)
+
+    return [None if t is None else list(t[1]) for t in _infer_outputs(node, dims_of)]
