@@ -120,7 +120,11 @@ def test_a_changed_rule_file_is_parsed_again(tmp_path, monkeypatch):
     assert parsed                                    # a new key: parsed, not read
     changed = [n for n in after if after[n].order != before[n].order]
     assert changed and all(after[n].source == str(f) for n in changed)
-    assert len(list((tmp_path / "cache").glob("rules-*.pickle"))) == 1  # the old one went
+    assert len(list((tmp_path / "cache").glob("rules-*.pickle"))) == 2  # both kept
+    for k in range(3, 7):                            # ... but only the newest four
+        f.write_text(f.read_text().replace("order: ", f"order: {k}", 1))
+        rulefiles.load_rules()
+    assert len(list((tmp_path / "cache").glob("rules-*.pickle"))) == rulefiles._CACHE_KEEP
 
 
 def test_a_corrupt_or_shared_cache_is_not_read(tmp_path, monkeypatch):

@@ -212,12 +212,12 @@ def _evaluate(node, vals, shape_of, dtype_of):  # noqa: C901 - one branch per op
 
 
 def evaluate(node, cache, shape_of, dtype_of=lambda t: None) -> list[np.ndarray | None] | None:
-    """The node's output values (first output only for the folded ops), or None.
+    """The node's output values (first output only for the folded ops), or None; call it
+    under ``np.errstate(all="ignore")`` (a division by zero is a value, not a warning).
     ``shape_of(t)``: t's dims (None: rank unknown; a None dim: not static); ``dtype_of(t)``: its NumPy dtype or None."""
     vals = [cache.get(t) if t else None for t in node.inputs]
-    try:
-        with np.errstate(all="ignore"):
-            out = _evaluate(node, vals, shape_of, dtype_of)
+    try:  # (under the caller's np.errstate(all="ignore"): GraphIndex.const_value)
+        out = _evaluate(node, vals, shape_of, dtype_of)
     except Exception:  # noqa: BLE001 - a node that does not evaluate is simply not a constant
         return None
     if out is None:

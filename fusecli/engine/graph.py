@@ -335,7 +335,8 @@ class GraphIndex:
                     cache[out] = values[i] if values is not None and i < len(values) else None
             return None
 
-        return memoised(name, cache, step)
+        with np.errstate(all="ignore"):  # for every node constfold.evaluate folds
+            return memoised(name, cache, step)
 
     def is_constant(self, name: str) -> bool:
         """Whether ``name`` is computed only from constants (initializers, Constant nodes) by

@@ -37,9 +37,9 @@ def saved_activations(graph: onnx.GraphProto, io=None) -> set[str]:
         if i is None or i in fwd:
             continue
         fwd.add(i)
-        work.extend(t for t in io[i][0] if t)
-    return {t for i, (ins, _) in enumerate(io) if i not in fwd
-            for t in ins if t and producer.get(t) in fwd}
+        work.extend(io[i][0])
+    made = {t for i in fwd for t in io[i][1] if t}
+    return {t for i, (ins, _) in enumerate(io) if i not in fwd for t in ins if t in made}
 
 
 def _types(graph: onnx.GraphProto, names) -> dict[str, onnx.TypeProto]:
@@ -48,12 +48,15 @@ def _types(graph: onnx.GraphProto, names) -> dict[str, onnx.TypeProto]:
             if v.name in names and v.type.HasField("tensor_type")}
 
 
-def _constant_types(graph: onnx.GraphProto, names) -> dict[str, onnx.TypeProto]:
+def _constant_types(graph: onnx.GraphProto, names, io=None) -> dict[str, onnx.TypeProto]:
     """Types of those of `names` that Constant nodes with a tensor ``value`` write (a raw
-    export saves its Constants' outputs for the backward and records no type for them)."""
+    export saves its Constants' outputs for the backward and records no type for them).
+    io: the nodes' (inputs, outputs) in graph order, when the caller has them."""
     out = {}
-    for n in graph.node:
-        if n.op_type == "Constant" and n.output and n.output[0] in names:
+    io = io if io is not None else [(n.input, n.output) for n in graph.node]
+    for i in [i for i, (_, outs) in enumerate(io) if outs and outs[0] in names]:
+        n = graph.node[i]
+        if n.op_type == "Constant":
             attr = next((a for a in n.attribute if a.name == "value" and a.HasField("t")), None)
             if attr is not None:
                 out[n.output[0]] = helper.make_tensor_type_proto(attr.t.data_type,
@@ -81,13 +84,13 @@ def _inferred(model: onnx.ModelProto, names) -> dict[str, onnx.TypeProto]:
     return _types(m.graph, set(names))
 
 
-def _missing_types(model: onnx.ModelProto, names, types) -> dict[str, onnx.TypeProto]:
+def _missing_types(model: onnx.ModelProto, names, types, io=None) -> dict[str, onnx.TypeProto]:
     """Types of those of `names` whose size `types` does not give: a Constant's value, else
     onnx shape inference over the whole graph (only when some are still missing)."""
     missing = {n for n in names if tensor_size(types.get(n)) is None}
     if not missing:
         return {}
-    found = _constant_types(model.graph, missing)
+    found = _constant_types(model.graph, missing, io)
     missing -= found.keys()
     if missing:
         found.update(_inferred(model, missing))
@@ -158,7 +161,7 @@ class SavedDiff:
         self._types_before = (_types(before, self.before) if type_of is None else
                               {n: t for n in self.before if (t := type_of(n)) is not None
                                and t.HasField("tensor_type")})
-        self._types_before.update(_missing_types(model, self.before, self._types_before))
+        self._types_before.update(_missing_types(model, self.before, self._types_before, io))
         self.removed: list[str] = []
         self.added: list[str] = []
         self.removed_size: Size = {}
@@ -177,7 +180,7 @@ class SavedDiff:
         self.added = sorted(now - self.before)
         self.removed_size, self.removed_unsized = split_total(self.removed, self._types_before)
         types = _types(after, set(self.added)) if self.added else {}
-        types.update(_missing_types(model, self.added, types))
+        types.update(_missing_types(model, self.added, types, io))
         self.added_size, self.added_unsized = split_total(self.added, types)
 
     @staticmethod

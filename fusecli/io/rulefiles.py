@@ -27,6 +27,7 @@ from fusecli.io.userfiles import os_reason, read_text
 # the shipped rules: package data (in a checkout, fusecli/shipped_rules links to rules/)
 DEFAULT_RULES_DIR = Path(str(files("fusecli") / "shipped_rules"))
 _PKG = Path(__file__).resolve().parents[1]
+_CACHE_KEEP = 4  # cached rule sets kept (checkouts or versions used side by side)
 _PARSER_SOURCES = ("engine/rules.py", "engine/safeyaml.py", "ops/contracts.py", "ops/domain.yaml")
 
 
@@ -85,12 +86,14 @@ def _store(key: str, rules: list[Rule]) -> None:
         return
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for old in folder.glob("rules-*.pickle"):  # other keys: older parsers or rule files
-            old.unlink(missing_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".rules-")
         with os.fdopen(fd, "wb") as f:
             pickle.dump(rules, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, folder / f"rules-{key}.pickle")  # atomic: parallel runs race safely
+        # other keys are older parsers or rule files, or other checkouts: the newest few stay
+        kept = sorted(folder.glob("rules-*.pickle"), key=lambda p: p.stat().st_mtime)
+        for old in kept[:-_CACHE_KEEP]:
+            old.unlink(missing_ok=True)
     except Exception:  # noqa: BLE001 - the cache is an optimisation; a read-only home is fine
         pass
 
