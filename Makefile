@@ -67,7 +67,7 @@ test: venv lib ortt-env system-deps lint
 # under a minute: the engine (graph index, matcher, rules language, rewrite, shape guard), the
 # rule files, rule drafting, the op folders' facts and the package's layering; no kernel is
 # built and no model is run in onnxruntime
-FAST_TESTS = tests/test_layers.py tests/test_rule_loading.py tests/test_rulegen.py \
+FAST_TESTS = tests/test_layers.py tests/test_rule_loading.py tests/test_rulegen.py tests/test_search.py \
 	tests/test_op_folders.py
 test-fast: venv
 	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) $(FAST_TESTS)
