@@ -331,6 +331,15 @@ class _Deps:
         return 1 << i | self.before[i].get(v, 0)
 
 
+def _input_orders(spec: NodeSpec, op: str) -> list[tuple[int, ...]]:
+    n = len(spec.inputs)
+    if not (spec.commutative and op in COMMUTATIVE_OPS):
+        return [tuple(range(n))]
+    if n <= 2 or op != "Sum":
+        return [(0, 1) + tuple(range(2, n)), (1, 0) + tuple(range(2, n))]
+    return list(itertools.permutations(range(n)))
+
+
 class Matcher:
     """Matches one rule against a GraphIndex."""
 
@@ -344,6 +353,8 @@ class Matcher:
         self._ports = [(tuple((t, var_name(t)) for t in s.inputs),
                         tuple((t, var_name(t)) for t in s.outputs)) for s in rule.nodes]
         self._deps = _Deps(rule)
+        # per rule node and op: the orders its inputs may bind in (commutative: both)
+        self._orders = [{op: _input_orders(s, op) for op in s.ops} for s in rule.nodes]
         # False (FusionPass): a node of the wrong op type is not recorded as a failure (only
         # explain reads those: MatchResult.deepest / node_failures); the match is the same
         self.explain = explain
@@ -421,7 +432,7 @@ class Matcher:
             return self._finish(nodes, tensors, captures), self._deps.everything
         spec = specs[i]
         bit = 1 << i
-        conflict = self._deps.of(i, bits)
+        conflict = self._deps.of(i, bits) if i else 0
         cands = self._candidates(i, spec, tensors)
         if cands is None:  # optional node whose neighbours are all absent
             m, c = self._absent(i, spec, nodes, tensors, captures, bits)
@@ -571,13 +582,8 @@ class Matcher:
         # outputs the rule does not list are intermediates: the guards check them
         n_out = len(spec.outputs)
         outs = (list(node.outputs) + [""] * n_out)[:n_out]
-        orders = ([tuple(range(n_in))] if not (spec.commutative and node.op in COMMUTATIVE_OPS)
-                  else
-                  ([(0, 1) + tuple(range(2, n_in)), (1, 0) + tuple(range(2, n_in))]
-                   if n_in <= 2 or node.op != "Sum" else
-                   list(itertools.permutations(range(n_in)))))
         seen = set()
-        for order in orders:
+        for order in self._orders[i][node.op]:
             ins = tuple(actual[j] for j in order)
             if ins in seen:
                 continue
