@@ -158,3 +158,16 @@ def test_the_pruned_search_finds_what_the_exhaustive_search_finds(path):
             assert _outcome(fast, anchor) == _outcome(full, anchor), (rule.name, anchor.name)
             tried += 1
     assert tried
+
+
+def test_attribute_defaults_are_asked_of_onnx_only_for_its_domains():
+    """Matcher reads an absent attribute's default from onnx.defs only for the domains onnx
+    describes (its first lookup loads onnx's whole schema registry)."""
+    import onnx.defs
+
+    from fusecli.engine import matcher
+
+    domains = {s.domain for s in onnx.defs.get_all_schemas_with_history()}
+    assert domains == matcher._ONNX_DOMAINS
+    assert matcher._op_default("ReduceSum", "", "keepdims") == 1
+    assert matcher._op_default("ActivationGrad", "com.fusecli", "alpha") is None
