@@ -355,7 +355,6 @@ class Matcher:
         self.g = index
         self.rule = rule
         self._roles = {s.id: s.role for s in rule.nodes if s.role and not s.optional}
-        self._level = {s.id: i for i, s in enumerate(rule.nodes)}
         # per rule node: (token, variable) of its listed inputs and outputs ("_": any tensor)
         self._ports = [(tuple((t, var_name(t)) for t in s.inputs),
                         tuple((t, var_name(t)) for t in s.outputs)) for s in rule.nodes]
@@ -376,6 +375,7 @@ class Matcher:
         # graph node uid -> (rule node, why it fit none: text or a function that writes it)
         self._node_fail: dict[int, tuple] = {}
         self.reached = 0  # the furthest rule node the search tried (FusionPass's prefix skip)
+        self._taken: dict[int, int] = {}  # graph node uid -> the rule node bound to it
         found, _ = self._search(0, {}, {}, {}, {})
         res.match = found
         return res
@@ -456,7 +456,9 @@ class Matcher:
                 for v, before in self._deps.before[i].items():
                     if v not in tensors and v in nt:  # bound here
                         nb[v] = bit | before
+                self._taken[node.uid] = i
                 m, c = self._search(i + 1, nodes2, nt, nc, nb)
+                del self._taken[node.uid]
                 if m is not None:
                     return m, 0
                 if jump and not c & bit:
@@ -562,10 +564,10 @@ class Matcher:
                        f"node {node.name} is in domain '{node.domain or 'ai.onnx'}', rule wants "
                        f"{[d or 'ai.onnx' for d in domains]}", node)
             return
-        for k, n in nodes.items():
-            if n is node:
-                extra[0] |= 1 << self._level[k]
-                return
+        taken = self._taken.get(node.uid)
+        if taken is not None:  # bound to an earlier rule node
+            extra[0] |= 1 << taken
+            return
         caps = dict(captures)
         for var, fn in alt.value.items():
             caps[VALUE_KEY + var] = fn
