@@ -439,11 +439,11 @@ class Matcher:
             return self._finish(nodes, tensors, captures), self._deps.everything
         spec = specs[i]
         bit = 1 << i
-        conflict = self._deps.of(i, bits) if i else 0
+        conflict = 0  # (what node i's own checks depend on is added on failure: _Deps.of)
         cands = self._candidates(i, spec, tensors)
         if cands is None:  # optional node whose neighbours are all absent
             m, c = self._absent(i, spec, nodes, tensors, captures, bits)
-            return m, conflict | (c & ~bit)
+            return m, 0 if m is not None else self._deps.of(i, bits) | (c & ~bit)
         jump = not self.explain
         extra = [0]  # bindings of other nodes that refused a candidate (_bind)
         for node in cands:
@@ -464,10 +464,10 @@ class Matcher:
                 if jump and not c & bit:
                     return None, c
                 conflict |= c
-        conflict = (conflict | extra[0]) & ~bit
+        conflict = (conflict | extra[0] | self._deps.of(i, bits)) & ~bit
         if spec.optional:
             m, c = self._absent(i, spec, nodes, tensors, captures, bits)
-            return m, conflict | (c & ~bit)
+            return m, 0 if m is not None else conflict | (c & ~bit)
         # no candidate, or only nodes the match already took (the dK MatMul of an attention
         # whose dK is not computed: dS's only MatMul reader is dQ's)
         if self.explain and all(any(n is m for m in nodes.values()) for n in cands):
@@ -568,9 +568,11 @@ class Matcher:
         if taken is not None:  # bound to an earlier rule node
             extra[0] |= 1 << taken
             return
-        caps = dict(captures)
-        for var, fn in alt.value.items():
-            caps[VALUE_KEY + var] = fn
+        caps = captures  # copied before the first change (a binding's own captures)
+        if alt.value:
+            caps = dict(captures)
+            for var, fn in alt.value.items():
+                caps[VALUE_KEY + var] = fn
         for name, c in ({**spec.attrs, **alt.attrs} if alt.attrs else spec.attrs).items():
             ok, value, detail = check_attr(node, name, c)
             if not ok:
@@ -578,6 +580,8 @@ class Matcher:
                            lambda: f"node {node.name}: {detail}", node)
                 return
             if c.capture:
+                if caps is captures:
+                    caps = dict(captures)
                 caps[c.capture] = value
         n_in = len(spec.inputs)
         actual = list(node.inputs)
