@@ -1,17 +1,22 @@
 """The optimiser's speed at several commits, in one run on this machine (BENCHMARKS (c)).
 
-    .venv/bin/python scripts/optimizer/commits.py [--runs N] COMMIT [COMMIT ...] -- GRAPH ...
+    .venv/bin/python scripts/optimizer/commits.py [--runs N] [--rounds R] COMMIT [COMMIT ...] \
+        -- GRAPH ...
 
 Each commit's `fusecli/` and `rules/` are extracted (git archive) into a temporary folder with
-this checkout's custom-op library, and each graph is fused by that tree in a fresh process:
-its shipped rules loaded + FusionPass.run, CPU seconds, median of --runs (default 5), and per
-node of the original graph. Prints a Markdown table. Older trees without fusecli.api are driven through their
-fusecli.fusion.FusionPass.
+this checkout's custom-op library. In each of --rounds rounds (default 5) every commit in turn
+fuses every graph --runs times (default 3) in a fresh process: its shipped rules loaded +
+FusionPass.run, CPU seconds. The commits alternate, so load from elsewhere on a shared machine
+falls on all of them alike. Prints a Markdown table: per commit and graph, the median and the
+minimum over all runs, in seconds and per node of the original graph. Older trees without
+fusecli.api are driven through their fusecli.fusion.FusionPass.
 """
 
 from __future__ import annotations
 
 import io
+import json
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -21,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r'''
-import statistics, sys, time
+import json, sys, time
 import onnx
 sys.path.insert(0, sys.argv[1])
 try:
@@ -29,6 +34,7 @@ try:
 except ImportError:
     from fusecli.fusion import FusionPass as fusion_pass
 runs = int(sys.argv[2])
+out = {}
 for path in sys.argv[3:]:
     ts = []
     for _ in range(runs):
@@ -37,10 +43,9 @@ for path in sys.argv[3:]:
         fp = fusion_pass()
         n = fp.run(m)
         ts.append(time.process_time() - t)
-    med = statistics.median(ts)
-    nodes = fp.stats.nodes_before
-    print(f"| {path.rsplit('/', 1)[-1]} | {len(fp.all_rules)} | {n} | {med:.3f} | "
-          f"{med / nodes * 1e6:.1f} |", flush=True)
+    out[path] = {"times": ts, "nodes": fp.stats.nodes_before, "fused": n,
+                 "rules": len(fp.all_rules)}
+print(json.dumps(out))
 '''
 
 
@@ -60,24 +65,38 @@ def extract(commit: str, dest: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    runs = 5
-    if argv[:1] == ["--runs"]:
-        runs, argv = int(argv[1]), argv[2:]
+    opts = {"--runs": 3, "--rounds": 5}
+    while argv[:1] and argv[0] in opts:
+        opts[argv[0]], argv = int(argv[1]), argv[2:]
     if "--" not in argv or argv.index("--") in (0, len(argv) - 1):
-        print("usage: commits.py [--runs N] COMMIT [COMMIT ...] -- GRAPH [GRAPH ...]",
+        print("usage: commits.py [--runs N] [--rounds R] COMMIT [COMMIT ...] -- GRAPH [GRAPH ...]",
               file=sys.stderr)
         return 2
     cut = argv.index("--")
     commits, graphs = argv[:cut], [str(Path(g).resolve()) for g in argv[cut + 1:]]
-    print("| commit | graph | rules | fused | CPU s | µs/node |")
-    print("|---|---|---:|---:|---:|---:|")
+    samples: dict[tuple[str, str], list[float]] = {}
+    facts: dict[tuple[str, str], dict] = {}
+    with tempfile.TemporaryDirectory() as td:
+        trees = {}
+        for c in commits:
+            trees[c] = Path(td) / c
+            extract(c, trees[c])
+        for _ in range(opts["--rounds"]):
+            for c in commits:
+                out = json.loads(subprocess.run(
+                    [sys.executable, "-c", CHILD, str(trees[c]), str(opts["--runs"]), *graphs],
+                    check=True, capture_output=True, text=True, cwd=trees[c]).stdout)
+                for g, r in out.items():
+                    samples.setdefault((c, g), []).extend(r["times"])
+                    facts[(c, g)] = r
+    print("| commit | graph | rules | fused | CPU s median | min | µs/node median | min |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for c in commits:
-        with tempfile.TemporaryDirectory() as td:
-            extract(c, Path(td))
-            out = subprocess.run([sys.executable, "-c", CHILD, td, str(runs), *graphs],
-                                 check=True, capture_output=True, text=True, cwd=td).stdout
-            for line in out.splitlines():
-                print(f"| {c} {line}", flush=True)
+        for g in graphs:
+            ts, f = samples[(c, g)], facts[(c, g)]
+            med, low = statistics.median(ts), min(ts)
+            print(f"| {c} | {Path(g).name} | {f['rules']} | {f['fused']} | {med:.3f} | "
+                  f"{low:.3f} | {med / f['nodes'] * 1e6:.1f} | {low / f['nodes'] * 1e6:.1f} |")
     return 0
 
 
