@@ -1,15 +1,16 @@
 """The optimiser's speed at several commits, in one run on this machine (BENCHMARKS (c)).
 
-    .venv/bin/python scripts/optimizer/commits.py [--runs N] [--rounds R] COMMIT [COMMIT ...] \
-        -- GRAPH ...
+    .venv/bin/python scripts/optimizer/commits.py [--runs N] [--rounds R] [--skip P,...] \
+        COMMIT [COMMIT ...] -- GRAPH ...
 
 Each commit's `fusecli/` and `rules/` are extracted (git archive) into a temporary folder with
 this checkout's custom-op library. In each of --rounds rounds (default 5) every commit in turn
 fuses every graph --runs times (default 3) in a fresh process: its shipped rules loaded +
 FusionPass.run, CPU seconds. The commits alternate, so load from elsewhere on a shared machine
 falls on all of them alike. Prints a Markdown table: per commit and graph, the median and the
-minimum over all runs, in seconds and per node of the original graph. Older trees without
-fusecli.api are driven through their fusecli.fusion.FusionPass.
+minimum over all runs, in seconds and per node of the original graph. --skip: patterns or
+rules left out at every commit (the same work where a later commit fuses more). Older trees
+without fusecli.api are driven through their fusecli.fusion.FusionPass.
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ try:
 except ImportError:
     from fusecli.fusion import FusionPass as fusion_pass
 runs = int(sys.argv[2])
+skip = [p for p in sys.argv[3].split(",") if p]
 out = {}
-for path in sys.argv[3:]:
+for path in sys.argv[4:]:
     ts = []
     for _ in range(runs):
         m = onnx.load(path)
         t = time.process_time()
-        fp = fusion_pass()
+        fp = fusion_pass(skip=skip)
         n = fp.run(m)
         ts.append(time.process_time() - t)
     out[path] = {"times": ts, "nodes": fp.stats.nodes_before, "fused": n,
@@ -65,12 +67,12 @@ def extract(commit: str, dest: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    opts = {"--runs": 3, "--rounds": 5}
+    opts = {"--runs": 3, "--rounds": 5, "--skip": ""}
     while argv[:1] and argv[0] in opts:
-        opts[argv[0]], argv = int(argv[1]), argv[2:]
+        opts[argv[0]], argv = type(opts[argv[0]])(argv[1]), argv[2:]
     if "--" not in argv or argv.index("--") in (0, len(argv) - 1):
-        print("usage: commits.py [--runs N] [--rounds R] COMMIT [COMMIT ...] -- GRAPH [GRAPH ...]",
-              file=sys.stderr)
+        print("usage: commits.py [--runs N] [--rounds R] [--skip P,...] COMMIT [COMMIT ...] -- "
+              "GRAPH [GRAPH ...]", file=sys.stderr)
         return 2
     cut = argv.index("--")
     commits, graphs = argv[:cut], [str(Path(g).resolve()) for g in argv[cut + 1:]]
@@ -84,7 +86,8 @@ def main(argv: list[str]) -> int:
         for _ in range(opts["--rounds"]):
             for c in commits:
                 out = json.loads(subprocess.run(
-                    [sys.executable, "-c", CHILD, str(trees[c]), str(opts["--runs"]), *graphs],
+                    [sys.executable, "-c", CHILD, str(trees[c]), str(opts["--runs"]),
+                     opts["--skip"], *graphs],
                     check=True, capture_output=True, text=True, cwd=trees[c]).stdout)
                 for g, r in out.items():
                     samples.setdefault((c, g), []).extend(r["times"])
