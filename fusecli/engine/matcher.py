@@ -361,6 +361,10 @@ class Matcher:
         self._deps = _Deps(rule)
         # per rule node and op: the orders its inputs may bind in (commutative: both)
         self._orders = [{op: _input_orders(s, op) for op in s.ops} for s in rule.nodes]
+        # the anchor's inputs that must hold a value (a constant or a broadcast one: every
+        # tensor kind but shape, which a run-time shape computation also satisfies)
+        self._valued = [p for p, (t, v) in enumerate(self._ports[0][0])
+                        if t != "_" and v in rule.tensors and rule.tensors[v].kind != "shape"]
         # False (FusionPass): a node of the wrong op type is not recorded as a failure (only
         # explain reads those: MatchResult.deepest / node_failures); the match is the same
         self.explain = explain
@@ -376,9 +380,23 @@ class Matcher:
         self._node_fail: dict[int, tuple] = {}
         self.reached = 0  # the furthest rule node the search tried (FusionPass's prefix skip)
         self._taken: dict[int, int] = {}  # graph node uid -> the rule node bound to it
+        if self._valued and not self.explain and not self._may_anchor(anchor):
+            return res  # (what binding the anchor finds, without the search's set-up)
         found, _ = self._search(0, {}, {}, {}, {})
         res.match = found
         return res
+
+    def _may_anchor(self, anchor: GNode) -> bool:
+        """False when the anchor's inputs cannot bind rule node 0 in any order: an input the
+        rule constrains by value holds none (most anchors of a rule that starts at a Mul by a
+        constant are Muls of two run-time tensors)."""
+        g, ins = self.g, anchor.inputs
+        for order in self._orders[0].get(anchor.op, ()):
+            if all(j >= len(ins) or not ins[j] or g.const_value(ins[j]) is not None
+                   or g.broadcast_scalar(ins[j]) is not None
+                   for j in (order[p] for p in self._valued)):
+                return True
+        return False
 
     # -- failure bookkeeping ---------------------------------------------------------------
     # at equal depth, a failure on a node of the right op type says more than a wrong op type
