@@ -23,24 +23,23 @@ from fusecli.engine.rules import parse_rule
 
 K = 6  # optional branch nodes in the synthetic rule
 
-# a ReLU whose output K optional Neg branches may read, then Sigmoid -> Exp; the graph has the
-# Negs but a Tanh where the rule wants Exp, so nothing matches
-BRANCHES_RULE = """
-name: branches
-pattern: branches
-order: 1
-nodes:
-  - {id: a, op: Relu, inputs: [x], outputs: [y]}
-%s
-  - {id: c, op: Sigmoid, inputs: [y], outputs: [w]}
-  - {id: d, op: Exp, inputs: [w], outputs: [v]}
-replace:
-  op: ActivationGrad
-  inputs: [x, x]
-  outputs: [v]
-  attrs: {activation: relu}
-""" % "\n".join(f"  - {{id: b{k}, op: Neg, inputs: [y], outputs: [z{k}], optional: true}}"
-                for k in range(K))
+
+def _rule(name: str, nodes: list[str]):
+    """A rule of these nodes (YAML flow mappings) with a stand-in replacement: these tests look
+    at the search, not at the fused op."""
+    return parse_rule("\n".join([
+        f"name: {name}", f"pattern: {name}", "order: 1", "nodes:", *(f"  - {n}" for n in nodes),
+        "replace: {op: ActivationGrad, inputs: [x, x], outputs: [v], attrs: {activation: relu}}"]),
+        f"{name}.yaml")
+
+
+def _branches_rule():
+    """A ReLU whose output K optional Neg branches may read, then Sigmoid -> Exp."""
+    return _rule("branches", ["{id: a, op: Relu, inputs: [x], outputs: [y]}",
+                              *(f"{{id: b{k}, op: Neg, inputs: [y], outputs: [z{k}], "
+                                "optional: true}" for k in range(K)),
+                              "{id: c, op: Sigmoid, inputs: [y], outputs: [w]}",
+                              "{id: d, op: Exp, inputs: [w], outputs: [v]}"])
 
 
 def _branches_graph(last: str) -> onnx.ModelProto:
@@ -64,7 +63,7 @@ def _count_binds(monkeypatch) -> list[int]:
 
 
 def test_backjumping_skips_the_optional_branches_a_failure_does_not_depend_on(monkeypatch):
-    rule = parse_rule(BRANCHES_RULE, "branches.yaml")
+    rule = _branches_rule()  # the graph has the Negs, but a Tanh where the rule wants Exp
     index = GraphIndex(_branches_graph("Tanh").graph)
     anchor = index.candidates("Relu", "")[0]
     calls = _count_binds(monkeypatch)
@@ -83,30 +82,13 @@ def test_backjumping_skips_the_optional_branches_a_failure_does_not_depend_on(mo
 
 
 def test_backjumping_still_finds_the_match():
-    rule = parse_rule(BRANCHES_RULE, "branches.yaml")
+    rule = _branches_rule()
     index = GraphIndex(_branches_graph("Exp").graph)
     res = Matcher(index, rule, explain=False).match_at(index.candidates("Relu", "")[0])
     assert res.match is not None
     # the branches bind first-found, present before absent: each Neg to one branch
     assert sorted(res.match.nodes[f"b{k}"].name for k in range(K)) == [f"neg{k}"
                                                                          for k in range(K)]
-
-
-TAKEN_RULE = """
-name: taken
-pattern: taken
-order: 1
-nodes:
-  - {id: a, op: Relu, inputs: [x], outputs: [y]}
-  - {id: b, op: Neg, inputs: [y], outputs: [z1], optional: true}
-  - {id: c, op: Neg, inputs: [y], outputs: [z2]}
-  - {id: d, op: Exp, inputs: [z2], outputs: [v]}
-replace:
-  op: ActivationGrad
-  inputs: [x, x]
-  outputs: [v]
-  attrs: {activation: relu}
-"""
 
 
 def test_a_candidate_taken_by_an_earlier_node_is_a_conflict_with_that_node():
@@ -120,8 +102,11 @@ def test_a_candidate_taken_by_an_earlier_node_is_a_conflict_with_that_node():
              helper.make_node("Tanh", ["n0"], ["t"], name="tanh")]
     g = model(nodes, [vi("x", [2, 3])], [vi("v", [2, 3]), vi("t", [2, 3])], ms=False)
     index = GraphIndex(g.graph)
-    res = Matcher(index, parse_rule(TAKEN_RULE, "taken.yaml"), explain=False).match_at(
-        index.candidates("Relu", "")[0])
+    rule = _rule("taken", ["{id: a, op: Relu, inputs: [x], outputs: [y]}",
+                           "{id: b, op: Neg, inputs: [y], outputs: [z1], optional: true}",
+                           "{id: c, op: Neg, inputs: [y], outputs: [z2]}",
+                           "{id: d, op: Exp, inputs: [z2], outputs: [v]}"])
+    res = Matcher(index, rule, explain=False).match_at(index.candidates("Relu", "")[0])
     # found: b = neg_tanh, c = neg_exp (then refused by the guard: tanh reads b's output)
     assert res.structural
     assert res.guard_failure.bound == {"a": "relu", "b": "neg_tanh", "c": "neg_exp", "d": "exp"}

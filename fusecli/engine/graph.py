@@ -114,7 +114,7 @@ class GraphIndex:
         self.tensor_names: set[str] = set()  # given out by unique_tensor_name
         self._all_names: set[str] | None = None
         self._const_cache: dict[str, np.ndarray | None] = {}
-        self._is_const: dict[str, bool | None] = {}
+        self._is_const: dict[str, bool | None] = {}  # is_constant's: True or None
         self._types: dict[str, onnx.TypeProto] | None = None
         self._shapes = None
         self.bypassed: list[GNode] = []  # pass-through nodes taken out of the index
@@ -343,30 +343,21 @@ class GraphIndex:
         foldable standard ops, as const_value sees it, without computing any value (a dead
         constant subgraph is found without evaluating it). Shape, Size and Gather, constant
         only where the dims they read are static, ask const_value."""
-        cache = self._is_const
+        cache = self._is_const  # True, or None: not a constant (what pending_input reads)
         if name in cache:
             return bool(cache[name])
 
         def step(t):
-            if t in self.initializers:
-                cache[t] = t not in self.graph_inputs
-                return None
             prod = self.producer.get(t)
-            if prod is None or prod.domain != "" or prod.op not in constfold.FOLDABLE:
-                cache[t] = False
-                return None
-            if prod.op in ("Shape", "Size", "Gather"):
-                cache[t] = self.const_value(t) is not None
-                return None
-            skip = constfold.NO_VALUE_INPUTS.get(prod.op, ())
-            for i, x in enumerate(prod.inputs):
-                if x and i not in skip:
-                    if x not in cache:
-                        return x
-                    if not cache[x]:
-                        cache[t] = False
-                        return None
-            cache[t] = True
+            if t in self.initializers:
+                cache[t] = True if t not in self.graph_inputs else None
+            elif prod is not None and prod.op in ("Shape", "Size", "Gather"):
+                cache[t] = True if self.const_value(t) is not None else None
+            elif prod is not None:
+                pending = constfold.pending_input(prod, cache)
+                if pending:
+                    return pending
+                cache[t] = True if pending == "" else None
             return None
 
         return bool(memoised(name, cache, step))

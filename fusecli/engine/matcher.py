@@ -390,13 +390,18 @@ class Matcher:
         """False when the anchor's inputs cannot bind rule node 0 in any order: an input the
         rule constrains by value holds none (most anchors of a rule that starts at a Mul by a
         constant are Muls of two run-time tensors)."""
-        g, ins = self.g, anchor.inputs
+        ins = anchor.inputs
         for order in self._orders[0].get(anchor.op, ()):
-            if all(j >= len(ins) or not ins[j] or g.const_value(ins[j]) is not None
-                   or g.broadcast_scalar(ins[j]) is not None
+            if all(j >= len(ins) or not ins[j] or self._value(ins[j]) is not None
                    for j in (order[p] for p in self._valued)):
                 return True
         return False
+
+    def _value(self, name: str):
+        """The value a tensor holds: a constant's, or the one number a broadcast of a constant
+        to a run-time (symbolic) shape holds everywhere; None for a run-time tensor."""
+        value = self.g.const_value(name)
+        return value if value is not None else self.g.broadcast_scalar(name)
 
     # -- failure bookkeeping ---------------------------------------------------------------
     # at equal depth, a failure on a node of the right op type says more than a wrong op type
@@ -471,9 +476,9 @@ class Matcher:
                 nodes2 = dict(nodes)
                 nodes2[spec.id] = node
                 nb = dict(bits)
-                for v, before in self._deps.before[i].items():
+                for v in self._deps.before[i]:
                     if v not in tensors and v in nt:  # bound here
-                        nb[v] = bit | before
+                        nb[v] = self._deps.bound(i, v)
                 self._taken[node.uid] = i
                 m, c = self._search(i + 1, nodes2, nt, nc, nb)
                 del self._taken[node.uid]
@@ -488,7 +493,7 @@ class Matcher:
             return m, 0 if m is not None else conflict | (c & ~bit)
         # no candidate, or only nodes the match already took (the dK MatMul of an attention
         # whose dK is not computed: dS's only MatMul reader is dQ's)
-        if self.explain and all(any(n is m for m in nodes.values()) for n in cands):
+        if self.explain and all(n.uid in self._taken for n in cands):
             self._fail(len(nodes), nodes, spec.id, "no_candidate",
                        self._no_candidate_detail(spec, tensors, nodes))
         return None, conflict
@@ -639,8 +644,8 @@ class Matcher:
         va, vb = np.asarray(va), np.asarray(vb)
         return va.dtype == vb.dtype and va.shape == vb.shape and np.array_equal(va, vb)
 
-    def _bind_ports(self, depth, nodes, spec, node, ports, actual, t2, kind, caps,
-                    own=(), extra=None, i=0) -> bool:
+    def _bind_ports(self, depth, nodes, spec, node, ports, actual, t2, kind, caps, own, extra,
+                    i) -> bool:
         """Binds the rule node's ports ((token, variable) each, Matcher._ports) to the node's
         tensor names ``actual``, into t2; False (and the failure recorded) when one refuses."""
         for pos, ((tok, v), name) in enumerate(zip(ports, actual)):
@@ -660,14 +665,12 @@ class Matcher:
                 continue
             ts = self.rule.tensors.get(v)
             if ts is not None and name:
-                value = self.g.const_value(name)
-                if value is None:  # a constant broadcast to a run-time (symbolic) shape
-                    value = self.g.broadcast_scalar(name)
+                value = self._value(name)
                 # the shape of the data a constant input describes (a Reshape's input)
                 data_shape = (self.g.shape(actual[0])
                               if kind == "input" and pos and value is not None else None)
                 fn = caps.get(VALUE_KEY + v)
-                if fn is not None and v not in own and extra is not None:
+                if fn is not None and v not in own:
                     extra[0] |= (1 << i) - 1  # set by an earlier node's op alternative
                 if value is not None and fn is not None and fn != "identity":
                     value = CONST_FUNCS[fn](compact(np.asarray(value)).astype(np.float64))

@@ -169,11 +169,9 @@ class SavedDiff:
         self.removed_unsized: list[str] = []     # no recorded or inferable shape
         self.added_unsized: list[str] = []
 
-    def finish(self, model: onnx.ModelProto, changed: bool = True, io=None) -> None:
-        """Compare with the graph after fusion (changed=False: nothing was rewritten; io: its
-        nodes' (inputs, outputs) in graph order)."""
-        if not changed:
-            return
+    def finish(self, model: onnx.ModelProto, io=None) -> None:
+        """Compare with the graph after fusion (io: its nodes' (inputs, outputs) in graph
+        order). Not called when nothing was rewritten: nothing is removed or added."""
         after = model.graph
         now = saved_activations(after, io)
         self.removed = sorted(self.before - now)

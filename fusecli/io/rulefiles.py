@@ -98,9 +98,14 @@ def _store(key: str, rules: list[Rule]) -> None:
         pass
 
 
+def _texts(folder_or_file: Path) -> list[tuple[Path, str]]:
+    """(path, text) of each rule file there (bounded reads)."""
+    return [(f, read_text(f, lambda msg, f=f: RuleError(str(f), msg)))
+            for f in _rule_files(folder_or_file)]
+
+
 def _shipped_rules() -> list[Rule]:
-    texts = [(f, read_text(f, lambda msg, f=f: RuleError(str(f), msg)))
-             for f in _rule_files(DEFAULT_RULES_DIR)]
+    texts = _texts(DEFAULT_RULES_DIR)
     key = _cache_key(texts)
     rules = _cached(key)
     if rules is None:
@@ -131,8 +136,7 @@ def load_rules(paths=None) -> list[Rule]:
     for p in map(Path, paths):
         if not os.path.lexists(p):
             raise RuleError(str(p), "no such rule file or folder")
-        texts += [(f, read_text(f, lambda msg, f=f: RuleError(str(f), msg)))
-                  for f in _rule_files(p)]
+        texts += _texts(p)
     return _parsed(texts, shipped=False)
 
 

@@ -173,9 +173,10 @@ def _attr_value(contract: OpContract, attrs: dict, name: str):
 
 
 def _eval_like(contract: OpContract, rule: str, attrs: dict, dims_of_port):
-    """One ``like`` rule: the output's (element type, dims) from its inputs', or None.
-    ``dims_of_port(port)``: the port's (element type, list of dims) or None; a dim is kept as
-    given (a TensorShapeProto.Dimension, or an int / str / None)."""
+    """One ``like`` rule: the output's (element type, dims) from its inputs', or None; a rule
+    that names one port alone returns what ``dims_of_port`` gave for it, as it is.
+    ``dims_of_port(port)``: the port's (element type, list of dims, ...) or None; a dim is kept
+    as given (a TensorShapeProto.Dimension, or an int / str / None)."""
     expr, _, cond = rule.partition(" if ")
     for part in cond.split(" and ") if cond else ():
         a, op, b = _COND.fullmatch(part.strip()).groups()
@@ -243,18 +244,19 @@ def infer_output_types(node, type_of) -> list:
     """
     import onnx
 
-    def dims_of(name):
+    def dims_of(name):  # (a like rule that names a port alone returns it whole: its TypeProto)
         t = type_of(name)
-        return None if t is None else (t.tensor_type.elem_type, t.tensor_type.shape.dim)
+        return None if t is None else (t.tensor_type.elem_type, t.tensor_type.shape.dim, t)
 
     out = []
     for t in _infer_outputs(node, dims_of):
-        tp = None
-        if t is not None:
-            tp = onnx.TypeProto()
-            tp.tensor_type.elem_type = t[0]
-            for dim in t[1]:
-                tp.tensor_type.shape.dim.add().CopyFrom(dim)
+        if t is None or len(t) == 3:
+            out.append(None if t is None else t[2])
+            continue
+        tp = onnx.TypeProto()
+        tp.tensor_type.elem_type = t[0]
+        for dim in t[1]:
+            tp.tensor_type.shape.dim.add().CopyFrom(dim)
         out.append(tp)
     return out
 
