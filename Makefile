@@ -14,7 +14,7 @@ LIB := fusecli/lib/libfusecli_ops.so
 # the C++/CUDA sources clang-format checks (.clang-format): shared code and every op folder
 CXX_SOURCES = $(shell find fusecli/csrc fusecli/ops -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | sort)
 
-.PHONY: demo test test-fast lint format venv lib ortt-env system-deps samples corpus bench clean
+.PHONY: demo test test-fast fuzz lint format venv lib ortt-env system-deps samples corpus bench clean
 
 $(VENV)/.installed: pyproject.toml setup.py scripts/constraints.txt
 	$(PY) -m venv $(VENV)
@@ -71,6 +71,13 @@ FAST_TESTS = tests/test_layers.py tests/test_rule_loading.py tests/test_rulegen.
 	tests/test_op_folders.py
 test-fast: venv
 	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) $(FAST_TESTS)
+
+# the property tests exploring: a random seed and FUZZ_EXAMPLES examples per property (`make test`
+# runs them derandomized, a fixed set; docs/testing.md). Run before each closing note.
+FUZZ_EXAMPLES ?= 2000
+fuzz: venv lib
+	FUSECLI_HYPOTHESIS_PROFILE=fuzz FUSECLI_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
+		$(VPY) -m pytest -q -n $(PYTEST_WORKERS) tests/test_property.py
 
 samples:
 	bash scripts/make_samples.sh

@@ -24,9 +24,63 @@ def run_cli(*args, check_rc: int | None = 0, **kw) -> subprocess.CompletedProces
     return proc
 
 
+def cli_in_process(*argv) -> tuple[int, str]:
+    """fusecli's main() in-process (the console script's entry point, without a process start:
+    a few dozen runs take seconds): (exit code, stderr). Signal handlers are restored after."""
+    import contextlib
+    import io
+    import signal
+
+    from fusecli.commands.main import main
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main([str(a) for a in argv])
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    return rc, err.getvalue()
+
+
+def exit_0_or_one_line(rc: int, err: str) -> None:
+    """A run ended in exit 0, or in exit 2 with ONE 'fusecli: error:' line (no traceback)."""
+    assert rc in (0, 2), (rc, err)
+    if rc == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("fusecli: error: "), err
+
+
 def run_cli_json(*args) -> dict:
     proc = run_cli(*args, "--json")
     return json.loads(proc.stdout)
+
+
+# --- property tests (hypothesis): the same examples on every run, unless exploring -------------
+# `make test` runs the profile "ci": derandomized (the examples are a function of the test's
+# code, so one commit draws the same set on every run and machine) and no example database
+# (nothing carries over from an earlier run). `make fuzz` runs "fuzz": a random seed, and
+# FUSECLI_FUZZ_EXAMPLES examples per property (fuzz_examples). docs/testing.md.
+def _hypothesis_profiles() -> None:
+    try:
+        from hypothesis import settings
+    except ImportError:        # only the property tests need it
+        return
+    settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+    settings.register_profile("fuzz", derandomize=False, database=None, print_blob=True)
+    settings.load_profile(os.environ.get("FUSECLI_HYPOTHESIS_PROFILE", "ci"))
+
+
+_hypothesis_profiles()
+
+
+def fuzz_examples(ci: int) -> int:
+    """A property test's example count: ``ci`` under `make test`, FUSECLI_FUZZ_EXAMPLES under
+    `make fuzz` (the profile "fuzz")."""
+    if os.environ.get("FUSECLI_HYPOTHESIS_PROFILE") == "fuzz":
+        return int(os.environ.get("FUSECLI_FUZZ_EXAMPLES", "2000"))
+    return ci
 
 
 @pytest.fixture(scope="session")

@@ -42,6 +42,7 @@ import tempfile
 from pathlib import Path
 
 import onnx
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from fusecli.errors import ModelError
@@ -266,8 +267,126 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     del data
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise ModelError(f"{p} parsed but holds no graph; is it really an ONNX model?")
+    check_strings(model, str(p))
     _inline_small_constants(check_external_data(model, base, str(p)))
     return model
+
+
+# --- text fields -------------------------------------------------------------------------------
+# protobuf (upb) hands back a proto2 `string` field that is not valid UTF-8 as bytes, and an
+# attribute's text (`s`, `strings`) is a `bytes` field that fusecli decodes: both are checked here,
+# once, so that nothing downstream meets bytes where it expects text.
+
+_TEXT_BYTES = {("onnx.AttributeProto", "s"), ("onnx.AttributeProto", "strings")}
+_FIELDS: dict = {}     # message descriptor -> (text fields, message fields), each [(name, repeated)]
+
+
+def _fields_of(desc):
+    got = _FIELDS.get(desc)
+    if got is None:
+        strs, msgs = [], []
+        for f in desc.fields:
+            rep = getattr(f, "is_repeated", None)
+            if rep is None:                      # protobuf before 5.28
+                rep = f.label == FieldDescriptor.LABEL_REPEATED
+            if f.type == FieldDescriptor.TYPE_STRING or (desc.full_name, f.name) in _TEXT_BYTES:
+                strs.append((f.name, rep))
+            elif f.type == FieldDescriptor.TYPE_MESSAGE:
+                msgs.append((f.name, rep))
+        got = _FIELDS[desc] = (tuple(strs), tuple(msgs))
+    return got
+
+
+def _is_text(v) -> bool:
+    if type(v) is str:
+        return True
+    try:
+        v.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _bad_text(msg, path: tuple):
+    """(path, field name, index) of the first text field of ``msg`` (walked depth first) that
+    is not valid UTF-8, else None; ``path`` is the chain (parent path, field, index, message)
+    down to ``msg``. Only text and message fields are read (never a tensor's data)."""
+    strs, msgs = _fields_of(msg.DESCRIPTOR)
+    for name, rep in strs:
+        v = getattr(msg, name)
+        if rep:
+            if v and not all(type(x) is str for x in v):
+                for i, x in enumerate(v):
+                    if not _is_text(x):
+                        return path, name, i
+        elif type(v) is not str and not _is_text(v):
+            return path, name, None
+    for name, rep in msgs:
+        if rep:
+            v = getattr(msg, name)
+            for i, sub in enumerate(v):
+                found = _bad_text(sub, (path, name, i, sub))
+                if found:
+                    return found
+        elif msg.HasField(name):
+            sub = getattr(msg, name)
+            found = _bad_text(sub, (path, name, None, sub))
+            if found:
+                return found
+    return None
+
+
+def _shown(v) -> str:
+    """A name for a message: quoted, cut to 40 characters, undecodable bytes escaped."""
+    if isinstance(v, bytes):
+        v = v.decode("utf-8", "replace")
+    return repr(v if len(v) <= 40 else v[:40] + "...")
+
+
+_WHERE = {"graph": None, "node": "node", "initializer": "initializer", "input": "graph input",
+          "output": "graph output", "value_info": "value_info", "functions": "function",
+          "sparse_initializer": "sparse initializer", "metadata_props": "metadata entry",
+          "opset_import": "opset import", "attribute": "attribute", "training_info": "training info",
+          "t": "tensor", "tensors": "tensor", "g": "subgraph", "graphs": "subgraph",
+          "external_data": "external data entry", "dim": "dim", "type": None, "tensor_type": None,
+          "sparse_tensor_type": None, "sequence_type": None, "map_type": None,
+          "optional_type": None, "elem_type": None, "value_type": None, "shape": None}
+
+
+def _describe(path: tuple, field: str, index) -> str:
+    steps = []
+    while path:
+        path, *step = path
+        steps.append(step)
+    parts = []
+    for name, i, sub in reversed(steps):
+        what = _WHERE.get(name, name)
+        if what is None:
+            continue
+        label = getattr(sub, "name", None) or getattr(sub, "key", None) or (
+            getattr(sub, "domain", None) if name == "opset_import" else None)
+        if what == "attribute" and label:
+            parts.append(f"attribute {_shown(label)}")
+            continue
+        part = what if i is None else f"{what} {i}"
+        parts.append(part + (f" ({_shown(label)})" if label else ""))
+    if steps and steps[0][0] == "attribute" and field in ("s", "strings"):
+        # the attribute's value: "attribute 'auto_pad'", "attribute 'names' (string 2)"
+        if index is not None:
+            parts[-1] += f" (string {index})"
+        return ": ".join(parts)
+    parts.append(field.replace("_", " ") + (f" {index}" if index is not None else ""))
+    return ": ".join(parts)
+
+
+def check_strings(model: onnx.ModelProto, label: str) -> None:
+    """Refuse (ModelError, one line naming the field and where it is) a model with a text field
+    that is not valid UTF-8: op types, domains, node / tensor / value names, attribute strings,
+    doc strings, metadata, in subgraphs and functions too."""
+    found = _bad_text(model, ())
+    if found:
+        raise ModelError(f"{label}: {_describe(*found)} is not valid UTF-8; re-export the model "
+                         "or fix the file")
 
 
 def _inline_small_constants(entries) -> None:
