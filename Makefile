@@ -2,6 +2,7 @@
 #   make demo   - venv + install + custom-op library + optimize a shipped sample
 #   make test   - the same set-up, then the linters and the whole test suite (parallel)
 #   make test-fast - engine, rules and API tests without onnxruntime sessions (the edit loop)
+#   make docs   - regenerate docs/ops.md from the op contracts
 #   make lint   - ruff (Python) and clang-format --dry-run (C++/CUDA); make format fixes the C++
 # The library is built by the package's build hook (setup.py -> scripts/build_lib.sh) when the
 # venv installs fusecli (editable); `make lib` reruns the same script after C++ edits.
@@ -14,7 +15,7 @@ LIB := fusecli/lib/libfusecli_ops.so
 # the C++/CUDA sources clang-format checks (.clang-format): shared code and every op folder
 CXX_SOURCES = $(shell find fusecli/csrc fusecli/ops -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | sort)
 
-.PHONY: demo test test-fast fuzz lint format venv lib ortt-env system-deps samples corpus bench clean
+.PHONY: demo test test-fast fuzz lint format venv lib ortt-env system-deps samples corpus bench docs clean
 
 $(VENV)/.installed: pyproject.toml setup.py scripts/constraints.txt
 	$(PY) -m venv $(VENV)
@@ -29,7 +30,7 @@ lib: venv
 
 ortt-env: $(ORTT_VENV)/.installed
 
-# programs the tests need from Debian (README "Dependencies, and why"): Graphviz's `dot` lays out
+# programs the tests need from Debian (docs/install.md "Dependencies, and why"): Graphviz's `dot` lays out
 # `fusecli report`'s drawings; headless `chromium` opens the report in the browser test. Installed
 # with apt-get when missing (CI runs as root on Debian 12); as a user, sudo apt-get install them.
 SYSTEM_PROGRAMS := dot:graphviz chromium:chromium
@@ -68,7 +69,7 @@ test: venv lib ortt-env system-deps lint
 # rule files, rule drafting, the op folders' facts and the package's layering; no kernel is
 # built and no model is run in onnxruntime
 FAST_TESTS = tests/test_layers.py tests/test_rule_loading.py tests/test_rulegen.py tests/test_search.py \
-	tests/test_op_folders.py
+	tests/test_op_folders.py tests/test_docs.py
 test-fast: venv
 	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) $(FAST_TESTS)
 
@@ -82,9 +83,13 @@ fuzz: venv lib
 samples:
 	bash scripts/make_samples.sh
 
-# corpus of real third-party architectures (not part of `make test`; see README "Corpus")
+# corpus of real third-party architectures (not part of `make test`; see docs/corpus.md)
 corpus: venv
 	bash scripts/corpus/make_corpus.sh
+
+# the generated documentation: docs/ops.md from the op contracts (tests/test_docs.py checks it)
+docs: venv
+	$(VPY) -m fusecli.ops.docs
 
 bench: venv lib ortt-env
 	$(VPY) -m fusecli.bench.suite --out BENCHMARKS.md

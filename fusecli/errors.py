@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-# Exit codes shared by every command (documented in README.md).
+# Exit codes shared by every command (documented in docs/usage.md).
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_EXPECTATION = 3
 EXIT_INTERNAL = 4
-EXIT_INCONCLUSIVE = 5  # `verify` could not judge (see README's exit-code table)
+EXIT_INCONCLUSIVE = 5  # `verify` could not judge (see docs/usage.md, "Exit codes")
 
 
 class Interrupted(BaseException):

@@ -160,15 +160,20 @@ def test_update_splices_only_the_measured_sections_and_their_summary_lines():
     assert "(d): lowest fused speed-up **1.10x**" in summary
     assert "| ort-training | ortt_mlp | 2 | 4 (x16) | 11.00 | 10.00 | 1.100x |" in doc
     assert doc.count("## (f)") == 1 and doc.count("## (g)") == 1 and doc.count("## (e)") == 1
-    assert "- Re-measured by `--update` on later" in doc.split("## Summary")[0]
-    # splicing the same sections again replaces the note instead of stacking a second one
+    head = doc.split("## Summary")[0]
+    rows = {ln.split(")")[0][3:]: ln for ln in head.splitlines() if ln.startswith("| (")}
+    assert sorted(rows) == list("abcdefg")
+    assert "| later |" in rows["f"] and "| later |" in rows["g"] and "`--update`" in rows["f"]
+    assert "| d |" in rows["e"] and "`make bench`" in rows["e"]  # kept from the old run
+    # splicing the same sections again replaces the rows instead of adding more
     again = R.splice(doc, new, ["shapes", "real"], meta)
-    assert again.count("Re-measured by `--update`") == 1
+    assert again.split("## Summary")[0] == head
     assert again.split("## (f)")[1] == doc.split("## (f)")[1]
-    # re-measuring only (f) keeps the note of the run that (g) still comes from
+    # re-measuring only (f) keeps the row of the run that (g) still comes from
     partial = R.splice(doc, new, ["shapes"], {**meta, "date": "latest"})
-    notes = [ln for ln in partial.splitlines() if ln.startswith("- Re-measured by `--update`")]
-    assert len(notes) == 2 and "on later" in notes[0] and "on latest" in notes[1]
+    rows = [ln for ln in partial.split("## Summary")[0].splitlines() if ln.startswith("| (")]
+    assert len(rows) == 7 and "| latest |" in rows[5] and "| later |" in rows[6]
+    assert "Re-measured" not in partial
 
 
 def test_models_section_renders_steps_with_peak_memory_and_splices_into_an_older_document():

@@ -1,4 +1,4 @@
-"""The package's plan (README "Architecture"): every module's fusecli imports respect the layers,
+"""The package's plan (docs/architecture.md): every module's fusecli imports respect the layers,
 imports run one way (no cycle), and the engine touches neither onnxruntime nor files.
 
 Layers, lowest first; a module may import its own layer and any layer below it:

@@ -19,7 +19,6 @@ from conftest import REPO, SAMPLES, grouped, run_cli
 from fusecli import api
 from fusecli.engine.fusion import DOC_MAX_NAMES, fused_doc, replaced_of, rule_of
 from fusecli.ops.contracts import FUSED_DOMAIN
-from fusecli.ops.schema import readme_block, schema_markdown
 from fusecli.report import collect, render_html, render_markdown
 from fusecli.runtime.feeds import load_manifest
 
@@ -256,11 +255,3 @@ def test_report_without_graphviz_says_to_install_it(tmp_path):
     assert "graphviz" in p.stderr and not (tmp_path / "f.onnx").exists()
     # the Markdown summary needs no drawing
     run_cli("report", SAMPLES / "torch_block.onnx", "--summary-md", tmp_path / "s.md", env=env)
-
-
-def test_readme_op_schemas_are_the_contracts():
-    block = readme_block((REPO / "README.md").read_text())
-    assert block == schema_markdown(), ("README's op schemas differ from the contracts: run "
-                                        "`.venv/bin/python -m fusecli.ops.schema`")
-    for name in ("LayerNormGrad", "AttentionGrad", "FlashAttention"):
-        assert f"#### `com.fusecli.{name}`" in block

@@ -31,7 +31,7 @@ RULES = click.option("--rules", "rules", multiple=True, type=click.Path(path_typ
 JSON = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 FEEDS = click.option("--feeds", "feeds_file", type=click.Path(path_type=Path),
                      help="NumPy .npz of arrays keyed by graph input name; the inputs it "
-                          "lacks are generated from the graph (README: Verify).")
+                          "lacks are generated from the graph (docs/usage.md: verify).")
 PROVIDER = click.option(
     "--provider", type=click.Choice(["any", "cpu", "cuda"]), default="any", show_default=True,
     help="Fuse only where fusecli's library has a kernel for this execution provider.")

@@ -2,7 +2,7 @@
 
 Built once per run in O(nodes + edges); removing nodes and inserting a fused node only touch the
 tensors involved, so a pass over tens of thousands of nodes stays linear (onnx-graphsurgeon's
-``cleanup()`` takes ~30 s on a 21k-node training graph, see README).
+``cleanup()`` takes ~30 s on a 21k-node training graph, see docs/install.md).
 """
 
 from __future__ import annotations

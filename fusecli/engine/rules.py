@@ -1,6 +1,6 @@
 """Rule files: schema, safe loading and validation.
 
-One rule per YAML file. The schema is documented in ``rules/README.md``; every check here
+One rule per YAML file. The schema is documented in ``docs/rules.md``; every check here
 reports the file, the line where known, and what is wrong.
 """
 

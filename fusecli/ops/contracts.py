@@ -68,6 +68,7 @@ class OpContract:
     floor_bytes: dict
     math: str
     order: int | None = None  # canonical position of its patterns (ascending across ops)
+    replaces: str = ""  # the unfused chain it takes the place of, in words (docs/ops.md)
 
     def inplace_pairs(self) -> list[tuple[int, int]]:
         """(input index, output index) pairs, in the order the runtime should try them."""
@@ -112,7 +113,8 @@ def _op(folder: str, spec: dict) -> OpContract:
                       tuple(spec.get("patterns") or ()), _ports(spec["inputs"]),
                       _ports(spec["outputs"]), dict(spec.get("attributes") or {}), launchers,
                       dict(spec.get("floor_bytes") or {}), spec["math"],
-                      None if spec.get("order") is None else int(spec["order"]))
+                      None if spec.get("order") is None else int(spec["order"]),
+                      " ".join(str(spec.get("replaces", "")).split()))
 
 
 @functools.cache

@@ -299,7 +299,7 @@ class Arch:
     # torch-joint only: torch.onnx.export(..., dynamo=True, optimize=optimize); False keeps the
     # raw export (constants as small subgraphs, detach/clone as Identity, no-op views)
     optimize: bool = True
-    # fine-tuning corpus (issue 21): what trains ("full": every parameter), shown in the README
+    # fine-tuning corpus (issue 21): what trains ("full": every parameter), shown in docs/corpus.md
     # table's setup column; symbolic: the [batch, sequence] inputs are exported with symbolic
     # dims "batch" and "sequence"; flash: the attention meets the flash conditions (module
     # docstring): its sdpa calls count as flash_attention (flash_counts, FLASH_NOTE)

@@ -1,6 +1,6 @@
 """Merge the generator fragments (build/corpus/*.json) into corpus/manifest.yaml, measure what the
 CURRENT rules fuse on every corpus graph, record the difference as `known_gaps` (each with its
-reason from scripts/corpus/gaps.yaml), and regenerate the coverage table in README.md.
+reason from scripts/corpus/gaps.yaml), and regenerate the coverage table in docs/corpus.md.
 
 Runs under the project's .venv (`fusecli` importable): `python scripts/corpus/finish.py`.
 Exit 1 when a graph fuses MORE than its architecture has (over-fusion), or a gap has no reason
@@ -120,15 +120,15 @@ def table(entries: dict[str, dict], sizes: dict[str, tuple[int, int]]) -> str:
     return "\n".join(rows)
 
 
-def update_readme(text: str) -> None:
-    readme = ROOT / "README.md"
+def update_corpus_table(text: str) -> None:
+    readme = ROOT / "docs" / "corpus.md"
     src = readme.read_text()
     block = f"{TABLE_START}\n{text}\n{TABLE_END}"
     if TABLE_START in src:
         src = re.sub(re.escape(TABLE_START) + ".*?" + re.escape(TABLE_END),
                      lambda _: block, src, flags=re.S)
     else:
-        raise SystemExit(f"README.md has no {TABLE_START!r} marker: add one where the table goes")
+        raise SystemExit(f"docs/corpus.md has no {TABLE_START!r} marker: add one where the table goes")
     readme.write_text(src)
 
 
@@ -158,7 +158,7 @@ def main() -> int:
         print(f"{name}: " + ", ".join(f"{p} {fused[p]}/{e['expected'][p]}" for p in PATTERNS
                                       if e["expected"][p] or fused[p]))
     write_manifest(entries)
-    update_readme(table(entries, sizes))
+    update_corpus_table(table(entries, sizes))
     for p in problems:
         print("finish.py: " + p, file=sys.stderr)
     return 1 if problems else 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate corpus/*.onnx, corpus/*.params.npz, corpus/manifest.yaml and the README coverage
+# Regenerate corpus/*.onnx, corpus/*.params.npz, corpus/manifest.yaml and the docs/corpus.md coverage
 # table (`make corpus`; not part of `make test`). Two generator venvs under build/, pinned by
 # scripts/corpus/requirements-{ortt,torch}.txt (they conflict: onnxruntime-training-cpu vs
 # onnxruntime). Then scripts/corpus/finish.py runs under .venv (fusecli) to measure known_gaps.
