@@ -240,9 +240,9 @@ def _with_dims(model: onnx.ModelProto, dims: dict[str, int]) -> onnx.ModelProto:
 
 
 def _flops(node: onnx.NodeProto, sizes: _Sizes) -> int:
-    """Rough work of one node: 2*M*N*K for a GEMM, 4*Sq*Sk*D per head for a FlashAttention,
-    2*N*H*V for a LinearCrossEntropy, _NORM_FLOPS per output element for a norm, else one
-    per output element; 0 where the shapes are unknown."""
+    """Rough work of one node: 2*M*N*K for a GEMM, _NORM_FLOPS per output element for a
+    norm, else one per output element (fused ops too: a lower bound); 0 where the shapes are
+    unknown."""
     out = sizes.shape(node.output[0]) if node.output and node.output[0] else None
     numel = int(np.prod(out)) if out is not None else 0
     op = node.op_type
@@ -254,13 +254,6 @@ def _flops(node: onnx.NodeProto, sizes: _Sizes) -> int:
         k = a[0] if (op == "Gemm" and attrs.get("transA")) else (
             a[-2] if (op == "FusedMatMul" and attrs.get("transA") and len(a) > 1) else a[-1])
         return 2 * numel * k
-    if op == "FlashAttention":
-        k = sizes.shape(node.input[1]) if len(node.input) > 1 else None
-        return 4 * numel * k[-2] if k and out is not None else 0
-    if op == "LinearCrossEntropy":
-        x = sizes.shape(node.input[0])
-        w = sizes.shape(node.input[1]) if len(node.input) > 1 else None
-        return 2 * int(np.prod(x)) * w[0] if x and w else 0
     c = op_class(node)
     return numel * (_NORM_FLOPS if c == NORM else 1)
 
