@@ -80,6 +80,7 @@ class Result:
     warnings: list[str] = field(default_factory=list)   # non-fatal graph problems
     verify: object | None = None           # a VerifyReport when optimize(verify=True)
     saved_to: Path | None = None
+    budget: object | None = None           # a recompute.BudgetReport with max_memory
 
     @property
     def fused(self) -> dict[str, int]:
@@ -125,6 +126,9 @@ class Result:
         d = self.stats.as_dict(str(self.source) if self.source else "")
         if self.verify is not None:
             d["verify"] = self.verify.as_dict()
+        if self.budget is not None:
+            d["memory_budget"] = self.budget.as_dict()
+            d["nodes_after"] = len(self.model.graph.node)
         return d
 
 
@@ -154,7 +158,8 @@ def output_path(model: PathLike, output: PathLike, in_place: bool = False) -> Pa
 def optimize(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
              only: Iterable[str] = (), skip: Iterable[str] = (), *, provider: str = "any",
              verify: bool = False, output: PathLike | None = None, in_place: bool = False,
-             feeds: PathLike | None = None,
+             feeds: PathLike | None = None, max_memory: int | str | None = None,
+             dims: dict[str, int] | None = None,
              log: Callable[[str], None] | None = None) -> Result:
     """Fuse ``model`` (a path, or a ModelProto that is rewritten in place) with ``rules``
     (default: the shipped rules); ``only``/``skip`` select patterns or rules by name.
@@ -165,8 +170,18 @@ def optimize(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
     the lines the CLI prints on stderr (warnings, progress on large graphs, "wrote PATH").
     Raises the ``fusecli.errors`` exceptions; a failed verify is reported in
     ``result.verify``, not raised.
+
+    ``max_memory`` (bytes, or a size such as "512MiB" / "1.5GB"): after fusion, recompute
+    forward tensors in the backward until the step's estimated saved activations fit
+    (docs/memory-budget.md; ``result.budget`` says what was recomputed); an unreachable budget
+    raises FuseError. ``dims``: values of symbolic dimensions for that estimate.
     """
     say = log or (lambda _msg: None)
+    budget = None
+    if max_memory is not None:
+        from fusecli.engine.recompute import parse_size
+
+        budget = parse_size(max_memory)
     dest = None
     if isinstance(model, onnx.ModelProto):
         if in_place:
@@ -187,6 +202,12 @@ def optimize(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
         fp.progress = lambda msg: say(f"fusecli: {msg}")
     fp.run(m)
     result = Result(m, source, fp.stats, warnings)
+    if budget is not None:
+        from fusecli.engine.recompute import apply_budget
+
+        result.budget = apply_budget(m, budget, dims)
+        for line in result.budget.lines():
+            say(line)
     if result.total_fused == 0 and not result.has_gradient_nodes:
         say(f"note: {source or 'the model'} has no gradient nodes; nothing to fuse (is it a "
             "training graph?)")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from fusecli import errors
-from fusecli.commands.options import FEEDS, JSON, ONLY, PROVIDER, RULES, SKIP
+from fusecli.commands.options import DIMS, FEEDS, JSON, ONLY, PROVIDER, RULES, SIZE, SKIP
 from fusecli.commands.report import REPORT, SUMMARY_MD, check_report_options, write_reports
 from fusecli.commands.output import (echo_json, echo_line, one_line, print_verify, report_mismatches,
                                      verify_exit)
@@ -32,10 +32,15 @@ from fusecli.commands.output import (echo_json, echo_line, one_line, print_verif
               help="A previous --json report; exit 3 if any fused count drops below it.")
 @FEEDS
 @PROVIDER
+@click.option("--max-memory", "max_memory", type=SIZE, metavar="SIZE",
+              help="Memory budget for the step's saved activations (512MiB, 1.5GB, bytes): "
+                   "recompute the cheapest forward tensors in the backward until the estimate "
+                   "fits (docs/memory-budget.md); exit 2 if it cannot.")
+@DIMS
 @REPORT
 @SUMMARY_MD
 def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet, do_verify,
-             expect, baseline, feeds_file, provider, report_file, summary_md):
+             expect, baseline, feeds_file, provider, max_memory, dims, report_file, summary_md):
     """Fuse MODEL and write the result to OUTPUT.
 
     MODEL is an ONNX training graph (onnxruntime-training artifact or torch joint graph).
@@ -52,6 +57,11 @@ def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet
         raise click.UsageError("--verify needs a written output; drop --dry-run")
     if feeds_file is not None and not do_verify:
         raise click.UsageError("--feeds is for --verify; add --verify")
+    from fusecli.runtime.feeds import parse_dims
+
+    dims = parse_dims(dims)
+    if dims and max_memory is None:
+        raise click.UsageError("--dim is for --max-memory; add --max-memory SIZE")
     dest = api.output_path(model, output, in_place) if output is not None else None
     wanted = load_expectations(expect) if expect else {}
     base = load_baseline(baseline) if baseline else None
@@ -59,7 +69,7 @@ def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet
     original = api.load(model) if report_file or summary_md else None
     result = api.optimize(model, rules, only, skip, provider=provider,
                           output=None if dry_run else dest, in_place=True, verify=do_verify,
-                          feeds=feeds_file, log=None if quiet else lambda m: echo_line(m, err=True))
+                          feeds=feeds_file, max_memory=max_memory, dims=dims, log=None if quiet else lambda m: echo_line(m, err=True))
     if original is not None:
         from fusecli.report import collect
 

@@ -22,7 +22,21 @@ class _Tolerance(click.ParamType):
         return v
 
 
+class _Size(click.ParamType):
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        from fusecli.engine.recompute import parse_size
+        from fusecli.errors import FuseError
+
+        try:
+            return parse_size(value)
+        except FuseError as exc:
+            self.fail(str(exc).split(": ", 1)[-1], param, ctx)
+
+
 TOLERANCE = _Tolerance()
+SIZE = _Size()
 SEED = click.IntRange(0, 2**32 - 1)       # what NumPy's generators accept
 RUNTIME_PYTHON = click.Path(exists=True, dir_okay=False, executable=True, path_type=Path)
 
@@ -37,3 +51,5 @@ PROVIDER = click.option(
     help="Fuse only where fusecli's library has a kernel for this execution provider.")
 ONLY = click.option("--only", multiple=True, help="Apply only this pattern or rule (repeatable).")
 SKIP = click.option("--skip", multiple=True, help="Do not apply this pattern or rule (repeatable).")
+DIMS = click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+                    help="Symbolic dimension NAME=VALUE (repeatable).")

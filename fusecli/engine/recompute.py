@@ -1,0 +1,457 @@
+"""A memory budget for a training step: recompute forward tensors in the backward.
+
+The step's saved activations (saved.py: tensors a forward node writes and a backward node
+reads) live from the forward until the backward has read them, so they set the step's peak.
+``apply_budget`` lowers their estimated total to a budget by *recomputation*: it picks forward
+nodes whose saved outputs it drops, duplicates each such node into the backward (the
+duplicate reads the same inputs: tensors that stay saved, or other duplicates), and rewires
+the backward readers of its outputs to the duplicate. The forward copy then dies after its
+last forward reader, and the duplicate lives only from just before its first backward reader
+to its last one.
+
+Choice: greedy, cheapest first. Classes in order: elementwise ops (and views), then norms
+(LayerNorm / RMSNorm / Softmax, which also rewrite their statistics), then GEMMs (MatMul,
+Gemm, FusedMatMul); inside a class the largest saving first. A node is dropped only when it
+lowers the estimate: the bytes of its saved outputs exceed the bytes of its inputs that
+become saved for the duplicate. Never recomputed: random ops (Dropout and the Random* family:
+their mask would differ), ops with subgraphs or side effects, fused com.fusecli ops, ops not
+in the allow-lists below, nodes with a graph output, and nodes whose sizes are unknown.
+
+onnxruntime's common-subexpression elimination (ORT_ENABLE_BASIC and above) merges a node of
+the ai.onnx domain with another of the same op, attributes and inputs, which would fold a
+duplicate back into its original and undo the recomputation. So a duplicate whose inputs are
+all original tensors (the root of a recompute chain) reads one of them through a *fence*:
+``Reshape(x, [0, 0, ...])`` (allowzero 0: every dim copied), which onnxruntime does not remove,
+computes as a zero-copy view, and gives the duplicate an input that CSE sees as different.
+Duplicates downstream of a fenced one differ from their originals by that input already.
+com.microsoft ops are never merged by CSE (it treats them as non-deterministic).
+
+The node list stays topologically sorted: duplicates are emitted just before the first node
+that reads them, after their own inputs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from fusecli.engine.saved import _missing_types, _types, saved_activations, tensor_size
+from fusecli.errors import FuseError
+
+ELEMENTWISE, NORM, GEMM = 0, 1, 2
+CLASS_NAMES = {ELEMENTWISE: "elementwise", NORM: "norm", GEMM: "gemm"}
+
+_ONNX_ELEMENTWISE = frozenset({
+    "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log", "Sigmoid",
+    "Tanh", "Erf", "Relu", "LeakyRelu", "Elu", "Selu", "Gelu", "Pow", "Max", "Min", "Sum",
+    "Where", "Cast", "CastLike", "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze",
+    "Flatten", "Expand", "Concat", "Slice", "Split", "Gather", "Equal", "Less", "Greater",
+    "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Clip", "Softplus", "HardSigmoid",
+    "Mish", "Sin", "Cos", "Tile"})
+_MS_ELEMENTWISE = frozenset({"Gelu", "FastGelu", "QuickGelu", "BiasGelu", "BiasFastGelu"})
+_ONNX_NORM = frozenset({"LayerNormalization", "SimplifiedLayerNormalization",
+                        "RMSNormalization", "Softmax", "LogSoftmax"})
+_MS_NORM = frozenset({"LayerNormalization", "SimplifiedLayerNormalization",
+                      "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})
+_ONNX_GEMM = frozenset({"MatMul", "Gemm"})
+_MS_GEMM = frozenset({"FusedMatMul"})
+# ops whose two inputs commute exactly (a spare way past CSE where a fence is not possible)
+_COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Equal", "And", "Or"})
+_NORM_FLOPS = 8  # per output element of a norm or softmax (mean, variance, scale, shift)
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+          "k": 2**10, "m": 2**20, "g": 2**30}
+
+
+def parse_size(text) -> int:
+    """'512MiB', '1.5GB', '300000000' (bytes), '2G' (binary) -> bytes; FuseError otherwise."""
+    if isinstance(text, (int, np.integer)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        m = _SIZE.match(str(text))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise FuseError(f"--max-memory {text!r}: expected a size such as 512MiB, 1.5GB, "
+                            "2G or a number of bytes")
+        value, unit = float(m.group(1)), m.group(2).lower()
+    n = int(value * _UNITS[unit])
+    if n <= 0:
+        raise FuseError(f"--max-memory {text!r}: the budget must be more than 0 bytes")
+    return n
+
+
+def mib(n: float) -> str:
+    """Bytes as text: MiB from 1 MiB up, KiB from 1 KiB, else bytes."""
+    if abs(n) >= 2**20:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**10:.1f} KiB" if abs(n) >= 2**10 else f"{int(n)} B"
+
+
+def op_class(node: onnx.NodeProto) -> int | None:
+    """The recompute class of a node's op, or None when it is never recomputed."""
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for a in node.attribute):
+        return None
+    dom, op = node.domain or "", node.op_type
+    if dom in ("", "ai.onnx"):
+        if op in _ONNX_ELEMENTWISE:
+            return ELEMENTWISE
+        if op in _ONNX_NORM:
+            return NORM
+        if op in _ONNX_GEMM:
+            return GEMM
+    elif dom == "com.microsoft":
+        if op in _MS_ELEMENTWISE:
+            return ELEMENTWISE
+        if op in _MS_NORM:
+            return NORM
+        if op in _MS_GEMM:
+            return GEMM
+    return None
+
+
+@dataclass
+class BudgetReport:
+    """What ``apply_budget`` did (or would need)."""
+
+    budget: int
+    before: int                 # estimated saved activations before recomputation (bytes)
+    after: int                  # ... after
+    minimum: int | None = None  # the lowest estimate recomputation reaches (when unmet)
+    met: bool = True
+    recomputed: dict[str, int] = field(default_factory=dict)   # "class op_type" -> nodes
+    tensors: int = 0            # saved tensors no longer saved
+    fences: int = 0
+    extra_flops: int = 0
+    forward_flops: int = 0
+    unsized: int = 0            # saved tensors of unknown size (not in the estimate)
+    dims: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.before - self.after
+
+    def as_dict(self) -> dict:
+        return {"budget_bytes": self.budget, "estimate_before_bytes": self.before,
+                "estimate_after_bytes": self.after, "bytes_saved": self.saved_bytes,
+                "met": self.met, "minimum_bytes": self.minimum,
+                "recomputed_nodes": dict(self.recomputed),
+                "recomputed_total": sum(self.recomputed.values()),
+                "tensors_no_longer_saved": self.tensors, "fences": self.fences,
+                "extra_flops": self.extra_flops, "forward_flops": self.forward_flops,
+                "unsized_saved_tensors": self.unsized, "dims": dict(self.dims)}
+
+    def lines(self) -> list[str]:
+        """What the CLI prints (stderr)."""
+        if not self.recomputed:
+            return [f"memory budget {mib(self.budget)}: estimated saved activations "
+                    f"{mib(self.before)} already fit; nothing recomputed"]
+        what = ", ".join(f"{k} {v}" for k, v in sorted(self.recomputed.items()))
+        pct = (f" ({self.extra_flops / self.forward_flops:.1%} of the forward's "
+               f"{self.forward_flops / 1e9:.2f} GFLOP)" if self.forward_flops else "")
+        return [f"memory budget {mib(self.budget)}: estimated saved activations "
+                f"{mib(self.before)} -> {mib(self.after)} ({mib(self.saved_bytes)} saved, "
+                f"{self.tensors} tensors)",
+                f"recomputed in the backward: {sum(self.recomputed.values())} nodes ({what}); "
+                f"extra work {self.extra_flops / 1e9:.3f} GFLOP{pct}"]
+
+
+class _Sizes:
+    """Static sizes in bytes and shapes of a graph's tensors (recorded, Constant values, or
+    inferred), with symbolic dims taken from ``dims``."""
+
+    def __init__(self, model: onnx.ModelProto, names, dims: dict[str, int], io):
+        names = set(names)
+        graph = model.graph
+        syms = {d.dim_param for v in graph.input for d in v.type.tensor_type.shape.dim
+                if d.dim_param}
+        missing = sorted(syms - dims.keys())
+        if missing:
+            raise FuseError(
+                f"--max-memory: the saved activations' sizes depend on the symbolic "
+                f"dimension(s) {', '.join(missing)} of the graph's inputs; give their values, "
+                f"e.g. --dim {missing[0]}=1024")
+        if syms:  # a copy with the values written in, so that inference propagates them
+            model = _with_dims(model, dims)
+        types = _types(model.graph, names)
+        types.update({t.name: helper.make_tensor_type_proto(t.data_type, list(t.dims))
+                      for t in model.graph.initializer if t.name in names})
+        types.update(_missing_types(model, names, types, io))
+        self.types = types
+        self.dims = dims
+
+    def shape(self, name: str) -> list[int] | None:
+        tp = self.types.get(name)
+        if tp is None or not tp.tensor_type.HasField("shape"):
+            return None
+        out = []
+        for d in tp.tensor_type.shape.dim:
+            if d.HasField("dim_value"):
+                out.append(d.dim_value)
+            elif d.dim_param and d.dim_param in self.dims:
+                out.append(self.dims[d.dim_param])
+            else:
+                return None
+        return out
+
+    def rank(self, name: str) -> int | None:
+        tp = self.types.get(name)
+        if tp is None or not tp.tensor_type.HasField("shape"):
+            return None
+        return len(tp.tensor_type.shape.dim)
+
+    def bytes(self, name: str) -> int | None:
+        size = tensor_size(self.types.get(name))
+        if size is None:
+            return None
+        total = 0
+        for mono, coef in size.items():
+            v = coef
+            for d in mono:
+                if d not in self.dims:  # a dim inference could not name (unk__N)
+                    return None
+                v *= self.dims[d]
+            total += v
+        return int(total)
+
+
+def _with_dims(model: onnx.ModelProto, dims: dict[str, int]) -> onnx.ModelProto:
+    """A copy of the model's graph (no initializer data) with the symbolic dims in ``dims``
+    written as values in its inputs, outputs and value_info."""
+    g = onnx.GraphProto()
+    g.node.extend(model.graph.node)
+    for coll, src in ((g.input, model.graph.input), (g.output, model.graph.output),
+                      (g.value_info, model.graph.value_info)):
+        coll.extend(src)
+        for v in coll:
+            for d in v.type.tensor_type.shape.dim:
+                if d.dim_param in dims:
+                    d.dim_value = dims[d.dim_param]
+    known = {i.name for i in g.input}
+    g.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                   for t in model.graph.initializer if t.name not in known)
+    m = helper.make_model(g, opset_imports=model.opset_import, ir_version=model.ir_version)
+    return m
+
+
+def _flops(node: onnx.NodeProto, sizes: _Sizes) -> int:
+    """Rough work of one node: 2*M*N*K for a GEMM, _NORM_FLOPS per output element for a
+    norm, else one per output element (fused ops too: a lower bound); 0 where the shapes are
+    unknown."""
+    out = sizes.shape(node.output[0]) if node.output and node.output[0] else None
+    numel = int(np.prod(out)) if out is not None else 0
+    op = node.op_type
+    if op in ("MatMul", "FusedMatMul", "Gemm"):
+        a = sizes.shape(node.input[0])
+        if not a or out is None:
+            return 0
+        attrs = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+        k = a[0] if (op == "Gemm" and attrs.get("transA")) else (
+            a[-2] if (op == "FusedMatMul" and attrs.get("transA") and len(a) > 1) else a[-1])
+        return 2 * numel * k
+    c = op_class(node)
+    return numel * (_NORM_FLOPS if c == NORM else 1)
+
+
+def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | None = None,
+                 strict: bool = True) -> BudgetReport:
+    """Rewrite ``model`` (in place) so that its estimated saved activations fit ``budget``
+    bytes, recomputing the cheapest forward nodes in the backward (module doc). With
+    ``strict`` an unreachable budget raises FuseError (the model is left unchanged); without
+    it the model gets the lowest estimate reachable and the report says ``met=False``."""
+    dims = dict(dims or {})
+    graph = model.graph
+    nodes = list(graph.node)
+    io = [(n.input, n.output) for n in nodes]
+    producer = {t: i for i, n in enumerate(nodes) for t in n.output if t}
+    consumers: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for t in n.input:
+            if t:
+                consumers.setdefault(t, []).append(i)
+    fwd: set[int] = set()
+    work = [graph.output[0].name] if graph.output else []
+    while work:
+        i = producer.get(work.pop())
+        if i is None or i in fwd:
+            continue
+        fwd.add(i)
+        work.extend(nodes[i].input)
+    saved0 = saved_activations(graph, io)
+    fwd_tensors = {t for i in fwd for t in nodes[i].output if t}
+    sizes = _Sizes(model, fwd_tensors | {t for i in fwd for t in nodes[i].input if t},
+                   dims, io)
+    nbytes = {t: sizes.bytes(t) for t in fwd_tensors}
+    unsized = [t for t in saved0 if nbytes.get(t) is None]
+    before = sum(nbytes[t] for t in saved0 if nbytes.get(t) is not None)
+    report = BudgetReport(budget, before, before, unsized=len(unsized), dims=dims)
+    report.forward_flops = sum(_flops(nodes[i], sizes) for i in fwd)
+    if before <= budget:
+        return report
+
+    outputs = {o.name for o in graph.output}
+    bwd_reads = {t for t in fwd_tensors
+                 if any(c not in fwd for c in consumers.get(t, ()))}
+    inits = {t.name for t in graph.initializer}
+    dropped: set[int] = set()
+
+    def is_saved(t: str) -> bool:
+        p = producer.get(t)
+        if p is None or p not in fwd or p in dropped:
+            return False
+        return t in bwd_reads or any(c in dropped for c in consumers.get(t, ()))
+
+    def fenceable(i: int) -> bool:
+        n = nodes[i]
+        if n.domain not in ("", "ai.onnx"):
+            return True  # CSE never merges other domains' ops
+        if any(t and producer.get(t) in dropped for t in n.input):
+            return True  # reads a duplicate already (may change later: checked again)
+        if any(t and t not in inits and sizes.rank(t) is not None for t in n.input):
+            return True
+        return (n.op_type in _COMMUTATIVE and len(n.input) == 2
+                and n.input[0] != n.input[1])
+
+    def gain(i: int) -> int | None:
+        n = nodes[i]
+        out = [t for t in n.output if t and is_saved(t)]
+        if not out:
+            return None
+        if any(nbytes.get(t) is None for t in out):
+            return None
+        new = {t for t in n.input if t and producer.get(t) in fwd
+               and producer[t] not in dropped and not is_saved(t)}
+        if any(nbytes.get(t) is None for t in new):
+            return None
+        return sum(nbytes[t] for t in out) - sum(nbytes[t] for t in new)
+
+    cands = [i for i in fwd if op_class(nodes[i]) is not None
+             and not any(t in outputs for t in nodes[i].output)
+             and any(t in saved0 for t in nodes[i].output)]
+    est = before
+    changed = True
+    while est > budget and changed:
+        changed = False
+        scored = []
+        for i in cands:
+            if i in dropped:
+                continue
+            g = gain(i)
+            if g is not None and g > 0 and fenceable(i):
+                scored.append((op_class(nodes[i]), -g, i))
+        scored.sort()
+        for _, _, i in scored:
+            if est <= budget:
+                break
+            g = gain(i)  # earlier drops in this round change it
+            if g is None or g <= 0:
+                continue
+            dropped.add(i)
+            est -= g
+            changed = True
+    if est > budget:
+        if strict:
+            raise FuseError(
+                f"--max-memory {mib(budget)} is unreachable: the step's estimated saved "
+                f"activations are {mib(before)}, and recomputation brings them down to "
+                f"{mib(est)} at least; give a budget of at least {mib(est)} (nothing written)")
+        report.met = False
+        report.minimum = est
+    _rewrite(model, nodes, fwd, dropped, consumers, producer, sizes, inits, report)
+    report.after = sum(nbytes[t] for t in saved_activations(graph) if nbytes.get(t))
+    report.tensors = len(saved0 - saved_activations(graph))
+    return report
+
+
+def _rewrite(model, nodes, fwd, dropped, consumers, producer, sizes, inits, report) -> None:
+    graph = model.graph
+    taken = {t for n in nodes for t in (*n.input, *n.output)} | {n.name for n in nodes}
+    taken |= {v.name for v in (*graph.input, *graph.output, *graph.value_info)} | inits
+
+    def fresh(base: str) -> str:
+        name, k = base, 1
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        taken.add(name)
+        return name
+
+    ren = {t: fresh(f"{t}.recompute") for i in dropped for t in nodes[i].output if t}
+    vi = {v.name: v for v in (*graph.value_info, *graph.output)}
+    new_vi = []
+    dups: dict[int, list[onnx.NodeProto]] = {}
+    zeros: dict[int, str] = {}
+    for i in sorted(dropped):
+        n = nodes[i]
+        d = onnx.NodeProto()
+        d.CopyFrom(n)
+        d.name = fresh(f"{n.name or n.op_type}/recompute")
+        for k, t in enumerate(d.output):
+            if t:
+                d.output[k] = ren[t]
+                if t in vi:
+                    v = onnx.ValueInfoProto()
+                    v.CopyFrom(vi[t])
+                    v.name = ren[t]
+                    new_vi.append(v)
+        for k, t in enumerate(d.input):
+            if t in ren:
+                d.input[k] = ren[t]
+        pre: list[onnx.NodeProto] = []
+        if d.domain in ("", "ai.onnx") and not any(t in ren.values() for t in d.input):
+            k = next((k for k, t in enumerate(d.input) if t and t not in inits
+                      and sizes.rank(t) is not None), None)
+            if k is not None:
+                r = sizes.rank(d.input[k])
+                if r not in zeros:
+                    zeros[r] = fresh(f"fusecli.recompute.fence{r}")
+                    graph.initializer.append(numpy_helper.from_array(
+                        np.zeros(r, np.int64), zeros[r]))
+                out = fresh(f"{d.input[k]}.fence")
+                pre.append(helper.make_node("Reshape", [d.input[k], zeros[r]], [out],
+                                            name=fresh(f"{d.name}/fence")))
+                d.input[k] = out
+                report.fences += 1
+            else:  # a commutative pair (fenceable checked it)
+                a, b = d.input[0], d.input[1]
+                d.input[0], d.input[1] = b, a
+        dups[i] = pre + [d]
+        c = op_class(n)
+        key = f"{CLASS_NAMES[c]} {n.op_type}"
+        report.recomputed[key] = report.recomputed.get(key, 0) + 1
+        report.extra_flops += _flops(n, sizes)
+    # rewire the backward readers, then emit each duplicate just before its first reader
+    emitted: set[int] = set()
+    order: list[onnx.NodeProto] = []
+
+    def emit(i: int) -> None:
+        if i in emitted:
+            return
+        emitted.add(i)
+        for t in nodes[i].input:
+            p = producer.get(t)
+            if p in dropped:
+                emit(p)
+        order.extend(dups[i])
+
+    for j, n in enumerate(nodes):
+        if j not in fwd:
+            for t in n.input:
+                p = producer.get(t)
+                if p in dropped:
+                    emit(p)
+        c = onnx.NodeProto()
+        c.CopyFrom(n)
+        if j not in fwd:
+            for k, t in enumerate(c.input):
+                if t in ren:
+                    c.input[k] = ren[t]
+        order.append(c)
+    del graph.node[:]
+    graph.node.extend(order)
+    graph.value_info.extend(new_vi)
