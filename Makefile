@@ -76,7 +76,7 @@ test-fast: venv
 # the property tests exploring: a random seed and FUZZ_EXAMPLES examples per property (`make test`
 # runs them derandomized, a fixed set; docs/testing.md). Run before each closing note.
 FUZZ_EXAMPLES ?= 2000
-fuzz: venv lib
+fuzz: venv
 	FUSECLI_HYPOTHESIS_PROFILE=fuzz FUSECLI_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
 		$(VPY) -m pytest -q -n $(PYTEST_WORKERS) tests/test_property.py
 

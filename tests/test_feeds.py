@@ -343,3 +343,34 @@ def test_verify_sizes_a_real_exports_flattened_token_dim_without_dim(tmp_path):
     assert ("symbolic dims batch=2 (name), sequence=8 (name), Reshapeoutput_dim_0=16 (from the "
             "graph), Reshapeoutput_dim_1=32 (from the graph)") in proc.stdout
     assert "PASS" in proc.stdout
+
+
+@pytest.mark.parametrize("vocab", [5, 3, 11])
+def test_lm_head_labels_stay_within_the_vocabulary_not_the_sequence(vocab):
+    """An LM head's logits [B, S, V] (no shapes recorded between) flattened to [B*S, V] for the
+    loss: labels in [0, V), whatever S and B are (issue 33: S was taken for the class count)."""
+    # the flat shape computed at run time, [-1, Shape(logits)[-1]], as exporters write it, so
+    # that shape inference leaves the flat logits' shape unknown
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["h", "wt"], ["logits"]),
+             helper.make_node("Slice", ["logits", "st", "en", "ax"], ["shifted"]),
+             helper.make_node("Shape", ["shifted"], ["sh"]),
+             helper.make_node("Slice", ["sh", "m1", "big"], ["last0"]),
+             helper.make_node("Div", ["last0", "one"], ["last"]),   # beyond data propagation
+             helper.make_node("Concat", ["m1", "last"], ["flat"], axis=0),
+             helper.make_node("Reshape", ["shifted", "flat"], ["flat_logits"]),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["flat_logits", "lab"], ["loss"])]
+    consts = [numpy_helper.from_array(np.array([-1], np.int64), "m1"),
+              numpy_helper.from_array(np.array([1], np.int64), "one"),
+              numpy_helper.from_array(np.array([100], np.int64), "big"),
+              numpy_helper.from_array(np.array([0], np.int64), "st"),
+              numpy_helper.from_array(np.array([7], np.int64), "en"),
+              numpy_helper.from_array(np.array([1], np.int64), "ax")]
+    m = model(nodes, [vi("h", [2, 8, 4]), vi("w", [vocab, 4]), vi("lab", [14], I64)],
+              [vi("loss", [])], consts)
+    # the exporter recorded the 3-D logits' shapes, not the flat ones' (symbolic)
+    m.graph.value_info.extend([vi("logits", [2, 8, vocab]), vi("shifted", [2, 7, vocab]),
+                               vi("flat_logits", ["n", "v"])])
+    p = plan_feeds(m)
+    assert p.policy["lab"] == f"labels in [0, {vocab})"
+    assert p.feeds["lab"].max() == vocab - 1

@@ -170,6 +170,24 @@ def test_concurrent_cli_runs_on_one_output(tmp_path):
         _consistent(out, [v for _, v in inputs])
 
 
+def test_concurrent_cli_runs_of_one_model_with_external_data(tmp_path):
+    """Issue 33: several processes optimizing ONE model whose weights are in an external data
+    file to one output leave exactly the model and the data file it names, nothing else, and
+    that data holds the model's weights; from an empty folder and over a previous result."""
+    src, values = _linear_model(tmp_path / "in", seed=5)
+    out = tmp_path / "out" / "fused.onnx"
+    out.parent.mkdir()
+    for _ in range(2):
+        procs = [subprocess.Popen([str(FUSECLI), "optimize", str(src), "-o", str(out),
+                                   "--quiet"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        for p in procs:
+            err = p.communicate(timeout=120)[1]
+            assert p.returncode == 0, err
+        _consistent(out, [values])
+        assert _data_files(out.parent) == {"fused.onnx.data"}
+
+
 # --- 3. output names near the file-system limit ------------------------------------------------
 
 @pytest.mark.parametrize("stem,two_files", [("n" * 245, False), ("n" * 246, False),

@@ -397,10 +397,19 @@ class _Flow:
 
     def classes_of(self, scores: str) -> int | None:
         """The class count (axis 1) of a loss's score tensor: from its recorded shape, else
-        from the out-features of the Gemm/MatMul that produced it."""
-        t, depth = scores, 0
+        followed up the producers (the class axis tracked as the last axis: through a Reshape
+        that flattens [.., V] to [N, V], elementwise ops, a Slice of the sequence) to a recorded
+        shape or the out-features of the Gemm/MatMul that produced it. An LM head's logits
+        [B, S, V] flattened to [B*S, V]: V, never S (issue 33)."""
+        shape = self.shapes.get(scores) or []
+        if len(shape) >= 2:
+            if shape[1]:
+                return int(shape[1])
+            if len(shape) > 2:
+                return None               # [N, C, d1, ..]: C is not the last axis
+        t, depth = scores, 0              # the class axis is now the last one (-1)
         while depth < 8:
-            c = self.static_dim(t, 1) if len(self.shapes.get(t) or []) >= 2 else None
+            c = self.static_dim(t, -1) if len(self.shapes.get(t) or []) >= 2 else None
             if c:
                 return c
             n = self.producer.get(t)
@@ -409,17 +418,25 @@ class _Flow:
             if n.op_type in ("Gemm", "MatMul", "FusedMatMul") and len(n.input) > 1:
                 w = self.shapes.get(n.input[1]) or []
                 tb = _attr(n, "transB") or 0
-                if len(w) == 2 and all(w):
-                    return int(w[0] if tb else w[1])
+                if len(w) >= 2 and all(w[-2:]):
+                    return int(w[-2] if tb else w[-1])
                 wp = self.producer.get(n.input[1])
                 if wp is not None and wp.op_type == "Transpose":
                     w = self.shapes.get(wp.input[0]) or []
                     if len(w) == 2 and all(w):
                         return int(w[0])
                 return None
+            if n.op_type not in _KEEPS_LAST_AXIS:
+                return None
             t = n.input[0] if n.input else ""
             depth += 1
         return None
+
+
+# ops whose output's last axis is their first input's last axis (a Reshape as a loss input
+# flattens [.., V] to [N, V]; a Slice shifts the sequence of an LM head's logits)
+_KEEPS_LAST_AXIS = {"Reshape", "Flatten", "Identity", "Cast", "Add", "Sub", "Mul", "Div",
+                    "LogSoftmax", "Softmax", "Slice", "Squeeze", "Unsqueeze", "Dropout"}
 
 
 def _attr(node: onnx.NodeProto, name: str):
