@@ -83,7 +83,7 @@ def test_attention_grad_nan_rows(nan_guard, dropout):
     for g, r, nm in zip(got, ref, "dQ dK dV dS".split()):
         r = r.to(g.dtype)
         scale = max(1.0, r.nan_to_num(0.0).abs().max().item())
-        torch.testing.assertclose(g, r, rtol=5e-4, atol=5e-4 * scale, equal_nan=True,
+        torch.testing.assert_close(g, r, rtol=5e-4, atol=5e-4 * scale, equal_nan=True,
                                    msg=lambda m: f"{nm}: {m}")
     assert bool(torch.isfinite(got[2]).all()) == bool(nan_guard)
 
@@ -138,3 +138,12 @@ def test_read_scalar():
     t = torch.tensor([0.1234, 7.0], device="cuda")
     assert read_scalar(t) == torch.tensor(0.1234).item()
     assert read_scalar(t[1:]) == 7.0
+
+
+def test_attention_grad_tf32():
+    """tf32=1: the batched GEMMs within TF32's precision of float64."""
+    do, q, k, v = rand(2, 4, 64, 32), rand(2, 4, 64, 32), rand(2, 2, 80, 32), rand(2, 2, 80, 32)
+    p = torch.softmax(torch.randn(2, 4, 64, 80, device="cuda"), -1)
+    got = attention_grad(do, q, k, v, p, 0.5, 0.5, 0, (1, 1, 1, 1), tf32=1)
+    ref = ref_attention(do.double(), q.double(), k.double(), v.double(), p.double(), 0.5, 0.5, 0)
+    check_requested((1, 1, 1, 1), got, ref, 1e-2)
