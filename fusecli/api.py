@@ -80,7 +80,6 @@ class Result:
     warnings: list[str] = field(default_factory=list)   # non-fatal graph problems
     verify: object | None = None           # a VerifyReport when optimize(verify=True)
     saved_to: Path | None = None
-    tf32_ops: int | None = None            # optimize(tf32=True): fused GEMM ops marked tf32=1
 
     @property
     def fused(self) -> dict[str, int]:
@@ -124,8 +123,6 @@ class Result:
     def as_dict(self) -> dict:
         """The JSON report of ``fusecli optimize --json``."""
         d = self.stats.as_dict(str(self.source) if self.source else "")
-        if self.tf32_ops is not None:
-            d["tf32_ops"] = self.tf32_ops
         if self.verify is not None:
             d["verify"] = self.verify.as_dict()
         return d
@@ -157,7 +154,7 @@ def output_path(model: PathLike, output: PathLike, in_place: bool = False) -> Pa
 def optimize(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
              only: Iterable[str] = (), skip: Iterable[str] = (), *, provider: str = "any",
              verify: bool = False, output: PathLike | None = None, in_place: bool = False,
-             feeds: PathLike | None = None, tf32: bool = False,
+             feeds: PathLike | None = None,
              log: Callable[[str], None] | None = None) -> Result:
     """Fuse ``model`` (a path, or a ModelProto that is rewritten in place) with ``rules``
     (default: the shipped rules); ``only``/``skip`` select patterns or rules by name.
@@ -167,10 +164,7 @@ def optimize(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
     to a temporary folder for that). ``feeds``: an .npz of inputs for verify. ``log`` receives
     the lines the CLI prints on stderr (warnings, progress on large graphs, "wrote PATH").
     Raises the ``fusecli.errors`` exceptions; a failed verify is reported in
-    ``result.verify``, not raised. ``tf32``: let the fused ops' float32 GEMMs and convolutions
-    use TF32 tensor cores on the CUDA execution provider (their ``tf32`` attribute set to 1 on
-    every fused op of the model that has one; ``result.tf32_ops`` counts them; the CPU kernels
-    ignore it). Off by default: a float32 graph then computes what the unfused graph computes.
+    ``result.verify``, not raised.
     """
     say = log or (lambda _msg: None)
     dest = None
@@ -193,8 +187,6 @@ def optimize(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
         fp.progress = lambda msg: say(f"fusecli: {msg}")
     fp.run(m)
     result = Result(m, source, fp.stats, warnings)
-    if tf32:
-        result.tf32_ops = allow_tf32(m)
     if result.total_fused == 0 and not result.has_gradient_nodes:
         say(f"note: {source or 'the model'} has no gradient nodes; nothing to fuse (is it a "
             "training graph?)")
@@ -204,24 +196,6 @@ def optimize(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
     if verify:
         result.verify = _verify_result(result, feeds)
     return result
-
-
-def allow_tf32(model: onnx.ModelProto) -> int:
-    """Set ``tf32 = 1`` on every fused op of ``model`` whose contract declares a ``tf32``
-    attribute (the GEMM and convolution ops: TF32 tensor cores allowed on the CUDA execution
-    provider); returns how many ops carry it."""
-    from fusecli.ops.contracts import load_contracts
-
-    ops = {c.name for c in load_contracts().ops.values() if "tf32" in c.attributes}
-    n = 0
-    for node in model.graph.node:
-        if node.domain != fusion.FUSED_DOMAIN or node.op_type not in ops:
-            continue
-        for a in [a for a in node.attribute if a.name == "tf32"]:
-            node.attribute.remove(a)
-        node.attribute.append(onnx.helper.make_attribute("tf32", 1))
-        n += 1
-    return n
 
 
 def _verify_result(result: Result, feeds: PathLike | None):

@@ -32,13 +32,10 @@ from fusecli.commands.output import (echo_json, echo_line, one_line, print_verif
               help="A previous --json report; exit 3 if any fused count drops below it.")
 @FEEDS
 @PROVIDER
-@click.option("--tf32", is_flag=True, help="Let the fused ops' float32 GEMMs and convolutions use "
-              "TF32 tensor cores on the CUDA execution provider (attribute tf32=1; default: "
-              "exact float32, as the unfused graph). The CPU kernels ignore it.")
 @REPORT
 @SUMMARY_MD
 def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet, do_verify,
-             expect, baseline, feeds_file, provider, tf32, report_file, summary_md):
+             expect, baseline, feeds_file, provider, report_file, summary_md):
     """Fuse MODEL and write the result to OUTPUT.
 
     MODEL is an ONNX training graph (onnxruntime-training artifact or torch joint graph).
@@ -62,8 +59,7 @@ def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet
     original = api.load(model) if report_file or summary_md else None
     result = api.optimize(model, rules, only, skip, provider=provider,
                           output=None if dry_run else dest, in_place=True, verify=do_verify,
-                          feeds=feeds_file, tf32=tf32,
-                          log=None if quiet else lambda m: echo_line(m, err=True))
+                          feeds=feeds_file, log=None if quiet else lambda m: echo_line(m, err=True))
     if original is not None:
         from fusecli.report import collect
 

@@ -45,9 +45,6 @@ def stats_table(d: dict, title: str) -> str:
         lines.append(f"  saved activations (forward tensors the backward reads): removed "
                      f"{sa['removed']} ({part('removed')}), added {sa['added']} "
                      f"({part('added')}), net {_bytes(sa['net_bytes_removed'])} less")
-    if d.get("tf32_ops") is not None:
-        lines.append(f"  tf32: TF32 tensor cores allowed on {d['tf32_ops']} fused GEMM / "
-                     "convolution op(s) on CUDA (--tf32)")
     return "\n".join(lines)
 
 

@@ -153,7 +153,8 @@ FUSECLI_EXPORT int fusecli_launch_attention_grad(
     const uint8_t* mask, float* dq, float* dk, float* dv, float* ds_out, int nd,
     const int64_t* qdims, const int64_t* kdims, const int64_t* vdims, int64_t sq, int64_t sk,
     int64_t d, int64_t dvd, float scale_q, float scale_k, float keep, int k_transposed,
-    int nan_guard, const uint8_t* fill, const int64_t* fill_strides, int fill_kept, int tf32) {
+    int nan_guard, const uint8_t* fill, const int64_t* fill_strides, int fill_kept) {
+  const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   fusecli::KvMap km, vm;
   if (!make_kv_map(nd, qdims, kdims, &km) || !make_kv_map(nd, qdims, vdims, &vm))

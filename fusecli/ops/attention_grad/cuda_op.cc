@@ -31,7 +31,7 @@ struct AttnKernel : CudaKernel<AttnKernel, kAttentionGrad> {  // attributes: see
                    in.kmap.nd, in.kmap.q, in.kmap.kv, in.vmap.kv, in.Sq, in.Sk, in.D, in.Dv,
                    scale_q * sq_extra, scale_k * sk_extra, 1.f / (1.f - dropout_ratio),
                    k_transposed, nan_guard, in.fill.present ? in.fill.ptr<uint8_t>() : nullptr,
-                   in.fill.present ? in.fill_strides.data() : nullptr, fill_kept, tf32),
+                   in.fill.present ? in.fill_strides.data() : nullptr, fill_kept),
                "AttentionGrad");
   }
 };

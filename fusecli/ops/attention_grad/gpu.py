@@ -25,7 +25,7 @@ def fill_strides(shape, pshape):
 
 
 def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, want=(1, 1, 1),
-                   mask=None, ratio=0.0, nan_guard=0, fill=None, fill_kept=0, tf32=0):
+                   mask=None, ratio=0.0, nan_guard=0, fill=None, fill_kept=0):
     """want: dQ, dK, dV (and dS when it has 4 items); mask: bool tensor of P's shape or None;
     nan_guard: the contract's attribute (dV reads P's NaN entries as 0); fill: a bool fill
     mask broadcastable to P's shape (fill_kept: its polarity), dQ and dK read dS as 0 there.
@@ -43,7 +43,7 @@ def attention_grad(do, q, k, v, p, scale_q=1.0, scale_k=1.0, k_transposed=0, wan
            d=q.shape[-1], dv_dim=v.shape[-1], scale_q=scale_q, scale_k=scale_k,
            keep=1.0 / (1.0 - ratio), k_transposed=k_transposed, nan_guard=nan_guard, fill=f,
            fill_strides=None if f is None else fill_strides(f.shape, p.shape),
-           fill_kept=fill_kept, tf32=tf32)
+           fill_kept=fill_kept)
     return outs[:len(want)]
 
 
@@ -107,8 +107,7 @@ def _bench_heads(add, r):
     sc = 1 / math.sqrt(d)
     add("AttentionGrad", [b, s, s, d], lambda: attention_grad(do, q, k_, v, p, sc, sc),
         lambda: ref_attention(do, q, k_, v, p, sc, sc, 0), flops=4 * 2 * b * s * s * d,
-        tf32=lambda: ref_attention(do, q, k_, v, p, sc, sc, 0),
-        fused_tf32=lambda: attention_grad(do, q, k_, v, p, sc, sc, tf32=1))
+        tf32=lambda: ref_attention(do, q, k_, v, p, sc, sc, 0))
 
 
 def _bench_gqa_dropout(add, r):

@@ -26,7 +26,7 @@ struct ConvKernel : CudaKernel<ConvKernel, kConvBnReluGrad> {  // attributes: se
             in.w.ptr<float>(), in.cv.ptr<float>(), in.gamma.ptr<float>(), in.mean.ptr<float>(),
             in.istd.ptr<float>(), dx, dw, dbc, dg, db, dc, in.N, C, in.H, in.W, in.Cin, in.Hin,
             in.Win, in.kh, in.kw, strides[0], strides[1], pads[0], pads[1], pads[2], pads[3],
-            dilations[0], dilations[1], group, act_code(activation), tf32),
+            dilations[0], dilations[1], group, act_code(activation)),
         "ConvBnReluGrad");
   }
 };

@@ -8,8 +8,7 @@ from fusecli.ops.gpu import ACT, launch, ref_act_grad, workspace
 
 
 def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pads=(0, 0, 0, 0),
-                      dilations=(1, 1), group=1, activation="relu", want=(1, 1, 1, 1, 1), dc=None,
-                      tf32=0):
+                      dilations=(1, 1), group=1, activation="relu", want=(1, 1, 1, 1, 1), dc=None):
     """dc: None, "out" (a separate dC output) or "inplace" (dC written over a copy of dY, as
     onnxruntime's in-place plan does); with dc the result has a 6th item."""
     import torch
@@ -25,7 +24,7 @@ def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pad
            cin=x.shape[1], hin=x.shape[2], win=x.shape[3], kh=w.shape[2], kw=w.shape[3],
            stride_h=strides[0], stride_w=strides[1], pad_t=pads[0], pad_l=pads[1],
            pad_b=pads[2], pad_r=pads[3], dil_h=dilations[0], dil_w=dilations[1], group=group,
-           act=ACT[activation], tf32=tf32)
+           act=ACT[activation])
     return outs if dc is None else outs + [dc_t]
 
 
@@ -66,5 +65,4 @@ def bench(add, r):
         lambda: conv_bn_relu_grad(*args, (1, 1), (1, 1, 1, 1)),
         lambda: ref_conv(*args, (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu"),
         flops=2 * 2 * nb * c * hw * hw * cin * 9,
-        tf32=lambda: ref_conv(*args, (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu"),
-        fused_tf32=lambda: conv_bn_relu_grad(*args, (1, 1), (1, 1, 1, 1), tf32=1))
+        tf32=lambda: ref_conv(*args, (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu"))

@@ -6,7 +6,8 @@ FUSECLI_EXPORT int fusecli_launch_linear_activation_grad(void* stream, const flo
                                                          const float* w, float* da, float* dw,
                                                          float* db, float* dz_out, int64_t m,
                                                          int64_t n, int64_t k, int act, float alpha,
-                                                         int trans_w, int trans_dw, int tf32) {
+                                                         int trans_w, int trans_dw) {
+  const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
   if (act < 0 || act >= FUSECLI_NUM_ACTS) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   Scratch ws(s);

@@ -37,7 +37,7 @@ struct LinKernel : CudaKernel<LinKernel, kLinearActivationGrad> {
     check_cuda(fusecli_launch_linear_activation_grad(
                    ctx.GetGPUComputeStream(), dy.ptr<float>(), x.ptr<float>(),
                    a.present ? a.ptr<float>() : nullptr, w.present ? w.ptr<float>() : nullptr, da,
-                   dw, db, dz, M, N, K, act_code(activation), alpha, trans_w, trans_dw, tf32),
+                   dw, db, dz, M, N, K, act_code(activation), alpha, trans_w, trans_dw),
                "LinearActivationGrad");
   }
 };

@@ -8,7 +8,7 @@ from fusecli.ops.gpu import ACT, launch, ref_act_grad, workspace
 
 
 def linear_activation_grad(dy, x, a, w, act, trans_w=0, want=(1, 1, 1), trans_dw=None, dz=None,
-                           alpha=1.0, tf32=0):
+                           alpha=1.0):
     """dz: None (no dZ output), "out" (a separate dZ tensor) or "inplace" (dZ written over a
     copy of dY, as onnxruntime's in-place plan does); with dz the result has a 4th item."""
     import torch
@@ -23,7 +23,7 @@ def linear_activation_grad(dy, x, a, w, act, trans_w=0, want=(1, 1, 1), trans_dw
     dy, dz_t = workspace(dy, dz)
     launch("fusecli_launch_linear_activation_grad", dy=dy, x=x, a=a, w=w, da=da, dw=dw, db=db,
            dz=dz_t, m=m, n=n, k=k, act=ACT[act], alpha=alpha, trans_w=trans_w,
-           trans_dw=trans_dw, tf32=tf32)
+           trans_dw=trans_dw)
     return (da, dw, db) if dz is None else (da, dw, db, dz_t)
 
 
@@ -45,5 +45,4 @@ def bench(add, r):
     add("LinearActivationGrad[gelu]", [m, nn, k],
         lambda: linear_activation_grad(dy, x, a, w, "gelu"),
         lambda: ref_linear(dy, x, a, w, "gelu", 0), flops=2 * 2 * m * nn * k,
-        tf32=lambda: ref_linear(dy, x, a, w, "gelu", 0),
-        fused_tf32=lambda: linear_activation_grad(dy, x, a, w, "gelu", tf32=1))
+        tf32=lambda: ref_linear(dy, x, a, w, "gelu", 0))

@@ -85,7 +85,8 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     void* stream, const float* h, const float* w, const float* bias, const int64_t* labels,
     const float* row_weight, const float* row_grad, const float* grad_seed, float* loss, float* dh,
     float* dw, float* db, int64_t n, int64_t v, int64_t d, int64_t ignore_index, int reduction,
-    float grad_scale, int64_t chunk_rows, int tf32) {
+    float grad_scale, int64_t chunk_rows) {
+  const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
   if (n < 0 || v < 0 || d < 0) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (dw) RETURN_IF_ERR(cudaMemsetAsync(dw, 0, v * d * sizeof(float), s));

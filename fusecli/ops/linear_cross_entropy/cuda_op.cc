@@ -31,7 +31,7 @@ struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
                    b.present ? b.ptr<float>() : nullptr, lab.ptr<int64_t>(),
                    rw.present ? rw.ptr<float>() : nullptr, rg.present ? rg.ptr<float>() : nullptr,
                    seed.present ? seed.ptr<float>() : nullptr, loss, dh, dw, db, N, V, D,
-                   ignore_index, reduction == "mean" ? 0 : 1, grad_scale, chunk_rows, tf32),
+                   ignore_index, reduction == "mean" ? 0 : 1, grad_scale, chunk_rows),
                "LinearCrossEntropy");
   }
 };

@@ -9,7 +9,7 @@ from fusecli.ops.gpu import launch
 
 def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ignore_index=-100,
                          reduction="mean", grad_scale=1.0, chunk_rows=0, want=(1, 1, 1, 1),
-                         grad_seed=None, tf32=0):
+                         grad_seed=None):
     """(loss, dH, dW, dB), None where not wanted (dB also without a bias); grad_seed: a
     one-element device tensor or None."""
     import torch
@@ -23,7 +23,7 @@ def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ign
     launch("fusecli_launch_linear_cross_entropy", h=h, w=w, bias=bias, labels=labels,
            row_weight=row_weight, row_grad=row_grad, grad_seed=grad_seed, loss=loss, dh=dh, dw=dw,
            db=db, n=n, v=v, d=d, ignore_index=ignore_index, reduction=0 if reduction == "mean" else 1,
-           grad_scale=grad_scale, chunk_rows=chunk_rows, tf32=tf32)
+           grad_scale=grad_scale, chunk_rows=chunk_rows)
     return loss, dh, dw, db
 
 
@@ -66,5 +66,4 @@ def bench(add, r):
         lambda: linear_cross_entropy(h, w, None, lab),
         lambda: unfused_lce(h, w, None, lab),
         (2 * h.numel() + 3 * w.numel()) * 4, None, flops=3 * 2 * n * d * v,
-        tf32=lambda: unfused_lce(h, w, None, lab),
-        fused_tf32=lambda: linear_cross_entropy(h, w, None, lab, tf32=1))
+        tf32=lambda: unfused_lce(h, w, None, lab))

@@ -5,7 +5,8 @@ FUSECLI_EXPORT int fusecli_launch_lora_linear_grad(
     void* stream, const float* dy, const float* x, const float* a, const float* w, const float* la,
     const float* lb, const float* h, const float* xd, float* dx, float* dxa, float* dla, float* dlb,
     float* dw, float* db, float* dz_out, int64_t m, int64_t n, int64_t k, int64_t r, int act,
-    float alpha, float scale, int trans_w, int split_dx, int tf32) {
+    float alpha, float scale, int trans_w, int split_dx) {
+  const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
   if (act < 0 || act >= FUSECLI_NUM_ACTS) return cudaErrorInvalidValue;
   if ((dx && !w) || (act != kIdentity && !x)) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);

@@ -38,7 +38,7 @@ struct LoraKernel : CudaKernel<LoraKernel, kLoraLinearGrad> {
             ctx.GetGPUComputeStream(), dy.ptr<float>(), x.present ? x.ptr<float>() : nullptr,
             a.ptr<float>(), w.present ? w.ptr<float>() : nullptr, la.ptr<float>(), lb.ptr<float>(),
             h.ptr<float>(), xd.present ? xd.ptr<float>() : nullptr, dx, dxa, dla, dlb, dw, db, dz,
-            M, N, K, R, act_code(activation), alpha, scale, trans_w, split_dx, tf32),
+            M, N, K, R, act_code(activation), alpha, scale, trans_w, split_dx),
         "LoraLinearGrad");
   }
 };

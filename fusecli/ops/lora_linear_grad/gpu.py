@@ -8,7 +8,7 @@ from fusecli.ops.gpu import ACT, launch, ref_act_grad, workspace
 
 
 def lora_linear_grad(dy, x, a, w, la, lb, h, xd=None, act="identity", scale=1.0, trans_w=0,
-                     split_dx=0, want=(1, 1, 1, 1, 1, 1), dz=None, alpha=1.0, tf32=0):
+                     split_dx=0, want=(1, 1, 1, 1, 1, 1), dz=None, alpha=1.0):
     """[dX, dXa, dLa, dLb, dW, dB] (None where not wanted) and, with dz, dZ as a 7th item."""
     import torch
 
@@ -23,8 +23,7 @@ def lora_linear_grad(dy, x, a, w, la, lb, h, xd=None, act="identity", scale=1.0,
     dy, dz_t = workspace(dy, dz)
     launch("fusecli_launch_lora_linear_grad", dy=dy, x=x, a=a, w=w, la=la, lb=lb, h=h, xd=xd,
            dx=dx, dxa=dxa, dla=dla, dlb=dlb, dw=dw, db=db, dz=dz_t, m=m, n=n, k=k, r=r,
-           act=ACT[act], alpha=alpha, scale=scale, trans_w=trans_w, split_dx=split_dx,
-           tf32=tf32)
+           act=ACT[act], alpha=alpha, scale=scale, trans_w=trans_w, split_dx=split_dx)
     out = [dx, dxa, dla, dlb, dw, db]
     return out if dz is None else out + [dz_t]
 
@@ -62,6 +61,4 @@ def bench(add, r):
         lambda: lora_linear_grad(dy, x, a, w, la, lb, h, None, "identity", 2.0, 0, 0, want),
         lambda: unfused_lora_frozen(dy, a, w, la, lb, h, 2.0),
         (3 * m * n + 2 * m * k) * 4, None, flops=2 * m * n * k + 2 * 4 * m * rank * n,
-        tf32=lambda: unfused_lora_frozen(dy, a, w, la, lb, h, 2.0),
-        fused_tf32=lambda: lora_linear_grad(dy, x, a, w, la, lb, h, None, "identity", 2.0, 0, 0,
-                                            want, tf32=1))
+        tf32=lambda: unfused_lora_frozen(dy, a, w, la, lb, h, 2.0))
