@@ -1,6 +1,6 @@
 // Device helpers shared by the ops' CUDA kernels (each op's cuda.cu): activation gradients,
-// half/float conversion, launch geometry, block reductions, a tiled SGEMM, column sums and a
-// stream-ordered scratch buffer.
+// half/float conversion, launch geometry, block reductions, the GEMM (cuBLAS, or a tiled SIMT
+// SGEMM where cuBLAS is absent), column sums and a stream-ordered scratch buffer.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "cuda_blas.h"
 #include "op_launchers.h"
 
 #define FUSECLI_EXPORT extern "C" __attribute__((visibility("default")))
@@ -240,6 +241,22 @@ cudaError_t sgemm(cudaStream_t s, bool ta, bool tb, int64_t m, int64_t n, int64_
     sgemm_kernel<true, true>
         <<<grid, 256, 0, s>>>(m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC);
   return cudaGetLastError();
+}
+
+// The fused ops' float32 GEMM (same arguments as sgemm): cuBLAS when it is loaded (cuda_blas.h:
+// float32 accumulation, TF32 only with tf32), else the SIMT kernel above. A cuBLAS failure
+// comes back as blas::kStatusBase + its status (reported on stderr).
+cudaError_t gemm(cudaStream_t s, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                 const float* A, int64_t lda, int64_t sA, const float* B, int64_t ldb, int64_t sB,
+                 float beta, float* C, int64_t ldc, int64_t sC, int64_t batch = 1,
+                 bool tf32 = false) {
+  if (m <= 0 || n <= 0 || batch <= 0) return cudaSuccess;
+  using fusecli::blas::DType;
+  const int r =
+      fusecli::blas::gemm(s, ta, tb, m, n, k, alpha, A, DType::kF32, lda, sA, B, DType::kF32, ldb,
+                          sB, beta, C, DType::kF32, ldc, sC, batch, tf32);
+  if (r != fusecli::blas::kNotUsed) return static_cast<cudaError_t>(r);
+  return sgemm(s, ta, tb, m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch);
 }
 
 // Column sums of a [rows, cols] row-major float matrix, written as T: block (32, 8) owns 32

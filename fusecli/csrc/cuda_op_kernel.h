@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "cuda_blas.h"
+#include "cuda_dnn.h"
 #include "op_kernel.h"
 
 namespace fusecli {
@@ -18,9 +20,28 @@ inline int act_code(Act a) {
 }
 
 inline void check_cuda(int err, const char* op) {
-  if (err != 0)
-    throw OpError(std::string("fusecli: CUDA launch of ") + op + " failed with cudaError " +
-                  std::to_string(err));
+  if (err == 0) return;
+  std::string what = err >= blas::kStatusBase && err < dnn::kStatusBase
+                         ? "cublasStatus_t " + std::to_string(err - blas::kStatusBase)
+                     : err >= dnn::kStatusBase
+                         ? "cudnnStatus_t " + std::to_string(err - dnn::kStatusBase)
+                         : "cudaError " + std::to_string(err);
+  throw OpError(std::string("fusecli: CUDA launch of ") + op + " failed with " + what);
+}
+
+// The CUDA execution provider's own handles (onnxruntime/core/providers/cuda/cuda_resource.h:
+// resource version 3, cudnn_handle_t = 10001, cublas_handle_t = 10002), read through
+// KernelContext_GetResource (API 16, the version the library requests); null where the provider
+// does not give them (the launchers then use their own handle on the same stream).
+inline void* ort_cuda_resource(OrtKernelContext* c, int id) {
+  constexpr int kOrtCudaResourceVersion = 3;
+  void* res = nullptr;
+  OrtStatus* st = Ort::GetApi().KernelContext_GetResource(c, kOrtCudaResourceVersion, id, &res);
+  if (st) {
+    Ort::GetApi().ReleaseStatus(st);
+    return nullptr;
+  }
+  return res;
 }
 
 // struct XKernel : CudaKernel<XKernel, kX> { using CudaKernel::CudaKernel;
@@ -32,6 +53,9 @@ template <typename Derived, OpId Id> struct CudaKernel : KernelBase<Id> {
     return guarded([&] {
       count_call(Id);
       Ort::KernelContext ctx(c);
+      // the launchers' cuBLAS / cuDNN calls run on the provider's handles during this call
+      blas::BorrowHandle cublas(ort_cuda_resource(c, 10002));
+      dnn::BorrowHandle cudnn(ort_cuda_resource(c, 10001));
       static_cast<Derived*>(this)->Compute(ctx);
     });
   }

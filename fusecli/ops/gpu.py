@@ -164,7 +164,13 @@ def ref_act_grad(dy, x, act):
     if act == "silu":
         s = torch.sigmoid(x)
         return dy * s * (1 + x * (1 - s))
-    raise ValueError(act)
+    if act == "relu6":  # Clip(x, 0, 6): the bounds kept, as onnxruntime-training's Clip gradient
+        return dy * ((x >= 0) & (x <= 6))
+    if act == "hardswish":  # x relu6(x + 3) / 6: (relu6(a) + x [0 <= a <= 6]) / 6, a = x + 3
+        a = x + 3
+        return dy * (a.clamp(0, 6) + torch.where((a >= 0) & (a <= 6), x, torch.zeros_like(x))) / 6
+    raise ValueError(f"ref_act_grad: activation {act!r} is not one of domain.yaml's "
+                     f"{', '.join(ACT)}: add its torch math here")
 
 
 def quick_gelu_grad(dy, x, alpha):

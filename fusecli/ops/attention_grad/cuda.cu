@@ -91,36 +91,38 @@ __global__ void kv_group_sum(const float* __restrict__ in, float* __restrict__ o
 // [rows, n], w per kv item [k, n] (stored [n, k] when tw). A run of query items sharing a kv item
 // is one GEMM of its stacked rows; other groupings read an expanded copy of w.
 cudaError_t attn_gather(cudaStream_t s, const fusecli::KvMap& m, bool tw, int64_t rows, int64_t n,
-                        int64_t k, float alpha, const float* a, const float* w, float* c) {
+                        int64_t k, float alpha, const float* a, const float* w, float* c,
+                        int tf32) {
   const int64_t B = m.q_items(), ldw = tw ? k : n;
   if (m.runs_in_order()) {
     const int64_t L = m.run();
-    return sgemm(s, false, tw, L * rows, n, k, alpha, a, k, L * rows * k, w, ldw, k * n, 0.f, c, n,
-                 L * rows * n, B / L);
+    return gemm(s, false, tw, L * rows, n, k, alpha, a, k, L * rows * k, w, ldw, k * n, 0.f, c, n,
+                L * rows * n, B / L, tf32 != 0);
   }
   Scratch wf(s);
   RETURN_IF_ERR(wf.alloc(static_cast<size_t>(B * k * n) * sizeof(float)));
   kv_expand<<<grid_for(B * k * n, 256), 256, 0, s>>>(w, wf.f(), m, k * n, B * k * n);
   RETURN_IF_ERR(cudaGetLastError());
-  return sgemm(s, false, tw, rows, n, k, alpha, a, k, rows * k, wf.f(), ldw, k * n, 0.f, c, n,
-               rows * n, B);
+  return gemm(s, false, tw, rows, n, k, alpha, a, k, rows * k, wf.f(), ldw, k * n, 0.f, c, n,
+              rows * n, B, tf32 != 0);
 }
 
 // out[kv] = alpha sum over kv's query items b of a[b]^T x[b]: a per item [rows, m], x per item
 // [rows, n], out per kv item [m, n]. A run of query items sharing a kv item is one GEMM over its
 // stacked rows; other groupings go through per-item products and a group sum.
 cudaError_t attn_scatter(cudaStream_t s, const fusecli::KvMap& km, int64_t rows, int64_t m,
-                         int64_t n, float alpha, const float* a, const float* x, float* out) {
+                         int64_t n, float alpha, const float* a, const float* x, float* out,
+                         int tf32) {
   const int64_t B = km.q_items();
   if (km.runs_in_order()) {
     const int64_t L = km.run();
-    return sgemm(s, true, false, m, n, L * rows, alpha, a, m, L * rows * m, x, n, L * rows * n, 0.f,
-                 out, n, m * n, B / L);
+    return gemm(s, true, false, m, n, L * rows, alpha, a, m, L * rows * m, x, n, L * rows * n, 0.f,
+                out, n, m * n, B / L, tf32 != 0);
   }
   Scratch full(s);
   RETURN_IF_ERR(full.alloc(static_cast<size_t>(B * m * n) * sizeof(float)));
-  RETURN_IF_ERR(sgemm(s, true, false, m, n, rows, alpha, a, m, rows * m, x, n, rows * n, 0.f,
-                      full.f(), n, m * n, B));
+  RETURN_IF_ERR(gemm(s, true, false, m, n, rows, alpha, a, m, rows * m, x, n, rows * n, 0.f,
+                     full.f(), n, m * n, B, tf32 != 0));
   const int64_t total = km.kv_items() * m * n;
   kv_group_sum<<<grid_for(total, 256), 256, 0, s>>>(full.f(), out, km, m * n, total, km.group());
   return cudaGetLastError();
@@ -152,6 +154,7 @@ FUSECLI_EXPORT int fusecli_launch_attention_grad(
     const int64_t* qdims, const int64_t* kdims, const int64_t* vdims, int64_t sq, int64_t sk,
     int64_t d, int64_t dvd, float scale_q, float scale_k, float keep, int k_transposed,
     int nan_guard, const uint8_t* fill, const int64_t* fill_strides, int fill_kept) {
+  const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   fusecli::KvMap km, vm;
   if (!make_kv_map(nd, qdims, kdims, &km) || !make_kv_map(nd, qdims, vdims, &vm))
@@ -173,7 +176,7 @@ FUSECLI_EXPORT int fusecli_launch_attention_grad(
       RETURN_IF_ERR(cudaGetLastError());
       pa = ws_pd.f();
     }
-    RETURN_IF_ERR(attn_scatter(s, vm, sq, sk, dvd, 1.f, pa, dO, dv));
+    RETURN_IF_ERR(attn_scatter(s, vm, sq, sk, dvd, 1.f, pa, dO, dv, tf32));
   }
   if (!dq && !dk && !ds_out) return cudaSuccess;
   if (fill && !fill_strides) return cudaErrorInvalidValue;
@@ -196,7 +199,7 @@ FUSECLI_EXPORT int fusecli_launch_attention_grad(
     RETURN_IF_ERR(ws_m.alloc(static_cast<size_t>(n_p) * sizeof(float)));
     dsg = ws_m.f();
   }
-  RETURN_IF_ERR(attn_gather(s, vm, true, sq, sk, dvd, 1.f, dO, v, ds));  // dPd = dO V^T
+  RETURN_IF_ERR(attn_gather(s, vm, true, sq, sk, dvd, 1.f, dO, v, ds, tf32));  // dPd = dO V^T
   if (sk > 0) {
     const int block = sk >= 512 ? 256 : 128;
     softmax_bwd_rows<<<static_cast<unsigned>(b * sq), block, 0, s>>>(ds, p, mask, keep, sk, dsg,
@@ -204,12 +207,12 @@ FUSECLI_EXPORT int fusecli_launch_attention_grad(
     RETURN_IF_ERR(cudaGetLastError());
   }
   if (dq)  // dQ = scale_q dSm K (K as [sk,d])
-    RETURN_IF_ERR(attn_gather(s, km, k_transposed != 0, sq, d, sk, scale_q, dsg, k, dq));
+    RETURN_IF_ERR(attn_gather(s, km, k_transposed != 0, sq, d, sk, scale_q, dsg, k, dq, tf32));
   if (dk) {
     if (!k_transposed)  // dK[sk,d] = scale_k sum_group dSm^T Q
-      RETURN_IF_ERR(attn_scatter(s, km, sq, sk, d, scale_k, dsg, q, dk));
+      RETURN_IF_ERR(attn_scatter(s, km, sq, sk, d, scale_k, dsg, q, dk, tf32));
     else  // dK[d,sk] = scale_k sum_group Q^T dSm
-      RETURN_IF_ERR(attn_scatter(s, km, sq, d, sk, scale_k, q, dsg, dk));
+      RETURN_IF_ERR(attn_scatter(s, km, sq, d, sk, scale_k, q, dsg, dk, tf32));
   }
   return cudaGetLastError();
 }

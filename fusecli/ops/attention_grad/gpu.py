@@ -106,7 +106,8 @@ def _bench_heads(add, r):
     p = torch.softmax(r(b, s, s), -1)
     sc = 1 / math.sqrt(d)
     add("AttentionGrad", [b, s, s, d], lambda: attention_grad(do, q, k_, v, p, sc, sc),
-        lambda: ref_attention(do, q, k_, v, p, sc, sc, 0))
+        lambda: ref_attention(do, q, k_, v, p, sc, sc, 0), flops=4 * 2 * b * s * s * d,
+        tf32=lambda: ref_attention(do, q, k_, v, p, sc, sc, 0))
 
 
 def _bench_gqa_dropout(add, r):

@@ -83,7 +83,7 @@ def test_attention_grad_nan_rows(nan_guard, dropout):
     for g, r, nm in zip(got, ref, "dQ dK dV dS".split()):
         r = r.to(g.dtype)
         scale = max(1.0, r.nan_to_num(0.0).abs().max().item())
-        torch.testing.assertclose(g, r, rtol=5e-4, atol=5e-4 * scale, equal_nan=True,
+        torch.testing.assert_close(g, r, rtol=5e-4, atol=5e-4 * scale, equal_nan=True,
                                    msg=lambda m: f"{nm}: {m}")
     assert bool(torch.isfinite(got[2]).all()) == bool(nan_guard)
 

@@ -1,5 +1,6 @@
 // ConvBnReluGrad: CUDA kernels and C launcher.
 #include "cuda_common.cuh"
+#include "cuda_dnn.h"
 
 namespace {
 
@@ -107,10 +108,12 @@ FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(
     int64_t cin, int64_t hin, int64_t win, int64_t kh, int64_t kw, int64_t stride_h,
     int64_t stride_w, int64_t pad_t, int64_t pad_l, int64_t pad_b, int64_t pad_r, int64_t dil_h,
     int64_t dil_w, int64_t group, int act) {
+  const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
   (void)pad_b;
   (void)pad_r;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (group < 1 || c % group || cin % group) return cudaErrorInvalidValue;
+  if (group < 1 || c % group || cin % group || act < 0 || act >= FUSECLI_NUM_ACTS)
+    return cudaErrorInvalidValue;
   const int64_t hw = h * wd;
   const bool need_dc = dx || dw || dc_out;
   Scratch ws_stats(s), ws_dc(s), ws_cols(s);
@@ -140,6 +143,12 @@ FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(
     RETURN_IF_ERR(cudaGetLastError());
   }
   if (!dx && !dw) return cudaSuccess;
+  // the convolution's gradients on cuDNN where it is loaded and takes the geometry (symmetric
+  // padding as far as the output reaches); else the im2col GEMMs below
+  const int r = fusecli::dnn::conv2d_backward(s, x, w, dc, dx, dw, n, cin, hin, win, c, kh, kw, h,
+                                              wd, stride_h, stride_w, pad_t, pad_l, dil_h, dil_w,
+                                              group, tf32 != 0);
+  if (r != fusecli::dnn::kNotUsed) return static_cast<cudaError_t>(r);
   const int64_t cg = c / group, cin_g = cin / group, kc = cin_g * kh * kw;
   Geo g{cin, hin, win, kh, kw, h, wd, stride_h, stride_w, pad_t, pad_l, dil_h, dil_w};
   RETURN_IF_ERR(ws_cols.alloc(static_cast<size_t>(cin * kh * kw * hw) * sizeof(float)));
@@ -152,13 +161,13 @@ FUSECLI_EXPORT int fusecli_launch_conv_bn_relu_grad(
       im2col_kernel<<<grid_for(cols_total, 256), 256, 0, s>>>(x + b * cin * hin * win, cols, g);
       RETURN_IF_ERR(cudaGetLastError());
       // dW_g[cg,kc] += dC_g[cg,hw] cols_g^T[hw,kc], batched over groups
-      RETURN_IF_ERR(sgemm(s, false, true, cg, kc, hw, 1.f, dcb, hw, cg * hw, cols, hw, kc * hw, 1.f,
-                          dw, kc, cg * kc, group));
+      RETURN_IF_ERR(gemm(s, false, true, cg, kc, hw, 1.f, dcb, hw, cg * hw, cols, hw, kc * hw, 1.f,
+                         dw, kc, cg * kc, group, tf32 != 0));
     }
     if (dx) {
       // cols_g[kc,hw] = W_g^T[kc,cg] dC_g[cg,hw], batched over groups; then col2im
-      RETURN_IF_ERR(sgemm(s, true, false, kc, hw, cg, 1.f, w, kc, cg * kc, dcb, hw, cg * hw, 0.f,
-                          cols, hw, kc * hw, group));
+      RETURN_IF_ERR(gemm(s, true, false, kc, hw, cg, 1.f, w, kc, cg * kc, dcb, hw, cg * hw, 0.f,
+                         cols, hw, kc * hw, group, tf32 != 0));
       col2im_kernel<<<grid_for(cin * hin * win, 256), 256, 0, s>>>(cols, dx + b * cin * hin * win,
                                                                    g);
       RETURN_IF_ERR(cudaGetLastError());

@@ -4,7 +4,7 @@ tests/gpu/bench_cuda.py."""
 
 from __future__ import annotations
 
-from fusecli.ops.gpu import ACT, launch, workspace
+from fusecli.ops.gpu import ACT, launch, ref_act_grad, workspace
 
 
 def conv_bn_relu_grad(dy, y, x, w, cv, gamma, mean, inv_std, strides=(1, 1), pads=(0, 0, 0, 0),
@@ -32,9 +32,7 @@ def ref_conv(dy, y, x, w, cv, gamma, mean, inv_std, strides, pads, dilations, gr
              activation="relu"):
     import torch
 
-    if activation not in ("relu", "identity"):
-        raise NotImplementedError(f"ref_conv: activation {activation!r}")
-    d = dy * (y > 0) if activation == "relu" else dy
+    d = ref_act_grad(dy, y, activation)  # every activation of domain.yaml (relu: Y's sign)
     sh = (1, -1, 1, 1)
     xhat = (cv - mean.view(sh)) * inv_std.view(sh)
     r = cv.shape[0] * cv.shape[2] * cv.shape[3]
@@ -65,4 +63,6 @@ def bench(add, r):
     args = (dy, y, x, w, cv, gamma, mean, istd)
     add("ConvBnReluGrad", [nb, cin, c, hw, hw, 3, 3],
         lambda: conv_bn_relu_grad(*args, (1, 1), (1, 1, 1, 1)),
-        lambda: ref_conv(*args, (1, 1), (1, 1, 1, 1), (1, 1), 1, 1))
+        lambda: ref_conv(*args, (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu"),
+        flops=2 * 2 * nb * c * hw * hw * cin * 9,
+        tf32=lambda: ref_conv(*args, (1, 1), (1, 1, 1, 1), (1, 1), 1, "relu"))

@@ -10,6 +10,7 @@ from gpu_helpers import _seed, check_requested, close, rand, torch_or_skip
 torch = torch_or_skip()  # skips this module where torch.cuda is unavailable
 pytestmark = pytest.mark.gpu
 from fusecli.ops.conv_bn_relu_grad.gpu import conv_bn_relu_grad, ref_conv  # noqa: E402
+from fusecli.ops.gpu import ACT  # noqa: E402
 
 CONV = [
     (1, 1, 1, 1, 1, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
@@ -30,11 +31,11 @@ def _conv_inputs(n, cin, hin, win, c, kh, kw, strides, pads, dil, group):
     mean = cv.mean((0, 2, 3))
     inv_std = 1 / torch.sqrt(cv.var((0, 2, 3), unbiased=False) + 1e-5)
     gamma = rand(c).abs() + 0.5
-    y = torch.relu(rand(n, c, h, wd))
+    y = rand(n, c, h, wd, scale=4.0)  # the activation's input: spans relu6's and hardswish's bounds
     return rand(n, c, h, wd), y, x, w, cv, gamma, mean, inv_std
 
 
-@pytest.mark.parametrize("activation", ["relu", "identity"])
+@pytest.mark.parametrize("activation", list(ACT))  # every activation of domain.yaml
 @pytest.mark.parametrize("case", CONV)
 def test_conv_bn_relu_grad(case, activation):
     *dims, strides, pads, dil, group = case
@@ -54,5 +55,5 @@ def test_conv_bn_relu_grad_optional(want, dc):
     *dims, strides, pads, dil, group = CONV[1]
     ins = _conv_inputs(*dims, strides, pads, dil, group)
     got = conv_bn_relu_grad(*ins, strides, pads, dil, group, "relu", want, dc=dc)
-    ref = ref_conv(*(t.double() for t in ins), strides, pads, dil, group, 1)
+    ref = ref_conv(*(t.double() for t in ins), strides, pads, dil, group, "relu")
     check_requested(list(want) + ([1] if dc else []), got, ref, 1e-3)

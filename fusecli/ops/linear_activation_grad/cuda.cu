@@ -7,7 +7,8 @@ FUSECLI_EXPORT int fusecli_launch_linear_activation_grad(void* stream, const flo
                                                          float* db, float* dz_out, int64_t m,
                                                          int64_t n, int64_t k, int act, float alpha,
                                                          int trans_w, int trans_dw) {
-  if (act < 0 || act > kIdentity) return cudaErrorInvalidValue;
+  const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
+  if (act < 0 || act >= FUSECLI_NUM_ACTS) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   Scratch ws(s);
   const float* dz = dy;
@@ -32,13 +33,15 @@ FUSECLI_EXPORT int fusecli_launch_linear_activation_grad(void* stream, const flo
   }
   if ((da && !w) || (dw && !a)) return cudaErrorInvalidValue;
   if (da)  // dA[m,k] = dZ W  (W [n,k])  |  dZ W^T  (W [k,n])
-    RETURN_IF_ERR(sgemm(s, false, trans_w != 0, m, k, n, 1.f, dz, n, 0, w, trans_w ? n : k, 0, 0.f,
-                        da, k, 0));
+    RETURN_IF_ERR(gemm(s, false, trans_w != 0, m, k, n, 1.f, dz, n, 0, w, trans_w ? n : k, 0, 0.f,
+                       da, k, 0, 1, tf32 != 0));
   if (dw) {
     if (!trans_dw)  // dW[n,k] = dZ^T A
-      RETURN_IF_ERR(sgemm(s, true, false, n, k, m, 1.f, dz, n, 0, a, k, 0, 0.f, dw, k, 0));
+      RETURN_IF_ERR(
+          gemm(s, true, false, n, k, m, 1.f, dz, n, 0, a, k, 0, 0.f, dw, k, 0, 1, tf32 != 0));
     else  // dW[k,n] = A^T dZ
-      RETURN_IF_ERR(sgemm(s, true, false, k, n, m, 1.f, a, k, 0, dz, n, 0, 0.f, dw, n, 0));
+      RETURN_IF_ERR(
+          gemm(s, true, false, k, n, m, 1.f, a, k, 0, dz, n, 0, 0.f, dw, n, 0, 1, tf32 != 0));
   }
   return cudaGetLastError();
 }

@@ -38,9 +38,11 @@ def ref_linear(dy, x, a, w, act, trans_w):
 
 
 def bench(add, r):
-    """M=8192 tokens, N=4096, K=1024."""
+    """M=8192 tokens, N=4096, K=1024 (issue 34's table); unfused: torch float32, TF32 off (and
+    the same in TF32)."""
     m, nn, k = 8192, 4096, 1024
     dy, x, a, w = r(m, nn), r(m, nn), r(m, k), r(nn, k)
     add("LinearActivationGrad[gelu]", [m, nn, k],
         lambda: linear_activation_grad(dy, x, a, w, "gelu"),
-        lambda: ref_linear(dy, x, a, w, "gelu", 0))
+        lambda: ref_linear(dy, x, a, w, "gelu", 0), flops=2 * 2 * m * nn * k,
+        tf32=lambda: ref_linear(dy, x, a, w, "gelu", 0))

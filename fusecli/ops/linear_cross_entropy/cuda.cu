@@ -86,6 +86,7 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     const float* row_weight, const float* row_grad, const float* grad_seed, float* loss, float* dh,
     float* dw, float* db, int64_t n, int64_t v, int64_t d, int64_t ignore_index, int reduction,
     float grad_scale, int64_t chunk_rows) {
+  const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
   if (n < 0 || v < 0 || d < 0) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (dw) RETURN_IF_ERR(cudaMemsetAsync(dw, 0, v * d * sizeof(float), s));
@@ -95,7 +96,9 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     if (loss) RETURN_IF_ERR(cudaMemsetAsync(loss, 0, sizeof(float), s));
     return cudaGetLastError();
   }
-  int64_t c = chunk_rows > 0 ? chunk_rows : (int64_t{64} << 20) / (4 * v);  // 64 MiB of logits
+  // 256 MiB of logits by default: fewer chunks re-read and re-write dW less often (each chunk's
+  // dW GEMM accumulates into it), and the chunk's GEMMs are large enough for cuBLAS
+  int64_t c = chunk_rows > 0 ? chunk_rows : (int64_t{256} << 20) / (4 * v);
   c = c < 16 ? 16 : c;
   c = c > n ? n : c;
   Scratch zs(s), ns(s);
@@ -108,16 +111,18 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
   for (int64_t r0 = 0; r0 < n; r0 += c) {
     const int64_t m = n - r0 < c ? n - r0 : c;
     const float* hc = h + r0 * d;
-    RETURN_IF_ERR(sgemm(s, false, true, m, v, d, 1.f, hc, d, 0, w, d, 0, 0.f, zs.f(), v, 0));
+    RETURN_IF_ERR(
+        gemm(s, false, true, m, v, d, 1.f, hc, d, 0, w, d, 0, 0.f, zs.f(), v, 0, 1, tf32 != 0));
     lce_rows_kernel<<<static_cast<unsigned>(m), kThreads, 0, s>>>(
         zs.f(), bias, labels, row_weight, row_grad, grad_seed, count, nll, r0, v, ignore_index,
         reduction == 0, grad_scale, want_grad);
     RETURN_IF_ERR(cudaGetLastError());
     if (dh)
-      RETURN_IF_ERR(
-          sgemm(s, false, false, m, d, v, 1.f, zs.f(), v, 0, w, d, 0, 0.f, dh + r0 * d, d, 0));
+      RETURN_IF_ERR(gemm(s, false, false, m, d, v, 1.f, zs.f(), v, 0, w, d, 0, 0.f, dh + r0 * d, d,
+                         0, 1, tf32 != 0));
     if (dw)
-      RETURN_IF_ERR(sgemm(s, true, false, v, d, m, 1.f, zs.f(), v, 0, hc, d, 0, 1.f, dw, d, 0));
+      RETURN_IF_ERR(
+          gemm(s, true, false, v, d, m, 1.f, zs.f(), v, 0, hc, d, 0, 1.f, dw, d, 0, 1, tf32 != 0));
     if (db) {
       lce_col_add_kernel<<<static_cast<unsigned>((v + 255) / 256), 256, 0, s>>>(zs.f(), db, m, v);
       RETURN_IF_ERR(cudaGetLastError());
