@@ -58,3 +58,13 @@ def _seed():
     import torch
 
     torch.manual_seed(1234)
+
+
+# Tolerances of a launcher's output against float64 torch, by element type: float32 math with
+# the output rounded once to the type (half an ulp: 2^-11 float16, 2^-8 bfloat16), with margin.
+TOL = {"float32": 2e-4, "float16": 1e-3, "bfloat16": 1e-2}
+
+
+def tol_of(dtype) -> float:
+    """TOL for a torch dtype or its name."""
+    return TOL[str(dtype).removeprefix("torch.")]
