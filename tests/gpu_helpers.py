@@ -68,3 +68,14 @@ TOL = {"float32": 2e-4, "float16": 1e-3, "bfloat16": 1e-2}
 def tol_of(dtype) -> float:
     """TOL for a torch dtype or its name."""
     return TOL[str(dtype).removeprefix("torch.")]
+
+
+@pytest.fixture(params=["scalar", "vec"])
+def memk_path(request, monkeypatch):
+    """Runs a test on both memory-bound kernel paths: the scalar kernels (the default) and the
+    vectorised ones (FUSECLI_MEMK_PATH=vec, opt-in until measured on a GPU; read at launch)."""
+    if request.param == "vec":
+        monkeypatch.setenv("FUSECLI_MEMK_PATH", "vec")
+    else:
+        monkeypatch.delenv("FUSECLI_MEMK_PATH", raising=False)
+    return request.param

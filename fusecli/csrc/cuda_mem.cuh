@@ -4,6 +4,8 @@
 // grid size from the occupancy of a kernel. See docs/gpu-kernels-memory.md.
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 
 #include "cuda_common.cuh"
@@ -29,6 +31,13 @@ template <typename T> __device__ __forceinline__ Pack<T> zero_pack() {
   Pack<T> r;
   *reinterpret_cast<uint4*>(&r) = make_uint4(0u, 0u, 0u, 0u);
   return r;
+}
+
+// The vectorised kernels are opt-in until measured on a GPU: FUSECLI_MEMK_PATH=vec selects
+// them, anything else (unset) the scalar kernels. Read at every launch (a test may switch it).
+inline bool memk_vec() {
+  const char* v = std::getenv("FUSECLI_MEMK_PATH");
+  return v && std::strcmp(v, "vec") == 0;
 }
 
 // true when every non-null pointer is 16-byte aligned

@@ -11,6 +11,7 @@
 //   shared memory first, in warp order). col_sum_rows_kernel reduces the partials in a second
 //   small pass. No atomics: the result depends only on the grid, the same in every run on a
 //   device.
+// - Opt-in until measured on a GPU: only with FUSECLI_MEMK_PATH=vec (cuda_mem.cuh: memk_vec).
 // - norm_grad_vec returns false (nothing launched) when n is not a multiple of the pack, a
 //   pointer is not 16-byte aligned or n > kNormMaxBlock * 16: the caller's scalar kernel runs.
 #pragma once
@@ -222,6 +223,7 @@ cudaError_t norm_grad_vec(cudaStream_t s, const T* dy, const T* x, const T* gamm
                           int64_t m, int64_t n, bool* launched) {
   constexpr int V = Pack<T>::kN, P = kMaxPPT<T>;
   *launched = false;
+  if (!memk_vec()) return cudaSuccess;  // opt-in until measured on a GPU
   static_assert(32 * P * V == kNormWarpMaxN, "warp-mode row");
   if (n % V || n > kNormMaxBlock * P * V || !aligned16({dy, x, gamma, dr, dx})) return cudaSuccess;
   *launched = true;

@@ -1,5 +1,6 @@
-// ActivationGrad: CUDA kernels (cuda_common.cuh's act_grad) and their C launchers. 16-byte
-// packs per thread when every pointer is 16-byte aligned (a scalar kernel takes the tail and
+// ActivationGrad: CUDA kernels (cuda_common.cuh's act_grad) and their C launchers. With
+// FUSECLI_MEMK_PATH=vec (opt-in until measured on a GPU): 16-byte packs per thread when every
+// pointer is 16-byte aligned (a scalar kernel takes the tail and
 // misaligned tensors); dX may be dY (the in-place pair: each pack is read before it is written).
 #include "cuda_mem.cuh"
 
@@ -34,6 +35,11 @@ template <typename T>
 cudaError_t launch_act(cudaStream_t s, const T* dy, const T* x, T* dx, int64_t n, int act,
                        float alpha) {
   if (n <= 0) return cudaSuccess;
+  if (!memk_vec()) {  // the kernels before the vectorised path (the default until measured)
+    if constexpr (sizeof(T) == 4) return launch_act_f32(s, dy, x, dx, n, act, alpha);
+    act_grad_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(dy, x, dx, n, act, alpha);
+    return cudaGetLastError();
+  }
   constexpr int V = Pack<T>::kN;
   const int64_t npk = aligned16({dy, x, dx}) ? n / V : 0;
   if (npk > 0) {

@@ -1,6 +1,7 @@
 // GatedActivationGrad: CUDA kernels and their C launchers. dA may be dH and dB may be B (each
-// element is read before it is written), so the pointers are not __restrict__. 16-byte packs
-// per thread when every pointer is 16-byte aligned; a scalar kernel takes the tail and
+// element is read before it is written), so the pointers are not __restrict__. With
+// FUSECLI_MEMK_PATH=vec (opt-in until measured on a GPU): 16-byte packs per thread when every
+// pointer is 16-byte aligned; a scalar kernel takes the tail and
 // misaligned tensors.
 #include "cuda_mem.cuh"
 
@@ -84,7 +85,7 @@ int launch(void* stream, const void* dh_, const void* a_, const void* b_, void* 
   T* da = static_cast<T*>(da_);
   T* db = static_cast<T*>(db_);
   constexpr int V = Pack<T>::kN;
-  const int64_t npk = aligned16({dh, a, b, da, db}) ? n / V : 0;
+  const int64_t npk = memk_vec() && aligned16({dh, a, b, da, db}) ? n / V : 0;
   if (npk > 0) {
     cudaError_t e = act == kGelu       ? launch_vec<T, kGelu>(s, dh, a, b, da, db, npk, alpha)
                     : act == kGeluTanh ? launch_vec<T, kGeluTanh>(s, dh, a, b, da, db, npk, alpha)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_helpers import _seed, check_requested, close, rand, tol_of, torch_or_skip
+from gpu_helpers import _seed, memk_path, check_requested, close, rand, tol_of, torch_or_skip
 
 torch = torch_or_skip()  # skips this module where torch.cuda is unavailable
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("memk_path")]  # both kernel paths
 from fusecli.ops.rms_norm_grad.gpu import ref_rms_norm, rms_norm_grad  # noqa: E402
 
 
