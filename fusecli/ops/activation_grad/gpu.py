@@ -3,7 +3,7 @@ outputs allocated with torch, and its timing case for tests/gpu/bench_cuda.py.""
 
 from __future__ import annotations
 
-from fusecli.ops.gpu import ACT, launch, ref_act_grad
+from fusecli.ops.gpu import memk_paths, ACT, launch, ref_act_grad
 
 
 def activation_grad(dy, x, act, alpha=1.0, out=None):
@@ -25,6 +25,7 @@ def activation_grad(dy, x, act, alpha=1.0, out=None):
 
 def bench(add, r):
     """64M floats (256 MB per tensor) >> L2."""
+    add = memk_paths(add)
     import torch
 
     n = 64 * 2**20

@@ -4,7 +4,7 @@ tests/gpu/bench_cuda.py."""
 
 from __future__ import annotations
 
-from fusecli.ops.gpu import ACT, launch
+from fusecli.ops.gpu import memk_paths, ACT, launch
 
 TORCH_ACT = {"silu": lambda t, a: t.nn.functional.silu(a),
              "gelu": lambda t, a: t.nn.functional.gelu(a),
@@ -53,6 +53,7 @@ def unfused(dh, a, b, act):
 def bench(add, r):
     """64M elements (256 MB per float32 tensor) >> L2; float32, float16 and bfloat16, each
     against torch's unfused ops in the same type."""
+    add = memk_paths(add)
     import torch
 
     n = 64 * 2**20

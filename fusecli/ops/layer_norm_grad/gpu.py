@@ -4,7 +4,7 @@ tests/gpu/bench_cuda.py."""
 
 from __future__ import annotations
 
-from fusecli.ops.gpu import launch
+from fusecli.ops.gpu import memk_paths, launch
 
 
 def layer_norm_grad(dy, x, gamma, mean, inv_std, dr=None, want=(1, 1, 1)):
@@ -45,6 +45,7 @@ def ref_layer_norm(dy, x, gamma, mean, inv_std, dr=None):
 
 def bench(add, r):
     """16384 x 4096 (256 MB per tensor)."""
+    add = memk_paths(add)
     import torch
 
     m, nn = 16384, 4096

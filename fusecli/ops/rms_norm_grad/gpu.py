@@ -4,7 +4,7 @@ tests/gpu/bench_cuda.py."""
 
 from __future__ import annotations
 
-from fusecli.ops.gpu import launch
+from fusecli.ops.gpu import memk_paths, launch
 
 
 def rms_norm_grad(dy, x, gamma=None, inv_rms=None, dr=None, want=(1, 1), epsilon=1e-5):
@@ -44,6 +44,7 @@ def ref_rms_norm(dy, x, gamma=None, dr=None, epsilon=1e-5):
 
 def bench(add, r):
     """16384 x 4096 (Llama-style rows; 256 MB per tensor), inv_rms saved."""
+    add = memk_paths(add)
     import torch
 
     m, nn = 16384, 4096
