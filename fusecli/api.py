@@ -47,15 +47,16 @@ class FusionPass(fusion.FusionPass):
 
     def __init__(self, rules: RulesArg = None, only: Iterable[str] = (),
                  skip: Iterable[str] = (), progress: Callable[[str], None] | None = None,
-                 kernels: Iterable[str] | None = None):
+                 kernels: Iterable[str] | None = None, provider: str = "any"):
         super().__init__(_rules(rules), only=only, skip=skip, progress=progress,
-                         kernels=kernels)
+                         kernels=kernels, provider=provider)
 
 
 def fusion_pass(rules: RulesArg = None, only: Iterable[str] = (), skip: Iterable[str] = (),
                 provider: str = "any") -> FusionPass:
     """A FusionPass over ``rules`` that refuses unknown ``only``/``skip`` names and, with
-    ``provider`` "cpu" or "cuda", fuses only where the library has a kernel for it."""
+    ``provider`` "cpu" or "cuda", fuses only where the library has a kernel for it, and only
+    the element types that provider's kernels implement ("any": the types both implement)."""
     loaded = _rules(rules)
     known = {r.pattern for r in loaded} | {r.name for r in loaded}
     for name in list(only) + list(skip):
@@ -67,7 +68,7 @@ def fusion_pass(rules: RulesArg = None, only: Iterable[str] = (), skip: Iterable
         from fusecli.runtime.library import kernel_ops
 
         kernels = kernel_ops(provider)
-    return FusionPass(loaded, only=only, skip=skip, kernels=kernels)
+    return FusionPass(loaded, only=only, skip=skip, kernels=kernels, provider=provider)
 
 
 @dataclass

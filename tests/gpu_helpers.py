@@ -58,3 +58,24 @@ def _seed():
     import torch
 
     torch.manual_seed(1234)
+
+
+# Tolerances of a launcher's output against float64 torch, by element type: float32 math with
+# the output rounded once to the type (half an ulp: 2^-11 float16, 2^-8 bfloat16), with margin.
+TOL = {"float32": 2e-4, "float16": 1e-3, "bfloat16": 1e-2}
+
+
+def tol_of(dtype) -> float:
+    """TOL for a torch dtype or its name."""
+    return TOL[str(dtype).removeprefix("torch.")]
+
+
+@pytest.fixture(params=["scalar", "vec"])
+def memk_path(request, monkeypatch):
+    """Runs a test on both memory-bound kernel paths: the scalar kernels (the default) and the
+    vectorised ones (FUSECLI_MEMK_PATH=vec, opt-in until measured on a GPU; read at launch)."""
+    if request.param == "vec":
+        monkeypatch.setenv("FUSECLI_MEMK_PATH", "vec")
+    else:
+        monkeypatch.delenv("FUSECLI_MEMK_PATH", raising=False)
+    return request.param

@@ -166,6 +166,12 @@ def _broken_copy(tmp_path, op_folder, edit):
     (lambda s: s.replace("inplace_over: [dY]", "inplace_over: [dQ]"), "not an input"),
     (lambda s: s.replace("values: [relu, gelu, gelu_tanh, silu]",
                          "values: [relu, gelu, gelu_tanh, silu, mish]"), "not in domain.yaml"),
+    (lambda s: s.replace("types: [float32, float16]\n", "types: [float32, float16, bfloat16]\n"),
+     "types lists bfloat16"),
+    (lambda s: s.replace("cuda_types: [float32, float16, bfloat16]",
+                         "cuda_types: [float16, bfloat16]"), "must list float32"),
+    (lambda s: s.replace("cuda_types: [float32, float16, bfloat16]",
+                         "cuda_types: [float32, float8]"), "must list float32"),
 ])
 def test_generator_refuses_inconsistent_contracts(tmp_path, edit, message):
     contracts = _broken_copy(tmp_path, "activation_grad", edit)
@@ -185,3 +191,8 @@ def test_generator_output_follows_the_contracts():
         assert f"void add_{c.folder}_cpu_ops(Ort::CustomOpDomain& domain);" in registry
         for ln in c.launchers:
             assert f"int {ln.name}({ln.args});" in files["op_launchers.h"]
+    bits = {"float32": 1, "float16": 2, "bfloat16": 4}
+    for table, key in (("kOpCpuTypes", "types"), ("kOpCudaTypes", "cuda_types")):
+        row = re.search(rf"{table}\[kNumOps\] = \{{(.*?)\}};", tables).group(1)
+        want = ", ".join(f"{sum(bits[t] for t in getattr(c, key))}u /* {c.name} */" for c in OPS)
+        assert row == want, table

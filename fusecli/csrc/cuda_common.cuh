@@ -3,6 +3,7 @@
 // SGEMM where cuBLAS is absent), column sums and a stream-ordered scratch buffer.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -59,12 +60,18 @@ __device__ __forceinline__ float to_f(float v) {
 __device__ __forceinline__ float to_f(__half v) {
   return __half2float(v);
 }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 template <typename T> __device__ __forceinline__ T from_f(float v);
 template <> __device__ __forceinline__ float from_f<float>(float v) {
   return v;
 }
 template <> __device__ __forceinline__ __half from_f<__half>(float v) {
   return __float2half_rn(v);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
 }
 
 int grid_for(int64_t n, int block, int max_blocks = 65535 * 4) {

@@ -7,7 +7,8 @@ reads fusecli/ops/domain.yaml and fusecli/ops/<op>/contract.yaml through fusecli
 their text changes:
 
   DIR/op_launchers.h  C prototypes of every op's CUDA launchers and the activation codes
-  DIR/op_tables.h     op ids and names, port signatures, in-place pairs, float16 variants,
+  DIR/op_tables.h     op ids and names, port signatures, in-place pairs, float16 / bfloat16
+                      variants (types, cuda_types),
                       the Act enum
   DIR/op_attrs.h      OpAttrs<k<Op>>: each op's attributes read with their contract defaults
   DIR/op_registry.cc  add_cpu_ops / add_cuda_ops: each op folder's registration functions
@@ -53,6 +54,15 @@ def check(contracts) -> None:
         if extra:
             raise SystemExit(f"{c.folder}/contract.yaml: activation values {sorted(extra)} are "
                              f"not in domain.yaml's activations {list(contracts.activations)}")
+        for key, types in (("types", c.types), ("cuda_types", c.cuda_types)):
+            bad = [t for t in types if t not in TYPE_BITS]
+            if bad or "float32" not in types or len(set(types)) != len(types):
+                raise SystemExit(f"{c.folder}/contract.yaml: {key} {list(types)} must list "
+                                 f"float32 and each of {', '.join(TYPE_BITS)} at most once")
+        if "bfloat16" in c.types:
+            raise SystemExit(f"{c.folder}/contract.yaml: types lists bfloat16, which the CPU "
+                             "registration (cpu_kernel.h) does not implement; list it in "
+                             "cuda_types only")
         if len(c.inputs) > 32 or len(c.outputs) > 32:
             raise SystemExit(f"{c.name}: more than 32 ports do not fit the signature bitmasks")
         for port in c.inputs:
@@ -64,6 +74,9 @@ def check(contracts) -> None:
         for name, spec in c.attributes.items():
             _attr_member(c, name, spec, acts)  # raises on what op_attrs.h cannot express
 
+
+# element type -> bit of the generated kOpCpuTypes / kOpCudaTypes masks (op_kernel.h: add_op)
+TYPE_BITS = {"float32": 1, "float16": 2, "bfloat16": 4}  # kTypeF32, kTypeF16, kTypeBF16
 
 _SCALAR = {"int": ("int64_t", "attr_int"), "float": ("float", "attr_float"),
            "ints": ("std::vector<int64_t>", "attr_ints"), "string": ("std::string", "attr_string")}
@@ -159,7 +172,7 @@ def tables_h(contracts) -> str:
            "// the kernel must give the same result either way.",
            "struct Inplace {", "  int n;", "  int in[4], out[4];", "};",
            ""]
-    sigs, inplace, half = [], [], []
+    sigs, inplace, cpu_types, cuda_types = [], [], [], []
     for c in ops:
         opt_in = _mask(c.inputs, lambda p: p.optional)
         opt_out = _mask(c.outputs, lambda p: p.optional)
@@ -173,11 +186,15 @@ def tables_h(contracts) -> str:
         inplace.append(f"    {{{len(pairs)}, {{{', '.join(str(i) for i, _ in pairs)}}}, "
                        f"{{{', '.join(str(o) for _, o in pairs)}}}}},  // {c.name}"
                        + (f": {desc}" if desc else ""))
-        half.append(f"{str('float16' in c.types).lower()} /* {c.name} */")
+        cpu_types.append(f"{sum(TYPE_BITS[t] for t in c.types)}u /* {c.name} */")
+        cuda_types.append(f"{sum(TYPE_BITS[t] for t in c.cuda_types)}u /* {c.name} */")
     out += ["constexpr Signature kOpSigs[kNumOps] = {", *sigs, "};",
             "constexpr Inplace kOpInplace[kNumOps] = {", *inplace, "};",
-            "// ops whose contract lists float16: they get a float16 registration too",
-            "constexpr bool kOpHasHalf[kNumOps] = {" + ", ".join(half) + "};"]
+            "// element types of each op's registrations (its contract's types / cuda_types):",
+            "// bit 1 float32, 2 float16, 4 bfloat16",
+            "constexpr uint32_t kTypeF32 = 1u, kTypeF16 = 2u, kTypeBF16 = 4u;",
+            "constexpr uint32_t kOpCpuTypes[kNumOps] = {" + ", ".join(cpu_types) + "};",
+            "constexpr uint32_t kOpCudaTypes[kNumOps] = {" + ", ".join(cuda_types) + "};"]
     out += ["", "}  // namespace fusecli", ""]
     return "\n".join(out)
 

@@ -22,6 +22,7 @@ namespace fusecli {
 
 constexpr auto kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 constexpr auto kF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+constexpr auto kBF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
 
 // The onnxruntime API version this library requests and stamps on every OrtCustomOp, so the
 // same .so loads in onnxruntime 1.19 (serves 1..19) and 1.31 (serves 1..31). Everything used
@@ -128,7 +129,11 @@ struct SigOp : OpBase<TOp, TKernel> {
   static constexpr OpId kId = Id;
   static constexpr const Signature& S = kOpSigs[Id];
   static constexpr const Inplace& IP = kOpInplace[Id];
-  SigOp(const char* ep, bool half) : OpBase<TOp, TKernel>(kOpNames[Id], ep), half(half) {
+  SigOp(const char* ep, ONNXTensorElementDataType elem)
+      : OpBase<TOp, TKernel>(kOpNames[Id], ep),
+        half(elem == kF16),
+        bf16(elem == kBF16),
+        elem(elem) {
     if (!kWithInplace || IP.n == 0) return;
     OrtCustomOp& op = *this;
     op.version = kOrtApiVersionInplace;
@@ -150,11 +155,9 @@ struct SigOp : OpBase<TOp, TKernel> {
     if (S.any_float_in >> i & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // checked later
     if (S.bool_in >> i & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
     if (S.int64_in >> i & 1u) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
-    return half ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    return elem;
   }
-  ONNXTensorElementDataType GetOutputType(size_t) const {
-    return half ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return elem; }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
     return S.opt_in >> i & 1u ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
                               : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
@@ -164,6 +167,8 @@ struct SigOp : OpBase<TOp, TKernel> {
                                : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
   }
   bool half;  // the float16 registration of an op that has one
+  bool bf16;  // the bfloat16 registration (CUDA only: the contract's cuda_types)
+  ONNXTensorElementDataType elem;  // the element type of this registration
 };
 
 // The kernel base of an op: its attributes as the contract declares them (OpAttrs<Id>, generated
@@ -171,8 +176,10 @@ struct SigOp : OpBase<TOp, TKernel> {
 template <OpId Id> struct KernelBase : OpAttrs<Id> {
   static constexpr OpId kId = Id;
   template <typename TOp>
-  KernelBase(const OrtKernelInfo* info, const TOp* op) : OpAttrs<Id>(info), half(op->half) {}
-  bool half;
+  KernelBase(const OrtKernelInfo* info, const TOp* op)
+      : OpAttrs<Id>(info), half(op->half), bf16(op->bf16) {}
+  bool half;  // float16 registration
+  bool bf16;  // bfloat16 registration
 };
 
 // The registration of a kernel TKernel (a KernelBase<Id>) for the CPU (ep nullptr) or CUDA
@@ -181,16 +188,24 @@ template <typename TKernel, bool kCudaEp = false, bool kWithInplace = true>
 struct FusedOp
     : SigOp<FusedOp<TKernel, kCudaEp, kWithInplace>, TKernel, TKernel::kId, kWithInplace> {
   using Base = SigOp<FusedOp<TKernel, kCudaEp, kWithInplace>, TKernel, TKernel::kId, kWithInplace>;
-  explicit FusedOp(bool half) : Base(kCudaEp ? "CUDAExecutionProvider" : nullptr, half) {}
+  static constexpr bool kCuda = kCudaEp;
+  explicit FusedOp(ONNXTensorElementDataType elem)
+      : Base(kCudaEp ? "CUDAExecutionProvider" : nullptr, elem) {}
 };
 
-// Adds an op's registrations to the domain: float32, and float16 when its contract lists it.
+// Adds an op's registrations to the domain: float32, and float16 / bfloat16 when its contract
+// lists them (`types` for the CPU registration, `cuda_types` for the CUDA one).
 template <typename TOp> void add_op(Ort::CustomOpDomain& domain) {
-  static TOp f32(false);
+  constexpr uint32_t types = TOp::kCuda ? kOpCudaTypes[TOp::kId] : kOpCpuTypes[TOp::kId];
+  static TOp f32(kF32);
   domain.Add(&f32);
-  if (kOpHasHalf[TOp::kId]) {
-    static TOp f16(true);
+  if (types & kTypeF16) {
+    static TOp f16(kF16);
     domain.Add(&f16);
+  }
+  if (types & kTypeBF16) {
+    static TOp b16(kBF16);
+    domain.Add(&b16);
   }
 }
 

@@ -28,7 +28,7 @@ def _misses(model: onnx.ModelProto, fp: FusionPass,
     else:
         last = max((r.order, r.name) for r in fp.rules)
         stages = FusionPass(rules=[r for r in fp.all_rules if (r.order, r.name) <= last],
-                            kernels=fp.kernels)
+                            kernels=fp.kernels, provider=fp.provider)
         fused = copy.deepcopy(model)
         stages.run(fused)
     index = GraphIndex(fused.graph)

@@ -252,7 +252,7 @@ class FusionPass:
 
     def __init__(self, rules: Iterable[Rule], only: Iterable[str] = (), skip: Iterable[str] = (),
                  progress: Callable[[str], None] | None = None,
-                 kernels: Iterable[str] | None = None):
+                 kernels: Iterable[str] | None = None, provider: str = "any"):
         rules = list(rules)
         if not all(isinstance(r, Rule) for r in rules):
             raise TypeError("FusionPass takes parsed Rule objects; load rule files with "
@@ -266,6 +266,9 @@ class FusionPass:
         # fused ops that have a kernel for the chosen execution provider (None: all of them);
         # a match whose fused op has none is skipped with reason missing_kernel
         self.kernels = None if kernels is None else set(kernels)
+        # whose element types a fused op may take: the contract's types for this provider
+        # ("cpu": types, "cuda": cuda_types, "any": those both implement; OpContract.types_for)
+        self.provider = provider
         self.stats = Stats(self.all_rules)
 
     # -- public ----------------------------------------------------------------------------
@@ -375,7 +378,8 @@ class FusionPass:
 
     def check_kernel(self, res: MatchResult, index: GraphIndex) -> None:
         """Turn a match into a skip when its fused op has no kernel for the chosen provider, or
-        its kernels do not implement an input's element type (the contract's ``types``)."""
+        its kernels do not implement an input's element type (the contract's ``types`` on the CPU,
+        ``cuda_types`` on CUDA, both for ``any``)."""
         m = res.match
         why = None if m is None else self._kernel_refusal(m, index)
         if why is not None:
@@ -394,7 +398,7 @@ class FusionPass:
                 elem = (elem_type(index, tensor)
                         if tensor and not tensor.startswith(NEW_TENSOR) else None)
                 # a port with its own element type (AttentionGrad's bool dropout_mask) takes that
-                wants = (port.type,) if port.type else contract.types
+                wants = (port.type,) if port.type else contract.types_for(self.provider)
                 if elem is not None and type_name(elem) not in wants:
                     return "unsupported_type", (f"{port.name} ('{tensor}') is "
                                                 f"{type_name(elem)}; {op} implements "

@@ -69,6 +69,20 @@ class OpContract:
     math: str
     order: int | None = None  # canonical position of its patterns (ascending across ops)
     replaces: str = ""  # the unfused chain it takes the place of, in words (docs/ops.md)
+    # element types the CUDA kernels implement (the contract's `cuda_types`; default `types`)
+    cuda_types: tuple[str, ...] = ()
+
+    def types_for(self, provider: str) -> tuple[str, ...]:
+        """Element types a fused node of this op may take for an execution provider: 'cpu' the
+        CPU kernels' (`types`), 'cuda' the CUDA kernels' (`cuda_types`), 'any' those both
+        implement (the fused graph may run on either)."""
+        if provider == "cpu":
+            return self.types
+        if provider == "cuda":
+            return self.cuda_types
+        if provider == "any":
+            return tuple(t for t in self.types if t in self.cuda_types)
+        raise ValueError(f"unknown execution provider {provider!r}")
 
     def inplace_pairs(self) -> list[tuple[int, int]]:
         """(input index, output index) pairs, in the order the runtime should try them."""
@@ -114,7 +128,8 @@ def _op(folder: str, spec: dict) -> OpContract:
                       _ports(spec["outputs"]), dict(spec.get("attributes") or {}), launchers,
                       dict(spec.get("floor_bytes") or {}), spec["math"],
                       None if spec.get("order") is None else int(spec["order"]),
-                      " ".join(str(spec.get("replaces", "")).split()))
+                      " ".join(str(spec.get("replaces", "")).split()),
+                      tuple(spec.get("cuda_types") or spec["types"]))
 
 
 @functools.cache

@@ -17,6 +17,7 @@ standard library and PyYAML (torch where a tensor is passed), never onnx.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
@@ -130,6 +131,35 @@ def launch(launcher_name: str, **named) -> None:
     err = getattr(lib(), launcher_name)(*args)
     if err != 0:
         raise RuntimeError(f"{launcher_name} returned cudaError {err}")
+
+
+@contextlib.contextmanager
+def kernel_path(env: str, value: str | None):
+    """A launcher environment switch (e.g. FUSECLI_MEMK_PATH=vec) set for the calls inside;
+    None: unset. The launchers read it at every launch."""
+    old = os.environ.get(env)
+    if value is None:
+        os.environ.pop(env, None)
+    else:
+        os.environ[env] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(env, None)
+        else:
+            os.environ[env] = old
+
+
+def memk_paths(add):
+    """A bench `add` that times each case on both memory-bound kernel paths: the default
+    (scalar) kernels, and the vectorised ones (FUSECLI_MEMK_PATH=vec, rows named `[vec]`)."""
+    def both(op, shape, fused, unfused, *rest, **kw):
+        with kernel_path("FUSECLI_MEMK_PATH", None):
+            add(op, shape, fused, unfused, *rest, **kw)
+        with kernel_path("FUSECLI_MEMK_PATH", "vec"):
+            add(op + "[vec]", shape, fused, unfused, *rest, **kw)
+    return both
 
 
 def workspace(dy, mode):

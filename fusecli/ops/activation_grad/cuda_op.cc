@@ -13,12 +13,16 @@ struct ActKernel : CudaKernel<ActKernel, kActivationGrad> {  // attributes: acti
     void* out = opt_out<void>(ctx, 0, dy.shape);
     if (!out) return;
     void* s = ctx.GetGPUComputeStream();
-    check_cuda(half ? fusecli_launch_activation_grad_f16(s, dy.data, x.data, out, dy.numel(),
-                                                         act_code(activation), alpha)
-                    : fusecli_launch_activation_grad(s, dy.ptr<float>(), x.ptr<float>(),
-                                                     static_cast<float*>(out), dy.numel(),
-                                                     act_code(activation), alpha),
-               "ActivationGrad");
+    const int act = act_code(activation);
+    int err;
+    if (half)
+      err = fusecli_launch_activation_grad_f16(s, dy.data, x.data, out, dy.numel(), act, alpha);
+    else if (bf16)
+      err = fusecli_launch_activation_grad_bf16(s, dy.data, x.data, out, dy.numel(), act, alpha);
+    else
+      err = fusecli_launch_activation_grad(s, dy.ptr<float>(), x.ptr<float>(),
+                                           static_cast<float*>(out), dy.numel(), act, alpha);
+    check_cuda(err, "ActivationGrad");
   }
 };
 

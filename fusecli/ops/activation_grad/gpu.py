@@ -3,15 +3,19 @@ outputs allocated with torch, and its timing case for tests/gpu/bench_cuda.py.""
 
 from __future__ import annotations
 
-from fusecli.ops.gpu import ACT, launch, ref_act_grad
+from fusecli.ops.gpu import memk_paths, ACT, launch, ref_act_grad
 
 
-def activation_grad(dy, x, act, alpha=1.0):
+def activation_grad(dy, x, act, alpha=1.0, out=None):
+    """dX (float32, float16 or bfloat16 like dY); `out` may be dY itself (the in-place pair)."""
     import torch
 
-    dx = torch.empty_like(dy)
+    dx = torch.empty_like(dy) if out is None else out
     if dy.dtype == torch.float16:
         launch("fusecli_launch_activation_grad_f16", dy=dy, x=x, dx=dx, n=dy.numel(),
+               act=ACT[act], alpha=alpha)
+    elif dy.dtype == torch.bfloat16:
+        launch("fusecli_launch_activation_grad_bf16", dy=dy, x=x, dx=dx, n=dy.numel(),
                act=ACT[act], alpha=alpha)
     else:
         launch("fusecli_launch_activation_grad", dy=dy, x=x, dx=dx, n=dy.numel(), act=ACT[act],
@@ -21,6 +25,7 @@ def activation_grad(dy, x, act, alpha=1.0):
 
 def bench(add, r):
     """64M floats (256 MB per tensor) >> L2."""
+    add = memk_paths(add)
     import torch
 
     n = 64 * 2**20
@@ -32,7 +37,11 @@ def bench(add, r):
             tf = lambda: torch.ops.aten.gelu_backward(dy, x, approximate=appr)  # noqa: E731
         add(f"ActivationGrad[{act}]", [n], lambda: activation_grad(dy, x, act),
             lambda: ref_act_grad(dy, x, act), 3 * n * 4, tf)
-    h16, x16 = dy.half(), x.half()
-    add("ActivationGrad[gelu,f16]", [n], lambda: activation_grad(h16, x16, "gelu"),
-        lambda: ref_act_grad(h16, x16, "gelu"), 3 * n * 2,
-        lambda: torch.ops.aten.gelu_backward(h16, x16))
+    for dt in (torch.float16, torch.bfloat16):  # vs torch in the same type
+        h, xh = dy.to(dt), x.to(dt)
+        name = str(dt).split(".")[-1]
+        torch_fused = {"gelu": lambda: torch.ops.aten.gelu_backward(h, xh),
+                       "silu": lambda: torch.ops.aten.silu_backward(h, xh)}
+        for act, tf in torch_fused.items():
+            add(f"ActivationGrad[{act},{name}]", [n], lambda: activation_grad(h, xh, act),
+                lambda: ref_act_grad(h, xh, act), 3 * n * h.element_size(), tf)

@@ -16,12 +16,18 @@ struct GatedKernel : CudaKernel<GatedKernel, kGatedActivationGrad> {  // activat
     if (!da && !db) return;
     void* s = ctx.GetGPUComputeStream();
     const int act = act_code(activation);
-    check_cuda(half ? fusecli_launch_gated_activation_grad_f16(s, dh.data, a.data, b.data, da, db,
-                                                               dh.numel(), act, alpha)
-                    : fusecli_launch_gated_activation_grad(
-                          s, dh.ptr<float>(), a.ptr<float>(), b.ptr<float>(),
-                          static_cast<float*>(da), static_cast<float*>(db), dh.numel(), act, alpha),
-               "GatedActivationGrad");
+    int err;
+    if (half)
+      err = fusecli_launch_gated_activation_grad_f16(s, dh.data, a.data, b.data, da, db, dh.numel(),
+                                                     act, alpha);
+    else if (bf16)
+      err = fusecli_launch_gated_activation_grad_bf16(s, dh.data, a.data, b.data, da, db,
+                                                      dh.numel(), act, alpha);
+    else
+      err = fusecli_launch_gated_activation_grad(s, dh.ptr<float>(), a.ptr<float>(), b.ptr<float>(),
+                                                 static_cast<float*>(da), static_cast<float*>(db),
+                                                 dh.numel(), act, alpha);
+    check_cuda(err, "GatedActivationGrad");
   }
 };
 

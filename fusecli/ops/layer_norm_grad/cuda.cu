@@ -1,9 +1,11 @@
-// LayerNormGrad: CUDA kernels and C launchers.
-#include "cuda_common.cuh"
+// LayerNormGrad: CUDA kernels and C launchers. The vectorised row kernel of cuda_norm.cuh when
+// it applies (16-byte aligned tensors, N a multiple of the pack, N <= 8192), else the scalar
+// ln_rows_kernel below.
+#include "cuda_norm.cuh"
 
 namespace {
 
-// ---- LayerNorm backward -------------------------------------------------------------------
+// ---- LayerNorm backward, scalar fallback ---------------------------------------------------
 // Each block walks rows blockIdx.x, +gridDim.x; dX per row from two block sums; per-block
 // partial dgamma/dbeta rows (owned by the block, so no atomics; reduced by col_sum_kernel).
 template <typename T, typename S>
@@ -55,6 +57,10 @@ cudaError_t launch_ln(cudaStream_t s, const T* dy, const T* x, const T* gamma, c
     }
     return cudaSuccess;
   }
+  bool launched = false;
+  RETURN_IF_ERR((norm_grad_vec<T, S, false>(s, dy, x, gamma, mean, istd, 0.f, dr, dx, dgamma, dbeta,
+                                            m, n, &launched)));
+  if (launched) return cudaSuccess;
   int block = n >= 1024 ? 256 : n >= 256 ? 128 : 64;
   int64_t grid = static_cast<int64_t>(sm_count()) * 4;
   if (grid > m) grid = m;
@@ -104,4 +110,21 @@ FUSECLI_EXPORT int fusecli_launch_layer_norm_grad_f16(void* stream, const void* 
   return launch_ln<__half, float>(s, H(dy), H(x), H(gamma), static_cast<const float*>(mean),
                                   static_cast<const float*>(inv_std), H(dr), HM(dx), HM(dgamma),
                                   HM(dbeta), m, n);
+}
+
+FUSECLI_EXPORT int fusecli_launch_layer_norm_grad_bf16(void* stream, const void* dy, const void* x,
+                                                       const void* gamma, const void* mean,
+                                                       const void* inv_std, int stats_bf16,
+                                                       const void* dr, void* dx, void* dgamma,
+                                                       void* dbeta, int64_t m, int64_t n) {
+  using B = __nv_bfloat16;
+  auto H = [](const void* p) { return static_cast<const B*>(p); };
+  auto HM = [](void* p) { return static_cast<B*>(p); };
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (stats_bf16)
+    return launch_ln<B, B>(s, H(dy), H(x), H(gamma), H(mean), H(inv_std), H(dr), HM(dx), HM(dgamma),
+                           HM(dbeta), m, n);
+  return launch_ln<B, float>(s, H(dy), H(x), H(gamma), static_cast<const float*>(mean),
+                             static_cast<const float*>(inv_std), H(dr), HM(dx), HM(dgamma),
+                             HM(dbeta), m, n);
 }

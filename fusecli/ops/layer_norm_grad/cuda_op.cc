@@ -17,8 +17,9 @@ struct LnKernel : CudaKernel<LnKernel, kLayerNormGrad> {  // attributes: axis
                       mean.numel() == M && rstd.numel() == M &&
                       (!dr.present || dr.numel() == M * N),
                   "LayerNormGrad: shape mismatch");
-    FUSECLI_CHECK(mean.type == rstd.type && (mean.type == kF32 || (half && mean.type == kF16)),
-                  "LayerNormGrad: mean/inv_std must be float32 (or float16 with float16 data)");
+    FUSECLI_CHECK(mean.type == rstd.type && (mean.type == kF32 || (half && mean.type == kF16) ||
+                                             (bf16 && mean.type == kBF16)),
+                  "LayerNormGrad: mean/inv_std must be float32 (or the data's 16-bit type)");
     const std::vector<int64_t> pshape(x.shape.begin() + ax, x.shape.end());
     void* dx = opt_out<void>(ctx, 0, x.shape);
     void* dg = opt_out<void>(ctx, 1, pshape);
@@ -29,6 +30,10 @@ struct LnKernel : CudaKernel<LnKernel, kLayerNormGrad> {  // attributes: axis
       err = fusecli_launch_layer_norm_grad_f16(
           s, dy.data, x.data, gamma.present ? gamma.data : nullptr, mean.data, rstd.data,
           mean.type == kF16, dr.present ? dr.data : nullptr, dx, dg, db, M, N);
+    else if (bf16)
+      err = fusecli_launch_layer_norm_grad_bf16(
+          s, dy.data, x.data, gamma.present ? gamma.data : nullptr, mean.data, rstd.data,
+          mean.type == kBF16, dr.present ? dr.data : nullptr, dx, dg, db, M, N);
     else
       err = fusecli_launch_layer_norm_grad(
           s, dy.ptr<float>(), x.ptr<float>(), gamma.present ? gamma.ptr<float>() : nullptr,

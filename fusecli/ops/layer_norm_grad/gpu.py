@@ -4,7 +4,7 @@ tests/gpu/bench_cuda.py."""
 
 from __future__ import annotations
 
-from fusecli.ops.gpu import launch
+from fusecli.ops.gpu import memk_paths, launch
 
 
 def layer_norm_grad(dy, x, gamma, mean, inv_std, dr=None, want=(1, 1, 1)):
@@ -17,6 +17,10 @@ def layer_norm_grad(dy, x, gamma, mean, inv_std, dr=None, want=(1, 1, 1)):
     if x.dtype == torch.float16:
         launch("fusecli_launch_layer_norm_grad_f16", dy=dy, x=x, gamma=gamma, mean=mean,
                inv_std=inv_std, stats_f16=int(mean.dtype == torch.float16), dr=dr, dx=dx,
+               dgamma=dgamma, dbeta=dbeta, m=m, n=n)
+    elif x.dtype == torch.bfloat16:
+        launch("fusecli_launch_layer_norm_grad_bf16", dy=dy, x=x, gamma=gamma, mean=mean,
+               inv_std=inv_std, stats_bf16=int(mean.dtype == torch.bfloat16), dr=dr, dx=dx,
                dgamma=dgamma, dbeta=dbeta, m=m, n=n)
     else:
         launch("fusecli_launch_layer_norm_grad", dy=dy, x=x, gamma=gamma, mean=mean,
@@ -41,10 +45,11 @@ def ref_layer_norm(dy, x, gamma, mean, inv_std, dr=None):
 
 def bench(add, r):
     """16384 x 4096 (256 MB per tensor)."""
+    add = memk_paths(add)
     import torch
 
     m, nn = 16384, 4096
-    for dt in (torch.float32, torch.float16):
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
         x, dy, g = r(m, nn, dtype=dt), r(m, nn, dtype=dt), r(nn, dtype=dt)
         mean = x.float().mean(1)
         istd = 1 / torch.sqrt(x.float().var(1) + 1e-5)

@@ -1,9 +1,11 @@
-// RMSNormGrad: CUDA kernels and C launchers.
-#include "cuda_common.cuh"
+// RMSNormGrad: CUDA kernels and C launchers. The vectorised row kernel of cuda_norm.cuh when it
+// applies (16-byte aligned tensors, N a multiple of the pack, N <= 8192), else the scalar
+// rms_rows_kernel below.
+#include "cuda_norm.cuh"
 
 namespace {
 
-// ---- RMSNorm backward ---------------------------------------------------------------------
+// ---- RMSNorm backward, scalar fallback ----------------------------------------------------
 // Each block walks rows blockIdx.x, +gridDim.x; per row one block sum (x^2 too when inv_rms is
 // not saved), then dX; per-block partial dGamma rows (owned by the block, so no atomics; reduced
 // by col_sum_kernel).
@@ -51,6 +53,11 @@ cudaError_t launch_rms(cudaStream_t s, const T* dy, const T* x, const T* gamma, 
     if (n > 0 && dgamma) RETURN_IF_ERR(cudaMemsetAsync(dgamma, 0, n * sizeof(T), s));
     return cudaSuccess;
   }
+  bool launched = false;
+  RETURN_IF_ERR(
+      (norm_grad_vec<T, S, true>(s, dy, x, gamma, static_cast<const S*>(nullptr), istd, eps, dr, dx,
+                                 dgamma, static_cast<T*>(nullptr), m, n, &launched)));
+  if (launched) return cudaSuccess;
   int block = n >= 1024 ? 256 : n >= 256 ? 128 : 64;
   int64_t grid = static_cast<int64_t>(sm_count()) * 4;
   if (grid > m) grid = m;
@@ -94,4 +101,19 @@ FUSECLI_EXPORT int fusecli_launch_rms_norm_grad_f16(void* stream, const void* dy
                                       HM(dgamma), m, n);
   return launch_rms<__half, float>(s, H(dy), H(x), H(gamma), static_cast<const float*>(inv_rms),
                                    epsilon, H(dr), HM(dx), HM(dgamma), m, n);
+}
+
+FUSECLI_EXPORT int fusecli_launch_rms_norm_grad_bf16(void* stream, const void* dy, const void* x,
+                                                     const void* gamma, const void* inv_rms,
+                                                     int stats_bf16, float epsilon, const void* dr,
+                                                     void* dx, void* dgamma, int64_t m, int64_t n) {
+  using B = __nv_bfloat16;
+  auto H = [](const void* p) { return static_cast<const B*>(p); };
+  auto HM = [](void* p) { return static_cast<B*>(p); };
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (stats_bf16)
+    return launch_rms<B, B>(s, H(dy), H(x), H(gamma), H(inv_rms), epsilon, H(dr), HM(dx),
+                            HM(dgamma), m, n);
+  return launch_rms<B, float>(s, H(dy), H(x), H(gamma), static_cast<const float*>(inv_rms), epsilon,
+                              H(dr), HM(dx), HM(dgamma), m, n);
 }

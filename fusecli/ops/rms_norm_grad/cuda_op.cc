@@ -16,8 +16,9 @@ struct RmsKernel : CudaKernel<RmsKernel, kRMSNormGrad> {  // attributes: axis, e
     FUSECLI_CHECK(dy.numel() == x.numel() && (!gamma.present || gamma.numel() == N) &&
                       (!rstd.present || rstd.numel() == M) && (!dr.present || dr.numel() == M * N),
                   "RMSNormGrad: shape mismatch");
-    FUSECLI_CHECK(!rstd.present || rstd.type == kF32 || (half && rstd.type == kF16),
-                  "RMSNormGrad: inv_rms must be float32 (or float16 with float16 data)");
+    FUSECLI_CHECK(!rstd.present || rstd.type == kF32 || (half && rstd.type == kF16) ||
+                      (bf16 && rstd.type == kBF16),
+                  "RMSNormGrad: inv_rms must be float32 (or the data's 16-bit type)");
     const std::vector<int64_t> pshape(x.shape.begin() + ax, x.shape.end());
     void* dx = opt_out<void>(ctx, 0, x.shape);
     void* dg = opt_out<void>(ctx, 1, pshape);
@@ -28,6 +29,11 @@ struct RmsKernel : CudaKernel<RmsKernel, kRMSNormGrad> {  // attributes: axis, e
       err = fusecli_launch_rms_norm_grad_f16(
           s, dy.data, x.data, gamma.present ? gamma.data : nullptr, rs,
           rstd.present && rstd.type == kF16, epsilon, dr.present ? dr.data : nullptr, dx, dg, M, N);
+    else if (bf16)
+      err = fusecli_launch_rms_norm_grad_bf16(s, dy.data, x.data,
+                                              gamma.present ? gamma.data : nullptr, rs,
+                                              rstd.present && rstd.type == kBF16, epsilon,
+                                              dr.present ? dr.data : nullptr, dx, dg, M, N);
     else
       err = fusecli_launch_rms_norm_grad(
           s, dy.ptr<float>(), x.ptr<float>(), gamma.present ? gamma.ptr<float>() : nullptr,

@@ -4,7 +4,7 @@ tests/gpu/bench_cuda.py."""
 
 from __future__ import annotations
 
-from fusecli.ops.gpu import launch
+from fusecli.ops.gpu import memk_paths, launch
 
 
 def rms_norm_grad(dy, x, gamma=None, inv_rms=None, dr=None, want=(1, 1), epsilon=1e-5):
@@ -15,10 +15,13 @@ def rms_norm_grad(dy, x, gamma=None, inv_rms=None, dr=None, want=(1, 1), epsilon
     m = x.numel() // n
     dx, dgamma = [torch.empty(s, device=x.device, dtype=x.dtype) if w_ else None
                   for s, w_ in zip((x.shape, (n,)), want)]
+    half_stats = int(inv_rms is not None and inv_rms.dtype == x.dtype)
     if x.dtype == torch.float16:
-        f16 = int(inv_rms is not None and inv_rms.dtype == torch.float16)
         launch("fusecli_launch_rms_norm_grad_f16", dy=dy, x=x, gamma=gamma, inv_rms=inv_rms,
-               stats_f16=f16, epsilon=epsilon, dr=dr, dx=dx, dgamma=dgamma, m=m, n=n)
+               stats_f16=half_stats, epsilon=epsilon, dr=dr, dx=dx, dgamma=dgamma, m=m, n=n)
+    elif x.dtype == torch.bfloat16:
+        launch("fusecli_launch_rms_norm_grad_bf16", dy=dy, x=x, gamma=gamma, inv_rms=inv_rms,
+               stats_bf16=half_stats, epsilon=epsilon, dr=dr, dx=dx, dgamma=dgamma, m=m, n=n)
     else:
         launch("fusecli_launch_rms_norm_grad", dy=dy, x=x, gamma=gamma, inv_rms=inv_rms,
                epsilon=epsilon, dr=dr, dx=dx, dgamma=dgamma, m=m, n=n)
@@ -41,10 +44,11 @@ def ref_rms_norm(dy, x, gamma=None, dr=None, epsilon=1e-5):
 
 def bench(add, r):
     """16384 x 4096 (Llama-style rows; 256 MB per tensor), inv_rms saved."""
+    add = memk_paths(add)
     import torch
 
     m, nn = 16384, 4096
-    for dt in (torch.float32, torch.float16):
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
         x, dy, g = r(m, nn, dtype=dt), r(m, nn, dtype=dt), r(nn, dtype=dt)
         irms = torch.rsqrt(x.float().pow(2).mean(1) + 1e-6)
 
