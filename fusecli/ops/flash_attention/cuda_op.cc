@@ -6,7 +6,7 @@
 namespace fusecli {
 namespace {
 
-struct FlashKernel : CudaKernel<FlashKernel, kFlashAttention> {  // attributes: scale, k_transposed
+struct FlashKernel : CudaKernel<FlashKernel, kFlashAttention> {  // attributes: scale, k_transposed, tf32
   using CudaKernel::CudaKernel;
   void Compute(Ort::KernelContext& ctx) {
     const FlashInputs in(ctx, 0, 1, 2, 3, k_transposed, "FlashAttention");
@@ -16,7 +16,8 @@ struct FlashKernel : CudaKernel<FlashKernel, kFlashAttention> {  // attributes: 
                    ctx.GetGPUComputeStream(), in.q.ptr<float>(), in.k.ptr<float>(),
                    in.v.ptr<float>(), in.bias.present ? in.bias.ptr<float>() : nullptr,
                    in.bias.present ? in.bias_strides.data() : nullptr, o, lse, in.kmap.nd,
-                   in.kmap.q, in.kmap.kv, in.Sq, in.Sk, in.D, in.Dv, scale, k_transposed),
+                   in.kmap.q, in.kmap.kv, in.Sq, in.Sk, in.D, in.Dv, scale, k_transposed,
+                   static_cast<int>(tf32)),
                "FlashAttention");
   }
 };
