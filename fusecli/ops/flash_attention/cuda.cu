@@ -65,13 +65,12 @@ __global__ void flash_fwd_rows(const float* __restrict__ q, const float* __restr
   if (lse && threadIdx.x == 0) lse[row] = empty ? CUDART_NAN_F : m + logf(l);
 }
 
-
 template <int P, int DP> struct FwdCfg {
   using T = typename PrecOf<P>::T;
   static constexpr int kWarps = 4;
   static constexpr int kBr = 16 * kWarps;  // query rows per block (16 per warp)
   static constexpr int kBc = (sizeof(T) == 4 && DP >= 128) || DP >= 256 ? 32 : 64;  // keys/tile
-  static constexpr int kLd = DP + PrecOf<P>::kPad;   // Q, K, V tiles
+  static constexpr int kLd = DP + PrecOf<P>::kPad;                                  // Q, K, V tiles
   static constexpr int kLdp = kBc + PrecOf<P>::kPad;  // each warp's P strip [16, kBc]
   static constexpr size_t kSmem =
       (static_cast<size_t>(kBr + 2 * kBc) * kLd + static_cast<size_t>(kBr) * kLdp) * sizeof(T);
@@ -87,9 +86,9 @@ __global__ void __launch_bounds__(128, 1)
     flash_fwd_tc(const typename PrecOf<P>::T* __restrict__ q,
                  const typename PrecOf<P>::T* __restrict__ k,
                  const typename PrecOf<P>::T* __restrict__ v, BiasT<typename PrecOf<P>::T> bias,
-                 typename PrecOf<P>::T* __restrict__ o, float* __restrict__ lse,
-                 fusecli::KvMap km, int64_t sq, int64_t sk, int d, int dv, float scale, int kt,
-                 int64_t nqt, int split) {
+                 typename PrecOf<P>::T* __restrict__ o, float* __restrict__ lse, fusecli::KvMap km,
+                 int64_t sq, int64_t sk, int d, int dv, float scale, int kt, int64_t nqt,
+                 int split) {
   using C = FwdCfg<P, DP>;
   using T = typename C::T;
   constexpr int NT = C::kBc / 8, NO = DP / 8;
@@ -133,8 +132,7 @@ __global__ void __launch_bounds__(128, 1)
           continue;
         }
       }
-      load_tile(ks, C::kBc, DP, C::kLd, kt ? kc + j0 : kc + j0 * d, nc, d, kt ? 1 : d,
-                kt ? sk : 1);
+      load_tile(ks, C::kBc, DP, C::kLd, kt ? kc + j0 : kc + j0 * d, nc, d, kt ? 1 : d, kt ? sk : 1);
       load_tile(vs, C::kBc, DP, C::kLd, vc + j0 * dv, nc, dv, dv, 1);
       __syncthreads();
       float s[NT][4];
@@ -162,7 +160,7 @@ __global__ void __launch_bounds__(128, 1)
       for (int h = 0; h < 2; ++h) {
         const float mn = fmaxf(m[h], quad_max(mx[h]));
         corr[h] = 1.f;
-        if (mn != -CUDART_INF_F) {  // else every score so far is -inf: nothing to add yet
+        if (mn != -CUDART_INF_F) {      // else every score so far is -inf: nothing to add yet
           corr[h] = __expf(m[h] - mn);  // 0 for the first finite tile
           m[h] = mn;
         }
@@ -255,8 +253,8 @@ cudaError_t launch_fwd_tc(cudaStream_t s, int dp, const typename PrecOf<P>::T* q
 template <int P>
 int launch_fwd_16(void* stream, const void* q, const void* k, const void* v, const void* bias,
                   const int64_t* bias_strides, void* o, float* lse, int nd, const int64_t* qdims,
-                  const int64_t* kdims, int64_t sq, int64_t sk, int64_t d, int64_t dv,
-                  float scale, int k_transposed) {
+                  const int64_t* kdims, int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale,
+                  int k_transposed) {
   using T = typename PrecOf<P>::T;
   fusecli::KvMap km;
   BiasT<T> bm;
@@ -287,8 +285,8 @@ FUSECLI_EXPORT int fusecli_launch_flash_attention(void* stream, const float* q, 
   auto s = static_cast<cudaStream_t>(stream);
   const int dp = dp_bucket(d > dv ? d : dv);
   if (dp != 0 && !flash_simt_forced())
-    return launch_fwd_tc<kF32>(s, dp, q, k, v, bm, o, lse, km, sq, sk, d, dv, scale,
-                               k_transposed, tf32 ? 0 : 1);
+    return launch_fwd_tc<kF32>(s, dp, q, k, v, bm, o, lse, km, sq, sk, d, dv, scale, k_transposed,
+                               tf32 ? 0 : 1);
   const size_t smem = static_cast<size_t>(dv + kFlashT + 32) * sizeof(float);
   flash_fwd_rows<<<static_cast<unsigned>(rows), kFlashT, smem, s>>>(q, k, v, bm, o, lse, km, sq, sk,
                                                                     d, dv, scale, k_transposed);
@@ -299,20 +297,20 @@ FUSECLI_EXPORT int fusecli_launch_flash_attention_f16(void* stream, const void* 
                                                       const void* v, const void* bias,
                                                       const int64_t* bias_strides, void* o,
                                                       float* lse, int nd, const int64_t* qdims,
-                                                      const int64_t* kdims, int64_t sq,
-                                                      int64_t sk, int64_t d, int64_t dv,
-                                                      float scale, int k_transposed) {
-  return launch_fwd_16<kF16>(stream, q, k, v, bias, bias_strides, o, lse, nd, qdims, kdims, sq,
-                             sk, d, dv, scale, k_transposed);
+                                                      const int64_t* kdims, int64_t sq, int64_t sk,
+                                                      int64_t d, int64_t dv, float scale,
+                                                      int k_transposed) {
+  return launch_fwd_16<kF16>(stream, q, k, v, bias, bias_strides, o, lse, nd, qdims, kdims, sq, sk,
+                             d, dv, scale, k_transposed);
 }
 
 FUSECLI_EXPORT int fusecli_launch_flash_attention_bf16(void* stream, const void* q, const void* k,
                                                        const void* v, const void* bias,
                                                        const int64_t* bias_strides, void* o,
                                                        float* lse, int nd, const int64_t* qdims,
-                                                       const int64_t* kdims, int64_t sq,
-                                                       int64_t sk, int64_t d, int64_t dv,
-                                                       float scale, int k_transposed) {
-  return launch_fwd_16<kBf16>(stream, q, k, v, bias, bias_strides, o, lse, nd, qdims, kdims, sq,
-                              sk, d, dv, scale, k_transposed);
+                                                       const int64_t* kdims, int64_t sq, int64_t sk,
+                                                       int64_t d, int64_t dv, float scale,
+                                                       int k_transposed) {
+  return launch_fwd_16<kBf16>(stream, q, k, v, bias, bias_strides, o, lse, nd, qdims, kdims, sq, sk,
+                              d, dv, scale, k_transposed);
 }

@@ -90,14 +90,13 @@ __device__ __forceinline__ void mma_16(float (&c)[4], const uint32_t (&a)[4],
 // (float32 only): three TF32 products per multiply instead of one.
 template <int P, int NT, bool BN, typename T>
 __device__ __forceinline__ void warp_gemm(float (&c)[NT][4], const T* __restrict__ a, int lda,
-                                          const T* __restrict__ b, int ldb, int kdim,
-                                          bool split) {
+                                          const T* __restrict__ b, int ldb, int kdim, bool split) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   if constexpr (P == kF32) {
 #pragma unroll 2
     for (int k0 = 0; k0 < kdim; k0 += 8) {
-      const float ax[4] = {a[g * lda + k0 + t], a[(g + 8) * lda + k0 + t],
-                           a[g * lda + k0 + t + 4], a[(g + 8) * lda + k0 + t + 4]};
+      const float ax[4] = {a[g * lda + k0 + t], a[(g + 8) * lda + k0 + t], a[g * lda + k0 + t + 4],
+                           a[(g + 8) * lda + k0 + t + 4]};
       uint32_t ab[4], as[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {

@@ -155,7 +155,6 @@ __global__ void flash_bwd_dkv(const float* __restrict__ dO, const float* __restr
       (kt ? dk[c * sk * d + x * sk + j] : dk[(c * sk + j) * d + x]) = scale * ak[x];
 }
 
-
 template <int P, int DP> struct BwdCfg {
   using T = typename PrecOf<P>::T;
   static constexpr int kPad = PrecOf<P>::kPad;
@@ -313,8 +312,8 @@ __global__ void __launch_bounds__(BwdCfg<P, DP>::kWarps * 32, 1)
                     const typename PrecOf<P>::T* __restrict__ v, const float* __restrict__ lse,
                     const float* __restrict__ drow, const float* __restrict__ pscale,
                     BiasT<typename PrecOf<P>::T> bias, typename PrecOf<P>::T* __restrict__ dq,
-                    fusecli::KvMap km, int64_t sq, int64_t sk, int d, int dv, float scale,
-                    int kt, int64_t nqt, int split) {
+                    fusecli::KvMap km, int64_t sq, int64_t sk, int d, int dv, float scale, int kt,
+                    int64_t nqt, int split) {
   using C = BwdCfg<P, DP>;
   using T = typename C::T;
   constexpr int NT = C::kBc / 8, NO = DP / 8;
@@ -358,8 +357,7 @@ __global__ void __launch_bounds__(BwdCfg<P, DP>::kWarps * 32, 1)
       }
       if (!__syncthreads_or(live)) continue;
     }
-    load_tile(ks, C::kBc, DP, C::kLd, kt ? kc + j0 : kc + j0 * d, nc, d, kt ? 1 : d,
-              kt ? sk : 1);
+    load_tile(ks, C::kBc, DP, C::kLd, kt ? kc + j0 : kc + j0 * d, nc, d, kt ? 1 : d, kt ? sk : 1);
     load_tile(vs, C::kBc, DP, C::kLd, vc + j0 * dv, nc, dv, dv, 1);
     __syncthreads();
     float s[NT][4], dp[NT][4];
@@ -430,8 +428,8 @@ template <int P, int DP> cudaError_t launch_grad_dp(const GradArgs<typename Prec
                                        static_cast<int>(C::kSmemQ)));
     const int64_t nqt = (a.sq + C::kRows - 1) / C::kRows;
     kern<<<static_cast<unsigned>(a.km.q_items() * nqt), C::kWarps * 32, C::kSmemQ, a.s>>>(
-        a.dO, a.q, a.k, a.v, a.lse, a.drow, a.pscale, a.bias, a.dq, a.km, a.sq, a.sk, a.d,
-        a.dv_dim, a.scale, a.kt, nqt, a.split);
+        a.dO, a.q, a.k, a.v, a.lse, a.drow, a.pscale, a.bias, a.dq, a.km, a.sq, a.sk, a.d, a.dv_dim,
+        a.scale, a.kt, nqt, a.split);
     RETURN_IF_ERR(cudaGetLastError());
   }
   if constexpr (DP >= 256) {  // one accumulator per launch keeps the registers in bounds
@@ -466,11 +464,11 @@ template <int P> cudaError_t launch_grad_tc(int dp, const GradArgs<typename Prec
 template <int P>
 int launch_grad(void* stream, const typename PrecOf<P>::T* dO, const typename PrecOf<P>::T* q,
                 const typename PrecOf<P>::T* k, const typename PrecOf<P>::T* v,
-                const typename PrecOf<P>::T* o, const float* lse,
-                const typename PrecOf<P>::T* bias, const int64_t* bias_strides,
-                typename PrecOf<P>::T* dq, typename PrecOf<P>::T* dk, typename PrecOf<P>::T* dv,
-                int nd, const int64_t* qdims, const int64_t* kdims, int64_t sq, int64_t sk,
-                int64_t d, int64_t dv_dim, float scale, int k_transposed, int split, bool tc) {
+                const typename PrecOf<P>::T* o, const float* lse, const typename PrecOf<P>::T* bias,
+                const int64_t* bias_strides, typename PrecOf<P>::T* dq, typename PrecOf<P>::T* dk,
+                typename PrecOf<P>::T* dv, int nd, const int64_t* qdims, const int64_t* kdims,
+                int64_t sq, int64_t sk, int64_t d, int64_t dv_dim, float scale, int k_transposed,
+                int split, bool tc) {
   using T = typename PrecOf<P>::T;
   fusecli::KvMap km;
   BiasT<T> bm;
@@ -491,16 +489,32 @@ int launch_grad(void* stream, const typename PrecOf<P>::T* dO, const typename Pr
       dO, o, q, k, lse, bm, drow, pscale, km, sq, sk, d, dv_dim, scale, k_transposed);
   RETURN_IF_ERR(cudaGetLastError());
   if (tc) {
-    const GradArgs<T> a{s,  dO, q,     k,  v,  lse, drow, pscale, bm,           dq,          dk,
-                        dv, km, sq,    sk, static_cast<int>(d), static_cast<int>(dv_dim),
-                        scale, k_transposed, split};
+    const GradArgs<T> a{s,
+                        dO,
+                        q,
+                        k,
+                        v,
+                        lse,
+                        drow,
+                        pscale,
+                        bm,
+                        dq,
+                        dk,
+                        dv,
+                        km,
+                        sq,
+                        sk,
+                        static_cast<int>(d),
+                        static_cast<int>(dv_dim),
+                        scale,
+                        k_transposed,
+                        split};
     return launch_grad_tc<P>(dp_bucket(d > dv_dim ? d : dv_dim), a);
   }
   if constexpr (P == kF32) {
     if (dq)
-      flash_bwd_dq<<<static_cast<unsigned>(rows), kFlashT, (d + kFlashT + 32) * sizeof(float),
-                     s>>>(dO, q, k, v, lse, drow, pscale, bm, dq, km, sq, sk, d, dv_dim, scale,
-                          k_transposed);
+      flash_bwd_dq<<<static_cast<unsigned>(rows), kFlashT, (d + kFlashT + 32) * sizeof(float), s>>>(
+          dO, q, k, v, lse, drow, pscale, bm, dq, km, sq, sk, d, dv_dim, scale, k_transposed);
     if (dk || dv)
       flash_bwd_dkv<<<static_cast<unsigned>(keys), kFlashT,
                       (d + dv_dim + 2 * kFlashT + 32) * sizeof(float), s>>>(
@@ -525,9 +539,9 @@ FUSECLI_EXPORT int fusecli_launch_flash_attention_grad(
 template <int P>
 int launch_grad_16(void* stream, const void* dO, const void* q, const void* k, const void* v,
                    const void* o, const float* lse, const void* bias, const int64_t* bias_strides,
-                   void* dq, void* dk, void* dv, int nd, const int64_t* qdims,
-                   const int64_t* kdims, int64_t sq, int64_t sk, int64_t d, int64_t dv_dim,
-                   float scale, int k_transposed) {
+                   void* dq, void* dk, void* dv, int nd, const int64_t* qdims, const int64_t* kdims,
+                   int64_t sq, int64_t sk, int64_t d, int64_t dv_dim, float scale,
+                   int k_transposed) {
   using T = typename PrecOf<P>::T;
   if (dp_bucket(d > dv_dim ? d : dv_dim) == 0) return cudaErrorInvalidValue;
   return launch_grad<P>(stream, static_cast<const T*>(dO), static_cast<const T*>(q),
