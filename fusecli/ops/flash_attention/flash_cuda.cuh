@@ -5,7 +5,12 @@
 // Sq x Sk buffer exists on the device either.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "../attention_grad/attn_batch.h"
 #include "cuda_common.cuh"
@@ -16,8 +21,30 @@ constexpr int kFlashT = 128;  // threads per block = keys (or query rows) per ti
 constexpr float kSkipBias = -1e30f;
 constexpr float kMaskedRow = -5e29f;
 
-struct Bias {
-  const float* p = nullptr;
+// Element conversions (float32, float16, bfloat16 inputs; math in float32).
+__device__ __forceinline__ float fl_f(float v) {
+  return v;
+}
+__device__ __forceinline__ float fl_f(__half v) {
+  return __half2float(v);
+}
+__device__ __forceinline__ float fl_f(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T> __device__ __forceinline__ T fl_to(float v);
+template <> __device__ __forceinline__ float fl_to<float>(float v) {
+  return v;
+}
+template <> __device__ __forceinline__ __half fl_to<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 fl_to<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// The additive bias (element type T, read as float): entry (item b, row i, key j).
+template <typename T> struct BiasT {
+  const T* p = nullptr;
   int nd = 0;
   int64_t qdims[fusecli::kAttnMaxBatchDims] = {};
   int64_t strides[fusecli::kAttnMaxBatchDims + 2] = {};
@@ -30,12 +57,14 @@ struct Bias {
     return off;
   }
   __device__ float at(int64_t item_off, int64_t i, int64_t j) const {
-    return p[item_off + i * strides[nd] + j * strides[nd + 1]];
+    return fl_f(p[item_off + i * strides[nd] + j * strides[nd + 1]]);
   }
 };
+using Bias = BiasT<float>;
 
-inline bool make_maps(int nd, const int64_t* qdims, const int64_t* kdims, const float* bias,
-                      const int64_t* bias_strides, fusecli::KvMap* m, Bias* b) {
+template <typename T>
+inline bool make_maps(int nd, const int64_t* qdims, const int64_t* kdims, const T* bias,
+                      const int64_t* bias_strides, fusecli::KvMap* m, BiasT<T>* b) {
   if (nd < 0 || nd > fusecli::kAttnMaxBatchDims || (bias && !bias_strides)) return false;
   m->nd = b->nd = nd;
   b->p = bias;
@@ -47,6 +76,12 @@ inline bool make_maps(int nd, const int64_t* qdims, const int64_t* kdims, const 
   if (bias)
     for (int j = 0; j < nd + 2; ++j) b->strides[j] = bias_strides[j];
   return true;
+}
+
+// FUSECLI_FLASH_PATH=simt selects the one-row-per-block kernels (float32) for comparison.
+inline bool flash_simt_forced() {
+  const char* e = std::getenv("FUSECLI_FLASH_PATH");
+  return e && std::strcmp(e, "simt") == 0;
 }
 
 __device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) {
@@ -64,13 +99,14 @@ __device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) 
 }
 
 // s = scale * q . k_j (+ bias) for key j of kv item c (K [Sk, D] or [D, Sk]).
-__device__ __forceinline__ float score(const float* q, const float* kc, int64_t j, int64_t sk,
-                                       int64_t d, int kt, float scale) {
+template <typename T>
+__device__ __forceinline__ float score(const T* q, const T* kc, int64_t j, int64_t sk, int64_t d,
+                                       int kt, float scale) {
   float acc = 0.f;
   if (kt)
-    for (int64_t x = 0; x < d; ++x) acc += q[x] * kc[x * sk + j];
+    for (int64_t x = 0; x < d; ++x) acc += fl_f(q[x]) * fl_f(kc[x * sk + j]);
   else
-    for (int64_t x = 0; x < d; ++x) acc += q[x] * kc[j * d + x];
+    for (int64_t x = 0; x < d; ++x) acc += fl_f(q[x]) * fl_f(kc[j * d + x]);
   return acc * scale;
 }
 

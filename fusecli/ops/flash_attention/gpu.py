@@ -1,6 +1,7 @@
-"""FlashAttention on the GPU: its launcher called by parameter name (fusecli/ops/gpu.py), the
-outputs allocated with torch, the torch reference and its timing case for
-tests/gpu/bench_cuda.py."""
+"""FlashAttention on the GPU: its launchers called by parameter name (fusecli/ops/gpu.py), the
+outputs allocated with torch, the torch reference and its timing cases for
+tests/gpu/bench_cuda.py (the issue's five shapes, forward + backward: see
+fusecli/ops/flash_attention_grad/gpu.py's bench, which times the pair)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,31 @@ from fusecli.ops.attention_grad.gpu import fill_strides, kv_dims
 from fusecli.ops.gpu import launch
 
 
-def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0):
-    """(O, LSE); bias: float, broadcastable to the scores."""
+def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, tf32=0):
+    """(O, LSE) for float32, float16 or bfloat16 Q, K, V (and bias) of one type; LSE float32.
+    tf32 (float32 only): one TF32 product per multiply instead of split TF32."""
     import torch
 
     qb = tuple(q.shape[:-2])
     sq, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
     sk = k.shape[-1] if k_transposed else k.shape[-2]
-    b = None if bias is None else bias.contiguous()
+    b = None if bias is None else bias.to(q.dtype).contiguous()
     bs = None if b is None else fill_strides(b.shape, (*qb, sq, sk))
     o = torch.empty(*qb, sq, dv, device=q.device, dtype=q.dtype)
     lse = torch.empty(*qb, sq, device=q.device, dtype=torch.float32)
-    launch("fusecli_launch_flash_attention", q=q, k=k, v=v, bias=b, bias_strides=bs, o=o,
-           lse=lse, nd=len(qb), qdims=list(qb) or [1], kdims=list(kv_dims(qb, k)) or [1], sq=sq,
-           sk=sk, d=d, dv=dv, scale=scale, k_transposed=k_transposed)
+    nd, qd, kd = len(qb), list(qb) or [1], list(kv_dims(qb, k)) or [1]
+    if q.dtype == torch.float16:
+        launch("fusecli_launch_flash_attention_f16", q=q, k=k, v=v, bias=b, bias_strides=bs, o=o,
+               lse=lse, nd=nd, qdims=qd, kdims=kd, sq=sq, sk=sk, d=d, dv=dv, scale=scale,
+               k_transposed=k_transposed)
+    elif q.dtype == torch.bfloat16:
+        launch("fusecli_launch_flash_attention_bf16", q=q, k=k, v=v, bias=b, bias_strides=bs,
+               o=o, lse=lse, nd=nd, qdims=qd, kdims=kd, sq=sq, sk=sk, d=d, dv=dv, scale=scale,
+               k_transposed=k_transposed)
+    else:
+        launch("fusecli_launch_flash_attention", q=q, k=k, v=v, bias=b, bias_strides=bs, o=o,
+               lse=lse, nd=nd, qdims=qd, kdims=kd, sq=sq, sk=sk, d=d, dv=dv, scale=scale,
+               k_transposed=k_transposed, tf32=tf32)
     return o, lse
 
 
@@ -40,7 +52,8 @@ def ref_attention(q, k, v, bias=None, scale=1.0, k_transposed=0):
 
 
 def bench(add, r):
-    """Llama-style attention: [1, 8, 2048, 64]."""
+    """Forward only, Llama-style attention [1, 8, 2048, 64] (the forward + backward rows of the
+    issue's shapes are in flash_attention_grad/gpu.py)."""
     q, k, v = r(1, 8, 2048, 64), r(1, 8, 2048, 64), r(1, 8, 2048, 64)
     add("FlashAttention", [1, 8, 2048, 64], lambda: flash_attention(q, k, v, None, 0.125),
         lambda: ref_attention(q.float(), k.float(), v.float(), None, 0.125),

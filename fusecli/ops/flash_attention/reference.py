@@ -52,6 +52,6 @@ def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0):
 
 class Reference(OpRun):
 
-    def _run(self, q, k, v, bias=None, scale=1.0, k_transposed=0):
+    def _run(self, q, k, v, bias=None, scale=1.0, k_transposed=0, tf32=0):  # tf32: CUDA only
         return _fit(self, flash_attention(q, k, v, bias, 1.0 if scale is None else scale,
                                           k_transposed or 0))

@@ -7,7 +7,7 @@ namespace fusecli {
 namespace {
 
 struct FlashGradKernel : CudaKernel<FlashGradKernel, kFlashAttentionGrad> {
-  using CudaKernel::CudaKernel;  // attributes: scale, k_transposed
+  using CudaKernel::CudaKernel;  // attributes: scale, k_transposed, tf32
   void Compute(Ort::KernelContext& ctx) {
     const FlashInputs in(ctx, 1, 2, 3, 6, k_transposed, "FlashAttentionGrad");
     const In dO = get_input(ctx, 0), O = get_input(ctx, 4), L = get_input(ctx, 5);
@@ -18,13 +18,14 @@ struct FlashGradKernel : CudaKernel<FlashGradKernel, kFlashAttentionGrad> {
     float* dq = opt_out<float>(ctx, 0, in.q.shape);
     float* dk = opt_out<float>(ctx, 1, in.k.shape);
     float* dv = opt_out<float>(ctx, 2, in.v.shape);
-    check_cuda(fusecli_launch_flash_attention_grad(
-                   ctx.GetGPUComputeStream(), dO.ptr<float>(), in.q.ptr<float>(), in.k.ptr<float>(),
-                   in.v.ptr<float>(), O.ptr<float>(), L.ptr<float>(),
-                   in.bias.present ? in.bias.ptr<float>() : nullptr,
-                   in.bias.present ? in.bias_strides.data() : nullptr, dq, dk, dv, in.kmap.nd,
-                   in.kmap.q, in.kmap.kv, in.Sq, in.Sk, in.D, in.Dv, scale, k_transposed),
-               "FlashAttentionGrad");
+    check_cuda(
+        fusecli_launch_flash_attention_grad(
+            ctx.GetGPUComputeStream(), dO.ptr<float>(), in.q.ptr<float>(), in.k.ptr<float>(),
+            in.v.ptr<float>(), O.ptr<float>(), L.ptr<float>(),
+            in.bias.present ? in.bias.ptr<float>() : nullptr,
+            in.bias.present ? in.bias_strides.data() : nullptr, dq, dk, dv, in.kmap.nd, in.kmap.q,
+            in.kmap.kv, in.Sq, in.Sk, in.D, in.Dv, scale, k_transposed, static_cast<int>(tf32)),
+        "FlashAttentionGrad");
   }
 };
 

@@ -44,7 +44,8 @@ def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed
 
 class Reference(OpRun):
 
-    def _run(self, do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed=0):
+    def _run(self, do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed=0,
+             tf32=0):  # tf32: CUDA only
         return _fit(self, flash_attention_grad(do, q, k, v, o, lse, bias,
                                                1.0 if scale is None else scale,
                                                k_transposed or 0))
