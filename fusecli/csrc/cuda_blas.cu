@@ -89,9 +89,9 @@ const char* status_name(int st) {
 void load() {
   Lib& L = g_lib;
   L.tried = true;
-  const char* force = std::getenv("FUSECLI_GEMM");
+  const char* force = std::getenv("FUSECLI_GEMM_PATH");
   if (force && std::strcmp(force, "simt") == 0) {
-    L.path = "built-in SIMT GEMM (FUSECLI_GEMM=simt)";
+    L.path = "built-in SIMT GEMM (FUSECLI_GEMM_PATH=simt)";
     return;
   }
   std::string tried, err;

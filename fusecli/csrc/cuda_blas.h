@@ -5,7 +5,8 @@
 //
 // Which library: $FUSECLI_CUBLAS_DIR/libcublas.so.{13,12} when that variable names a folder, then
 // libcublas.so.13 and libcublas.so.12 by soname (the loader's path; a process that already loaded
-// cuBLAS, as torch does, gets that copy). FUSECLI_GEMM=simt forces the built-in SIMT GEMM.
+// cuBLAS, as torch does, gets that copy). FUSECLI_GEMM_PATH=simt forces the built-in SIMT GEMM
+// (the path before cuBLAS; also the convolutions' im2col path, cuda_dnn.h).
 // Handles: one per device and thread, created on first use; inside an onnxruntime session the
 // CUDA execution provider's own handle (BorrowHandle) for the duration of a kernel call.
 // Precision: float32 by default (CUBLAS_COMPUTE_32F, TF32 never used); tf32 = 1 allows TF32

@@ -78,9 +78,11 @@ template <typename F> bool bind(void* so, const char* name, F* out, std::string*
 
 void load() {
   Lib& L = g_lib;
+  // FUSECLI_GEMM_PATH=simt (the whole previous path) or FUSECLI_CONV=direct
+  const char* gemm = std::getenv("FUSECLI_GEMM_PATH");
   const char* force = std::getenv("FUSECLI_CONV");
-  if (force && std::strcmp(force, "direct") == 0) {
-    L.path = "built-in direct kernels (FUSECLI_CONV=direct)";
+  if ((gemm && std::strcmp(gemm, "simt") == 0) || (force && std::strcmp(force, "direct") == 0)) {
+    L.path = "built-in im2col kernels (FUSECLI_GEMM_PATH=simt or FUSECLI_CONV=direct)";
     return;
   }
   std::string tried, err, opened;

@@ -3,7 +3,8 @@
 //
 // Which library: $FUSECLI_CUDNN_DIR/libcudnn.so.9 when that variable names a folder, then
 // libcudnn.so.9 by soname (cuDNN 9's front library; it loads its parts, libcudnn_cnn.so.9 with the
-// convolutions among them, itself). FUSECLI_CONV=direct forces the built-in kernels.
+// convolutions among them, itself). FUSECLI_CONV=direct or FUSECLI_GEMM_PATH=simt forces the
+// built-in kernels.
 // Handles: one per device and thread; inside an onnxruntime session the CUDA execution provider's
 // own (BorrowHandle). Precision: float32 FMA math (CUDNN_FMA_MATH, no TF32) unless tf32.
 #pragma once

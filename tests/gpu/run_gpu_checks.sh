@@ -94,6 +94,16 @@ if has_step tests; then
   rc=$?
   tail -40 "$REPORT/gpu_tests.txt"
   step tests $rc $(( $(date +%s) - t0 )) "$(tail -1 "$REPORT/gpu_tests.txt" | tr -d '=|' | cut -c1-90)"
+  # the GEMM / convolution ops again on the previous path (SIMT GEMM, im2col): both paths
+  # are tested in one run (the path is chosen once per process, by the environment)
+  t0=$(date +%s)
+  echo "== GPU tests of the GEMM ops on FUSECLI_GEMM_PATH=simt" >> "$REPORT/gpu_tests.txt"
+  FUSECLI_GEMM_PATH=simt timeout 300 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" -m gpu -rfE \
+    fusecli/ops/{linear_activation_grad,lora_linear_grad,linear_cross_entropy,attention_grad,conv_bn_relu_grad}/test_*_gpu.py \
+    >> "$REPORT/gpu_tests.txt" 2>&1
+  rc=$?
+  tail -5 "$REPORT/gpu_tests.txt"
+  step tests-simt $rc $(( $(date +%s) - t0 )) "$(tail -1 "$REPORT/gpu_tests.txt" | tr -d '=|' | cut -c1-90)"
 fi
 
 # ---- 3. compute-sanitizer, once -----------------------------------------------------------------
