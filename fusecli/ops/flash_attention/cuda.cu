@@ -1,6 +1,7 @@
 // FlashAttention: CUDA kernels and C launchers. Tensor-core tiles (flash_fwd_tc, see
 // flash_mma.cuh) for head dims up to 256; the one-row-per-block kernel (flash_fwd_rows, see
-// flash_cuda.cuh) for larger head dims and under FUSECLI_FLASH_PATH=simt (float32).
+// flash_cuda.cuh) for larger head dims and for float32 unless FUSECLI_FLASH_PATH=tc (opt-in until
+// measured on a GPU).
 #include <math_constants.h>
 
 #include "flash_mma.cuh"
@@ -284,7 +285,7 @@ FUSECLI_EXPORT int fusecli_launch_flash_attention(void* stream, const float* q, 
   if (rows == 0) return cudaSuccess;
   auto s = static_cast<cudaStream_t>(stream);
   const int dp = dp_bucket(d > dv ? d : dv);
-  if (dp != 0 && !flash_simt_forced())
+  if (dp != 0 && flash_tc_enabled())
     return launch_fwd_tc<kF32>(s, dp, q, k, v, bm, o, lse, km, sq, sk, d, dv, scale, k_transposed,
                                tf32 ? 0 : 1);
   const size_t smem = static_cast<size_t>(dv + kFlashT + 32) * sizeof(float);

@@ -78,10 +78,11 @@ inline bool make_maps(int nd, const int64_t* qdims, const int64_t* kdims, const 
   return true;
 }
 
-// FUSECLI_FLASH_PATH=simt selects the one-row-per-block kernels (float32) for comparison.
-inline bool flash_simt_forced() {
+// FUSECLI_FLASH_PATH=tc opts the float32 launchers into the tensor-core kernels (not yet run on a
+// GPU); by default they take the one-row-per-block kernels.
+inline bool flash_tc_enabled() {
   const char* e = std::getenv("FUSECLI_FLASH_PATH");
-  return e && std::strcmp(e, "simt") == 0;
+  return e && std::strcmp(e, "tc") == 0;
 }
 
 __device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) {

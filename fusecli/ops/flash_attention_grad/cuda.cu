@@ -2,7 +2,8 @@
 // and the masked-row renormalisation), then tensor-core tiles (flash_mma.cuh) for head dims up
 // to 256: dK / dV with a block per tile of keys over its group's query tiles, dQ with a block
 // per tile of query rows over the key tiles (no atomics: deterministic). Larger head dims and
-// FUSECLI_FLASH_PATH=simt (float32) take the one-row-per-block kernels (flash_cuda.cuh).
+// float32 without FUSECLI_FLASH_PATH=tc (opt-in until measured) take the one-row-per-block kernels
+// (flash_cuda.cuh).
 #include <math_constants.h>
 
 #include "../flash_attention/flash_mma.cuh"
@@ -531,7 +532,7 @@ FUSECLI_EXPORT int fusecli_launch_flash_attention_grad(
     const float* lse, const float* bias, const int64_t* bias_strides, float* dq, float* dk,
     float* dv, int nd, const int64_t* qdims, const int64_t* kdims, int64_t sq, int64_t sk,
     int64_t d, int64_t dv_dim, float scale, int k_transposed, int tf32) {
-  const bool tc = dp_bucket(d > dv_dim ? d : dv_dim) != 0 && !flash_simt_forced();
+  const bool tc = dp_bucket(d > dv_dim ? d : dv_dim) != 0 && flash_tc_enabled();
   return launch_grad<kF32>(stream, dO, q, k, v, o, lse, bias, bias_strides, dq, dk, dv, nd, qdims,
                            kdims, sq, sk, d, dv_dim, scale, k_transposed, tf32 ? 0 : 1, tc);
 }

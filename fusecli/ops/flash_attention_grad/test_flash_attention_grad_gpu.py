@@ -21,6 +21,13 @@ from fusecli.ops.flash_attention_grad.gpu import (flash_attention_grad,  # noqa:
 TOL = {"fp32": 1e-5, "tf32": 5e-3, "float16": 5e-3, "bfloat16": 3e-2}
 
 
+@pytest.fixture(autouse=True)
+def _tc_path(monkeypatch):
+    """The float32 launchers take the tensor-core kernels only under FUSECLI_FLASH_PATH=tc (opt-in
+    until measured on a GPU); the tests run that path (test_simt_fallback the default one)."""
+    monkeypatch.setenv("FUSECLI_FLASH_PATH", "tc")
+
+
 def _causal(sq, sk, dtype=torch.float32, fill=-1e30):
     return torch.full((sq, sk), fill, device="cuda", dtype=dtype).triu(1 + sk - sq)
 
@@ -106,7 +113,7 @@ def test_half_types(dtype, shape, hk):
 
 def test_simt_fallback(monkeypatch):
     q, k, v, do = (rand(1, 2, 70, 64) for _ in range(4))
-    monkeypatch.setenv("FUSECLI_FLASH_PATH", "simt")
+    monkeypatch.setenv("FUSECLI_FLASH_PATH", "simt")  # the default kernels
     _check(q, k, v, do, _causal(70, 70), 0.125, 1e-5)
     monkeypatch.delenv("FUSECLI_FLASH_PATH")
     q, k, v, do = (rand(1, 1, 40, 300) for _ in range(4))
