@@ -3,6 +3,8 @@
 #   make test   - the same set-up, then the linters and the whole test suite (parallel)
 #   make test-fast - engine, rules and API tests without onnxruntime sessions (the edit loop)
 #   make docs   - regenerate docs/ops.md from the op contracts
+#   make lib-arm64 - cross-build the ARM64 library (build/aarch64/libfusecli_ops.so; docs/arm64.md)
+#   make test-arm64 - the kernel tests and fused torch-joint graphs on ARM64 under qemu (docs/arm64.md)
 #   make lint   - ruff (Python) and clang-format --dry-run (C++/CUDA); make format fixes the C++
 # The library is built by the package's build hook (setup.py -> scripts/build_lib.sh) when the
 # venv installs fusecli (editable); `make lib` reruns the same script after C++ edits.
@@ -15,7 +17,7 @@ LIB := fusecli/lib/libfusecli_ops.so
 # the C++/CUDA sources clang-format checks (.clang-format): shared code and every op folder
 CXX_SOURCES = $(shell find fusecli/csrc fusecli/ops -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | sort)
 
-.PHONY: demo test test-fast fuzz lint format venv lib ortt-env system-deps samples corpus bench docs clean
+.PHONY: demo test test-fast fuzz lint format venv lib lib-arm64 test-arm64 arm64-deps ortt-env system-deps samples corpus bench docs clean
 
 $(VENV)/.installed: pyproject.toml setup.py scripts/constraints.txt
 	$(PY) -m venv $(VENV)
@@ -27,6 +29,19 @@ venv: $(VENV)/.installed
 
 lib: venv
 	bash scripts/build_lib.sh
+
+# ARM64: Debian's cross compiler and qemu-user-static (apt-get, as system-deps does), the cross
+# build (same script, same sources), and the tests under emulation (scripts/test_arm64.sh)
+arm64-deps:
+	@command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64-static >/dev/null || \
+		{ echo "installing g++-aarch64-linux-gnu qemu-user-static (apt-get)"; apt-get update -q && \
+		apt-get install -y -q --no-install-recommends g++-aarch64-linux-gnu qemu-user-static; }
+
+lib-arm64: venv arm64-deps
+	FUSECLI_ARCH=aarch64 bash scripts/build_lib.sh
+
+test-arm64: venv arm64-deps
+	bash scripts/test_arm64.sh
 
 ortt-env: $(ORTT_VENV)/.installed
 

@@ -2,7 +2,12 @@
 # Build fusecli's onnxruntime custom-op library (CPU kernels, plus CUDA kernels when nvcc is
 # found) into build/cmake and copy it to fusecli/lib/libfusecli_ops.so. Quick when nothing changed.
 #   FUSECLI_CUDA=0     force a CPU-only build
-#   FUSECLI_NATIVE=0   do not tune for this machine's CPU (portable x86-64 build)
+#   FUSECLI_NATIVE=0   do not tune for this machine's CPU (portable build: x86-64's baseline, or
+#                      ARMv8-A on ARM64)
+#   FUSECLI_ARCH=aarch64  on an x86-64 machine: cross-build the ARM64 library (Debian's
+#                      g++-aarch64-linux-gnu; CPU kernels only, portable ARMv8-A) into
+#                      build/aarch64/libfusecli_ops.so (`make lib-arm64`); fusecli/lib is untouched.
+#                      On an ARM64 machine a plain build is native (-mcpu=native) and goes to fusecli/lib.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -11,11 +16,32 @@ for tool in cmake c++; do
     echo "build_lib: '$tool' not found; building the custom-op library needs cmake and g++" >&2
     exit 1; }
 done
-bash scripts/fetch_deps.sh
 
+HOST_ARCH="$(uname -m)"
+ARCH="${FUSECLI_ARCH:-$HOST_ARCH}"
+[[ "$ARCH" == arm64 ]] && ARCH=aarch64
+[[ "$ARCH" == amd64 ]] && ARCH=x86_64
 BUILD="$ROOT/build/cmake"
+OUT="fusecli/lib/libfusecli_ops.so"
+NM=nm
+CROSS_ARGS=()
 CUDA_OPT="${FUSECLI_CUDA:-ON}"; [[ "$CUDA_OPT" == 0 ]] && CUDA_OPT=OFF; [[ "$CUDA_OPT" == 1 ]] && CUDA_OPT=ON
 NATIVE_OPT="${FUSECLI_NATIVE:-ON}"; [[ "$NATIVE_OPT" == 0 ]] && NATIVE_OPT=OFF; [[ "$NATIVE_OPT" == 1 ]] && NATIVE_OPT=ON
+if [[ "$ARCH" != "$HOST_ARCH" ]]; then
+  [[ "$ARCH" == aarch64 && "$HOST_ARCH" == x86_64 ]] || {
+    echo "build_lib: cannot build for FUSECLI_ARCH=$ARCH on $HOST_ARCH (cross builds: aarch64 on x86_64)" >&2
+    exit 1; }
+  command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 || {
+    echo "build_lib: aarch64-linux-gnu-g++ not found; the ARM64 cross build needs Debian's" \
+      "g++-aarch64-linux-gnu (apt-get install g++-aarch64-linux-gnu)" >&2
+    exit 1; }
+  BUILD="$ROOT/build/cmake-aarch64"
+  OUT="build/aarch64/libfusecli_ops.so"
+  NM=aarch64-linux-gnu-nm
+  CROSS_ARGS=(-DCMAKE_TOOLCHAIN_FILE="$ROOT/fusecli/csrc/toolchain-aarch64.cmake")
+  CUDA_OPT=OFF NATIVE_OPT=OFF  # no CUDA toolkit for the target; the target CPU is not this one
+fi
+bash scripts/fetch_deps.sh
 
 NVCC_ARGS=()
 if [[ "$CUDA_OPT" == ON ]]; then
@@ -41,7 +67,7 @@ GEN=()
 command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
 STAMP="$BUILD/.fusecli-config"
 PY_STAMP="$BUILD/.fusecli-python"
-WANT="cuda=$CUDA_OPT native=$NATIVE_OPT nvcc=${NVCC_ARGS[*]:-none} gen=${GEN[*]:-make}"
+WANT="arch=$ARCH cuda=$CUDA_OPT native=$NATIVE_OPT nvcc=${NVCC_ARGS[*]:-none} gen=${GEN[*]:-make}"
 if [[ ! -f "$BUILD/CMakeCache.txt" || "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]]; then
   rm -rf "$BUILD"
 fi
@@ -51,20 +77,20 @@ if [[ ! -f "$BUILD/CMakeCache.txt" || "$(cat "$PY_STAMP" 2>/dev/null)" != "$PYTH
   cmake -S fusecli/csrc -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DFUSECLI_DEPS="$ROOT/build/deps" -DFUSECLI_CUDA="$CUDA_OPT" -DFUSECLI_NATIVE="$NATIVE_OPT" \
     -DPython3_EXECUTABLE="$PYTHON_FOR_GEN" \
-    "${NVCC_ARGS[@]}" >/dev/null
+    "${NVCC_ARGS[@]}" "${CROSS_ARGS[@]}" >/dev/null
   echo "$WANT" > "$STAMP"
   echo "$PYTHON_FOR_GEN" > "$PY_STAMP"
 fi
 JOBS="$(nproc 2>/dev/null || echo 2)"
 cmake --build "$BUILD" -j "$JOBS" -- $([[ ${#GEN[@]} -eq 0 ]] && echo --no-print-directory) >/dev/null
-mkdir -p fusecli/lib
+mkdir -p "$(dirname "$OUT")"
 SO="$BUILD/libfusecli_ops.so"
-if ! cmp -s "$SO" fusecli/lib/libfusecli_ops.so 2>/dev/null; then
-  cp "$SO" fusecli/lib/libfusecli_ops.so.tmp && mv -f fusecli/lib/libfusecli_ops.so.tmp fusecli/lib/libfusecli_ops.so
+if ! cmp -s "$SO" "$OUT" 2>/dev/null; then
+  cp "$SO" "$OUT.tmp" && mv -f "$OUT.tmp" "$OUT"
 fi
-if nm -D --defined-only fusecli/lib/libfusecli_ops.so | grep -c fusecli_launch_ >/dev/null; then
+if "$NM" -D --defined-only "$OUT" | grep -c fusecli_launch_ >/dev/null; then
   KIND="CPU + CUDA kernels"
 else
   KIND="CPU kernels only"
 fi
-echo "built fusecli/lib/libfusecli_ops.so ($KIND)"
+echo "built $OUT ($ARCH, $KIND)"

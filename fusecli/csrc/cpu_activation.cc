@@ -7,6 +7,8 @@
 #include <cmath>
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
 #endif
 
 namespace fusecli {
@@ -45,6 +47,30 @@ void act_grad16(const float* dy, const float* x, float* out, int64_t n) {
   }
 }
 }  // namespace
+#elif defined(__ARM_NEON)
+namespace {
+template <Act A> inline float32x4_t grad4(float32x4_t v) {  // act'(v) of act_and_grad4
+  float32x4_t g;
+  act_and_grad4<A>(v, &g);
+  return g;
+}
+inline float32x4_t relu6_grad4(float32x4_t v) {  // 1 on [0, 6], else 0 (as relu6_grad16)
+  const uint32x4_t m = vandq_u32(vcgeq_f32(v, vdupq_n_f32(0.f)), vcleq_f32(v, vdupq_n_f32(6.f)));
+  return vreinterpretq_f32_u32(vandq_u32(m, vreinterpretq_u32_f32(vdupq_n_f32(1.f))));
+}
+inline float32x4_t hardswish_grad4(float32x4_t v) {  // as hardswish_grad16
+  const float32x4_t a = vaddq_f32(v, vdupq_n_f32(3.f));
+  const uint32x4_t m = vandq_u32(vcgeq_f32(a, vdupq_n_f32(0.f)), vcleq_f32(a, vdupq_n_f32(6.f)));
+  // maxnm / minnm: a NaN lane gives 0 like _mm512_max_ps / _mm512_min_ps do
+  const float32x4_t r6 = vminnmq_f32(vmaxnmq_f32(a, vdupq_n_f32(0.f)), vdupq_n_f32(6.f));
+  return vmulq_f32(vbslq_f32(m, vaddq_f32(r6, v), r6), vdupq_n_f32(1.f / 6.f));
+}
+template <float32x4_t (*G)(float32x4_t)>
+void act_grad4(const float* dy, const float* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; i += 4)
+    store4(out + i, vmulq_f32(load4(dy + i, n - i), G(load4(x + i, n - i))), n - i);
+}
+}  // namespace
 #endif
 
 namespace {
@@ -70,6 +96,11 @@ void act_grad_unscaled(Act act, const float* dy, const float* x, float* out, int
   if (act == Act::kSilu) return act_grad16<grad16<Act::kSilu>>(dy, x, out, n);
   if (act == Act::kRelu6) return act_grad16<relu6_grad16>(dy, x, out, n);
   if (act == Act::kHardswish) return act_grad16<hardswish_grad16>(dy, x, out, n);
+#elif defined(__ARM_NEON)
+  if (act == Act::kGelu) return act_grad4<grad4<Act::kGelu>>(dy, x, out, n);
+  if (act == Act::kSilu) return act_grad4<grad4<Act::kSilu>>(dy, x, out, n);
+  if (act == Act::kRelu6) return act_grad4<relu6_grad4>(dy, x, out, n);
+  if (act == Act::kHardswish) return act_grad4<hardswish_grad4>(dy, x, out, n);
 #endif
   using Arr = Eigen::Array<float, Eigen::Dynamic, 1>;
   using CA = Eigen::Map<const Arr>;
@@ -131,7 +162,11 @@ void act_and_grad_block(Act act, float alpha, const float* a, float* f, float* g
     }
     case Act::kGeluTanh: {
       const float k = 0.79788456080286536f, c = 0.044715f;
-      fo = (k * v * (1.f + c * v * v)).tanh();  // t
+      // t = tanh(u), u = k v (1 + c v^2); exactly +-1 where float tanh rounds to it (|u| > 9):
+      // Eigen's vectorised tanh clamps u at 7.905 when it is built without FMA (NEON,
+      // baseline x86-64), and its 1 - t^2 = 4.8e-7 there, times u' ~ 1e5 at |v| = 87, is no zero
+      fo = k * v * (1.f + c * v * v);
+      fo = (fo.abs() > 9.f).select(fo.sign(), fo.tanh());
       go = 0.5f * (1.f + fo + v * (1.f - fo * fo) * k * (1.f + 3.f * c * v * v));
       fo = 0.5f * v * (1.f + fo);
       break;

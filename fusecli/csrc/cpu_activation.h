@@ -6,6 +6,8 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
 #endif
 
 namespace fusecli {
@@ -78,6 +80,60 @@ template <Act A> inline __m512 act_and_grad16(__m512 v, __m512* g) {
   const __m512 cdf = phi16(v, &e);
   *g = _mm512_fmadd_ps(_mm512_mul_ps(v, e), _mm512_set1_ps(0.39894228040143268f), cdf);
   return _mm512_mul_ps(v, cdf);
+}
+#elif defined(__ARM_NEON)
+// ---- the same math on 4 NEON lanes (AArch64; every ARMv8-A CPU) ----------------------------
+// e^x as exp16: the same reduction, polynomial and clamp; 2^n is built in the exponent field
+// (n in [-126, 127] after the clamp, so the scale is a normal float, as scalef's is).
+inline float32x4_t exp4(float32x4_t x) {
+  x = vmaxq_f32(vdupq_n_f32(-87.f), vminq_f32(vdupq_n_f32(88.f), x));  // NaN stays NaN
+  const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504f)));
+  float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+  r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+  float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+  p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+  p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.f)), vmulq_f32(p, r), r);
+  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+  return vmulq_f32(p, vreinterpretq_f32_s32(e));
+}
+// 1/a: AArch64 has a vector divide (correctly rounded; recip16's estimate + Newton step is
+// within an ulp of it)
+inline float32x4_t recip4(float32x4_t a) {
+  return vdivq_f32(vdupq_n_f32(1.f), a);
+}
+// Phi(v) and exp(-v^2 / 2) as phi16
+inline float32x4_t phi4(float32x4_t v, float32x4_t* e_out) {
+  const float32x4_t one = vdupq_n_f32(1.f);
+  const float32x4_t e = exp4(vmulq_f32(vmulq_f32(vdupq_n_f32(-0.5f), v), v));
+  const float32x4_t t =
+      recip4(vfmaq_f32(one, vdupq_n_f32(0.3275911f * 0.70710678118654752f), vabsq_f32(v)));
+  float32x4_t q = vfmaq_f32(vdupq_n_f32(-1.453152027f), vdupq_n_f32(1.061405429f), t);
+  q = vfmaq_f32(vdupq_n_f32(1.421413741f), q, t);
+  q = vfmaq_f32(vdupq_n_f32(-0.284496736f), q, t);
+  q = vfmaq_f32(vdupq_n_f32(0.254829592f), q, t);
+  const float32x4_t h = vmulq_f32(vmulq_f32(vmulq_f32(vdupq_n_f32(0.5f), t), q), e);
+  const uint32x4_t neg = vcltq_f32(v, vdupq_n_f32(0.f));
+  *e_out = e;
+  return vbslq_f32(neg, h, vsubq_f32(one, h));
+}
+// f = act(v), *g = act'(v) for silu and gelu: act_and_grad16's formulas on 4 lanes
+template <Act A> inline float32x4_t act_and_grad4(float32x4_t v, float32x4_t* g) {
+  static_assert(A == Act::kSilu || A == Act::kGelu, "act_and_grad4: silu or gelu");
+  const float32x4_t one = vdupq_n_f32(1.f);
+  if (A == Act::kSilu) {
+    const float32x4_t e = exp4(vnegq_f32(v));
+    const float32x4_t s = recip4(vaddq_f32(one, e));
+    *g = vmulq_f32(s, vfmaq_f32(one, v, vmulq_f32(e, s)));
+    return vmulq_f32(v, s);
+  }
+  float32x4_t e;
+  const float32x4_t cdf = phi4(v, &e);
+  *g = vfmaq_f32(cdf, vmulq_f32(v, e), vdupq_n_f32(0.39894228040143268f));
+  return vmulq_f32(v, cdf);
 }
 #endif
 

@@ -10,6 +10,8 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
 #endif
 
 namespace fusecli {
@@ -53,6 +55,33 @@ template <typename F> inline void store_row_avx512(float* dx, int64_t n, bool st
     const __mmask16 tail = static_cast<__mmask16>((1u << (n - j)) - 1u);
     _mm512_mask_storeu_ps(dx + j, tail, value(j, tail));
   }
+}
+#elif defined(__ARM_NEON)
+// ---- 4-lane NEON (every ARMv8-A CPU) --------------------------------------------------------
+// n < 4 floats at p as a zero-padded vector (the masked loads of the AVX-512 paths), and back
+inline float32x4_t load_part4(const float* p, int64_t n) {
+  float b[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int64_t i = 0; i < n; ++i) b[i] = p[i];
+  return vld1q_f32(b);
+}
+inline void store_part4(float* p, float32x4_t v, int64_t n) {
+  float b[4];
+  vst1q_f32(b, v);
+  for (int64_t i = 0; i < n; ++i) p[i] = b[i];
+}
+// min(n, 4) floats at p (zero-padded)
+inline float32x4_t load4(const float* p, int64_t n) {
+  return n >= 4 ? vld1q_f32(p) : load_part4(p, n);
+}
+inline void store4(float* p, float32x4_t v, int64_t n) {
+  if (n >= 4)
+    vst1q_f32(p, v);
+  else
+    store_part4(p, v, n);
+}
+// dx[0, n) = value(j, cnt) per 4-float chunk (cnt: the lanes inside the row, 4 but at the end).
+template <typename F> inline void store_row_neon(float* dx, int64_t n, F value) {
+  for (int64_t j = 0; j < n; j += 4) store4(dx + j, value(j, n - j), n - j);
 }
 #endif
 

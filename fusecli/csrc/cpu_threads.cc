@@ -56,6 +56,24 @@ FlushDenormals::FlushDenormals() : saved_(_mm_getcsr()) {
 FlushDenormals::~FlushDenormals() {
   if ((saved_ & kFtzDaz) != kFtzDaz) _mm_setcsr(saved_);
 }
+#elif defined(__aarch64__)
+// AArch64: FPCR bit 24 (FZ) flushes subnormal inputs and results of float operations, NEON's
+// included, to zero: FTZ and DAZ in one bit. Set and restored like MXCSR above.
+constexpr unsigned kFz = 1u << 24;
+static inline unsigned get_fpcr() {
+  uint64_t v;
+  asm volatile("mrs %0, fpcr" : "=r"(v));
+  return static_cast<unsigned>(v);
+}
+static inline void set_fpcr(unsigned v) {
+  asm volatile("msr fpcr, %0" : : "r"(static_cast<uint64_t>(v)));
+}
+FlushDenormals::FlushDenormals() : saved_(get_fpcr()) {
+  if (!(saved_ & kFz)) set_fpcr(saved_ | kFz);
+}
+FlushDenormals::~FlushDenormals() {
+  if (!(saved_ & kFz)) set_fpcr(saved_);
+}
 #else
 FlushDenormals::FlushDenormals() : saved_(0) {}
 FlushDenormals::~FlushDenormals() {}

@@ -12,11 +12,12 @@ int num_threads();  // FUSECLI_NUM_THREADS or hardware_concurrency
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn,
                   int max_threads = 0);
 int planned_threads(int64_t n, int64_t grain, int max_threads = 0);
-// Subnormal floats take a microcode slow path on x86 (~100x per operation): the exp/erf tails
-// of activation gradients and tiny variances produce them. FlushDenormals sets FTZ (results
-// flushed to zero) and DAZ (subnormal inputs read as zero) in this thread's MXCSR for its
-// lifetime and restores the previous MXCSR after, so onnxruntime's threads keep their own mode
-// outside fusecli's kernels. Results change by less than the smallest normal float (1.2e-38).
+// Subnormal floats take a microcode slow path on x86 (~100x per operation; many ARM cores trap
+// them too): the exp/erf tails of activation gradients and tiny variances produce them.
+// FlushDenormals sets FTZ (results flushed to zero) and DAZ (subnormal inputs read as zero) in
+// this thread's MXCSR (AArch64: FPCR.FZ, both at once) for its lifetime and restores the
+// previous value after, so onnxruntime's threads keep their own mode outside fusecli's kernels.
+// Results change by less than the smallest normal float (1.2e-38).
 class FlushDenormals {
  public:
   FlushDenormals();

@@ -20,6 +20,7 @@ from pathlib import Path
 from fusecli.errors import FuseError
 
 LIBRARY_NAME = "libfusecli_ops.so"
+LIBRARY_ENV = "FUSECLI_LIBRARY"
 ORTT_PYTHON_ENV = "FUSECLI_ORTT_PYTHON"
 ORTT_VENV = ".venv-ortt"
 
@@ -29,7 +30,17 @@ class LibraryNotBuilt(FileNotFoundError):
 
 
 def library_path() -> str:
-    """Absolute path of the built custom-op library; raises :class:`LibraryNotBuilt` if missing."""
+    """Absolute path of the built custom-op library; raises :class:`LibraryNotBuilt` if missing.
+
+    The environment variable ``FUSECLI_LIBRARY`` names another build of it (e.g. the ARM64
+    library of ``make lib-arm64``, which ``make test-arm64`` runs the tests with)."""
+    override = os.environ.get(LIBRARY_ENV)
+    if override:
+        path = Path(override).resolve()
+        if not path.is_file():
+            raise LibraryNotBuilt(f"{LIBRARY_ENV}={override} is not a file; name a built "
+                                  f"{LIBRARY_NAME} or unset {LIBRARY_ENV}")
+        return str(path)
     path = Path(str(files("fusecli") / "lib" / LIBRARY_NAME)).resolve()
     if not path.is_file():
         raise LibraryNotBuilt("fusecli's custom-op library is not built: run `make lib` in a "

@@ -4,6 +4,8 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
 #endif
 
 #include "conv_inputs.h"
@@ -78,6 +80,11 @@ static inline void copy_row_s2(float* __restrict__ d, const float* __restrict__ 
     _mm512_mask_storeu_ps(d + k, static_cast<__mmask16>(m == 16 ? 0xffffu : (1u << m) - 1u),
                           _mm512_permutex2var_ps(a, even, b));
   }
+#elif defined(__ARM_NEON)
+  int64_t k =
+      0;  // 4 outputs per de-interleaving load of 8 floats; the rest scalar (no read past s[2n-2])
+  for (; k + 4 < n; k += 4) vst1q_f32(d + k, vld2q_f32(s + 2 * k).val[0]);
+  for (; k < n; ++k) d[k] = s[2 * k];
 #else
   for (int64_t k = 0; k < n; ++k) d[k] = s[2 * k];
 #endif

@@ -26,6 +26,19 @@ void gated16(const float* dh, const float* a, const float* b, float* da, float* 
     if (db) _mm512_mask_storeu_ps(db + i, m, _mm512_mul_ps(d, f));
   }
 }
+#elif defined(__ARM_NEON)
+// gated16 on 4 NEON lanes (the same one pass: loads before the stores at each position)
+template <Act A>
+void gated4(const float* dh, const float* a, const float* b, float* da, float* db, int64_t n) {
+  for (int64_t i = 0; i < n; i += 4) {
+    const int64_t m = n - i;
+    const float32x4_t d = load4(dh + i, m), bb = load4(b + i, m);
+    float32x4_t g;
+    const float32x4_t f = act_and_grad4<A>(load4(a + i, m), &g);
+    if (da) store4(da + i, vmulq_f32(vmulq_f32(d, bb), g), m);
+    if (db) store4(db + i, vmulq_f32(d, f), m);
+  }
+}
 #endif
 
 // One block: da = dh * b * g, db = dh * f. da may be dh and db may be b (read before written).
@@ -34,6 +47,9 @@ void gated_block(Act act, float alpha, const float* dh, const float* a, const fl
 #if defined(__AVX512F__)
   if (alpha == 1.f && act == Act::kSilu) return gated16<Act::kSilu>(dh, a, b, da, db, len);
   if (alpha == 1.f && act == Act::kGelu) return gated16<Act::kGelu>(dh, a, b, da, db, len);
+#elif defined(__ARM_NEON)
+  if (alpha == 1.f && act == Act::kSilu) return gated4<Act::kSilu>(dh, a, b, da, db, len);
+  if (alpha == 1.f && act == Act::kGelu) return gated4<Act::kGelu>(dh, a, b, da, db, len);
 #endif
   alignas(64) float fbuf[kBlock], gbuf[kBlock];
   act_and_grad_block(act, alpha, a, fbuf, gbuf, len);

@@ -64,6 +64,35 @@ static void ln_row_avx512(const float* d, const float* x, const float* gm, const
     return o;
   });
 }
+#elif defined(__ARM_NEON)
+// ln_row_avx512 on 4 NEON lanes (no non-temporal stores)
+static void ln_row_neon(const float* d, const float* x, const float* gm, const float* dr, float* dx,
+                        float* pg, float* pb, int64_t N, float mu, float rs) {
+  const float32x4_t vmu = vdupq_n_f32(mu), vrs = vdupq_n_f32(rs);
+  float32x4_t s1 = vdupq_n_f32(0.f), s2 = vdupq_n_f32(0.f);
+  for (int64_t j = 0; j < N; j += 4) {
+    const int64_t m = N - j;
+    const float32x4_t vd = load4(d + j, m);
+    const float32x4_t xh = vmulq_f32(vsubq_f32(load4(x + j, m), vmu), vrs);
+    const float32x4_t g = vmulq_f32(vd, load4(gm + j, m));
+    // padded lanes: vd = 0 makes g = 0, and xh's (0 - mu) rs is multiplied by it
+    s1 = vfmaq_f32(s1, g, xh);
+    s2 = vaddq_f32(s2, g);
+    if (pg) store4(pg + j, vfmaq_f32(load4(pg + j, m), vd, xh), m);
+    if (pb) store4(pb + j, vaddq_f32(vd, load4(pb + j, m)), m);
+  }
+  if (!dx) return;
+  const float inv_n = 1.f / static_cast<float>(N);
+  const float32x4_t c1 = vdupq_n_f32(vaddvq_f32(s1) * inv_n);
+  const float32x4_t c2 = vdupq_n_f32(vaddvq_f32(s2) * inv_n);
+  store_row_neon(dx, N, [&](int64_t jj, int64_t m) {
+    const float32x4_t xh = vmulq_f32(vsubq_f32(load4(x + jj, m), vmu), vrs);
+    const float32x4_t g = vmulq_f32(load4(d + jj, m), load4(gm + jj, m));
+    float32x4_t o = vmulq_f32(vrs, vsubq_f32(vsubq_f32(g, c2), vmulq_f32(xh, c1)));
+    if (dr) o = vaddq_f32(o, load4(dr + jj, m));
+    return o;
+  });
+}
 #endif
 
 template <typename T> void LnKernel::Run(Ort::KernelContext& ctx) {
@@ -129,6 +158,14 @@ template <typename T> void LnKernel::Run(Ort::KernelContext& ctx) {
                           want_db ? pb.data() : nullptr, N, stat_at(mean, r), stat_at(rstd, r),
                           stream);
           if (stream) _mm_sfence();
+          return;
+        }
+#elif defined(__ARM_NEON)
+        if constexpr (std::is_same<T, float>::value) {
+          for (int64_t r = r0; r < r1; ++r)
+            ln_row_neon(dyp + r * N, xp + r * N, gam, drp ? drp + r * N : nullptr,
+                        want_dx ? dx + r * N : nullptr, want_dg ? pg.data() : nullptr,
+                        want_db ? pb.data() : nullptr, N, stat_at(mean, r), stat_at(rstd, r));
           return;
         }
 #endif

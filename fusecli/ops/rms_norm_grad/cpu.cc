@@ -60,6 +60,39 @@ static void rms_row_avx512(const float* d, const float* x, const float* gm, cons
     return o;
   });
 }
+#elif defined(__ARM_NEON)
+// inv_rms_avx512 and rms_row_avx512 on 4 NEON lanes (no non-temporal stores)
+static float inv_rms_neon(const float* x, int64_t N, float eps) {
+  float32x4_t s = vdupq_n_f32(0.f);
+  for (int64_t j = 0; j < N; j += 4) {
+    const float32x4_t v = load4(x + j, N - j);
+    s = vfmaq_f32(s, v, v);
+  }
+  return 1.f / std::sqrt(vaddvq_f32(s) / static_cast<float>(N) + eps);
+}
+static void rms_row_neon(const float* d, const float* x, const float* gm, const float* dr,
+                         float* dx, float* pg, int64_t N, float rs) {
+  const float32x4_t vrs = vdupq_n_f32(rs);
+  float32x4_t s1 = vdupq_n_f32(0.f);
+  for (int64_t j = 0; j < N; j += 4) {
+    const int64_t m = N - j;
+    const float32x4_t vd = load4(d + j, m);
+    const float32x4_t xh = vmulq_f32(load4(x + j, m), vrs);
+    const float32x4_t g = gm ? vmulq_f32(vd, load4(gm + j, m)) : vd;
+    s1 = vfmaq_f32(s1, g, xh);
+    if (pg) store4(pg + j, vfmaq_f32(load4(pg + j, m), vd, xh), m);
+  }
+  if (!dx) return;
+  const float32x4_t c1 = vdupq_n_f32(vaddvq_f32(s1) / static_cast<float>(N));
+  store_row_neon(dx, N, [&](int64_t jj, int64_t m) {
+    const float32x4_t xh = vmulq_f32(load4(x + jj, m), vrs);
+    const float32x4_t vd = load4(d + jj, m);
+    const float32x4_t g = gm ? vmulq_f32(vd, load4(gm + jj, m)) : vd;
+    float32x4_t o = vmulq_f32(vrs, vfmsq_f32(g, xh, c1));
+    if (dr) o = vaddq_f32(o, load4(dr + jj, m));
+    return o;
+  });
+}
 #endif
 
 template <typename T> void RmsKernel::Run(Ort::KernelContext& ctx) {
@@ -121,6 +154,16 @@ template <typename T> void RmsKernel::Run(Ort::KernelContext& ctx) {
                            stream);
           }
           if (stream) _mm_sfence();
+          return;
+        }
+#elif defined(__ARM_NEON)
+        if constexpr (std::is_same<T, float>::value) {
+          for (int64_t r = r0; r < r1; ++r) {
+            const float* xr = xp + r * N;
+            const float rs = rstd.present ? stat_at(rstd, r) : inv_rms_neon(xr, N, eps);
+            rms_row_neon(dyp + r * N, xr, gam, drp ? drp + r * N : nullptr,
+                         want_dx ? dx + r * N : nullptr, want_dg ? pg.data() : nullptr, N, rs);
+          }
           return;
         }
 #endif
