@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from fusecli.engine.saved import _missing_types, _types, saved_activations, tensor_size
+from fusecli.engine.saved import _missing_types, _types, forward_nodes, saved_activations, tensor_size
 from fusecli.errors import FuseError
 
 ELEMENTWISE, NORM, GEMM = 0, 1, 2
@@ -274,14 +274,7 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
         for t in n.input:
             if t:
                 consumers.setdefault(t, []).append(i)
-    fwd: set[int] = set()
-    work = [graph.output[0].name] if graph.output else []
-    while work:
-        i = producer.get(work.pop())
-        if i is None or i in fwd:
-            continue
-        fwd.add(i)
-        work.extend(nodes[i].input)
+    fwd = forward_nodes(graph, io)
     saved0 = saved_activations(graph, io)
     fwd_tensors = {t for i in fwd for t in nodes[i].output if t}
     sizes = _Sizes(model, fwd_tensors | {t for i in fwd for t in nodes[i].input if t},

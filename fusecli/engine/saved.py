@@ -24,11 +24,9 @@ from onnx import helper
 Size = dict  # monomial (sorted tuple of symbolic dim names) -> bytes coefficient
 
 
-def saved_activations(graph: onnx.GraphProto, io=None) -> set[str]:
-    """Tensors a forward node produces that a backward node reads (see the module doc).
-    io: the nodes' (inputs, outputs) in graph order when the caller has them already."""
-    if io is None:
-        io = [(n.input, n.output) for n in graph.node]
+def forward_nodes(graph: onnx.GraphProto, io) -> set[int]:
+    """Indices of the nodes the loss (graph output 0) depends on: the forward; io: the nodes'
+    (inputs, outputs) in graph order."""
     producer = {t: i for i, (_, outs) in enumerate(io) for t in outs if t}
     fwd: set[int] = set()
     work = [graph.output[0].name] if graph.output else []
@@ -38,6 +36,15 @@ def saved_activations(graph: onnx.GraphProto, io=None) -> set[str]:
             continue
         fwd.add(i)
         work.extend(io[i][0])
+    return fwd
+
+
+def saved_activations(graph: onnx.GraphProto, io=None) -> set[str]:
+    """Tensors a forward node produces that a backward node reads (see the module doc).
+    io: the nodes' (inputs, outputs) in graph order when the caller has them already."""
+    if io is None:
+        io = [(n.input, n.output) for n in graph.node]
+    fwd = forward_nodes(graph, io)
     made = {t for i in fwd for t in io[i][1] if t}
     return {t for i, (ins, _) in enumerate(io) if i not in fwd for t in ins if t in made}
 
