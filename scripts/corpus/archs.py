@@ -35,7 +35,8 @@ From that dataflow:
   linear_cross_entropy: 1 when the model's output (or a view of it, the [-1, C] flatten) is the
     output of a Linear-like module (a classification / language-model head) and the loss
     (Arch.loss) reads those logits through its softmax cross-entropy alone (LOSS_READS_LOGITS:
-    "ce" without label smoothing, the ort-training one); a loss that reads the logits again
+    "ce" without label smoothing, the ort-training one; "ce_lm", a language model's loss, in
+    both families); a loss that reads the logits again
     counts 0: "custom" (its logit penalty keeps the logits, which the fused op does not
     produce), torch-joint's "ce" (its label-smoothing term, which the fused op does not
     compute), as do MSE and BCE (no softmax cross-entropy).
@@ -179,7 +180,7 @@ CE_LABEL_SMOOTHING = {"ort-training": 0.0, "torch-joint": 0.1}
 # loss_key(Arch.loss, family) -> what the loss does with the model's output besides its softmax
 # cross-entropy (None: no softmax cross-entropy at all); linear_cross_entropy counts where it is
 # "nothing" (LinearCrossEntropy computes no label smoothing: fusecli/ops/linear_cross_entropy)
-LOSS_READS_LOGITS = {"mse": None, "bce": None, "ce": "nothing",
+LOSS_READS_LOGITS = {"mse": None, "bce": None, "ce": "nothing", "ce_lm": "nothing",
                      "ce_smoothed": "the label-smoothing term (the mean over classes of "
                                     "-log_softmax of the logits)",
                      "custom": "the logit penalty mean(logits^2)"}
@@ -306,8 +307,10 @@ class Arch:
     setup: str = "full"
     symbolic: bool = False
     flash: bool = False
-    # mse | ce (ignore_index -100; torch-joint: label smoothing) | bce | custom (ort-training:
-    # an onnxblock.Block, CE + logit penalty, scripts/corpus/custom_loss.py); see gen.py
+    # mse | ce (ignore_index -100; torch-joint: label smoothing) | ce_lm (ignore_index -100, no
+    # label smoothing in either family: a language model's loss over its vocabulary) | bce |
+    # custom (ort-training: an onnxblock.Block, CE + logit penalty,
+    # scripts/corpus/custom_loss.py); see gen.py
     loss: str = "mse"
 
 
@@ -1328,5 +1331,90 @@ for _a in [
          count_notes="conv_bn_relu6 / conv_bn: the Conv2dNormActivation / projection Conv+BN "
          "of features[-2:] only (the last t=6 block: expand, depthwise, projection; the head "
          "conv)"),
+]:
+    ARCHS[_a.name] = _a
+
+
+# --- language-model heads (issue 33): a head over the vocabulary read by the loss alone -----------
+# Real transformers LM classes (their own head modules, tied or not), trained with a language
+# model's cross-entropy ("ce_lm": ignore_index -100 on a third of the labels, no label smoothing,
+# both families): the logits [B, S, V] flattened to [B * S, V] as transformers' loss does
+# (logits.view(-1, V)); the labels come from the data (the causal shift is the data's). The
+# vocabulary, the sequence and the batch differ (LM_VOCAB, LM_SEQ, BATCH), so that feeding labels
+# from the wrong axis shows (issue 33: labels drawn wider than the vocabulary).
+LM_VOCAB, LM_SEQ = 101, 16
+
+
+def _lm_ids() -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.randint(0, LM_VOCAB, (BATCH, LM_SEQ))}
+
+
+def _lm_ids_mask() -> dict[str, torch.Tensor]:
+    mask = torch.ones(BATCH, LM_SEQ, dtype=torch.int64)
+    mask[1, LM_SEQ - 5:] = 0  # the second sequence is padded
+    return {**_lm_ids(), "attention_mask": mask}
+
+
+def _lm_logits(o):
+    return o.logits.reshape(-1, o.logits.shape[-1])
+
+
+def _bert_mlm(family: str) -> nn.Module:
+    net = _hf("BertConfig", "BertForMaskedLM", pick=_lm_logits, vocab_size=LM_VOCAB,
+              hidden_size=HID, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+              intermediate_size=FF, max_position_embeddings=32, type_vocab_size=1,
+              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)(family)
+    # BertLMPredictionHead registers its bias twice (predictions.bias IS decoder.bias); the
+    # forward reads decoder.bias only, so aot_export (which swaps in one tensor per name) sees
+    # predictions.bias receive no gradient. Keep one name (as t5's shared); the word-embedding
+    # tie (decoder.weight IS word_embeddings.weight, both read) stays.
+    del net.net.cls.predictions.bias
+    return net
+
+
+_LM_IDS_R = {"input_ids": [0, LM_VOCAB]}
+_LM_MASK_R = {"input_ids": [0, LM_VOCAB], "attention_mask": [0, 2]}
+_LCE_NOTE = ("linear_cross_entropy 1: the {head} Linear's logits (flattened to [B * S, V]) are "
+             "read by the cross-entropy alone")
+
+for _a in [
+    Arch("llama_lm", "transformers",
+         f"LlamaForCausalLM: LlamaModel as llama (2 layers, hidden 32, GQA, RoPE, SwiGLU) and its "
+         f"lm_head Linear(32 -> {LM_VOCAB}, no bias, untied), batch {BATCH}, sequence {LM_SEQ}, "
+         f"trained with cross-entropy over the vocabulary (ignore_index -100 on a third of the "
+         f"labels)",
+         _hf("LlamaConfig", "LlamaForCausalLM", pick=_lm_logits, vocab_size=LM_VOCAB,
+             hidden_size=HID, intermediate_size=FF, num_hidden_layers=LAYERS,
+             num_attention_heads=HEADS, num_key_value_heads=2, max_position_embeddings=32,
+             tie_word_embeddings=False),
+         _lm_ids, attention=("LlamaAttention",), input_ranges=_LM_IDS_R, flash=True,
+         loss="ce_lm", setup="LM head, loss: CE ignore_index",
+         count_notes=_LLAMA_NOTES + "; " + _LCE_NOTE.format(head="lm_head")),
+    Arch("gpt2_lm", "transformers",
+         f"GPT2LMHeadModel: GPT2Model (2 layers, n_embd 32, 4 heads, no dropout, Conv1D Linears, "
+         f"gelu_new, causal where-mask + padding mask) and its lm_head Linear(32 -> {LM_VOCAB}, "
+         f"no bias) TIED to the token embedding wte, batch {BATCH}, sequence {LM_SEQ}, trained "
+         f"with cross-entropy over the vocabulary (ignore_index -100 on a third of the labels)",
+         _hf("GPT2Config", "GPT2LMHeadModel", pick=_lm_logits, vocab_size=LM_VOCAB,
+             n_positions=32, n_embd=HID, n_layer=LAYERS, n_head=HEADS, n_inner=FF,
+             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True),
+         _lm_ids_mask, attention=("GPT2Attention",), input_ranges=_LM_MASK_R,
+         loss="ce_lm", setup="tied LM head, loss: CE ignore_index",
+         count_notes="layernorm 5 = per layer ln_1 and ln_2 + ln_f; sdpa 2 = one GPT2Attention "
+         "per layer; linear_gelu 2 = mlp.c_fc (Conv1D) -> NewGELUActivation per layer; "
+         + _LCE_NOTE.format(head="lm_head (tied to wte)")),
+    Arch("bert_mlm", "transformers",
+         f"BertForMaskedLM (encoder): BertModel (2 layers, hidden 32, 4 heads, no dropout, "
+         f"padding mask, no pooler) and its MLM head: transform dense -> GELU -> LayerNorm, then "
+         f"the decoder Linear(32 -> {LM_VOCAB}) TIED to the word embeddings, with its own bias; "
+         f"batch {BATCH}, sequence {LM_SEQ}, trained with cross-entropy over the vocabulary "
+         f"(ignore_index -100 on a third of the labels)",
+         _bert_mlm, _lm_ids_mask, attention=("BertSelfAttention",), input_ranges=_LM_MASK_R, flash=True,
+         loss="ce_lm", setup="tied MLM head (bias), loss: CE ignore_index",
+         count_notes="layernorm 6 = embeddings.LayerNorm + per layer attention.output.LayerNorm "
+         "and output.LayerNorm + the head's transform.LayerNorm; sdpa 2 = one BertSelfAttention "
+         "per layer; linear_gelu 3 = intermediate.dense -> GELUActivation per layer + the head's "
+         "transform.dense -> GELUActivation; "
+         + _LCE_NOTE.format(head="predictions.decoder (tied to word_embeddings, bias)")),
 ]:
     ARCHS[_a.name] = _a

@@ -78,7 +78,8 @@ def _data_inputs(arch: Arch, inputs: dict) -> dict[str, list[int] | None]:
 # --- losses (Arch.loss) ---------------------------------------------------------------------------
 # mse: the default. ce: cross-entropy over the last dim of the output with ignore_index -100 (a
 # third of the labels ignored) and, in torch-joint, label smoothing (archs.CE_LABEL_SMOOTHING;
-# onnxblock's CrossEntropyLoss has none); the ort-training labels input is onnxblock's `labels`;
+# onnxblock's CrossEntropyLoss has none); ce_lm: the same without label smoothing in either
+# family (a language model's loss: LinearCrossEntropy's in both); the ort-training labels input is onnxblock's `labels`;
 # torch-joint exports it written out (gen_torch.cross_entropy: torch 2.13's joint export of
 # F.cross_entropy computes wrong gradients), checked against F.cross_entropy's autograd. bce:
 # binary cross-entropy with logits against targets in [0, 1]. custom (ort-training only): a user's
@@ -89,7 +90,7 @@ LOGIT_PENALTY = 0.01
 
 
 def _target(loss: str, out: torch.Tensor) -> torch.Tensor:
-    if loss in ("ce", "custom"):
+    if loss in ("ce", "ce_lm", "custom"):
         labels = torch.randint(0, out.shape[-1], out.shape[:-1])
         labels.view(-1)[::3] = -100
         return labels
@@ -101,8 +102,8 @@ def _target(loss: str, out: torch.Tensor) -> torch.Tensor:
 def _loss_fn(loss: str, family: str, exported: bool = False):
     """The loss as torch computes it (the reference a graph is checked against), or, exported:
     as the torch-joint graph is traced from (the same function, "ce" written out)."""
-    if loss == "ce":
-        eps = CE_LABEL_SMOOTHING[family]
+    if loss in ("ce", "ce_lm"):
+        eps = CE_LABEL_SMOOTHING[family] if loss == "ce" else 0.0
         if exported and family == "torch-joint":
             return lambda out, t: cross_entropy(out.reshape(-1, out.shape[-1]), t.reshape(-1),
                                                 label_smoothing=eps)
@@ -117,7 +118,7 @@ def _loss_fn(loss: str, family: str, exported: bool = False):
 
 
 def _target_name(loss: str, family: str) -> str:
-    return "labels" if loss in ("ce", "custom") and family == "ort-training" else "target"
+    return "labels" if loss in ("ce", "ce_lm", "custom") and family == "ort-training" else "target"
 
 
 # --- ort-training -------------------------------------------------------------------------------
@@ -192,7 +193,7 @@ def _run_ort(m: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
 def _ortt_loss(loss: str):
     from onnxruntime.training import artifacts, onnxblock
 
-    if loss == "ce":
+    if loss in ("ce", "ce_lm"):
         return onnxblock.loss.CrossEntropyLoss(ignore_index=-100)
     if loss == "custom":
         from custom_loss import TokenCrossEntropyWithLogitPenalty

@@ -128,6 +128,7 @@ def export_joint(mod: torch.nn.Module, args: list[torch.Tensor], arg_names: list
     for o, fx in zip(list(g.output)[1:], list(grads)):
         mapping[o.name] = grads[fx].removeprefix("net.") + "_grad"
     _rename(m, mapping)
+    tied = _merge_tied(m, {s: named[n] for s, n in zip(short, order)})
     for node in m.graph.node:
         keep = [(p.key, p.value) for p in node.metadata_props
                 if metadata and p.key != "pkg.torch.onnx.stack_trace"]
@@ -136,10 +137,55 @@ def export_joint(mod: torch.nn.Module, args: list[torch.Tensor], arg_names: list
             node.metadata_props.add(key=k, value=v)
     m.ir_version = IR_VERSION
     onnx.checker.check_model(m)
-    values = {s: named[n].detach().numpy() for s, n in zip(short, order)}
+    values = {s: named[n].detach().numpy() for s, n in zip(short, order) if s not in tied}
     grad = {n: p.requires_grad for n, p in mod.named_parameters()}  # ep.module() may lose it
-    trainable = {n.removeprefix("net.") for n in sig.parameters if grad.get(n, True)}
+    trainable = {n.removeprefix("net.") for n in sig.parameters if grad.get(n, True)} - tied
     return m, values, trainable
+
+
+def _merge_tied(m: onnx.ModelProto, params: dict[str, torch.Tensor]) -> set[str]:
+    """Tied weights (one tensor under two names: a language-model head tied to the token
+    embedding): aot_export_module traces each name as its own parameter input with its own
+    gradient output, each gradient only its own use's share. Make them one input (the first
+    name) whose gradient is the sum of the shares, as autograd computes it. Returns the alias
+    names dropped (no graph has them after this; a model without tied weights is unchanged)."""
+    g = m.graph
+    first: dict[int, str] = {}
+    alias: dict[str, str] = {}
+    for name, t in params.items():
+        alias_of = first.setdefault(id(t), name)
+        if alias_of != name:
+            alias[name] = alias_of
+    if not alias:
+        return set()
+    for node in g.node:
+        for i, t in enumerate(node.input):
+            if t in alias:
+                node.input[i] = alias[t]
+    for vi in [i for i in g.input if i.name in alias]:
+        g.input.remove(vi)
+    outs = {o.name: o for o in g.output}
+    producer = {t: node for node in g.node for t in node.output}
+    for a, keep in alias.items():
+        ga, gk = f"{a}_grad", f"{keep}_grad"
+        if ga not in outs:
+            continue
+        if gk not in outs:  # only the alias's use trains: its gradient is the whole one
+            _rename_output(producer[ga], ga, gk)
+            outs[ga].name = gk
+            continue
+        _rename_output(producer[ga], ga, ga + "_share")
+        _rename_output(producer[gk], gk, gk + "_share")
+        g.node.append(onnx.helper.make_node("Add", [gk + "_share", ga + "_share"], [gk],
+                                            name=f"tied_grad_sum_{keep}"))
+        g.output.remove(outs[ga])
+    return set(alias)
+
+
+def _rename_output(node: onnx.NodeProto, old: str, new: str) -> None:
+    for i, t in enumerate(node.output):
+        if t == old:
+            node.output[i] = new
 
 
 def build(name: str, net: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, desc: str,
