@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
+from onnx import helper, numpy_helper
 
 from conftest import REPO, Lazy, grouped, run_cli
 
@@ -163,3 +165,67 @@ def test_conv_bn_without_relu_is_not_conv_bn_relu(name, fused):
                 or n.input[3] == "features.1.conv.1.weight"}
         assert len(proj) == 4
         assert proj == {k for k, a in acts.items() if a == "identity"}
+
+
+# --- LM heads (issue 33): verify must see a 1% error on any output of a fused LinearCrossEntropy --
+LCE_NAMES = [n for n in sorted(MANIFEST) if MANIFEST[n]["expected"]["linear_cross_entropy"]]
+LCE_OUTPUTS = ("loss", "dH", "dW", "dB")  # the op's output ports (its contract), by position
+
+
+def test_lm_head_graphs_cover_both_families():
+    """The corruption test below is not vacuous: LM-head graphs of several architectures in both
+    families (llama_lm, gpt2_lm, bert_mlm: V 101, S 16, B 2; distilbert_tokens_ce)."""
+    fams = {MANIFEST[n]["family"] for n in LCE_NAMES}
+    assert fams == {"ort-training", "torch-joint"}, LCE_NAMES
+    assert len(LCE_NAMES) >= 7, LCE_NAMES
+    assert {"llama_lm", "gpt2_lm", "bert_mlm"} <= {MANIFEST[n]["architecture"]
+                                                   for n in LCE_NAMES}
+
+
+def _scaled_copy(path: Path, node_name: str, port: int, dest: Path, factor: float = 1.01) -> str:
+    """A copy of the fused graph in which output `port` of the node `node_name` is `factor`
+    times what the op writes (the op's output renamed, a Mul writing the old name: every
+    reader, graph output and accumulation buffer sees the scaled tensor). Returns the tensor."""
+    m = onnx.load(path)
+    nodes = list(m.graph.node)
+    node = next(n for n in nodes if n.name == node_name)
+    t = node.output[port]
+    node.output[port] = t + ".exact"
+    m.graph.initializer.append(numpy_helper.from_array(
+        np.array(factor, np.float32), t + ".corrupt_scale"))
+    m.graph.node.insert(nodes.index(node) + 1, helper.make_node(
+        "Mul", [t + ".exact", t + ".corrupt_scale"], [t], name=node_name + ".corrupt"))
+    onnx.save(m, dest)
+    return t
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in LCE_NAMES])
+def test_verify_fails_on_every_lm_head_output_off_by_one_percent(name, fused, tmp_path):
+    """For every output the fused LinearCrossEntropy writes (loss, dH, dW, dB), a copy of the fused
+    graph with that output times 1.01 fails `fusecli verify` on its default feeds (exit 1, ok
+    false, a mismatched output downstream of the LinearCrossEntropy), where the fused graph
+    itself passes on the same default feeds
+    (test_fused_graph_runs_where_the_original_runs_and_verifies runs it on every corpus graph,
+    these included). A 1% error is 1000x verify's rtol and far above the graphs' noise floors."""
+    e = MANIFEST[name]
+    path = fused[name][0]
+    lce = [n for n in _fused_nodes(path) if n.op_type == "LinearCrossEntropy"]
+    assert len(lce) == e["expected"]["linear_cross_entropy"] == fused[name][1].patterns[
+        "linear_cross_entropy"].fused
+    ports = [(n.name, i) for n in lce for i, t in enumerate(n.output) if t]
+    # every corpus LM head trains under a trained body: the loss, dH and dW at least
+    written = [LCE_OUTPUTS[i] for _, i in ports]
+    assert {"loss", "dH", "dW"} <= set(written), written
+    assert len(ports) == len(written) >= 3
+    failed = []
+    for k, (node, port) in enumerate(ports):
+        copy = tmp_path / f"corrupt{k}.onnx"
+        tensor = _scaled_copy(path, node, port, copy)
+        proc = run_cli("verify", CORPUS / e["file"], copy, "--json", check_rc=None, timeout=300)
+        report = json.loads(proc.stdout)
+        bad = [o["name"] for o in report["outputs"]
+               if not o["ok"] and node in o["upstream_fused"]]
+        if not (proc.returncode == 1 and report["ok"] is False and report["verdict"] == "FAIL"
+                and bad):
+            failed.append((LCE_OUTPUTS[port], tensor, proc.returncode, report["verdict"]))
+    assert not failed, failed
