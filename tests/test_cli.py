@@ -48,7 +48,8 @@ def test_dry_run_writes_nothing(tmp_path):
     out = tmp_path / "o.onnx"
     proc = run_cli("optimize", SAMPLES / "ortt_cnn.onnx", "-o", out, "--dry-run")
     assert not out.exists()
-    assert "would fuse 3" in proc.stdout  # 2 Conv+BN+ReLU and the Conv+BN shortcut (conv_bn)
+    # 2 Conv+BN+ReLU, the Conv+BN shortcut (conv_bn) and the Linear head + loss (lce_ortt_gemm)
+    assert "would fuse 4" in proc.stdout
     run_cli("optimize", SAMPLES / "ortt_cnn.onnx", "--dry-run")  # -o not needed
 
 

@@ -177,6 +177,14 @@ for _fam, _how, _names in (("ortt", "input", ("untied", "bias_sum", "frozen", "f
     for _name in _names:
         SAMPLE_MODELS[f"lce_{_fam}_{_name}_seed_{_how}"] = with_run_time_seed(
             _fam, _how, f"lce_{_name}")
+# the loss spellings of real exports (scripts/make_lce_spellings.py; counts, verification and
+# guards: tests/test_lce_spellings.py): ReduceMean / ReduceSum of the gathered log-probabilities,
+# F.cross_entropy's NegativeLogLikelihoodLoss (Hugging Face's loss with num_items_in_batch: the
+# _split variant), ort-training classifier heads written as one Gemm
+for _name in ("torch_lces_reducemean", "torch_lces_reducemean_neg_tied",
+              "torch_lces_reducesum_const", "torch_lces_ce_sum", "torch_lces_hf_llama_items",
+              "ortt_lces_cls_mlp", "ortt_lces_cls_mlp_ii"):
+    SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 
 def _upto(rule_name):
     """The shipped rules up to and including ``rule_name`` in application order, so that a

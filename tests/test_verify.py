@@ -202,7 +202,10 @@ def test_ill_conditioned_resnet18_correct_fusion_passes_by_per_fusion_check(tmp_
     assert any(o["status"] == "not judged (noise)" and o["noise_floor_rel"] > r["noise_limit"]
                for o in r["outputs"])
     checks = r["fusion_checks"]
-    assert checks and len(checks) == r["fused_kernel_runs"]["ConvBnReluGrad"]
+    # every Conv + BN + ReLU, and the fc head + loss (one Gemm into the loss: lce_ortt_gemm)
+    assert r["fused_kernel_runs"].get("LinearCrossEntropy") == 1
+    assert checks and len(checks) == (r["fused_kernel_runs"]["ConvBnReluGrad"]
+                                      + r["fused_kernel_runs"]["LinearCrossEntropy"])
     assert all(c["ok"] and c["reference"] and c["kernel"] for c in checks)
     # the false alarm: N(0,1) weights
     plan = plan_feeds(onnx.load(src))

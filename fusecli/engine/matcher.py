@@ -20,7 +20,8 @@ from fusecli.ops.contracts import load_contracts
 from fusecli.engine.constfold import compact
 from fusecli.engine.graph import GNode, GraphIndex
 from fusecli.engine.shapes import fusion_problem
-from fusecli.engine.rules import COMMUTATIVE_OPS, CONST_FUNCS, AttrConstraint, NodeSpec, Rule, var_name
+from fusecli.engine.rules import (COMMUTATIVE_OPS, CONST_FUNCS, WHOLE_CONST_FUNCS, AttrConstraint,
+                                  NodeSpec, Rule, var_name)
 
 VALUE_KEY = "$value:"  # captures[VALUE_KEY + var]: how var's constant enters (a CONST_FUNCS name)
 
@@ -212,6 +213,24 @@ def _kind_check(arr: np.ndarray, kind: str, data_shape) -> tuple[bool, str]:
     return False, f"unknown kind {kind}"
 
 
+def uniform_matches(value: np.ndarray | None) -> tuple[bool, str]:
+    """kind uniform: a float constant of known shape (not a broadcast to a run-time shape,
+    whose element count is unknown) whose elements are all one number."""
+    if value is None:
+        return False, ("is not a constant of known shape (not an initializer, Constant node "
+                       "or a tensor computed only from them)")
+    arr = np.asarray(value)
+    flat = arr.reshape(-1)
+    if arr.dtype.kind != "f" or flat.size == 0:
+        return False, f"is a constant of dtype {arr.dtype} and {flat.size} elements, rule " \
+            "wants floats"
+    small = compact(arr).reshape(-1)
+    if np.all(small == small[0]):
+        return True, ""
+    return False, f"is {flat[:4].tolist()}{'...' if flat.size > 4 else ''}, rule wants one " \
+        "number in every element"
+
+
 def const_matches(value: np.ndarray | None, want, tol: float, kind: str | None = None,
                   data_shape=None) -> tuple[bool, str]:
     if value is None:
@@ -246,6 +265,8 @@ def _const_attr(index: GraphIndex, m: Match, var: str, fn: str, default):
     if not tensor:
         return float(default)
     v = index.const_value(tensor)
+    if fn in WHOLE_CONST_FUNCS:  # kind uniform: a constant of known shape
+        return float(WHOLE_CONST_FUNCS[fn](v))
     value = float(np.asarray(v if v is not None else index.broadcast_scalar(tensor)).flat[0])
     value = CONST_FUNCS[m.captures.get(VALUE_KEY + var, "identity")](value)
     return float(CONST_FUNCS[fn](value))
@@ -678,6 +699,8 @@ class Matcher:
                     ok, detail = self._index_range(value, ts, t2)
                 elif ts.kind == "shape" and value is None and self.g.is_shape_computation(name):
                     ok, detail = True, ""  # a Reshape target of symbolic dims
+                elif ts.kind == "uniform":
+                    ok, detail = uniform_matches(self.g.const_value(name))
                 else:
                     ok, detail = const_matches(value, ts.const, ts.tol, ts.kind, data_shape)
                 if not ok:

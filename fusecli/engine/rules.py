@@ -29,6 +29,12 @@ CONST_FUNCS = {
     "rsqrt": lambda x: 1.0 / np.sqrt(x),
     "negate": lambda x: -x,
 }
+# functions of a whole constant (replace.attrs only; the tensor must be a constant of known
+# shape, tensor kind `uniform`): negate_sum, minus the sum of its elements (torch's folded
+# gradient of a mean over N rows, -t/N in each of N rows: the tangent t)
+WHOLE_CONST_FUNCS = {
+    "negate_sum": lambda arr: -float(np.sum(np.asarray(arr, np.float64))),
+}
 _ATTR_CONSTRAINT_KEYS = {"equals", "one_of", "absent_or", "absent", "capture", "not"}
 _NODE_KEYS = {"id", "op", "domain", "inputs", "outputs", "attrs", "commutative", "optional",
               "keep", "repeat", "role"}
@@ -42,7 +48,7 @@ _PARAM_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _WHOLE_PARAM_RE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
 TENSOR_KINDS = ("constant", "scalar", "leading_axes", "last_axis", "last_dim_index",
                 "flatten_2d", "vector_shape", "large_negative", "halves", "index_range",
-                "pairs_shape", "shape")
+                "pairs_shape", "shape", "uniform")
 _RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace",
               "params", "variants"}
 
@@ -571,9 +577,12 @@ def _parse_replace(src, raw, captures, const_vars, top: bool = True) -> Replacem
                 if not isinstance(value["const"], str) or value["const"] not in const_vars:
                     raise RuleError(src, f"replace.attrs.{name}: {value['const']!r} is not a "
                                     "tensor with a 'const' constraint", aline)
-                if not isinstance(fn, str) or fn not in CONST_FUNCS:
+                if not isinstance(fn, str) or fn not in {**CONST_FUNCS, **WHOLE_CONST_FUNCS}:
                     raise RuleError(src, f"replace.attrs.{name}: fn must be one of "
-                                    f"{sorted(CONST_FUNCS)}", aline)
+                                    f"{sorted({**CONST_FUNCS, **WHOLE_CONST_FUNCS})}", aline)
+                if fn in WHOLE_CONST_FUNCS and const_vars.get(value["const"]) != "uniform":
+                    raise RuleError(src, f"replace.attrs.{name}: fn {fn} reads the whole "
+                                    f"constant: {value['const']!r} needs kind: uniform", aline)
                 default = value.get("default")
                 if default is not None and (isinstance(default, bool)
                                             or not isinstance(default, (int, float))):
@@ -818,7 +827,8 @@ def _build_rule(raw, source: str, text: str) -> Rule:
         alt_caps = [{c.capture for c in a.attrs.values() if c.capture} for a in n.alts.values()]
         if alt_caps:
             captures |= set.intersection(*alt_caps)
-    replace = _parse_replace(source, raw["replace"], captures, set(tensors))
+    replace = _parse_replace(source, raw["replace"], captures,
+                             {k: t.kind for k, t in tensors.items()})
     _check_dataflow(source, nodes, replace, tensors)
     optional_ids = {n.id for n in nodes if n.optional}
     for attr, spec in (kv for rep in replace.nodes for kv in rep.attrs.items()):

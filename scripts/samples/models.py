@@ -132,11 +132,12 @@ class CNN(nn.Module):
     stem: Conv(3->8, 3x3, bias=False) + BN + ReLU              (conv_bn_relu #1)
     body: Conv(8->8, 3x3) + BN + ReLU                           (conv_bn_relu #2)
     shortcut: Conv(8->8, 1x1) + BN, NO ReLU, added to the body  (conv_bn #1, no conv_bn_relu)
-    MaxPool 2x2, mean over H,W, Linear(8 -> 4).
+    MaxPool 2x2, mean over H,W, Linear(8 -> 4) + cross-entropy (linear_cross_entropy #1: in
+    ort-training one Gemm straight into SoftmaxCrossEntropyLoss).
     """
 
     NUM_CLASSES = 4
-    PATTERNS = patterns(conv_bn_relu=2, conv_bn=1)
+    PATTERNS = patterns(conv_bn_relu=2, conv_bn=1, linear_cross_entropy=1)
     # a conv bias right before a training-mode BatchNorm gets an exactly-zero gradient
     ZERO_GRAD = ["conv2.bias", "conv_s.bias"]
 

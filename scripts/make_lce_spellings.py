@@ -1,0 +1,298 @@
+"""Regenerates tests/data/{torch,ortt}_lces_*.onnx: the loss spellings of a language-model /
+classifier head + cross-entropy that real exports use (issue 36), for rules/lce_torch_loss.yaml
+and rules/lce_ortt_gemm.yaml; counts, verification and guards: tests/test_lce_spellings.py.
+
+torch-joint (build/venv-corpus-torch: torch 2.13, transformers 4.57.6): aot_export_module(
+trace_joint=True) + torch.onnx.export(dynamo=True) (scripts/samples/gen_torch.export_joint), each
+graph checked against torch autograd (loss and every gradient; a tied weight's two gradient
+outputs summed). A tiny decoder (Embedding -> Linear + ReLU -> head, vocabulary 50, width 16,
+batch 2 x 7 tokens; `tied`: the head is F.linear(h, emb.weight)) or Hugging Face's
+LlamaForCausalLM / GPT2LMHeadModel (1 layer, vocabulary 64, width 16, eager attention; GPT-2's
+lm_head tied to wte), with these losses on logits viewed [N, V]:
+  reducemean        (-lp.gather(1, y[:, None]).squeeze(1)).mean()                 fuses: 1
+  reducemean_neg_tied  -lp.gather(1, y[:, None]).mean(), tied head (dW + the embedding's
+                    gradient by an Add)                                            fuses: 1
+  reducesum_const   (-lp.gather(1, y[:, None]).squeeze(1)).sum() / 2 (a constant)    fuses: 1
+  masked_sum_const  Hugging Face's masked sum (the -100 mask) / 2 (a constant)      fuses: 1
+  ce_sum            F.cross_entropy(z, y, reduction='sum'), labels with -100          fuses: 1
+  ce_mean           F.cross_entropy(z, y), labels with -100: torch 2.13 exports its gradient
+                    wrong (1 instead of 1 / count per kept token; asserted below), the fused
+                    graph computes what the exported graph computes                  fuses: 1
+  ce_none_mean      F.cross_entropy(z, y, reduction='none').mean(): the mean over every token,
+                    ignored ones included; the op's mean is over the kept ones       fuses: 0
+  shift_logits      logits[:, :-1], labels[:, 1:] then Hugging Face's masked mean: the head's
+                    rows and the loss's differ (a Slice of the logits)               fuses: 0
+  seqlevel          per-sequence masked means, then their mean over the batch       fuses: 0
+  hf_llama_items    LlamaForCausalLM(labels=y, num_items_in_batch=count): the labels shifted
+                    in the graph (Pad + Slice), F.cross_entropy(reduction='sum') / count
+                                                                                   fuses: 1
+  hf_gpt2_mean_tied GPT2LMHeadModel logits (lm_head tied to wte: two gradient outputs),
+                    -lp.gather(...).mean()                                         fuses: 1
+ort-training (build/venv-corpus-ortt: onnxruntime-training 1.19.2): torch.onnx.export
+(TorchScript, training, opset 16) + generate_artifacts(loss=CrossEntropyLoss(reduction='mean'
+[, ignore_index=-100])), checked against torch autograd:
+  cls_mlp           Linear + ReLU -> Linear(bias) classifier (Gemm into the loss)  fuses: 1
+  cls_cnn           Conv + ReLU -> Flatten -> Linear(bias) (Gemm into the loss)    fuses: 1
+  cls_mlp_ii        cls_mlp with ignore_index -100 (a label -100 in the batch)     fuses: 1
+  cls_matmul        h @ W.t() + b written out (MatMul + Add into the loss)         fuses: 1
+Run: build/venv-corpus-torch/bin/python scripts/make_lce_spellings.py torch-joint [NAME ...]
+     build/venv-corpus-ortt/bin/python scripts/make_lce_spellings.py ort-training [NAME ...]
+"""
+
+import io
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+sys.path.insert(0, str(ROOT / "scripts" / "samples"))
+V, D, B, S = 50, 16, 2, 7
+HF_V, HF_S = 64, 6
+
+
+class Net(nn.Module):
+    def __init__(self, tied=False):
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.fc = nn.Linear(D, D)
+        self.tied = tied
+        self.head = None if tied else nn.Linear(D, V, bias=False)
+
+    def forward(self, ids):  # logits [B, S, V]
+        h = torch.relu(self.fc(self.emb(ids)))
+        return F.linear(h, self.emb.weight) if self.tied else self.head(h)
+
+
+def _lp(z):
+    return torch.log_softmax(z.reshape(-1, z.shape[-1]), -1)
+
+
+def _masked_nll(z, y):  # Hugging Face's written-out loss terms (gen_torch.cross_entropy)
+    lp, y = _lp(z), y.reshape(-1)
+    mask = y != -100
+    safe = torch.where(mask, y, torch.zeros_like(y))
+    return -lp.gather(1, safe[:, None]).squeeze(1) * mask, mask
+
+
+def _seqlevel(z, y):
+    nll, mask = _masked_nll(z, y)
+    per_seq = nll.view(y.shape).sum(1) / mask.view(y.shape).sum(1)
+    return per_seq.mean()
+
+
+def _shift_logits(z, y):
+    nll, mask = _masked_nll(z[:, :-1, :], y[:, 1:])
+    return nll.sum() / mask.sum()
+
+
+LOSSES = {  # name: (loss on logits [B, S, V] and labels [B, S], tied, labels with -100)
+    "reducemean": (lambda z, y: (-_lp(z).gather(1, y.reshape(-1, 1)).squeeze(1)).mean(),
+                   False, False),
+    "reducemean_neg_tied": (lambda z, y: -_lp(z).gather(1, y.reshape(-1, 1)).mean(), True, False),
+    "reducesum_const": (lambda z, y: (-_lp(z).gather(1, y.reshape(-1, 1)).squeeze(1)).sum() / 2,
+                        False, False),
+    "masked_sum_const": (lambda z, y: _masked_nll(z, y)[0].sum() / 2, False, True),
+    "ce_sum": (lambda z, y: F.cross_entropy(z.reshape(-1, V), y.reshape(-1), reduction="sum"),
+               False, True),
+    "ce_mean": (lambda z, y: F.cross_entropy(z.reshape(-1, V), y.reshape(-1)), False, True),
+    "ce_none_mean": (lambda z, y: F.cross_entropy(z.reshape(-1, V), y.reshape(-1),
+                                                  reduction="none").mean(), False, True),
+    "shift_logits": (_shift_logits, False, True),
+    "seqlevel": (_seqlevel, False, True),
+}
+WRONG_GRADIENT = {"ce_mean"}  # torch 2.13's export of F.cross_entropy(reduction='mean')
+
+
+class Loss(nn.Module):
+    def __init__(self, net, fn):
+        super().__init__()
+        self.net, self.fn = net, fn
+
+    def forward(self, ids, lab):
+        return (self.fn(self.net, ids, lab),)
+
+
+def _hf(arch):
+    # torchvision 0.28.0 is a CUDA build: with CPU torch its import (by transformers) needs
+    # these schemas declared first (scripts/corpus/archs.py)
+    if not hasattr(_hf, "keep"):
+        lib = torch.library.Library("torchvision", "DEF")
+        for schema in ("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+                       "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"):
+            lib.define(schema)
+        _hf.keep = lib
+    import transformers as tf
+
+    if arch == "llama":
+        return tf.LlamaForCausalLM(tf.LlamaConfig(
+            vocab_size=HF_V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16,
+            attn_implementation="eager"))
+    return tf.GPT2LMHeadModel(tf.GPT2Config(
+        vocab_size=HF_V, n_embd=16, n_layer=1, n_head=2, n_positions=16,
+        attn_implementation="eager", resid_pdrop=0, embd_pdrop=0, attn_pdrop=0))
+
+
+def _hf_items(net, ids, lab):
+    return net(input_ids=ids, labels=lab, num_items_in_batch=(lab[:, 1:] != -100).sum()).loss
+
+
+def _hf_mean(net, ids, lab):
+    return -_lp(net(input_ids=ids).logits).gather(1, lab.reshape(-1, 1)).mean()
+
+
+HF = {"hf_llama_items": ("llama", _hf_items, True), "hf_gpt2_mean_tied": ("gpt2", _hf_mean, False)}
+
+
+def _check(m, net, mod, feeds, args):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    res = dict(zip([o.name for o in m.graph.output],
+                   sess.run(None, {i.name: feeds[i.name] for i in m.graph.input})))
+    net.zero_grad()
+    ref = mod(*args)[0]
+    ref.backward()
+    grads: dict = {}
+    named = dict(net.named_parameters(remove_duplicate=False))
+    for o, v in res.items():  # a tied weight: one gradient output per name, summed
+        if o != "loss":
+            p = named[o.removesuffix("_grad")]
+            grads[id(p)] = (p, grads.get(id(p), (p, 0))[1] + v)
+    loss_err = abs(float(res["loss"]) - float(ref.detach()))
+    grad_err = max(float(np.abs(g - p.grad.numpy()).max()) for p, g in grads.values())
+    return loss_err, grad_err
+
+
+def torch_joint(name):
+    from gen_torch import export_joint
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    if name in HF:
+        arch, fn, ignore = HF[name]
+        net = _hf(arch)
+        ids = torch.randint(0, HF_V, (B, HF_S), generator=g)
+        lab = ids.clone()
+    else:
+        loss, tied, ignore = LOSSES[name]
+        net = Net(tied)
+        ids = torch.randint(0, V, (B, S), generator=g)
+        lab = torch.randint(0, V, (B, S), generator=g)
+        fn = (lambda lf: lambda n, i, y: lf(n(i), y))(loss)
+    if ignore:
+        lab[0, :3] = -100
+    mod = Loss(net, fn)
+    m, values, _ = export_joint(mod, [ids, lab], ["input_ids", "labels"], metadata=False)
+    onnx.save(m, DATA / f"torch_lces_{name}.onnx")
+    loss_err, grad_err = _check(m, net, mod, {**values, "input_ids": ids.numpy(),
+                                              "labels": lab.numpy()}, (ids, lab))
+    print(f"torch_lces_{name}: {len(m.graph.node)} nodes, |loss - torch| {loss_err:.3g}, "
+          f"max |grad - torch| {grad_err:.3g}")
+    assert loss_err < 1e-5
+    if name in WRONG_GRADIENT:
+        assert grad_err > 1e-2, "torch's export of this loss's gradient is right now"
+    else:
+        assert grad_err < 1e-5
+
+
+C = 10
+
+
+class ClsMLP(nn.Module):
+    def __init__(self, matmul=False):
+        super().__init__()
+        self.fc = nn.Linear(12, 16)
+        self.matmul = matmul
+        if matmul:  # h @ W^T + b written out: MatMul + Add
+            self.w = nn.Parameter(torch.randn(C, 16) * 0.3)
+            self.b = nn.Parameter(torch.randn(C) * 0.1)
+        else:
+            self.head = nn.Linear(16, C)
+
+    def forward(self, x):
+        h = torch.relu(self.fc(x))
+        return h @ self.w.t() + self.b if self.matmul else self.head(h)
+
+
+class ClsCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4 * 8 * 8, C)
+
+    def forward(self, x):
+        return self.head(torch.flatten(torch.relu(self.conv(x)), 1))
+
+
+ORTT = {  # name: (model, input shape, ignore_index -100)
+    "cls_mlp": (ClsMLP, (6, 12), False),
+    "cls_cnn": (ClsCNN, (2, 3, 8, 8), False),
+    "cls_mlp_ii": (ClsMLP, (6, 12), True),
+    "cls_matmul": (lambda: ClsMLP(matmul=True), (6, 12), False),
+}
+
+
+def ortt(name):
+    import onnxruntime as ort
+    from onnxruntime.training import artifacts, onnxblock
+
+    make, shape, ignore = ORTT[name]
+    torch.manual_seed(0)
+    net = make()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(*shape, generator=g)
+    y = torch.randint(0, C, (shape[0],), generator=g)
+    if ignore:
+        y[1] = -100
+    f = io.BytesIO()
+    torch.onnx.export(net, (x,), f, input_names=["input"], output_names=["logits"],
+                      opset_version=16, do_constant_folding=False,
+                      training=torch.onnx.TrainingMode.TRAINING, dynamo=False)
+    fwd = onnx.load_from_string(f.getvalue())
+    trainable = [i.name for i in fwd.graph.initializer]
+    loss = onnxblock.loss.CrossEntropyLoss(reduction="mean",
+                                           ignore_index=-100 if ignore else None)
+    with tempfile.TemporaryDirectory() as td:
+        artifacts.generate_artifacts(fwd, requires_grad=trainable, frozen_params=[], loss=loss,
+                                     optimizer=artifacts.OptimType.AdamW, artifact_directory=td)
+        m = onnx.load(Path(td) / "training_model.onnx")
+    onnx.save(m, DATA / f"ortt_lces_{name}.onnx")
+    params = {n: p.detach().numpy() for n, p in net.named_parameters()}
+    feeds = {"input": x.numpy(), "labels": y.numpy(), "lazy_reset_grad": np.ones([1], np.bool_)}
+    names = {i.name for i in m.graph.input}
+    for n in names:
+        if n in params:
+            feeds[n] = params[n].copy()
+        elif n.endswith("_grad.accumulation.buffer"):
+            feeds[n] = np.zeros_like(params[n.removesuffix("_grad.accumulation.buffer")])
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    out = sess.run([m.graph.output[0].name], {k: v for k, v in feeds.items() if k in names})
+    net.zero_grad()
+    ref = F.cross_entropy(net(x), y, ignore_index=-100)
+    ref.backward()
+    err = abs(float(out[0]) - float(ref))
+    for n, p in net.named_parameters():
+        err = max(err, float(np.abs(feeds[n + "_grad.accumulation.buffer"]
+                                    - p.grad.numpy()).max()))
+    print(f"ortt_lces_{name}: {len(m.graph.node)} nodes, max |err| vs torch {err:.3g}")
+    assert err < 1e-5
+
+
+if __name__ == "__main__":
+    fam, only = sys.argv[1], set(sys.argv[2:])
+    names = list(ORTT) if fam == "ort-training" else [*LOSSES, *HF]
+    for name in names:
+        if not only or name in only:
+            (ortt if fam == "ort-training" else torch_joint)(name)

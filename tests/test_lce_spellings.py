@@ -1,0 +1,247 @@
+"""The loss spellings of a language-model / classifier head + cross-entropy that real exports use
+(issue 36; rules/lce_torch_loss.yaml, rules/lce_ortt_gemm.yaml): the real exports of
+scripts/make_lce_spellings.py fuse where the model code says (one head + loss each, or none where
+the loss is no LinearCrossEntropy), verify against their originals on onnxruntime, and the fused
+graph's loss and head gradient match a NumPy computation of the model; one negative per new guard
+(a ReduceMean over one axis, a per-row gradient that is not one number, a coefficient not zeroed
+on ignored tokens, an ignore_index other than the compared one, a scaled Gemm), each named by
+`explain`."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from fusecli import FusionPass
+from fusecli.engine.explain import explain_model
+from fusecli.runtime.library import library_path
+from fusecli.runtime.verify import verify_models
+
+DATA = Path(__file__).parent / "data"
+# from the model code (scripts/make_lce_spellings.py): the rule that takes the one head + loss,
+# or None where the loss is no LinearCrossEntropy (the mean over every token of F.cross_entropy
+# (reduction='none'), ignored ones included; logits sliced before the loss; per-sequence means)
+EXPECTED = {
+    "torch_lces_reducemean": "lce_torch_reducemean",
+    "torch_lces_reducemean_neg_tied": "lce_torch_reducemean_neg",
+    "torch_lces_reducesum_const": "lce_torch_reducesum",
+    # (g computed after the Div by 2 reads the loss: the two-op _split)
+    "torch_lces_masked_sum_const": "lce_torch_sum_split",
+    "torch_lces_ce_sum": "lce_torch_nllloss",
+    "torch_lces_ce_mean": "lce_torch_nllloss",
+    "torch_lces_hf_llama_items": "lce_torch_nllloss_split",
+    "torch_lces_hf_gpt2_mean_tied": "lce_torch_reducemean_neg",
+    "torch_lces_ce_none_mean": None,
+    "torch_lces_shift_logits": None,
+    "torch_lces_seqlevel": None,
+    "ortt_lces_cls_mlp": "lce_ortt_gemm",
+    "ortt_lces_cls_cnn": "lce_ortt_gemm",
+    "ortt_lces_cls_mlp_ii": "lce_ortt_gemm_ii",
+    "ortt_lces_cls_matmul": "lce_ortt",
+}
+
+
+def _lce(fp):
+    return [r.rule for r in fp.stats.fusions if r.pattern == "linear_cross_entropy"]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_spelling_fuses_as_the_model_says_and_verifies(name, tmp_path):
+    m = onnx.load(DATA / f"{name}.onnx")
+    fp = FusionPass()
+    fp.run(m)
+    rule = EXPECTED[name]
+    assert _lce(fp) == ([rule] if rule else [])
+    ops = [n.op_type for n in m.graph.node]
+    if rule:
+        # one op, or two (the loss, then the gradients) for _split; no [N, V] tensor left
+        assert ops.count("LinearCrossEntropy") == (2 if rule.endswith("_split") else 1)
+        assert not set(ops) & {"LogSoftmax", "ScatterElements", "NegativeLogLikelihoodLoss",
+                               "SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossGrad"}
+    else:
+        assert "LinearCrossEntropy" not in ops and "LogSoftmax" in ops
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(DATA / f"{name}.onnx", out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+# --- the fused graph against NumPy: the tiny decoder of make_lce_spellings.py --------------------
+
+V, D, B, S = 50, 16, 2, 7
+
+
+def _numpy_loss_and_grads(params, ids, lab, spelling):
+    """loss and d loss / d head weight of Net (Embedding -> Linear + ReLU -> head) in float64,
+    written from the model code; `tied`: the head weight is the embedding's (its dW here is only
+    the head's part)."""
+    emb = params["emb.weight"].astype(np.float64)
+    x = emb[ids].reshape(-1, D)
+    h = np.maximum(x @ params["fc.weight"].T.astype(np.float64) + params["fc.bias"], 0.0)
+    w = emb if spelling.endswith("_tied") else params["head.weight"].astype(np.float64)
+    z = h @ w.T
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    y = lab.reshape(-1)
+    nll = lse - z[np.arange(len(y)), y]
+    n = len(y)
+    loss, c = {"reducemean": (nll.mean(), 1.0 / n),
+               "reducemean_neg_tied": (nll.mean(), 1.0 / n),
+               "reducesum_const": (nll.sum() / 2.0, 0.5)}[spelling]
+    p = np.exp(z - lse[:, None])
+    p[np.arange(n), y] -= 1.0
+    return loss, (c * p).T @ h
+
+
+@pytest.mark.parametrize("spelling", ["reducemean", "reducemean_neg_tied", "reducesum_const"])
+def test_fused_head_matches_numpy(spelling, tmp_path):
+    import onnxruntime as ort
+
+    m = onnx.load(DATA / f"torch_lces_{spelling}.onnx")
+    fp = FusionPass()
+    fp.run(m)
+    assert _lce(fp) == [EXPECTED[f"torch_lces_{spelling}"]]
+    rng = np.random.default_rng(3)
+    feeds = {}
+    for i in m.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        if i.name == "input_ids":
+            feeds[i.name] = rng.integers(0, V, shape).astype(np.int64)
+        elif i.name == "labels":
+            feeds[i.name] = rng.integers(0, V, shape).astype(np.int64)
+        else:
+            feeds[i.name] = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(library_path())
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in m.graph.output]
+    res = dict(zip(names, sess.run(None, feeds)))
+    loss, dw = _numpy_loss_and_grads(feeds, feeds["input_ids"], feeds["labels"], spelling)
+    np.testing.assert_allclose(res["loss"], loss, rtol=1e-5)
+    # the head's gradient: head.weight_grad, or (tied) the head's part, the Add's input that the
+    # fused op writes (the embedding's scatter is the other)
+    fused = next(n for n in m.graph.node if n.op_type == "LinearCrossEntropy")
+    if spelling.endswith("_tied"):
+        add = next(n for n in m.graph.node if n.op_type == "Add" and fused.output[2] in n.input)
+        assert add.output[0] == "emb.weight_grad"
+        m.graph.output.append(helper.make_tensor_value_info(fused.output[2],
+                                                            onnx.TensorProto.FLOAT, None))
+        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        got = sess.run([fused.output[2]], feeds)[0]
+    else:
+        assert fused.output[2] == "head.weight_grad"
+        got = res["head.weight_grad"]
+    np.testing.assert_allclose(got, dw, rtol=1e-4, atol=1e-6)
+
+
+# --- negatives: one per new guard -----------------------------------------------------------------
+
+def _explained(m, rule):
+    fp = FusionPass(only=[rule])
+    misses = [x for x in explain_model(copy.deepcopy(m), fp, include_shallow=True)
+              if x["rule"] == rule]
+    assert misses, rule
+    return misses[0]
+
+
+def _not_fused_and_verifies(m, tmp_path, name):
+    orig = tmp_path / "orig.onnx"
+    onnx.save(m, orig)
+    fp = FusionPass()
+    fp.run(m)
+    assert not _lce(fp)
+    onnx.save(m, tmp_path / "fused.onnx")
+    report = verify_models(orig, tmp_path / "fused.onnx")
+    assert report.ok, (name, report)
+
+
+def _node(m, op, pred=lambda n: True):
+    return next(n for n in m.graph.node if n.op_type == op and pred(n))
+
+
+def test_reducemean_over_one_axis_is_not_the_mean(tmp_path):
+    """-lp.gather(...).mean(dim=1) then .sum(): the ReduceMean reads an axes input (here [1] of
+    G [N, 1]): not a mean over every token; the rule wants the ReduceMean without axes."""
+    m = onnx.load(DATA / "torch_lces_reducemean_neg_tied.onnx")
+    assert FusionPass(only=["lce_torch_reducemean_neg"]).run(copy.deepcopy(m)) == 1  # control
+    rm = _node(m, "ReduceMean")
+    m.graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), "axis_one"))
+    rm.input.append("axis_one")
+    miss = _explained(m, "lce_torch_reducemean_neg")
+    assert miss["node"] == "rmean", miss
+    _not_fused_and_verifies(m, tmp_path, "axes")
+
+
+def test_folded_gradient_must_be_one_number_per_row(tmp_path):
+    """The scatter's per-row gradient U must hold one number in every row (-1/N of a mean): a
+    U with different rows is a weighted loss the op's grad_scale cannot say."""
+    m = onnx.load(DATA / "torch_lces_reducemean.onnx")
+    assert FusionPass(only=["lce_torch_reducemean"]).run(copy.deepcopy(m)) == 1  # control
+    sc = _node(m, "ScatterElements")
+    init = next(i for i in m.graph.initializer if i.name == sc.input[2])
+    u = numpy_helper.to_array(init).copy()
+    u[0] *= 2.0
+    init.CopyFrom(numpy_helper.from_array(u, init.name))
+    miss = _explained(m, "lce_torch_reducemean")
+    assert miss["node"] == "scatter" and "one number in every element" in miss["detail"], miss
+    _not_fused_and_verifies(m, tmp_path, "uniform")
+
+
+def test_nllloss_coefficient_must_be_zero_on_ignored_tokens(tmp_path):
+    """F.cross_entropy's backward: w = Where(ne, t, 0); a w that is not 0 where the label is
+    ignored (here 1) scatters into class 0 of those rows, which the op's one-hot of the labels
+    does not: refused at the Where's constant."""
+    m = onnx.load(DATA / "torch_lces_ce_sum.onnx")
+    assert FusionPass(only=["lce_torch_nllloss"]).run(copy.deepcopy(m)) == 1  # control
+    mul = _node(m, "Mul", lambda n: any(
+        p.op_type == "ScatterElements" and p.output[0] in n.input for p in m.graph.node))
+    wsel = _node(m, "Where", lambda n: n.output[0] in mul.input)
+    m.graph.initializer.append(numpy_helper.from_array(np.array(1.0, np.float32), "one_f"))
+    wsel.input[2] = "one_f"
+    miss = _explained(m, "lce_torch_nllloss")
+    assert miss["node"] == "wsel" and "'one_f' (zero_f)" in miss["detail"], miss
+    _not_fused_and_verifies(m, tmp_path, "where")
+
+
+def test_nllloss_ignore_index_must_be_the_compared_one(tmp_path):
+    """NegativeLogLikelihoodLoss{ignore_index} must be -100, the label the backward's Equal
+    compares with: another ignore_index is refused at the attribute."""
+    m = onnx.load(DATA / "torch_lces_ce_sum.onnx")
+    nll = _node(m, "NegativeLogLikelihoodLoss")
+    for a in nll.attribute:
+        if a.name == "ignore_index":
+            a.i = -1
+    miss = _explained(m, "lce_torch_nllloss")
+    assert miss["node"] == "nll" and "ignore_index" in miss["detail"], miss
+    _not_fused_and_verifies(m, tmp_path, "ignore_index")
+
+
+def test_ce_none_mean_is_explained():
+    """F.cross_entropy(reduction='none').mean(): the mean over every token, ignored ones
+    included, is not the op's mean over the kept ones: explain names the loss's reduction."""
+    m = onnx.load(DATA / "torch_lces_ce_none_mean.onnx")
+    miss = _explained(m, "lce_torch_nllloss")
+    assert miss["node"] == "nll" and "reduction" in miss["detail"], miss
+
+
+def test_scaled_classifier_gemm_is_not_a_linear(tmp_path):
+    """lce_ortt_gemm: the head Gemm with alpha 0.5 computes 0.5 H W^T + b, not the op's
+    logits: refused at the attribute."""
+    m = onnx.load(DATA / "ortt_lces_cls_mlp.onnx")
+    sce = _node(m, "SoftmaxCrossEntropyLoss")
+    gemm = _node(m, "Gemm", lambda n: n.output[0] == sce.input[0])
+    for a in gemm.attribute:
+        if a.name == "alpha":
+            a.f = 0.5
+    miss = _explained(m, "lce_ortt_gemm")
+    assert miss["node"] == "fwd_gemm" and "alpha" in miss["detail"], miss
+    _not_fused_and_verifies(m, tmp_path, "alpha")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _library_built():
+    library_path()
