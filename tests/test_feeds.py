@@ -374,3 +374,42 @@ def test_lm_head_labels_stay_within_the_vocabulary_not_the_sequence(vocab):
     p = plan_feeds(m)
     assert p.policy["lab"] == f"labels in [0, {vocab})"
     assert p.feeds["lab"].max() == vocab - 1
+
+
+@pytest.mark.parametrize("vocab", [5, 3, 11])
+def test_torch_joint_lm_head_labels_stay_within_the_vocabulary(vocab):
+    """torch-joint's spelling of the same LM head + loss (rules/lce_torch.yaml): the labels
+    reach GatherElements(LogSoftmax(flat logits), axis 1) through Where(label != -100, label,
+    0) and an Unsqueeze, and are compared with -100 first: labels in [0, V) along the flat
+    logits' last axis (V, never S = 7 or B = 2), not the 0/1 padding mask an integer compared
+    with a constant otherwise gets."""
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["h", "wt"], ["logits"]),
+             helper.make_node("Slice", ["logits", "st", "en", "ax"], ["shifted"]),
+             helper.make_node("Shape", ["shifted"], ["sh"]),
+             helper.make_node("Slice", ["sh", "m1", "big"], ["last0"]),
+             helper.make_node("Div", ["last0", "one"], ["last"]),   # beyond data propagation
+             helper.make_node("Concat", ["m1", "last"], ["flat"], axis=0),
+             helper.make_node("Reshape", ["shifted", "flat"], ["flat_logits"]),
+             helper.make_node("LogSoftmax", ["flat_logits"], ["lp"], axis=1),
+             helper.make_node("Equal", ["lab", "ign"], ["eq"]),
+             helper.make_node("Not", ["eq"], ["ne"]),
+             helper.make_node("Where", ["ne", "lab", "zero"], ["idx0"]),
+             helper.make_node("Unsqueeze", ["idx0", "one"], ["idx"]),
+             helper.make_node("GatherElements", ["lp", "idx"], ["g"], axis=1),
+             helper.make_node("ReduceSum", ["g"], ["loss"], keepdims=0)]
+    consts = [numpy_helper.from_array(np.array([-1], np.int64), "m1"),
+              numpy_helper.from_array(np.array([1], np.int64), "one"),
+              numpy_helper.from_array(np.array([100], np.int64), "big"),
+              numpy_helper.from_array(np.array([0], np.int64), "st"),
+              numpy_helper.from_array(np.array([7], np.int64), "en"),
+              numpy_helper.from_array(np.array([1], np.int64), "ax"),
+              numpy_helper.from_array(np.array(-100, np.int64), "ign"),
+              numpy_helper.from_array(np.array(0, np.int64), "zero")]
+    m = model(nodes, [vi("h", [2, 8, 4]), vi("w", [vocab, 4]), vi("lab", [14], I64)],
+              [vi("loss", [])], consts)
+    m.graph.value_info.extend([vi("logits", [2, 8, vocab]), vi("shifted", [2, 7, vocab]),
+                               vi("flat_logits", ["n", "v"]), vi("lp", ["n", "v"])])
+    p = plan_feeds(m)
+    assert p.policy["lab"] == f"labels in [0, {vocab})"
+    assert p.feeds["lab"].min() >= 0 and p.feeds["lab"].max() == vocab - 1

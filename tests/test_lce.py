@@ -70,6 +70,113 @@ def test_lce_exports_fuse_and_verify(name, tmp_path):
     onnx.save(m, out)
     report = verify_models(DATA / f"{name}.onnx", out)
     assert report.ok and report.max_rel <= 1e-5, report
+    # the default feeds draw the labels over the vocabulary (make_lce.py: V = 50, S = 7, B = 2),
+    # in both families (torch-joint's reach the gather through Where(label != -100, label, 0))
+    assert report.feeds["labels"] == f"labels in [0, {VOCAB_LCE})"
+
+
+# --- labels the original accepts, or refuses (issue 33) ---------------------------------------
+# make_lce.py's model code: vocabulary 50, batch 2 x 7 tokens (V differs from S and from B)
+VOCAB_LCE, BATCH_LCE, SEQ_LCE = 50, 2, 7
+TORCH_FUSED = [n for n in EXPECTED if EXPECTED[n]]
+
+
+def _labels_with_negatives():
+    """B x S labels over all of [-V, V): -V, -1, V - 1, the ignored -100 and negatives between."""
+    lab = np.random.default_rng(33).integers(-VOCAB_LCE, VOCAB_LCE, BATCH_LCE * SEQ_LCE)
+    lab[:4] = [-VOCAB_LCE, -1, VOCAB_LCE - 1, -100]
+    return lab.astype(np.int64)
+
+
+@pytest.mark.parametrize("how", [None, "loss"])
+@pytest.mark.parametrize("name", TORCH_FUSED)
+def test_lce_torch_fused_heads_agree_with_originals_on_negative_labels(name, how, tmp_path):
+    """torch-joint's original gathers and scatters at the label, which onnxruntime reads in
+    [-V, V) (a negative one counts from the end): every fused torch-joint head (one op, or the
+    loss op + the gradient op of a loss-dependent seed) reads them the same way
+    (wrap_negative), and verify passes on labels with negatives other than -100 in them."""
+    orig = onnx.load(DATA / f"torch_{name}.onnx") if how is None else \
+        with_run_time_seed("torch", how, name)
+    src = tmp_path / "orig.onnx"
+    onnx.save(orig, src)
+    m = onnx.ModelProto()
+    m.CopyFrom(orig)
+    assert _fuse(m)[0] == 1
+    nodes = _lce_nodes(m)
+    assert len(nodes) == (1 if how is None else 2)
+    for n in nodes:
+        assert [a.i for a in n.attribute if a.name == "wrap_negative"] == [1]
+    onnx.save(m, tmp_path / "fused.onnx")
+    lab = _labels_with_negatives()
+    assert ((lab < 0) & (lab != -100)).sum() >= 5
+    np.savez(tmp_path / "feeds.npz", labels=lab)
+    report = verify_models(src, tmp_path / "fused.onnx", feeds_file=tmp_path / "feeds.npz")
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+def _run(model, feeds):
+    import onnxruntime as ort
+
+    from fusecli.runtime.library import session_options
+
+    so = session_options(threads=1, opt_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = {i.name for i in model.graph.input}
+    return sess.run(None, {k: v for k, v in feeds.items() if k in names})
+
+
+def _fails_in_one_line(model, feeds, match):
+    with pytest.raises(Exception) as err:
+        _run(model, feeds)
+    msg = str(err.value).split("Status Message: ", 1)[-1].strip()
+    assert match in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("bad", [VOCAB_LCE, -VOCAB_LCE - 1])
+def test_lce_torch_fused_heads_refuse_the_labels_the_originals_refuse(bad):
+    """A label outside [-V, V) fails in torch-joint's original (onnxruntime's ScatterElements
+    refuses the index) and in its fused head, in one line; the labels the default feeds draw
+    run (the control)."""
+    from fusecli.runtime.feeds import plan_feeds
+
+    orig = onnx.load(DATA / "torch_lce_bias_sum.onnx")
+    m = onnx.ModelProto()
+    m.CopyFrom(orig)
+    assert _fuse(m)[0] == 1
+    feeds = plan_feeds(orig).feeds
+    _run(m, feeds)
+    feeds["labels"] = feeds["labels"].copy()
+    feeds["labels"][5] = bad
+    with pytest.raises(Exception, match="out of data bounds"):
+        _run(orig, feeds)
+    _fails_in_one_line(m, feeds, "a label is outside [-V, V) and not ignore_index")
+
+
+@pytest.mark.parametrize("bad", [-5, VOCAB_LCE, -VOCAB_LCE - 1])
+def test_lce_ortt_fused_head_refuses_a_label_the_original_does_not_define(bad, tmp_path):
+    """onnxruntime-training's original defines no label outside [0, V) other than ignore_index:
+    its loss reads another row's log-probability (or past the buffer) and its Grad leaves the
+    one-hot out (test_linear_cross_entropy.py's
+    test_lce_ort_training_original_defines_no_label_outside_the_classes). Its fused head
+    refuses such a label, and verify says so in one line (the original runs, on another row's
+    numbers; the fused model does not)."""
+    from fusecli.errors import CheckFailed
+
+    src = DATA / "ortt_lce_bias_sum.onnx"                   # ignore_index -100
+    m = onnx.load(src)
+    assert _fuse(m)[0] == 1
+    onnx.save(m, tmp_path / "fused.onnx")
+    lab = np.random.default_rng(5).integers(0, VOCAB_LCE, BATCH_LCE * SEQ_LCE).astype(np.int64)
+    lab[2] = -100
+    np.savez(tmp_path / "feeds.npz", labels=lab)
+    report = verify_models(src, tmp_path / "fused.onnx", feeds_file=tmp_path / "feeds.npz")
+    assert report.ok, report                                  # the control: -100 and classes
+    lab[5] = bad                                              # row 5 of 14: read inside the buffer
+    np.savez(tmp_path / "feeds.npz", labels=lab)
+    with pytest.raises(CheckFailed) as err:
+        verify_models(src, tmp_path / "fused.onnx", feeds_file=tmp_path / "feeds.npz")
+    msg = str(err.value)
+    assert "a label is outside [0, V) and not ignore_index" in msg and "\n" not in msg, msg
 
 
 def _logits(m):

@@ -446,6 +446,24 @@ def _attr(node: onnx.NodeProto, name: str):
     return None
 
 
+def _label_classes(flow: _Flow, n: onnx.NodeProto, k: int, depth: int = 2) -> int | None:
+    """The class count where input k of node n is a loss's labels: a loss, a GatherElements of
+    the log-probabilities (axis 1), or a Where that picks the label or a stand-in for the ignored
+    ones (torch-joint's Where(label != -100, label, 0) before its gather) followed to those."""
+    if n.op_type in _LOSSES and k == 1:
+        return flow.classes_of(n.input[0])
+    if n.op_type == "GatherElements" and k == 1:
+        axis = _attr(n, "axis") or 0
+        return flow.static_dim(n.input[0], axis) or (flow.classes_of(n.input[0])
+                                                     if axis in (1, -1) else None)
+    if n.op_type == "Where" and k in (1, 2) and depth > 0:
+        for _, u, j, _ in flow.uses(n.output[0]):
+            c = _label_classes(flow, u, j, depth - 1)
+            if c:
+                return c
+    return None
+
+
 def _fan_in(shape: tuple[int, ...], contracted: int | None) -> int:
     if contracted is not None and shape:
         return max(int(shape[contracted]), 1)
@@ -523,16 +541,9 @@ def _policy_for(flow: _Flow, name: str, shape: tuple[int, ...], dtype: np.dtype,
                 v = flow.static_dim(n.input[0], axis)
                 if v:
                     return "token ids", {"hi": v}
-            if n.op_type in _LOSSES and k == 1:
-                c = flow.classes_of(n.input[0])
-                if c:
-                    return "labels", {"hi": c}
-            if n.op_type == "GatherElements" and k == 1:
-                axis = _attr(n, "axis") or 0
-                c = flow.static_dim(n.input[0], axis) or (flow.classes_of(n.input[0])
-                                                         if axis in (1, -1) else None)
-                if c:
-                    return "labels", {"hi": c}
+            c = _label_classes(flow, n, k)
+            if c:
+                return "labels", {"hi": c}
         if entry.get("num_classes"):
             return "labels", {"hi": int(entry["num_classes"])}
         if uses and uses[0][1].op_type in _MASK_ARITH:  # an 0/1 attention mask (HF style)

@@ -15,7 +15,7 @@
 namespace fusecli {
 namespace {
 
-// attributes: ignore_index, reduction, grad_scale, chunk_rows
+// attributes: ignore_index, wrap_negative, reduction, grad_scale, chunk_rows
 struct LceKernel : CpuKernel<LceKernel, kLinearCrossEntropy> {
   template <typename TOp>
   LceKernel(const OrtKernelInfo* info, const TOp* op) : CpuKernel(info, op), mm(info) {
@@ -25,6 +25,13 @@ struct LceKernel : CpuKernel<LceKernel, kLinearCrossEntropy> {
   void Compute(Ort::KernelContext& ctx);
   OrtMatMul mm;
 };
+
+// the class a label names: with wrap, a label in [-V, 0) counts from the end (as ONNX
+// GatherElements and ScatterElements read a negative index); -1 where it names none
+inline int64_t class_of(int64_t label, int64_t v, bool wrap) {
+  const int64_t t = wrap && label < 0 ? label + v : label;
+  return t >= 0 && t < v ? t : -1;
+}
 
 constexpr int64_t kChunkBytes = 32 << 20;  // a chunk's logits: at most 32 MiB (at least 16 rows)
 
@@ -64,8 +71,10 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   double count = 0.0, wsum = 0.0;
   for (int64_t i = 0; i < N; ++i) {
     const bool valid = rwp || lp[i] != ignore_index;
-    FUSECLI_CHECK(!valid || (lp[i] >= 0 && lp[i] < V),
-                  "LinearCrossEntropy: a label is outside [0, V) and not ignore_index");
+    FUSECLI_CHECK(!valid || class_of(lp[i], V, wrap_negative) >= 0,
+                  wrap_negative
+                      ? "LinearCrossEntropy: a label is outside [-V, V) and not ignore_index"
+                      : "LinearCrossEntropy: a label is outside [0, V) and not ignore_index");
     count += valid;
     if (rwp) wsum += rwp[i];
   }
@@ -95,7 +104,7 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
         if (bp) row += CA(bp, V);
         const int64_t g = r0 + i;
         const bool valid = rwp || lp[g] != ignore_index;
-        const int64_t t = valid ? lp[g] : 0;
+        const int64_t t = valid ? class_of(lp[g], V, wrap_negative) : 0;  // checked above
         const float mx = row.maxCoeff();
         const float zt = row[t];
         const float lse = mx + std::log((row - mx).exp().sum());

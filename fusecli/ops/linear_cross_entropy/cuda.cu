@@ -34,8 +34,8 @@ __global__ void lce_count_kernel(const int64_t* labels, int64_t n, int64_t ignor
 
 __global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labels, const float* rw,
                                 const float* rg, const float* seed, const float* count, float* nll,
-                                int64_t r0, int64_t v, int64_t ignore_index, int mean,
-                                float grad_scale, int want_grad) {
+                                int64_t r0, int64_t v, int64_t ignore_index, int wrap_negative,
+                                int mean, float grad_scale, int want_grad) {
   __shared__ float sh[kThreads];
   const int64_t i = blockIdx.x, g = r0 + i;
   float* row = z + i * v;
@@ -44,7 +44,8 @@ __global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labe
   __syncthreads();
   const bool valid = rw || labels[g] != ignore_index;
   int64_t t = valid ? labels[g] : 0;
-  if (t < 0 || t >= v) t = 0;  // checked on the host side of the graph; never read out of range
+  if (wrap_negative && t < 0) t += v;  // [-V, 0) counts from the end, as ONNX GatherElements
+  if (t < 0 || t >= v) t = 0;          // not checked on the device; never read out of range
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, row[j]);
   mx = block_reduce(mx, sh, true);
@@ -84,8 +85,8 @@ __global__ void lce_loss_kernel(const float* nll, int64_t n, const float* count,
 FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     void* stream, const float* h, const float* w, const float* bias, const int64_t* labels,
     const float* row_weight, const float* row_grad, const float* grad_seed, float* loss, float* dh,
-    float* dw, float* db, int64_t n, int64_t v, int64_t d, int64_t ignore_index, int reduction,
-    float grad_scale, int64_t chunk_rows) {
+    float* dw, float* db, int64_t n, int64_t v, int64_t d, int64_t ignore_index, int wrap_negative,
+    int reduction, float grad_scale, int64_t chunk_rows) {
   const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
   if (n < 0 || v < 0 || d < 0) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -115,7 +116,7 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
         gemm(s, false, true, m, v, d, 1.f, hc, d, 0, w, d, 0, 0.f, zs.f(), v, 0, 1, tf32 != 0));
     lce_rows_kernel<<<static_cast<unsigned>(m), kThreads, 0, s>>>(
         zs.f(), bias, labels, row_weight, row_grad, grad_seed, count, nll, r0, v, ignore_index,
-        reduction == 0, grad_scale, want_grad);
+        wrap_negative, reduction == 0, grad_scale, want_grad);
     RETURN_IF_ERR(cudaGetLastError());
     if (dh)
       RETURN_IF_ERR(gemm(s, false, false, m, d, v, 1.f, zs.f(), v, 0, w, d, 0, 0.f, dh + r0 * d, d,

@@ -5,7 +5,7 @@
 namespace fusecli {
 namespace {
 
-// attributes: ignore_index, reduction, grad_scale, chunk_rows
+// attributes: ignore_index, wrap_negative, reduction, grad_scale, chunk_rows
 struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
   using CudaKernel::CudaKernel;
   void Compute(Ort::KernelContext& ctx) {
@@ -26,13 +26,14 @@ struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
     float* dw = opt_out<float>(ctx, 2, w.shape);
     float* db = opt_out<float>(ctx, 3, {V});
     FUSECLI_CHECK(!db || b.present, "LinearCrossEntropy: dB is requested but bias is absent");
-    check_cuda(fusecli_launch_linear_cross_entropy(
-                   ctx.GetGPUComputeStream(), h.ptr<float>(), w.ptr<float>(),
-                   b.present ? b.ptr<float>() : nullptr, lab.ptr<int64_t>(),
-                   rw.present ? rw.ptr<float>() : nullptr, rg.present ? rg.ptr<float>() : nullptr,
-                   seed.present ? seed.ptr<float>() : nullptr, loss, dh, dw, db, N, V, D,
-                   ignore_index, reduction == "mean" ? 0 : 1, grad_scale, chunk_rows),
-               "LinearCrossEntropy");
+    check_cuda(
+        fusecli_launch_linear_cross_entropy(
+            ctx.GetGPUComputeStream(), h.ptr<float>(), w.ptr<float>(),
+            b.present ? b.ptr<float>() : nullptr, lab.ptr<int64_t>(),
+            rw.present ? rw.ptr<float>() : nullptr, rg.present ? rg.ptr<float>() : nullptr,
+            seed.present ? seed.ptr<float>() : nullptr, loss, dh, dw, db, N, V, D, ignore_index,
+            wrap_negative ? 1 : 0, reduction == "mean" ? 0 : 1, grad_scale, chunk_rows),
+        "LinearCrossEntropy");
   }
 };
 

@@ -9,7 +9,7 @@ from fusecli.ops.gpu import launch
 
 def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ignore_index=-100,
                          reduction="mean", grad_scale=1.0, chunk_rows=0, want=(1, 1, 1, 1),
-                         grad_seed=None):
+                         grad_seed=None, wrap_negative=0):
     """(loss, dH, dW, dB), None where not wanted (dB also without a bias); grad_seed: a
     one-element device tensor or None."""
     import torch
@@ -22,8 +22,8 @@ def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ign
     db = torch.empty(v, device=h.device) if want[3] and bias is not None else None
     launch("fusecli_launch_linear_cross_entropy", h=h, w=w, bias=bias, labels=labels,
            row_weight=row_weight, row_grad=row_grad, grad_seed=grad_seed, loss=loss, dh=dh, dw=dw,
-           db=db, n=n, v=v, d=d, ignore_index=ignore_index, reduction=0 if reduction == "mean" else 1,
-           grad_scale=grad_scale, chunk_rows=chunk_rows)
+           db=db, n=n, v=v, d=d, ignore_index=ignore_index, wrap_negative=int(wrap_negative),
+           reduction=0 if reduction == "mean" else 1, grad_scale=grad_scale, chunk_rows=chunk_rows)
     return loss, dh, dw, db
 
 

@@ -12,8 +12,10 @@ NO_IGNORE = -(2 ** 63)
 
 
 def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad=None,
-                         ignore_index=-100, reduction="mean", grad_scale=1.0, grad_seed=None):
-    """Returns (loss, dH, dW, dB) as the contract defines them."""
+                         ignore_index=-100, reduction="mean", grad_scale=1.0, grad_seed=None,
+                         wrap_negative=0):
+    """Returns (loss, dH, dW, dB) as the contract defines them (wrap_negative: a label in
+    [-V, 0) is the class V + label, ignore_index ignored first)."""
     d = h.shape[-1]
     h2 = h.astype(np.float64).reshape(-1, d)
     n, v = h2.shape[0], w.shape[0]
@@ -26,9 +28,11 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
     m = z.max(axis=1, keepdims=True) if v else np.zeros((n, 1))
     lse = (m + np.log(np.exp(z - m).sum(axis=1, keepdims=True)))[:, 0]
     valid = lab != ignore_index if row_weight is None else np.ones(n, bool)
-    if np.any((lab[valid] < 0) | (lab[valid] >= v)):
-        raise ValueError("LinearCrossEntropy: a label is outside [0, V)")
-    safe = np.where(valid, lab, 0)
+    cls = np.where(lab < 0, lab + v, lab) if int(wrap_negative) else lab
+    if np.any((cls[valid] < 0) | (cls[valid] >= v)):
+        raise ValueError("LinearCrossEntropy: a label is outside "
+                         + ("[-V, V)" if int(wrap_negative) else "[0, V)"))
+    safe = np.where(valid, cls, 0)
     nll = lse - z[np.arange(n), safe]
     count = float(valid.sum())
     mean = _s(reduction) == "mean"
@@ -53,8 +57,9 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
 class Reference(OpRun):
 
     def _run(self, h, w, bias=None, labels=None, row_weight=None, row_grad=None, grad_seed=None,
-             ignore_index=None, reduction=None, grad_scale=None, chunk_rows=None):
+             ignore_index=None, wrap_negative=None, reduction=None, grad_scale=None,
+             chunk_rows=None):
         return _fit(self, linear_cross_entropy(
             h, w, bias, labels, row_weight, row_grad,
             -100 if ignore_index is None else ignore_index, reduction or "mean",
-            1.0 if grad_scale is None else grad_scale, grad_seed))
+            1.0 if grad_scale is None else grad_scale, grad_seed, wrap_negative or 0))

@@ -246,6 +246,134 @@ def test_lce_mean_over_no_token_is_nan_and_gradients_zero():
     assert np.isnan(loss) and not np.any(dh) and not np.any(dw)
 
 
+# --- labels the originals accept, or do not (issue 33) -----------------------------------------
+
+def torch_joint_spelling(lab, grad_scale=1.0):
+    """The op's inputs as rules/lce_torch.yaml wires them: idx = Where(label != -100, label, 0),
+    row_weight = the float mask, row_grad = its gradient coefficient (scale / count x mask)."""
+    keep = lab != -100
+    mf = keep.astype(F32)
+    return np.where(keep, lab, 0), mf, (mf * F32(grad_scale) / F32(keep.sum())).astype(F32)
+
+
+def negative_labels(v, n, rng):
+    """Labels over the whole of [-V, V) (-V, -1 and the ignored -100 among them), one ignored
+    token in five."""
+    lab = rng.integers(-v, v, n).astype(I64)
+    lab[:3] = [-v, -1, v - 1]
+    lab[4::5] = -100
+    return lab
+
+
+# (rows as [B, S], D, V, chunk_rows): V differs from S and B; V > 100 makes -100 itself a
+# label in [-V, 0): it is still ignored, first
+WRAP_SHAPES = [((2, 8), 4, 11, 0), ((3, 37), 8, 11, 16), ((5, 7), 6, 29, 1),
+               ((2, 40), 12, 300, 16)]
+
+
+@pytest.mark.parametrize("case", WRAP_SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_lce_wrap_negative_computes_what_the_torch_joint_original_does(case, with_bias):
+    """torch-joint's original gathers and scatters at the label (GatherElements /
+    ScatterElements, axis 1), which onnxruntime reads in [-V, V): a label in [-V, 0) is the
+    class V + label. The op with wrap_negative (as rules/lce_torch.yaml writes it) computes the
+    same loss and gradients, in the rule's spelling (row_weight, row_grad) and with ignore_index
+    alone, against the unfused chain on onnxruntime and the reference."""
+    shape, d, v, chunk = case
+    h, w, bias, _ = make_case(shape, d, v, seed="wrap")
+    bias = bias if with_bias else None
+    lab = negative_labels(v, int(np.prod(shape)), _rng("lce-wrap", shape, v))
+    assert (lab < 0).sum() > (lab == -100).sum()        # negatives other than -100 are fed
+    unf, _ = torch_joint_unfused(h, w, bias, lab)
+    idx, mf, g = torch_joint_spelling(lab)
+    outs = (1, 1, 1, with_bias)
+    rule = fused(h, w, bias, idx, rw=mf, rg=g, outs=outs, chunk_rows=chunk, wrap_negative=1)
+    plain = fused(h, w, bias, lab, outs=outs, chunk_rows=chunk, wrap_negative=1)
+    ref = linear_cross_entropy(h, w, bias, lab, wrap_negative=1)
+    wrapped = linear_cross_entropy(h, w, bias, np.where(lab == -100, -100, lab % v))
+    for i, nm in enumerate(["loss", "dH", "dW", "dB"][:3 + with_bias]):
+        assert_close(rule[i], unf[i], what=f"{nm}, the rule's spelling vs unfused")
+        assert_close(plain[i], unf[i], what=f"{nm}, ignore_index vs unfused")
+        assert_close(plain[i], ref[i], what=f"{nm} vs reference")
+        assert_close(ref[i], wrapped[i], what=f"{nm}: the reference reads V + label")
+
+
+def _one_line_error(call):
+    """The status message of the op's failure (onnxruntime's prefix off): one line."""
+    with pytest.raises(Exception) as err:
+        call()
+    msg = str(err.value).split("Status Message: ", 1)[-1].strip()
+    assert "\n" not in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("bad", ["V", "V+3", "-V-1", "big"])
+def test_lce_refuses_the_labels_the_torch_joint_original_refuses(bad):
+    """A label outside [-V, V) fails in the original (onnxruntime's ScatterElements: 'indices
+    element out of data bounds') and in the op (one line), in both of its spellings, and in the
+    reference."""
+    shape, d, v = (2, 8), 4, 11
+    h, w, bias, lab = make_case(shape, d, v, seed="bad")
+    lab[3] = {"V": v, "V+3": v + 3, "-V-1": -v - 1, "big": 2 ** 40}[bad]
+    with pytest.raises(Exception, match="out of data bounds"):
+        torch_joint_unfused(h, w, bias, lab)
+    idx, mf, g = torch_joint_spelling(lab)
+    want = "LinearCrossEntropy: a label is outside [-V, V) and not ignore_index"
+    assert want in _one_line_error(lambda: fused(h, w, bias, idx, rw=mf, rg=g, wrap_negative=1))
+    assert want in _one_line_error(lambda: fused(h, w, bias, lab, outs=(1, 0, 0, 0),
+                                                 wrap_negative=1))
+    with pytest.raises(ValueError, match="outside"):
+        linear_cross_entropy(h, w, bias, lab, wrap_negative=1)
+
+
+def test_lce_ort_training_original_defines_no_label_outside_the_classes():
+    """Why the op refuses a label outside [0, V) without wrap_negative (rules/lce_ortt.yaml):
+    onnxruntime-training 1.19.2's SoftmaxCrossEntropyLoss computes nothing defined for one.
+    Its loss reads the log-probabilities at the unchecked offset row * V + label: label -5 on
+    row 3 reads row 2's class V - 5, label V on row 5 reads row 6's class 0 (neither the class
+    V + label nor an ignored token), and one far out of range reads past the buffer (a
+    segmentation fault when this was written); its Grad puts no one-hot on such a row (dZ =
+    softmax). So the op fails (one line) rather than pick a meaning; -100 (ignore_index) is
+    ignored by both."""
+    n, d, v = 8, 4, 11
+    rng = _rng("lce-ortt-bad")
+    h, w = rand(rng, (n, d)), rand(rng, (v, d), scale=0.5)
+    lab = rng.integers(0, v, n).astype(I64)
+    lab[3], lab[5], lab[6] = -5, v, -100
+    b = Builder()
+    hn, wn, ln = b.input("H", h), b.input("W", w), b.input("labels", lab)
+    z = b.op("MatMul", hn, b.op("Transpose", wn, perm=[1, 0]))
+    loss, lp = b.op("SoftmaxCrossEntropyLoss", z, ln, n_out=2, reduction="sum",
+                    ignore_index=-100)
+    dz = b.op("SoftmaxCrossEntropyLossGrad", b.const(1.0), lp, ln, reduction="sum",
+              ignore_index=-100)
+    b.nodes[-1].domain = "com.microsoft"
+    m = b.model([loss, dz])
+    m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    _, ((got_loss, got_dz),), _ = run_in_ortt([{"model": m, "feeds": b.feeds,
+                                                "outputs": [loss, dz]}])
+    zz = h.astype(np.float64) @ w.astype(np.float64).T
+    logp = zz - zz.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    flat = logp.reshape(-1)
+    kept = [i for i in range(n) if lab[i] != -100]
+    unchecked = -sum(flat[i * v + lab[i]] for i in kept)
+    wrapped = -sum(logp[i, lab[i] % v] for i in kept)
+    np.testing.assert_allclose(got_loss, unchecked, rtol=1e-5)
+    assert abs(unchecked - wrapped) > 1e-2                   # not the class V + label
+    soft = np.exp(logp)
+    np.testing.assert_allclose(got_dz[[3, 5]], soft[[3, 5]], rtol=1e-5, atol=1e-6)  # no one-hot
+    np.testing.assert_allclose(got_dz[6], 0, atol=0)           # ignored
+    want = "LinearCrossEntropy: a label is outside [0, V) and not ignore_index"
+    for bad in (-5, v):
+        one = np.where(lab == -100, 0, lab)
+        one[3] = bad
+        assert want in _one_line_error(lambda: fused(h, w, None, one, outs=(1, 1, 1, 0),
+                                                     reduction="sum"))
+        with pytest.raises(ValueError, match="outside"):
+            linear_cross_entropy(h, w, None, one)
+
+
 def test_lce_refuses_bad_inputs():
     h, w, bias, lab = make_case((1, 6), 4, 7)
     with pytest.raises(Exception, match="outside"):

@@ -64,3 +64,25 @@ def test_linear_cross_entropy_split_with_grad_seed(seed):
     close(loss[0], ref[0], 2e-4, "loss")
     for g, r, nm in zip(grads[1:], ref[1:], ["dH", "dW", "dB"]):
         close(g, r, 2e-4, nm)
+
+
+@pytest.mark.parametrize("rw", [False, True])
+def test_linear_cross_entropy_wrap_negative(rw):
+    """torch-joint's labels in [-V, 0) (rules/lce_torch.yaml sets wrap_negative): the class
+    V + label, as onnxruntime's GatherElements reads it; -100 is still ignored first (V > 100
+    makes it a label in [-V, 0) too); with row_weight (the rule's spelling) likewise."""
+    n, d, v = 70, 16, 300
+    h, w, bias = rand(n, d), rand(v, d) * 0.5, rand(v)
+    lab = torch.randint(-v, v, (n,), device="cuda")
+    lab[::5] = -100
+    keep = lab != -100
+    wrapped = torch.where(keep, lab % v, lab)
+    if rw:
+        mf = keep.float()
+        got = linear_cross_entropy(h, w, bias, torch.where(keep, lab, 0), mf, mf / mf.sum(),
+                                   chunk_rows=16, wrap_negative=1)
+    else:
+        got = linear_cross_entropy(h, w, bias, lab, chunk_rows=16, wrap_negative=1)
+    ref = ref_lce(h, w, bias, wrapped)
+    for g, r, nm in zip(got, ref, ["loss", "dH", "dW", "dB"]):
+        close(g, r, 2e-4, nm)
