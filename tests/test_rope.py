@@ -31,14 +31,19 @@ from fusecli.runtime.verify import verify_models
 DATA = Path(__file__).parent / "data"
 RULES = load_rules()
 GUARD_FIXTURE_RULES = ("rope_ortt", "rope_ortt_symbolic", "rope_torch",
-                       "rope_interleaved_torch")
+                       "rope_interleaved_torch",
+                       # (fixtures and guards: tests/test_rope_spellings.py)
+                       "rope_ortt_slices", "rope_ortt_interleaved",
+                       "rope_ortt_interleaved_attr_axes", "rope_split_torch")
 
 # rope fusions from the model code (make_rope.py): Q and K rotated once each
 EXPECTED = {"half": 2, "partial": 2, "inputs": 2, "interleaved": 2, "bad_concat": 0,
             "bad_slice": 0, "half_symbolic": 2, "partial_symbolic": 2,
             "bad_concat_symbolic": 0, "bad_slice_symbolic": 0, "half_raw": 2,
             "bad_concat_raw": 0, "bad_slice_raw": 0}
-# (ort-training has no interleaved fixture: its TorchScript export failed in generate_artifacts;
+# (ort-training has no interleaved fixture here: make_rope.py's x[..., ::2] spelling fails ONNX
+# shape inference in generate_artifacts; GPT-J's own x[:, :, :, ::2] exports and is
+# tests/data/make_rope_spellings.py's, tests/test_rope_spellings.py;
 # the symbolic-dim fixtures are ort-training's, the raw exports torch-joint's)
 CASES = [(fam, name) for fam in ("ortt", "torch") for name in EXPECTED
          if (fam, name) != ("ortt", "interleaved")

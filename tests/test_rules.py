@@ -152,6 +152,14 @@ for _fam in ("ortt", "torch"):
 SAMPLE_MODELS["rope_torch_interleaved"] = onnx.load(DATA / "torch_rope_interleaved.onnx")
 # (ort-training with symbolic batch and sequence: the half point computed at run time)
 SAMPLE_MODELS["rope_ortt_half_symbolic"] = onnx.load(DATA / "ortt_rope_half_symbolic.onnx")
+# ... and the spellings of tests/data/make_rope_spellings.py (counts, verification, guards:
+# tests/test_rope_spellings.py): ort-training opset-12 rotate-half (Slice + SliceGrad with static
+# shapes), GPT-J's rotate_every_two at opset 16 and 12 (Squeeze / Unsqueeze axes as an input or
+# an attribute); torch-joint rotate-half written with chunk (Split forward, Slice + Concat
+# backward)
+for _name in ("ortt_rope_sp_llama_opset12", "ortt_rope_sp_gptj", "ortt_rope_sp_gptj_opset12",
+              "torch_rope_sp_chunk"):
+    SAMPLE_MODELS[f"rope_sp_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 # Conv + BN + ReLU6 / SiLU / hardswish (two spellings), ort-training exports of MobileNet-style
 # blocks (tests/data/make_conv_act.py; counts and look-alikes in tests/test_conv_act.py)
 for _name in ("ortt_conv_mbv2", "ortt_conv_effnet_silu", "ortt_conv_mbv3_hswish"):

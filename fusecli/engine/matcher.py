@@ -210,6 +210,19 @@ def _kind_check(arr: np.ndarray, kind: str, data_shape) -> tuple[bool, str]:
     if kind == "halves":
         ok = ints and arr.ndim == 1 and flat.size == 2 and flat[0] > 0 and flat[0] == flat[1]
         return ok, "split sizes [h, h] (two equal halves)"
+    # a Slice's start / end on the last axis of the data it slices (its recorded static shape)
+    last = (data_shape[-1] if data_shape is not None and len(data_shape) and
+            isinstance(data_shape[-1], int) else None)
+    if kind == "half_last_dim":
+        ok = ints and flat.size == 1 and arr.ndim <= 1 and last is not None and last > 0 and (
+            2 * int(flat[0]) == last)
+        return ok, ("the half h of the sliced tensor's last dim (2h = its recorded static "
+                    f"last dim{f' {last}' if last is not None else ', which is not recorded'})")
+    if kind == "to_last_end":
+        ok = ints and flat.size == 1 and arr.ndim <= 1 and (
+            int(flat[0]) == np.iinfo(np.int64).max or (last is not None and int(flat[0]) >= last))
+        return ok, ("the end of the sliced tensor's last dim (INT64_MAX, or >= its recorded "
+                    f"static last dim{f' {last}' if last is not None else ''})")
     return False, f"unknown kind {kind}"
 
 
@@ -688,7 +701,7 @@ class Matcher:
             if ts is not None and name:
                 value = self._value(name)
                 # the shape of the data a constant input describes (a Reshape's input)
-                data_shape = (self.g.shape(actual[0])
+                data_shape = (self._data_shape(node, actual)
                               if kind == "input" and pos and value is not None else None)
                 fn = caps.get(VALUE_KEY + v)
                 if fn is not None and v not in own:
@@ -712,6 +725,18 @@ class Matcher:
                     return False
             t2[v] = name
         return True
+
+    def _data_shape(self, node, actual):
+        """The shape of the data a node's constant inputs describe: its first input's, except
+        SliceGrad(dY, shape, starts, ends, axes, steps), whose starts / ends index the tensor
+        of `shape` (its value when constant, e.g. Shape of a static shape; else its rank)."""
+        if node.op == "SliceGrad" and len(actual) > 1 and actual[1]:
+            full = self._value(actual[1])
+            if full is not None:
+                return tuple(int(d) for d in np.asarray(full).reshape(-1))
+            dy = self.g.shape(actual[0])
+            return None if dy is None else (None,) * len(dy)
+        return self.g.shape(actual[0])
 
     def _index_range(self, value, ts, bound) -> tuple[bool, str]:
         """kind index_range: [start, start + step, ...] (count of them, any count when None) as

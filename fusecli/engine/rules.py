@@ -48,7 +48,7 @@ _PARAM_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _WHOLE_PARAM_RE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
 TENSOR_KINDS = ("constant", "scalar", "leading_axes", "last_axis", "last_dim_index",
                 "flatten_2d", "vector_shape", "large_negative", "halves", "index_range",
-                "pairs_shape", "shape", "uniform")
+                "pairs_shape", "shape", "uniform", "half_last_dim", "to_last_end")
 _RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace",
               "params", "variants"}
 

@@ -136,9 +136,11 @@ def _mask_without_vmap() -> None:
 
 
 def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest: Path,
-               check: bool, dynamic: dict | None = None, loss: str = "mse") -> dict:
+               check: bool, dynamic: dict | None = None, loss: str = "mse",
+               opset: int = 16) -> dict:
     """dynamic: {input name: {axis: dim name}} (torch.onnx.export's dynamic_axes; the output's
-    dims are what the exporter's shape inference makes of them): a graph with symbolic dims."""
+    dims are what the exporter's shape inference makes of them): a graph with symbolic dims.
+    opset: the exported forward's ONNX opset (older export scripts use 11 or 12)."""
     from onnx import numpy_helper
     from onnxruntime.training import artifacts
     from onnxruntime.training.onnxblock import _graph_utils as onnxblock_graph_utils
@@ -148,7 +150,7 @@ def build_ortt(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, dest
 
     f = io.BytesIO()
     torch.onnx.export(model, tuple(inputs.values()), f, input_names=list(inputs),
-                      output_names=["output"], opset_version=16, do_constant_folding=False,
+                      output_names=["output"], opset_version=opset, do_constant_folding=False,
                       training=torch.onnx.TrainingMode.TRAINING, dynamo=False,
                       dynamic_axes=dynamic or None)
     fwd = onnx.load_from_string(f.getvalue())
