@@ -245,3 +245,32 @@ def test_scaled_classifier_gemm_is_not_a_linear(tmp_path):
 @pytest.fixture(scope="module", autouse=True)
 def _library_built():
     library_path()
+
+
+# --- labels the originals accept: a negative one counts from the end --------------------------
+
+TORCH_FUSED = sorted(n for n, r in EXPECTED.items() if r and n.startswith("torch_"))
+
+
+@pytest.mark.parametrize("name", TORCH_FUSED)
+def test_fused_spelling_reads_negative_labels_as_the_original(name, tmp_path):
+    """Every torch-joint spelling gathers at the label (GatherElements, or onnxruntime's
+    NegativeLogLikelihoodLoss, which runs as one), so the original reads a label in [-V, V) with a
+    negative one counting from the end; the fused op is told so (wrap_negative) and verify passes
+    on labels over all of [-V, V)."""
+    m = onnx.load(DATA / f"{name}.onnx")
+    FusionPass().run(m)
+    nodes = [n for n in m.graph.node if n.op_type == "LinearCrossEntropy"]
+    assert nodes and all([a.i for a in n.attribute if a.name == "wrap_negative"] == [1]
+                         for n in nodes)
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in m.graph.input}
+    vocab = shapes[nodes[0].input[1]][0]
+    lab_shape = shapes["labels"]
+    lab = np.random.default_rng(36).integers(-vocab, vocab, int(np.prod(lab_shape)))
+    lab[:3] = [-vocab, -1, vocab - 1]
+    assert ((lab < 0) & (lab != -100)).sum() >= 3
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    np.savez(tmp_path / "feeds.npz", labels=lab.reshape(lab_shape).astype(np.int64))
+    report = verify_models(DATA / f"{name}.onnx", out, feeds_file=tmp_path / "feeds.npz")
+    assert report.ok and report.max_rel <= 1e-5, report
