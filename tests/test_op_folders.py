@@ -433,3 +433,34 @@ def test_input_shape_checks_are_the_op_folders():
         want = importlib.import_module(mod).input_problem if c in with_check else None
         assert input_check(c.name) is want, c.name
     assert input_check("NotAnOp") is None and input_problem("NotAnOp", {}, [[1]], []) is None
+
+
+# --- onnxruntime-training tests are marked `ortt` (make test-arm64 deselects them) ------------
+
+def _ortt_unmarked(source: str) -> list[str]:
+    """Test functions that call run_in_ortt (onnxruntime-training, x86-64 only) without the
+    `ortt` mark."""
+    bad = []
+    for fn in ast.parse(source).body:
+        if not (isinstance(fn, ast.FunctionDef) and fn.name.startswith("test_")):
+            continue
+        calls = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                    and n.func.id == "run_in_ortt" for n in ast.walk(fn))
+        marked = any(isinstance(d, ast.Attribute) and d.attr == "ortt"
+                     for d in fn.decorator_list)
+        if calls and not marked:
+            bad.append(fn.name)
+    return bad
+
+
+@pytest.mark.parametrize("path", sorted(OPS_DIR.glob("*/test_*.py")), ids=lambda p: p.name)
+def test_ortt_kernel_tests_are_marked(path):
+    assert _ortt_unmarked(path.read_text()) == []
+
+
+def test_the_ortt_mark_checker_finds_an_unmarked_test():
+    src = ("import pytest\n"
+           "@pytest.mark.ortt\ndef test_a():\n    run_in_ortt([])\n"
+           "def test_b():\n    check(lambda j: run_in_ortt(j))\n"
+           "def test_c():\n    run_fused()\n")
+    assert _ortt_unmarked(src) == ["test_b"]

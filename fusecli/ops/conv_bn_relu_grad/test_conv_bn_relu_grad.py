@@ -11,8 +11,9 @@ from onnx import helper
 from fusecli.ops.conv_bn_relu_grad.reference import conv_bn_relu_grad
 
 # (_built: the autouse fixture that fails clearly when the library is not built)
-from kernel_helpers import (F32, OPSET, _built, _inplace_run, _rng, assert_close, assert_requested,
-                            fused_model, ort_session, rand, run_fused, run_in_ortt)
+from kernel_helpers import (F32, OPSET, Builder, _built, _inplace_run, _rng, act_grad_subgraph,
+                            assert_close, assert_requested, fused_model, ort_session, rand,
+                            run_fused, run_in_ortt)
 
 
 ACTS = ["relu", "relu6", "silu", "hardswish", "identity"]
@@ -246,6 +247,7 @@ def _conv_unfused_chain(ins, strides, pads, dilations, group, activation="relu",
         helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
 
 
+@pytest.mark.ortt
 def test_conv_bn_relu_grad_vs_unfused_ortt_chain_and_same_so_in_ortt():
     """The unfused com.microsoft chain in onnxruntime-training 1.19.2 vs the fused op, the fused
     op running in onnxruntime-training (same .so, API 16) and in this onnxruntime, and the
@@ -288,6 +290,7 @@ UNFUSED_ACT_CASES = [
 ]
 
 
+@pytest.mark.ortt
 def test_conv_bn_act_grad_vs_unfused_ortt_chain():
     """Each activation's unfused onnxruntime-training chain (ReluGrad, the Clip-gradient mask,
     QuickGeluGrad, hardswish's product rule, none) + BatchNormalizationGrad + ConvGrad computing
@@ -325,3 +328,96 @@ def test_conv_bn_act_grad_vs_unfused_ortt_chain():
             what = f"{activation} {case} {nm}"
             assert_close(f, u, rtol=1e-3, atol_scale=1e-3, what=what + " fused vs unfused")
             assert_close(f, r, rtol=1e-3, atol_scale=1e-3, what=what + " fused vs reference")
+def _stock_act_grad(b, dy, y, activation):
+    """dY -> dZ from standard ops: ReLU's and SiLU's gradients as kernel_helpers spells them,
+    relu6's and hardswish's as the Clip-gradient mask above (0 <= Z <= 6 kept)."""
+    if activation in ("relu", "silu", "identity"):
+        return act_grad_subgraph(b, dy, y, activation)
+    a = y if activation == "relu6" else b.add(y, b.const(3.0))
+    mf = b.op("Cast", b.op("And", b.op("GreaterOrEqual", a, b.const(0.0)),
+                           b.op("LessOrEqual", a, b.const(6.0))), to=1)
+    if activation == "relu6":
+        return b.mul(dy, mf)
+    dm = b.op("Div", dy, b.const(6.0))
+    return b.add(b.mul(b.mul(dm, y), mf), b.mul(dm, b.op("Clip", a, b.const(0.0), b.const(6.0))))
+
+
+def _conv_stock_chain(ins, strides, pads, dilations, group, activation="relu", present=None):
+    """(model, feeds, outputs): the backward of Conv -> BatchNormalization (training statistics
+    mean, inv_std) -> activation in STANDARD ops only, for stock onnxruntime (no ConvGrad /
+    BatchNormalizationGrad there): the activation gradient, the BN gradient written out
+    (ReduceSum, Mul, Sub), dX as ConvTranspose(dC, W) (output_padding to X's size), dW as the
+    convolution of X with dC over the batch (per group: batch and channel axes swapped, strides
+    and dilations exchanged, cut to the kernel size), dBc = ReduceSum(dC)."""
+    x, w, cv = ins["X"], ins["W"], ins["Cv"]
+    n, cin, hin, win = x.shape
+    cout, cin_g, kh, kw = w.shape
+    ho, wo = cv.shape[2:]
+    b = Builder()
+    dy = b.input("dY", ins["dY"])
+    y = b.input("Y", ins["Y"]) if ins["Y"] is not None else None
+    xn, wn, cvn = b.input("X", x), b.input("W", w), b.input("Cv", cv)
+    shp = b.ints([1, cout, 1, 1])
+    gam, mean, istd = (b.op("Reshape", b.input(k, ins[k]), shp) for k in ("gamma", "mean", "inv_std"))
+    dz = _stock_act_grad(b, dy, y, activation)
+    axes = b.ints([0, 2, 3])
+    xhat = b.mul(b.sub(cvn, mean), istd)
+    dbeta = b.op("ReduceSum", dz, axes, keepdims=1)
+    dgamma = b.op("ReduceSum", b.mul(dz, xhat), axes, keepdims=1)
+    r = float(n * ho * wo)
+    coef = b.op("Div", b.mul(gam, istd), b.const(r))
+    dc = b.mul(coef, b.sub(b.sub(b.mul(dz, b.const(r)), dbeta), b.mul(xhat, dgamma)))
+    eff = [(kh - 1) * dilations[0] + 1, (kw - 1) * dilations[1] + 1]
+    opad = [size + pads[i] + pads[i + 2] - (o - 1) * strides[i] - eff[i]
+            for i, (size, o) in enumerate([(hin, ho), (win, wo)])]
+    dx = b.op("ConvTranspose", dc, wn, strides=list(strides), pads=list(pads),
+              dilations=list(dilations), group=group, output_padding=opad,
+              kernel_shape=[kh, kw])
+    cout_g = cout // group
+    xs = b.op("Split", xn, b.ints([cin_g] * group), axis=1, n_out=group) if group > 1 else [xn]
+    dcs = b.op("Split", dc, b.ints([cout_g] * group), axis=1, n_out=group) if group > 1 else [dc]
+    dws = []
+    for xg, dcg in zip(xs, dcs):
+        wg = b.op("Conv", b.op("Transpose", xg, perm=[1, 0, 2, 3]),
+                  b.op("Transpose", dcg, perm=[1, 0, 2, 3]), strides=list(dilations),
+                  dilations=list(strides), pads=list(pads))       # [cin_g, cout_g, >=kh, >=kw]
+        wg = b.op("Slice", wg, b.ints([0, 0]), b.ints([kh, kw]), b.ints([2, 3]))
+        dws.append(b.op("Transpose", wg, perm=[1, 0, 2, 3]))
+    dw = b.op("Concat", *dws, axis=0) if group > 1 else dws[0]
+    dbc = b.op("ReduceSum", dc, axes, keepdims=0)
+    flat = b.ints([cout])
+    outs = dict(dX=dx, dW=dw, dBc=dbc, dGamma=b.op("Reshape", dgamma, flat),
+                dBeta=b.op("Reshape", dbeta, flat))
+    names = [o for o, p in zip(CONV_OUTS, present or [1] * 5) if p]
+    return b, [outs[o] for o in names], names
+
+
+# the cases the onnxruntime-training tests above run, for the standard-op chain in stock
+# onnxruntime (ARM64 has no onnxruntime-training: `make test-arm64` runs these instead)
+STOCK_CASES = [("relu", CONV_CASES[i], (1, 1, 1, 1, 1)) for i in (1, 2, 6, 13, 15)] + \
+    UNFUSED_ACT_CASES
+
+
+@pytest.mark.parametrize("activation,case,present", STOCK_CASES,
+                         ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v[:7])))
+def test_conv_bn_act_grad_vs_unfused_standard_op_chain(activation, case, present):
+    """The fused op against the unfused backward of Conv -> BN -> activation written in
+    standard ops (_conv_stock_chain), both in stock onnxruntime, and against the reference:
+    every activation, dense / grouped / depthwise, the frozen spellings (outputs absent)."""
+    *dims, strides, pads, dilations, group = case
+    ins = _conv_inputs(_rng("conv-stock", activation, case), *dims, strides, pads, dilations,
+                       group, activation)
+    b, outs, names = _conv_stock_chain(ins, strides, pads, dilations, group, activation, present)
+    unfused = b.run(outs)
+    got = run_fused("ConvBnReluGrad", list(ins.items()),
+                    [(o, F32) if p else None for o, p in zip(CONV_OUTS, present)],
+                    **_conv_attrs(strides, pads, dilations, group, activation))
+    ref = dict(zip(CONV_OUTS, conv_bn_relu_grad(
+        *ins.values(), strides=strides, pads=pads, dilations=dilations, group=group,
+        activation=activation)))
+    got = [g for g in got if g is not None]
+    assert len(got) == len(unfused) == len(names)
+    for nm, g, u in zip(names, got, unfused):
+        assert_close(u, ref[nm], rtol=1e-3, atol_scale=1e-3, what=f"{nm}: unfused vs reference")
+        assert_close(g, u, rtol=1e-3, atol_scale=1e-3, what=f"{nm}: fused vs unfused")
+        assert_close(g, ref[nm], rtol=1e-3, atol_scale=1e-3, what=f"{nm}: fused vs reference")

@@ -131,9 +131,43 @@ def ortt_unfused_model(n, d, v, reduction, ignore_index, with_bias, seed_input=F
     return m, outs
 
 
-@pytest.mark.parametrize("reduction", ["mean", "sum"])
-@pytest.mark.parametrize("ignore_index", [None, -100, 3])
-def test_lce_matches_ort_training_softmax_cross_entropy(reduction, ignore_index):
+def stock_unfused_model(n, d, v, reduction, ignore_index, with_bias, seed_input=False):
+    """The same head and loss in standard ops only, for stock onnxruntime (which has no
+    SoftmaxCrossEntropyLossGrad; ARM64 has no onnxruntime-training): the standard
+    SoftmaxCrossEntropyLoss for the loss, its gradient written out as
+    seed * (Softmax(z) - OneHot(label)) * kept / (kept tokens, or 1 for reduction sum), and the
+    head's gradient GEMMs."""
+    b = Builder()
+    hn, wn, ln = b.input("H", np.zeros((n, d), F32)), b.input("W", np.zeros((v, d), F32)), \
+        b.input("labels", np.zeros(n, I64))
+    z = b.op("MatMul", hn, b.op("Transpose", wn, perm=[1, 0]))
+    if with_bias:
+        z = b.add(z, b.input("bias", np.zeros(v, F32)))
+    ii = {} if ignore_index is None else {"ignore_index": ignore_index}
+    loss = b.op("SoftmaxCrossEntropyLoss", z, ln, reduction=reduction, **ii)
+    seed = b.input("dloss", np.zeros((), F32)) if seed_input else b.const(0.5)
+    if ignore_index is None:
+        keep, safe = b.op("ConstantOfShape", b.op("Shape", ln), value=helper.make_tensor(
+            "one", 1, [1], [1.0])), ln
+    else:
+        kb = b.op("Not", b.op("Equal", ln, b.ints(ignore_index)))
+        keep, safe = b.op("Cast", kb, to=1), b.op("Where", kb, ln, b.ints(0))
+    onehot = b.op("OneHot", safe, b.ints(v), b.const([0.0, 1.0]), axis=-1)
+    scale = seed if reduction == "sum" else b.op("Div", seed, b.op("ReduceSum", keep, keepdims=0))
+    rows = b.mul(b.op("Unsqueeze", keep, b.ints([1])), scale)
+    dz = b.mul(b.sub(b.op("Softmax", z, axis=-1), onehot), rows)
+    dh = b.op("MatMul", dz, wn)
+    dw = b.op("Gemm", dz, hn, transA=1)
+    outs = [loss, dh, dw] + ([b.op("ReduceSum", dz, b.ints([0]), keepdims=0)] if with_bias else [])
+    return b.model(outs), outs
+
+
+def run_in_stock_ort(jobs):
+    """run_in_ortt's jobs (unfused models, no library) in this process's stock onnxruntime."""
+    return [ort_session(j["model"], with_library=False).run(j["outputs"], j["feeds"]) for j in jobs]
+
+
+def _lce_vs_unfused_loss(reduction, ignore_index, make_model, run_jobs, where):
     jobs, cases = [], []
     for (shape, d, v, chunk), with_bias in zip(SHAPES[1:5], [True, False, True, False]):
         h, w, bias, lab = make_case(shape, d, v, seed=reduction,
@@ -142,11 +176,11 @@ def test_lce_matches_ort_training_softmax_cross_entropy(reduction, ignore_index)
         if ignore_index is not None:
             lab = np.where(lab == -100, ignore_index, lab)
         h2 = h.reshape(n, d)
-        m, outs = ortt_unfused_model(n, d, v, reduction, ignore_index, with_bias)
+        m, outs = make_model(n, d, v, reduction, ignore_index, with_bias)
         feeds = {"H": h2, "W": w, "labels": lab, **({"bias": bias} if with_bias else {})}
         jobs.append({"model": m, "feeds": feeds, "outputs": outs})
         cases.append((h2, w, bias if with_bias else None, lab, chunk, with_bias))
-    _, results, _ = run_in_ortt(jobs)
+    results = run_jobs(jobs)
     for (h2, w, bias, lab, chunk, with_bias), want in zip(cases, results):
         got = fused(h2, w, bias, lab, outs=(1, 1, 1, with_bias), chunk_rows=chunk,
                     reduction=reduction, grad_scale=0.5,
@@ -154,8 +188,25 @@ def test_lce_matches_ort_training_softmax_cross_entropy(reduction, ignore_index)
         ref = linear_cross_entropy(h2, w, bias, lab, ignore_index=NO_IGNORE if ignore_index is None
                                    else ignore_index, reduction=reduction, grad_scale=0.5)
         for i, nm in enumerate(["loss", "dH", "dW", "dB"][:3 + with_bias]):
-            assert_close(got[i], want[i], what=f"{nm} vs onnxruntime-training")
+            assert_close(got[i], want[i], what=f"{nm} vs {where}")
             assert_close(got[i], ref[i], what=f"{nm} vs reference")
+
+
+@pytest.mark.ortt
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("ignore_index", [None, -100, 3])
+def test_lce_matches_ort_training_softmax_cross_entropy(reduction, ignore_index):
+    _lce_vs_unfused_loss(reduction, ignore_index, ortt_unfused_model,
+                         lambda jobs: run_in_ortt(jobs)[1], "onnxruntime-training")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("ignore_index", [None, -100, 3])
+def test_lce_matches_standard_softmax_cross_entropy_and_its_gradient(reduction, ignore_index):
+    """The previous test's cases with the loss and gradient in standard ops (stock onnxruntime:
+    what `make test-arm64` checks in place of the onnxruntime-training one)."""
+    _lce_vs_unfused_loss(reduction, ignore_index, stock_unfused_model, run_in_stock_ort,
+                         "the standard-op loss gradient")
 
 
 def test_lce_outputs_are_optional_and_loss_alone_needs_no_gradient():
@@ -189,24 +240,19 @@ def test_lce_grad_seed_scales_the_gradients_not_the_loss():
 SEEDS = [1.0, -1.5, 0.0, 3.25]
 
 
-@pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_lce_split_in_two_ops_matches_ort_training_with_a_run_time_seed(reduction):
-    """A loss gradient computed from the loss (rules/lce_*.yaml _split): one op writes the loss
-    alone (no gradient work), a second one the gradients alone from grad_seed (the logits
-    recomputed chunk by chunk), against onnxruntime-training's SoftmaxCrossEntropyLoss + Grad
-    seeded by a graph input, and the reference, for several seeds and chunk sizes."""
+def _lce_split_vs_unfused(reduction, make_model, run_jobs, where):
     jobs, cases = [], []
     for (shape, d, v, chunk), with_bias in zip(SHAPES[1:5], [True, False, True, False]):
         h, w, bias, lab = make_case(shape, d, v, seed="split" + reduction)
         n = lab.size
         h2 = h.reshape(n, d)
-        m, outs = ortt_unfused_model(n, d, v, reduction, -100, with_bias, seed_input=True)
+        m, outs = make_model(n, d, v, reduction, -100, with_bias, seed_input=True)
         for s in SEEDS:
             feeds = {"H": h2, "W": w, "labels": lab, "dloss": np.array(s, F32),
                      **({"bias": bias} if with_bias else {})}
             jobs.append({"model": m, "feeds": feeds, "outputs": outs})
             cases.append((h2, w, bias if with_bias else None, lab, chunk, with_bias, s))
-    _, results, _ = run_in_ortt(jobs)
+    results = run_jobs(jobs)
     for (h2, w, bias, lab, chunk, with_bias, s), want in zip(cases, results):
         ins = [("H", h2), ("W", w), ("bias", bias), ("labels", lab), ("row_weight", None),
                ("row_grad", None)]
@@ -218,8 +264,27 @@ def test_lce_split_in_two_ops_matches_ort_training_with_a_run_time_seed(reductio
         ref = linear_cross_entropy(h2, w, bias, lab, reduction=reduction, grad_seed=s)
         for got, i, nm in [(loss, 0, "loss"), (grads[0], 1, "dH"), (grads[1], 2, "dW"),
                            (grads[2], 3, "dB")][:3 + with_bias]:
-            assert_close(got, want[i], what=f"{nm} vs onnxruntime-training, seed {s}")
+            assert_close(got, want[i], what=f"{nm} vs {where}, seed {s}")
             assert_close(got, ref[i], what=f"{nm} vs reference, seed {s}")
+
+
+@pytest.mark.ortt
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_lce_split_in_two_ops_matches_ort_training_with_a_run_time_seed(reduction):
+    """A loss gradient computed from the loss (rules/lce_*.yaml _split): one op writes the loss
+    alone (no gradient work), a second one the gradients alone from grad_seed (the logits
+    recomputed chunk by chunk), against onnxruntime-training's SoftmaxCrossEntropyLoss + Grad
+    seeded by a graph input, and the reference, for several seeds and chunk sizes."""
+    _lce_split_vs_unfused(reduction, ortt_unfused_model, lambda jobs: run_in_ortt(jobs)[1],
+                          "onnxruntime-training")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_lce_split_in_two_ops_matches_the_standard_op_gradient_with_a_run_time_seed(reduction):
+    """The previous test's cases against the standard-op loss and gradient seeded by a graph
+    input, in stock onnxruntime (`make test-arm64`'s check in place of onnxruntime-training's)."""
+    _lce_split_vs_unfused(reduction, stock_unfused_model, run_in_stock_ort,
+                          "the standard-op loss gradient")
 
 
 def test_lce_split_with_row_grad_matches_the_one_op():

@@ -153,6 +153,7 @@ def _ortt_chain(ins, with_dr):
                                             helper.make_opsetid("com.microsoft", 1)])
 
 
+@pytest.mark.ortt
 def test_rms_norm_grad_vs_unfused_ortt_chain_and_same_so_in_ortt():
     """SimplifiedLayerNormalizationGrad (+ Sum) in onnxruntime-training 1.19.2 vs the fused op
     there (same .so) and here, float32, with and without the residual gradient."""
@@ -176,6 +177,21 @@ def test_rms_norm_grad_vs_unfused_ortt_chain_and_same_so_in_ortt():
             assert_close(u, r, what=f"case {i} {nm}: ort-training's own kernel vs reference")
             assert_close(f, u, what=f"case {i} {nm}: fused vs unfused")
             assert_close(f, hh, rtol=1e-5, atol_scale=1e-5, what=f"{nm}: same .so, two runtimes")
+
+
+@pytest.mark.parametrize("with_dr,shape", [(True, (2, 8, 32)), (False, (7, 130))])
+def test_rms_norm_grad_vs_unfused_standard_op_chain_on_the_ortt_cases(with_dr, shape):
+    """The previous test's cases (its inputs, the saved inv_rms fed to the fused op) against the
+    unfused standard-op chain in stock onnxruntime and the reference: `make test-arm64`'s check
+    in place of onnxruntime-training's SimplifiedLayerNormalizationGrad (no ARM64 wheel)."""
+    ins = _rms_inputs(_rng("rms-ortt", with_dr), shape, -1, F32, with_dr=with_dr)
+    b = Builder()
+    unfused = b.run(_torch_joint_chain(b, ins, True, with_dr))  # [dX, dGamma]
+    got = run_fused("RMSNormGrad", list(ins.items()), [("dX", F32), ("dGamma", F32)], epsilon=EPS)
+    for nm, u, g, r in zip(["dX", "dGamma"], unfused, got, _ref(ins)):
+        assert_close(u, r, what=f"{nm}: unfused vs reference")
+        assert_close(g, u, what=f"{nm}: fused vs unfused")
+        assert_close(g, r, what=f"{nm}: fused vs reference")
 
 
 @pytest.mark.parametrize("dead,expect", [({"dY"}, 1), ({"dR"}, 1), ((), 0)])
