@@ -73,13 +73,13 @@ def test_missing_output_is_a_usage_error():
 
 def test_stats_detection_and_inventory(tmp_path):
     d = json.loads(run_cli("stats", SAMPLES / "torch_block.onnx", "--json").stdout)
-    assert d["patterns"]["sdpa"]["detected"] == 1 and d["total_fused"] == 4
+    assert d["patterns"]["flash_attention"]["detected"] == 1 and d["total_fused"] == 4
     assert d["already_fused"]["fused_ops"] == {}
     out = tmp_path / "o.onnx"
     run_cli("optimize", SAMPLES / "torch_block.onnx", "-o", out, "-q")
     d = json.loads(run_cli("stats", out, "--json").stdout)
-    assert d["already_fused"]["fused_ops"] == {"LinearActivationGrad": 1, "AttentionGrad": 1,
-                                              "LayerNormGrad": 2}
+    assert d["already_fused"]["fused_ops"] == {"LinearActivationGrad": 1, "FlashAttention": 1,
+                                              "FlashAttentionGrad": 1, "LayerNormGrad": 2}
     assert d["total_fused"] == 0
     assert "fused ops already in the model" in run_cli("stats", out).stdout
 

@@ -87,13 +87,13 @@ def test_flash_torch_gqa_takes_kv_before_the_repeat():
 
 
 def test_flash_torch_sample_layers():
-    """torch_v_attn (scripts/samples/models.py AttnStack): additive-mask and unmasked layers
-    are flash (2), the masked_fill layer stays sdpa (1): the flash ops take additive masks."""
+    """torch_v_attn (scripts/samples/models.py AttnStack): the additive-mask, unmasked and
+    masked_fill layers are all flash (3): the flash ops read masked_fill's bool mask."""
     fused, stats = _fuse(onnx.load(SAMPLES / "torch_v_attn.onnx"))
     assert stats.rules["flash_torch_mask"].fused == 1
     assert stats.rules["flash_torch_plain"].fused == 1
-    assert stats.patterns["sdpa"].fused == 1
-    assert stats.rules["sdpa_torch_fill"].fused == 1
+    assert stats.rules["flash_torch_masked_fill"].fused == 1
+    assert stats.patterns["sdpa"].fused == 0
 
 
 # --- negatives: one per guard; today's sdpa fusion applies instead ---------------------------
@@ -127,14 +127,13 @@ def test_flash_torch_refused_where_p_is_read_elsewhere():
     ("torch_gpt2", None, 2),          # dropout + GPT-2's causal where
     ("torch_t5", "intermediate_consumed_outside", 2),    # learned position bias takes dS
     ("torch_swin", "intermediate_consumed_outside", 3),  # relative-position bias takes dS
-    ("torch_distilbert", None, 2),    # masked_fill mask
     # K / V broadcast over a 5-D group view (its K^T is an Expand, not the heads' Transpose)
     ("torch_gqa_bcast_kv2", None, 1),
     # Tile's grouping (head h uses kv head h % Hkv, not the op's h // g)
     ("torch_gqa_tile_kv2", "shape_mismatch", 1),
 ])
 def test_flash_torch_leaves_the_rest_to_sdpa(name, reason, layers):
-    """Dropout, learned biases, where masks and other K / V groupings: no flash, and sdpa fuses
+    """Dropout, learned biases and other K / V groupings: no flash, and sdpa fuses
     every attention layer as before."""
     _, stats = _fuse(onnx.load(_load(name)))
     assert stats.patterns["flash_attention"].fused == 0
@@ -148,7 +147,10 @@ def test_flash_torch_leaves_the_rest_to_sdpa(name, reason, layers):
 # --- numerics ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["torch_llama", "torch_vit", "torch_llama_raw",
-                                  "torch_gqa_expand_kv1", "torch_v_attn"])
+                                  "torch_gqa_expand_kv1", "torch_v_attn",
+                                  # Where masks: masked_fill(finfo.min) of a run-time padding
+                                  # mask, GPT-Neo's causal where + padding mask
+                                  "torch_distilbert", "torch_gpt_neo"])
 def test_flash_torch_fused_graph_verifies(name, tmp_path):
     src = _load(name)
     fused, stats = _fuse(onnx.load(src))

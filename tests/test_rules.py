@@ -81,6 +81,15 @@ for _name in ("frozen_block", "frozen_block_no_q", "frozen_block_no_v", "frozen_
     # variants above)
     _drop = _name.replace("frozen_block", "frozen_block_dropout")
     SAMPLE_MODELS[f"export_torch_{_drop}"] = onnx.load(DATA / f"torch_{_drop}.onnx")
+# attention masked by Where (tests/data/make_flash_mask.py; counts and verify in
+# tests/test_flash_mask.py): the flash rules' Where variants (GPT-2's causal where, + an additive
+# padding mask, masked_fill, grouped K / V); and the samples' masked_fill attention returning
+# its probabilities (`_attentions` below), where flash refuses and the sdpa rules that took it
+# before still do
+for _name in ("flash_where_causal", "flash_where_gpt2_pad", "flash_fill_window_ninf",
+              "flash_fill_causal_pad", "flash_gqa_where_all"):
+    for _fam in ("ortt", "torch"):
+        SAMPLE_MODELS[f"export_{_fam}_{_name}"] = onnx.load(DATA / f"{_fam}_{_name}.onnx")
 # the frozen-weight variants of every activation the exports lack (dA [+ dB] without dW; the
 # first layer's dB alone, also on GPT-2's 2-D view)
 for _act in ("relu", "gelu", "gelu_fast", "silu", "quick_gelu"):
@@ -130,7 +139,8 @@ def _with_attentions(m):
 
 
 for _name in ("ortt_block", "ortt_block_sdpa", "corpus_ortt_timm_vit", "corpus_ortt_llama",
-              "torch_v_attn", "corpus_torch_llama"):
+              "torch_v_attn", "corpus_torch_llama", "ortt_block_mul", "torch_block",
+              "corpus_torch_gpt_neo"):
     SAMPLE_MODELS[f"{_name}_attentions"] = _with_attentions(SAMPLE_MODELS[_name])
 # K/V broadcast inside the MatMuls, torch-joint (tests/data/make_gqa.py)
 SAMPLE_MODELS["gqa_torch_bcast"] = onnx.load(DATA / "gqa" / "torch_gqa_bcast_kv2.onnx")

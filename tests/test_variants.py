@@ -53,7 +53,7 @@ POSITIVE = {
 SAMPLE_COUNTS = {
     "ortt_v_gelutanh": {"linear_gelu": 2},
     "torch_v_gelutanh": {"linear_gelu": 2},
-    "torch_v_attn": {"flash_attention": 2, "sdpa": 1},
+    "torch_v_attn": {"flash_attention": 3},
 }
 
 # rule -> (rule node id, attribute, bad value): an attribute the rule constrains
@@ -353,16 +353,34 @@ def test_chain_reached_by_several_variants_counts_once():
     assert not [s for s in fp.stats.skips if s.pattern == "linear_gelu"]
 
 
-@pytest.mark.parametrize("name,rule", [("ortt_distilbert", "sdpa_ortt_q_fill"),
-                                       ("torch_distilbert", "sdpa_torch_fill")])
-def test_sdpa_fill_reproduces_a_fully_padded_sequence(tmp_path, name, rule):
-    """G11: DistilBERT's masked_fill with a run-time padding mask over the keys. With one
-    sequence fully padded every row of it is filled: softmax gives a uniform P there (not 0)
-    and the original's backward Where zeroes that dS. The fused AttentionGrad takes the
-    Where's mask as its fill_mask and the fused graph computes the original's outputs."""
+# the sdpa rules alone: since issue 36 the flash rules (before them) take DistilBERT's and
+# GPT-Neo's Where masks (test_flash_where_reproduces_a_fully_padded_sequence below)
+NO_FLASH = [r for r in RULES if r.pattern != "flash_attention"]
+
+
+def _padded_feeds(model, path):
     from fusecli.runtime.feeds import make_feeds
+    from fusecli.runtime.verify import manifest_entry_for
+
+    feeds = make_feeds(model, manifest_entry_for(path))
+    mask = feeds["attention_mask"]
+    assert mask.shape[0] >= 2
+    mask[...] = 1
+    mask[1] = 0  # the second sequence is padding everywhere
+    mask[0, mask.shape[1] // 2:] = 0  # the first one partly
+    return feeds
+
+
+@pytest.mark.parametrize("name,rule", [("ortt_distilbert", "flash_ortt_masked_fill"),
+                                       ("torch_distilbert", "flash_torch_masked_fill")])
+def test_flash_where_reproduces_a_fully_padded_sequence(tmp_path, name, rule):
+    """Issue 36: DistilBERT's masked_fill(finfo.min) with a run-time padding mask, fused as
+    FlashAttention + FlashAttentionGrad reading the Where's bool mask. With one sequence fully
+    padded every row of it is filled: the original's softmax is uniform there and its backward
+    Where zeroes that dS; the fused graph computes the original's outputs, and the same ops
+    without the mask input would not."""
     from fusecli.runtime.library import library_path
-    from fusecli.runtime.verify import manifest_entry_for, pick_runtime, run_in_runtime
+    from fusecli.runtime.verify import pick_runtime, run_in_runtime
 
     path = CORPUS / f"{name}.onnx"
     model = _sample(name)
@@ -370,14 +388,47 @@ def test_sdpa_fill_reproduces_a_fully_padded_sequence(tmp_path, name, rule):
     fp = FusionPass()
     fp.run(fused)
     assert fp.stats.rules[rule].fused == 2
+    ops = [(n, 4) for n in fused.graph.node if n.op_type == "FlashAttention"] + [
+        (n, 7) for n in fused.graph.node if n.op_type == "FlashAttentionGrad"]
+    assert len(ops) == 4 and all(len(n.input) > i and n.input[i] for n, i in ops)
+    feeds = _padded_feeds(model, path)
+    onnx.save(fused, tmp_path / "fused.onnx")
+    python = pick_runtime(model)
+    ref, _ = run_in_runtime(path, feeds, python, library=library_path())
+    got, _ = run_in_runtime(tmp_path / "fused.onnx", feeds, python, library=library_path())
+    assert set(got) == set(ref)
+    for k, r in ref.items():
+        np.testing.assert_allclose(got[k], r, rtol=1e-4,
+                                   atol=1e-5 * max(1.0, float(np.abs(r).max(initial=0))),
+                                   err_msg=k)
+    for n, i in ops:
+        del n.input[i:]
+    onnx.save(fused, tmp_path / "unmasked.onnx")
+    bad, _ = run_in_runtime(tmp_path / "unmasked.onnx", feeds, python, library=library_path())
+    assert any(not np.allclose(bad[k], r, rtol=1e-3, atol=1e-5 * max(1.0, float(np.abs(r).max(
+        initial=0)))) for k, r in ref.items())
+
+
+@pytest.mark.parametrize("name,rule", [("ortt_distilbert", "sdpa_ortt_q_fill"),
+                                       ("torch_distilbert", "sdpa_torch_fill")])
+def test_sdpa_fill_reproduces_a_fully_padded_sequence(tmp_path, name, rule):
+    """G11: DistilBERT's masked_fill with a run-time padding mask over the keys. With one
+    sequence fully padded every row of it is filled: softmax gives a uniform P there (not 0)
+    and the original's backward Where zeroes that dS. The fused AttentionGrad (the sdpa rules
+    alone) takes the Where's mask as its fill_mask and the fused graph computes the original's
+    outputs."""
+    from fusecli.runtime.library import library_path
+    from fusecli.runtime.verify import pick_runtime, run_in_runtime
+
+    path = CORPUS / f"{name}.onnx"
+    model = _sample(name)
+    fused = copy.deepcopy(model)
+    fp = FusionPass(rules=NO_FLASH)
+    fp.run(fused)
+    assert fp.stats.rules[rule].fused == 2
     attn = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
     assert len(attn) == 2 and all(len(n.input) > 8 and n.input[8] for n in attn)
-    feeds = make_feeds(model, manifest_entry_for(path))
-    mask = feeds["attention_mask"]
-    assert mask.shape[0] >= 2
-    mask[...] = 1
-    mask[1] = 0  # the second sequence is padding everywhere
-    mask[0, mask.shape[1] // 2:] = 0  # the first one partly
+    feeds = _padded_feeds(model, path)
     onnx.save(fused, tmp_path / "fused.onnx")
     python = pick_runtime(model)
     ref, _ = run_in_runtime(path, feeds, python, library=library_path())
@@ -401,10 +452,11 @@ def test_sdpa_fill_reproduces_a_fully_padded_sequence(tmp_path, name, rule):
     ("ortt_gpt2", "sdpa_ortt_scores_keep", 1), ("torch_gpt2", "sdpa_torch_keep_dropout", 1)])
 def test_sdpa_fill_and_keep_bind_the_backward_wheres_mask(name, rule, kept):
     """Every fill / keep fusion hands the absorbed backward Where's condition (the forward's
-    mask) to the op as fill_mask, with the Where's polarity (GPT-2: True = kept)."""
+    mask) to the op as fill_mask, with the Where's polarity (GPT-2: True = kept); the sdpa
+    rules alone (NO_FLASH)."""
     model = _sample(name)
     wheres = {n.output[0]: n for n in model.graph.node if n.op_type == "Where"}
-    fp = FusionPass()
+    fp = FusionPass(rules=NO_FLASH)
     fp.run(model)
     assert fp.stats.rules[rule].fused == 2
     for rec in (f for f in fp.stats.fusions if f.rule == rule):

@@ -60,8 +60,8 @@ when all of these hold:
     projection inputs is none);
   - no learned bias added to the scores (T5's relative attention bias, Swin's position table:
     its gradient reads dS);
-  - the mask is additive or absent (a masked_fill / where mask, DistilBERT's and GPT-2's /
-    GPT-Neo's causal where, stays sdpa);
+  - the mask is additive, a bool mask read by Where (masked_fill, GPT-2's / GPT-Neo's causal
+    where with a constant fill: the flash ops' mask input), or absent;
   - P is not a model output (output_attentions off);
   - grouped K / V (GQA, multi-query) go through repeat_kv (a K / V broadcast inside the MatMuls
     stays sdpa in ort-training).
@@ -316,7 +316,8 @@ class Arch:
 
 FLASH_NOTE = ("flash_attention = those attention calls, forward and backward as one (eager "
               "attention or a mask-free F.scaled_dot_product_attention, no attention-probability "
-              "dropout, no learned bias reading dS, additive mask or none, P not an output), "
+              "dropout, no learned bias reading dS, an additive or Where / masked_fill bool mask or "
+              "none, P not an output), "
               "which leaves sdpa 0")
 
 
@@ -546,6 +547,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
              n_heads=HEADS, hidden_dim=FF, max_position_embeddings=16, dropout=0.0,
              attention_dropout=0.0),
          _ids_mask, attention=("MultiHeadSelfAttention", "DistilBertSelfAttention"),
+         flash=True,  # eager, no dropout, masked_fill(finfo.min) mask (module docstring)
          count_notes="layernorm 5 = embeddings.LayerNorm + per layer sa_layer_norm and "
          "output_layer_norm; sdpa 2 = one attention module per layer; linear_gelu 2 = "
          "ffn.lin1 -> GELUActivation per layer",
@@ -653,7 +655,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
              attention_types=[[["global", "local"], 1]], window_size=4, intermediate_size=FF,
              activation_function="gelu_new", embed_dropout=0.0, attention_dropout=0.0,
              resid_dropout=0.0),
-         _ids_mask, attention=("GPTNeoSelfAttention",),
+         _ids_mask, attention=("GPTNeoSelfAttention",), flash=True,  # causal where, no dropout
          input_ranges={"input_ids": [0, VOCAB], "attention_mask": [0, 2]},
          count_notes="layernorm 5 = per layer ln_1 and ln_2 + ln_f; sdpa 2 = one "
          "GPTNeoSelfAttention per layer; linear_gelu 2 = mlp.c_fc -> NewGELUActivation per "
@@ -1211,7 +1213,7 @@ _DISTILBERT_TOKENS = (f"DistilBertForTokenClassification (2 layers, dim 32, 4 he
                       f"train; the logits flattened to [batch * sequence, {TAGS}]")
 _DISTILBERT_TOKENS_NOTES = (
     "layernorm = layer 1's sa_layer_norm and output_layer_norm; sdpa = layer 1's attention "
-    "module (masked_fill mask: no flash); linear_gelu = layer 1's ffn.lin1 -> GELUActivation; "
+    "module; linear_gelu = layer 1's ffn.lin1 -> GELUActivation; "
     "each when its output needs a gradient (embeddings and layer 0 have none)")
 
 
@@ -1311,7 +1313,7 @@ for _a in [
     Arch("distilbert_tokens_ce", "transformers", _DISTILBERT_TOKENS + " and trained with "
          "cross-entropy (ignore_index -100 on a third of the labels)", _distilbert_tokens,
          _ids_mask, attention=("MultiHeadSelfAttention", "DistilBertSelfAttention"),
-         input_ranges=_MASK_R, families=_ORTT, loss="ce",
+         input_ranges=_MASK_R, families=_ORTT, loss="ce", flash=True,
          setup="loss: CE ignore_index, first block frozen",
          count_notes=_DISTILBERT_TOKENS_NOTES + "; linear_cross_entropy 1: the classifier "
          "head's logits are read by the cross-entropy alone"),
@@ -1320,7 +1322,7 @@ for _a in [
          "(ignore_index -100 on a third of the labels) + mean(0.01 logits^2)",
          _distilbert_tokens, _ids_mask,
          attention=("MultiHeadSelfAttention", "DistilBertSelfAttention"), input_ranges=_MASK_R,
-         families=_ORTT, loss="custom",
+         families=_ORTT, loss="custom", flash=True,
          setup="loss: custom onnxblock Block (CE + logit penalty), first block frozen",
          count_notes=_DISTILBERT_TOKENS_NOTES + "; linear_cross_entropy 0: the classifier "
          "head's logits feed " + LOSS_READS_LOGITS["custom"] + " besides the cross-entropy"),
@@ -1398,7 +1400,7 @@ for _a in [
          _hf("GPT2Config", "GPT2LMHeadModel", pick=_lm_logits, vocab_size=LM_VOCAB,
              n_positions=32, n_embd=HID, n_layer=LAYERS, n_head=HEADS, n_inner=FF,
              resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True),
-         _lm_ids_mask, attention=("GPT2Attention",), input_ranges=_LM_MASK_R,
+         _lm_ids_mask, attention=("GPT2Attention",), input_ranges=_LM_MASK_R, flash=True,
          loss="ce_lm", setup="tied LM head, loss: CE ignore_index",
          count_notes="layernorm 5 = per layer ln_1 and ln_2 + ln_f; sdpa 2 = one GPT2Attention "
          "per layer; linear_gelu 2 = mlp.c_fc (Conv1D) -> NewGELUActivation per layer; "

@@ -97,6 +97,9 @@ class Block(nn.Module):
             self.register_buffer("mask", causal.float() * -1e4, persistent=False)
         elif attn == "mul":
             self.register_buffer("mask", causal, persistent=False)
+            # the masked_fill (Where) attention: flash_attention (the flash ops read the bool
+            # mask; nothing but the attention's own backward reads P)
+            self.PATTERNS = patterns(linear_gelu=1, flash_attention=1, layernorm=2)
 
     def _heads(self, t: torch.Tensor, b: int, s: int) -> torch.Tensor:
         return t.reshape(b, s, self.n_heads, self.dh).transpose(1, 2)  # [B, H, S, dh]
@@ -282,10 +285,9 @@ class AttnStack(nn.Module):
         causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1)
         self.register_buffer("mask_add", causal.float() * -1e4, persistent=False)
         self.register_buffer("mask_bool", causal, persistent=False)
-        # the additive / unmasked layers: flash_attention (nothing else reads P); the
-        # masked_fill layer: sdpa (the flash ops take additive masks only)
-        self.PATTERNS = patterns(flash_attention=sum(k != "bool_div" for k in self.kinds),
-                                 sdpa=sum(k == "bool_div" for k in self.kinds))
+        # every layer: flash_attention (nothing else reads P; the flash ops take additive
+        # masks and masked_fill's bool mask alike)
+        self.PATTERNS = patterns(flash_attention=len(self.kinds))
         self.ZERO_GRAD = [f"k.{i}.bias" for i in range(len(self.kinds))]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

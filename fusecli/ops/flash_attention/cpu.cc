@@ -9,7 +9,7 @@
 namespace fusecli {
 namespace {
 
-struct FlashKernel : CpuKernel<FlashKernel, kFlashAttention> {  // attributes: scale, k_transposed
+struct FlashKernel : CpuKernel<FlashKernel, kFlashAttention> {  // attributes: see contract
   using CpuKernel::CpuKernel;
   void Compute(Ort::KernelContext& ctx);
 };
@@ -62,12 +62,12 @@ bool forward_block(const FlashTiles& t, int64_t b, int64_t i0, int64_t nr, bool 
 }
 
 void FlashKernel::Compute(Ort::KernelContext& ctx) {
-  const FlashInputs in(ctx, 0, 1, 2, 3, k_transposed, "FlashAttention");
+  const FlashInputs in(ctx, 0, 1, 2, 3, 4, k_transposed, "FlashAttention");
   bool want_o, want_lse;
   float* o = output_or_null<float>(ctx, 0, in.o_shape(), &want_o);
   float* lse = output_or_null<float>(ctx, 1, in.lse_shape(), &want_lse);
   if (in.B == 0 || in.Sq == 0) return;
-  const FlashTiles t{in, scale, k_transposed != 0};
+  const FlashTiles t{in, scale, k_transposed != 0, fill, fill_kept, bias_first};
   const int64_t nqb = flash_blocks(in.Sq, kFlashBq), Dv = in.Dv;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   parallel_for(in.B * nqb, 1, [&](int, int64_t t0, int64_t t1) {
@@ -75,7 +75,8 @@ void FlashKernel::Compute(Ort::KernelContext& ctx) {
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / nqb, i0 = task % nqb * kFlashBq;
       const int64_t nr = std::min(kFlashBq, in.Sq - i0);
-      if (!forward_block(t, b, i0, nr, in.bias.present, w)) forward_block(t, b, i0, nr, false, w);
+      if (!forward_block(t, b, i0, nr, in.bias.present || in.mask.present, w))
+        forward_block(t, b, i0, nr, false, w);
       for (int64_t r = 0; r < nr; ++r) {
         const int64_t row = b * in.Sq + i0 + r;
         const bool empty = !(w.l[r] > 0.f);  // every score -inf: Softmax gives NaN

@@ -14,9 +14,9 @@ using namespace fusecli_flash;
 // memory (Dv floats). Tiles whose bias entries (this row's) are all <= kSkipBias are skipped;
 // a row whose maximum stays <= kMaskedRow is recomputed without skipping.
 __global__ void flash_fwd_rows(const float* __restrict__ q, const float* __restrict__ k,
-                               const float* __restrict__ v, Bias bias, float* __restrict__ o,
-                               float* __restrict__ lse, fusecli::KvMap km, int64_t sq, int64_t sk,
-                               int64_t d, int64_t dv, float scale, int kt) {
+                               const float* __restrict__ v, Bias bias, Mask mk,
+                               float* __restrict__ o, float* __restrict__ lse, fusecli::KvMap km,
+                               int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int kt) {
   extern __shared__ float sh[];  // acc [dv], p [kFlashT], red [32]
   float* acc = sh;
   float* p = sh + dv;
@@ -27,9 +27,10 @@ __global__ void flash_fwd_rows(const float* __restrict__ q, const float* __restr
   const float* kc = k + c * sk * d;
   const float* vc = v + c * sk * dv;
   const int64_t boff = bias.p ? bias.item(b) : 0;
+  const int64_t moff = mk.p ? mk.item(b) : 0;
   float m = -CUDART_INF_F, l = 0.f;
   for (int pass = 0; pass < 2; ++pass) {
-    const bool skip = pass == 0 && bias.p != nullptr;
+    const bool skip = pass == 0 && (bias.p != nullptr || mk.p != nullptr);
     m = -CUDART_INF_F;
     l = 0.f;
     for (int64_t x = threadIdx.x; x < dv; x += blockDim.x) acc[x] = 0.f;
@@ -38,11 +39,14 @@ __global__ void flash_fwd_rows(const float* __restrict__ q, const float* __restr
       const int64_t j = j0 + threadIdx.x;
       const bool in = j < sk;
       const float bj = in && bias.p ? bias.at(boff, i, j) : 0.f;
-      if (skip && block_reduce(in ? bj : -CUDART_INF_F, red, true) <= kSkipBias) {
+      const bool fj = in && mk.filled(moff, i, j);  // Where replaced this score
+      const float fv = fj ? mk.value(bj, bias.p != nullptr) : 0.f;
+      // a tile is skipped when every position is filled with, or biased to, <= kSkipBias
+      if (skip && block_reduce(in ? (fj ? fv : bj) : -CUDART_INF_F, red, true) <= kSkipBias) {
         skipped = true;
         continue;
       }
-      const float s = in ? score(qr, kc, j, sk, d, kt, scale) + bj : -CUDART_INF_F;
+      const float s = !in ? -CUDART_INF_F : fj ? fv : score(qr, kc, j, sk, d, kt, scale) + bj;
       const float mn = fmaxf(m, block_reduce(s, red, true));
       if (mn == -CUDART_INF_F) continue;
       const float corr = __expf(m - mn);
@@ -271,26 +275,28 @@ int launch_fwd_16(void* stream, const void* q, const void* k, const void* v, con
 
 }  // namespace
 
-FUSECLI_EXPORT int fusecli_launch_flash_attention(void* stream, const float* q, const float* k,
-                                                  const float* v, const float* bias,
-                                                  const int64_t* bias_strides, float* o, float* lse,
-                                                  int nd, const int64_t* qdims,
-                                                  const int64_t* kdims, int64_t sq, int64_t sk,
-                                                  int64_t d, int64_t dv, float scale,
-                                                  int k_transposed, int tf32) {
+FUSECLI_EXPORT int fusecli_launch_flash_attention(
+    void* stream, const float* q, const float* k, const float* v, const float* bias,
+    const int64_t* bias_strides, float* o, float* lse, int nd, const int64_t* qdims,
+    const int64_t* kdims, int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale,
+    int k_transposed, int tf32, const uint8_t* mask, const int64_t* mask_strides, float fill,
+    int fill_kept, int bias_first) {
   fusecli::KvMap km;
   Bias bm;
-  if (!make_maps(nd, qdims, kdims, bias, bias_strides, &km, &bm)) return cudaErrorInvalidValue;
+  Mask mk;
+  if (!make_maps(nd, qdims, kdims, bias, bias_strides, &km, &bm) ||
+      !make_mask(nd, qdims, mask, mask_strides, fill, fill_kept, bias_first, &mk))
+    return cudaErrorInvalidValue;
   const int64_t rows = km.q_items() * sq;
   if (rows == 0) return cudaSuccess;
   auto s = static_cast<cudaStream_t>(stream);
   const int dp = dp_bucket(d > dv ? d : dv);
-  if (dp != 0 && flash_tc_enabled())
+  if (dp != 0 && flash_tc_enabled() && !mask)  // the tensor-core tiles take no mask
     return launch_fwd_tc<kF32>(s, dp, q, k, v, bm, o, lse, km, sq, sk, d, dv, scale, k_transposed,
                                tf32 ? 0 : 1);
   const size_t smem = static_cast<size_t>(dv + kFlashT + 32) * sizeof(float);
-  flash_fwd_rows<<<static_cast<unsigned>(rows), kFlashT, smem, s>>>(q, k, v, bm, o, lse, km, sq, sk,
-                                                                    d, dv, scale, k_transposed);
+  flash_fwd_rows<<<static_cast<unsigned>(rows), kFlashT, smem, s>>>(q, k, v, bm, mk, o, lse, km, sq,
+                                                                    sk, d, dv, scale, k_transposed);
   return static_cast<int>(cudaGetLastError());
 }
 

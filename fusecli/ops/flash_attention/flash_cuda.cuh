@@ -78,6 +78,47 @@ inline bool make_maps(int nd, const int64_t* qdims, const int64_t* kdims, const 
   return true;
 }
 
+// The bool mask (Where, see the contract): a filled position's score is replaced by `fill`
+// (bias_first = 1, or no bias) or fill + bias (bias_first = 0). Only the float32-core kernels
+// take it (a masked call never takes the tensor-core tiles).
+struct Mask {
+  const uint8_t* p = nullptr;
+  int nd = 0;
+  int64_t qdims[fusecli::kAttnMaxBatchDims] = {};
+  int64_t strides[fusecli::kAttnMaxBatchDims + 2] = {};
+  float fill = 0.f;
+  int kept = 1, bias_first = 0;
+  __device__ int64_t item(int64_t b) const {
+    int64_t off = 0;
+    for (int j = nd - 1; j >= 0; --j) {
+      off += (b % qdims[j]) * strides[j];
+      b /= qdims[j];
+    }
+    return off;
+  }
+  __device__ bool filled(int64_t item_off, int64_t i, int64_t j) const {
+    return p && (p[item_off + i * strides[nd] + j * strides[nd + 1]] != 0) != (kept != 0);
+  }
+  // A filled position's score, given its bias bj (0 without a bias).
+  __device__ float value(float bj, bool has_bias) const {
+    return bias_first || !has_bias ? fill : fill + bj;
+  }
+};
+
+inline bool make_mask(int nd, const int64_t* qdims, const uint8_t* mask,
+                      const int64_t* mask_strides, float fill, int kept, int bias_first, Mask* m) {
+  if (nd < 0 || nd > fusecli::kAttnMaxBatchDims || (mask && !mask_strides)) return false;
+  m->p = mask;
+  m->nd = nd;
+  m->fill = fill;
+  m->kept = kept;
+  m->bias_first = bias_first;
+  for (int j = 0; j < nd; ++j) m->qdims[j] = qdims[j];
+  if (mask)
+    for (int j = 0; j < nd + 2; ++j) m->strides[j] = mask_strides[j];
+  return true;
+}
+
 // FUSECLI_FLASH_PATH=tc opts the float32 launchers into the tensor-core kernels (not yet run on a
 // GPU); by default they take the one-row-per-block kernels.
 inline bool flash_tc_enabled() {

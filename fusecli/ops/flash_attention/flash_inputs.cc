@@ -9,10 +9,30 @@ static std::string dims_str(const std::vector<int64_t>& d) {
   return s + "]";
 }
 
-FlashInputs::FlashInputs(Ort::KernelContext& ctx, int iq, int ik, int iv, int ibias,
+// Element strides of `t` broadcast (right-aligned) to `full` (0 for a broadcast dim), or
+// throws OpError naming `what`.
+static std::vector<int64_t> broadcast_strides(const In& t, const std::vector<int64_t>& full,
+                                              const std::string& name, const char* what) {
+  const size_t r = full.size(), nb = t.shape.size();
+  bool ok = nb <= r;
+  std::vector<int64_t> strides(r, 0);
+  int64_t st = 1;
+  for (size_t i = 0; ok && i < nb; ++i) {
+    const size_t jb = nb - 1 - i, jf = r - 1 - i;
+    ok = t.shape[jb] == full[jf] || t.shape[jb] == 1;
+    strides[jf] = t.shape[jb] == 1 ? 0 : st;
+    st *= t.shape[jb];
+  }
+  FUSECLI_CHECK(ok, name + ": " + what + " " + dims_str(t.shape) +
+                        " must broadcast to the scores' shape " + dims_str(full));
+  return strides;
+}
+
+FlashInputs::FlashInputs(Ort::KernelContext& ctx, int iq, int ik, int iv, int ibias, int imask,
                          int k_transposed, const char* op)
     : q(get_input(ctx, iq)), k(get_input(ctx, ik)), v(get_input(ctx, iv)) {
   if (ibias >= 0) bias = get_input(ctx, ibias);
+  if (imask >= 0) mask = get_input(ctx, imask);
   const std::string name(op);
   for (const In* t : {&q, &k, &v})
     FUSECLI_CHECK(t->shape.size() >= 2, name + ": Q, K and V need rank >= 2");
@@ -44,21 +64,12 @@ FlashInputs::FlashInputs(Ort::KernelContext& ctx, int iq, int ik, int iv, int ib
                           " must equal or divide Q's " + dims_str(q.shape) +
                           " dim by dim (grouped / multi-query attention)");
   B = kmap.q_items();
-  if (bias.present) {  // broadcastable to [qdims..., Sq, Sk] (right-aligned)
-    std::vector<int64_t> full(q.shape.begin(), q.shape.end());
-    full.back() = Sk;
-    const size_t nb = bias.shape.size();
-    bool ok = nb <= r;
-    bias_strides.assign(r, 0);
-    int64_t st = 1;
-    for (size_t i = 0; ok && i < nb; ++i) {
-      const size_t jb = nb - 1 - i, jf = r - 1 - i;
-      ok = bias.shape[jb] == full[jf] || bias.shape[jb] == 1;
-      bias_strides[jf] = bias.shape[jb] == 1 ? 0 : st;
-      st *= bias.shape[jb];
-    }
-    FUSECLI_CHECK(ok, name + ": bias " + dims_str(bias.shape) +
-                          " must broadcast to the scores' shape " + dims_str(full));
+  std::vector<int64_t> full(q.shape.begin(), q.shape.end());  // [qdims..., Sq, Sk]
+  full.back() = Sk;
+  if (bias.present) bias_strides = broadcast_strides(bias, full, name, "bias");
+  if (mask.present) {
+    FUSECLI_CHECK(mask.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL, name + ": mask must be bool");
+    mask_strides = broadcast_strides(mask, full, name, "mask");
   }
 }
 

@@ -20,23 +20,29 @@ constexpr float kFlashMaskedRow = -5e29f;
 // must have K's batch dims). bias_strides: the bias's element strides over Q's batch dims, Sq
 // and Sk (right-aligned broadcast, 0 for a broadcast dim; empty without a bias).
 struct FlashInputs {
-  FlashInputs(Ort::KernelContext& ctx, int iq, int ik, int iv, int ibias, int k_transposed,
-              const char* op);
-  In q, k, v, bias;
+  // imask: the bool mask's input index (-1: the op has none).
+  FlashInputs(Ort::KernelContext& ctx, int iq, int ik, int iv, int ibias, int imask,
+              int k_transposed, const char* op);
+  In q, k, v, bias, mask;
   int64_t B, Sq, Sk, D, Dv;
   KvMap kmap;
-  std::vector<int64_t> bias_strides;
-  // Offset of query item b's bias matrix (add i * bias_row() + j * bias_col()).
-  int64_t bias_item(int64_t b) const {
+  std::vector<int64_t> bias_strides, mask_strides;  // mask_strides: as bias_strides, the mask's
+  // Offset of query item b's matrix in a broadcast input of these strides (add i * strides[nd]
+  // + j * strides[nd + 1]).
+  int64_t item_offset(const std::vector<int64_t>& strides, int64_t b) const {
     int64_t off = 0;
     for (int j = kmap.nd - 1; j >= 0 && b; --j) {
-      off += (b % kmap.q[j]) * bias_strides[j];
+      off += (b % kmap.q[j]) * strides[j];
       b /= kmap.q[j];
     }
     return off;
   }
+  int64_t bias_item(int64_t b) const { return item_offset(bias_strides, b); }
   int64_t bias_row() const { return bias_strides[kmap.nd]; }
   int64_t bias_col() const { return bias_strides[kmap.nd + 1]; }
+  int64_t mask_item(int64_t b) const { return item_offset(mask_strides, b); }
+  int64_t mask_row() const { return mask_strides[kmap.nd]; }
+  int64_t mask_col() const { return mask_strides[kmap.nd + 1]; }
   // Q's shape with the last dim replaced (O: Dv) or dropped (LSE).
   std::vector<int64_t> o_shape() const;
   std::vector<int64_t> lse_shape() const;

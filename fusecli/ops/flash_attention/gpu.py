@@ -9,9 +9,21 @@ from fusecli.ops.attention_grad.gpu import fill_strides, kv_dims
 from fusecli.ops.gpu import launch
 
 
-def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, tf32=0):
+FMIN = -3.4028234663852886e38
+
+
+def mask_args(mask, qb, sq, sk, fill, fill_kept, bias_first):
+    """The float32 launchers' mask parameters (mask: a bool tensor or None)."""
+    m = None if mask is None else mask.to(dtype=__import__("torch").bool).contiguous()
+    return dict(mask=m, mask_strides=None if m is None else fill_strides(m.shape, (*qb, sq, sk)),
+                fill=float(fill), fill_kept=int(fill_kept), bias_first=int(bias_first))
+
+
+def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, tf32=0, mask=None,
+                    fill=FMIN, fill_kept=1, bias_first=0):
     """(O, LSE) for float32, float16 or bfloat16 Q, K, V (and bias) of one type; LSE float32.
-    tf32 (float32 only): one TF32 product per multiply instead of split TF32."""
+    tf32 (float32 only): one TF32 product per multiply instead of split TF32. mask (float32
+    only): the bool mask with fill / fill_kept / bias_first (the contract's attributes)."""
     import torch
 
     qb = tuple(q.shape[:-2])
@@ -22,6 +34,8 @@ def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, tf32=0):
     o = torch.empty(*qb, sq, dv, device=q.device, dtype=q.dtype)
     lse = torch.empty(*qb, sq, device=q.device, dtype=torch.float32)
     nd, qd, kd = len(qb), list(qb) or [1], list(kv_dims(qb, k)) or [1]
+    if mask is not None and q.dtype != torch.float32:
+        raise ValueError("flash_attention: the mask input is float32 only")
     if q.dtype == torch.float16:
         launch("fusecli_launch_flash_attention_f16", q=q, k=k, v=v, bias=b, bias_strides=bs, o=o,
                lse=lse, nd=nd, qdims=qd, kdims=kd, sq=sq, sk=sk, d=d, dv=dv, scale=scale,
@@ -33,12 +47,15 @@ def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, tf32=0):
     else:
         launch("fusecli_launch_flash_attention", q=q, k=k, v=v, bias=b, bias_strides=bs, o=o,
                lse=lse, nd=nd, qdims=qd, kdims=kd, sq=sq, sk=sk, d=d, dv=dv, scale=scale,
-               k_transposed=k_transposed, tf32=tf32)
+               k_transposed=k_transposed, tf32=tf32,
+               **mask_args(mask, qb, sq, sk, fill, fill_kept, bias_first))
     return o, lse
 
 
-def ref_attention(q, k, v, bias=None, scale=1.0, k_transposed=0):
-    """(O, LSE) in float64 with K/V repeated over grouped heads."""
+def ref_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, mask=None, fill=FMIN,
+                  fill_kept=1, bias_first=0):
+    """(O, LSE) in float64 with K/V repeated over grouped heads (the mask's fill as the
+    contract: in float32, as the graph's Where and Add)."""
     import torch
 
     kk = k.transpose(-1, -2) if k_transposed else k
@@ -46,9 +63,24 @@ def ref_attention(q, k, v, bias=None, scale=1.0, k_transposed=0):
     if rep > 1:
         kk, v = kk.repeat_interleave(rep, -3), v.repeat_interleave(rep, -3)
     s = scale * q.double() @ kk.double().transpose(-1, -2)
-    if bias is not None:
-        s = s + bias.double()
+    s = masked_scores(s, bias, mask, fill, fill_kept, bias_first)
     return torch.softmax(s, -1) @ v.double(), torch.logsumexp(s, -1)
+
+
+def masked_scores(s, bias, mask, fill, fill_kept, bias_first):
+    """The scores with the additive bias and the mask's fill applied as the contract says."""
+    import torch
+
+    if mask is None:
+        return s if bias is None else s + bias.double()
+    filled = ~mask.bool() if fill_kept else mask.bool()
+    s = s.float()
+    if bias is not None and bias_first:
+        s = s + bias.float()
+    s = torch.where(filled, torch.tensor(fill, dtype=torch.float32, device=s.device), s)
+    if bias is not None and not bias_first:
+        s = s + bias.float()
+    return s.double()
 
 
 def bench(add, r):

@@ -12,9 +12,22 @@ from fusecli.ops.attention_grad.reference import _expand, attention_kv_dims
 from fusecli.ops.reference import _fit
 
 
-def flash_scores(q, k, scale=1.0, k_transposed=0, bias=None):
+def filled_positions(mask, shape, fill_kept=1):
+    """The bool mask broadcast to the scores' shape, True where a score is filled."""
+    try:
+        m = np.broadcast_to(np.asarray(mask).astype(bool), shape)
+    except ValueError:
+        raise ValueError(f"FlashAttention: mask {list(np.shape(mask))} must broadcast to the "
+                         f"scores' shape {list(shape)}") from None
+    return ~m if fill_kept else m
+
+
+def flash_scores(q, k, scale=1.0, k_transposed=0, bias=None, mask=None, fill=-3.4028234663852886e38,
+                 fill_kept=1, bias_first=0):
     """S = scale * Q K^T (+ bias) in float64, [*qbatch, Sq, Sk], with K grouped as the
-    contract says; returns (S, q batch dims, kv batch dims)."""
+    contract says, the mask's filled scores replaced by `fill` (before the bias, or after it
+    with bias_first = 1), in float32 as the graph's Where and Add; returns (S, q batch dims, kv
+    batch dims)."""
     qb, sq, d = q.shape[:-2], q.shape[-2], q.shape[-1]
     sk = k.shape[-1] if k_transposed else k.shape[-2]
     kb = attention_kv_dims(qb, k.shape, sk * d, "K")
@@ -22,6 +35,9 @@ def flash_scores(q, k, scale=1.0, k_transposed=0, bias=None):
     k_sd = np.swapaxes(k64, -1, -2) if k_transposed else k64
     s = float(scale) * (q.astype(np.float64).reshape(*qb, sq, d)
                         @ np.swapaxes(_expand(k_sd, qb, kb), -1, -2))
+    if mask is not None and not bias_first:
+        s = np.where(filled_positions(mask, s.shape, fill_kept), np.float32(fill),
+                     s.astype(np.float32)).astype(np.float64)
     if bias is not None:
         # the bias is added to the float32 scores in float32, as the graph's Add does: a score
         # plus finfo.min is finfo.min (a fully masked row's softmax is uniform)
@@ -31,12 +47,16 @@ def flash_scores(q, k, scale=1.0, k_transposed=0, bias=None):
         except ValueError:
             raise ValueError(f"FlashAttention: bias {list(bias.shape)} must broadcast to the "
                              f"scores' shape {list(s.shape)}") from None
+    if mask is not None and bias_first:
+        s = np.where(filled_positions(mask, s.shape, fill_kept), np.float32(fill),
+                     s.astype(np.float32)).astype(np.float64)
     return s, qb, kb
 
 
-def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0):
+def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, mask=None,
+                    fill=-3.4028234663852886e38, fill_kept=1, bias_first=0):
     """Returns (O, LSE) as the contract defines them."""
-    s, qb, kb = flash_scores(q, k, scale, k_transposed, bias)
+    s, qb, kb = flash_scores(q, k, scale, k_transposed, bias, mask, fill, fill_kept, bias_first)
     sk, dv = s.shape[-1], v.shape[-1]
     vb = attention_kv_dims(qb, v.shape, sk * dv, "V")
     if tuple(vb) != tuple(kb):
@@ -52,6 +72,9 @@ def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0):
 
 class Reference(OpRun):
 
-    def _run(self, q, k, v, bias=None, scale=1.0, k_transposed=0, tf32=0):  # tf32: CUDA only
-        return _fit(self, flash_attention(q, k, v, bias, 1.0 if scale is None else scale,
-                                          k_transposed or 0))
+    def _run(self, q, k, v, bias=None, mask=None, scale=1.0, k_transposed=0, fill=None,
+             fill_kept=None, bias_first=None, tf32=0):  # tf32: CUDA only
+        return _fit(self, flash_attention(
+            q, k, v, bias, 1.0 if scale is None else scale, k_transposed or 0, mask,
+            -3.4028234663852886e38 if fill is None else fill,
+            1 if fill_kept is None else fill_kept, bias_first or 0))

@@ -125,3 +125,46 @@ def test_simt_fallback(monkeypatch):
     monkeypatch.delenv("FUSECLI_FLASH_PATH")
     q, k, v = rand(1, 1, 40, 300), rand(1, 1, 40, 300), rand(1, 1, 40, 300)
     _check(q, k, v, None, 0.05, 1e-5)
+
+
+def _bool_mask(kind, b, sq, sk):
+    """True = kept: causal [Sq, Sk], a 3-key sliding window [Sq, Sk], padding [B, 1, 1, Sk]
+    (batch 0 fully padded: every row fully masked, uniform softmax under finfo.min)."""
+    i = torch.arange(sq, device="cuda")[:, None] + (sk - sq)
+    j = torch.arange(sk, device="cuda")[None, :]
+    if kind == "causal":
+        return j <= i
+    if kind == "window":
+        return (j <= i) & (j >= i - 2)
+    pad = torch.ones(b, 1, 1, sk, dtype=torch.bool, device="cuda")
+    pad[0] = False
+    return pad
+
+
+@pytest.mark.parametrize("path", ["tc", "simt"])
+@pytest.mark.parametrize("fill_kept", [1, 0])
+@pytest.mark.parametrize("kind", ["causal", "window", "padding"])
+def test_flash_attention_bool_mask(kind, fill_kept, path, monkeypatch):
+    """The bool mask (float32 only) on the float32-core kernels; with FUSECLI_FLASH_PATH=tc a
+    masked call falls back to them (the tensor-core tiles take no mask)."""
+    if path == "simt":
+        monkeypatch.delenv("FUSECLI_FLASH_PATH", raising=False)
+    _seed(f"flash-mask-{kind}-{fill_kept}")
+    b, h, hk, sq, sk, d = 2, 4, 2, 70, 140, 32
+    q, k, v = rand(b, h, sq, d), rand(b, hk, sk, d), rand(b, hk, sk, d)
+    keep = _bool_mask(kind, b, sq, sk)
+    mask = keep if fill_kept else ~keep
+    fmin = torch.finfo(torch.float32).min
+    o, lse = flash_attention(q, k, v, None, 0.2, mask=mask, fill=fmin, fill_kept=fill_kept)
+    ro, rl = ref_attention(q, k, v, None, 0.2, mask=mask, fill=fmin, fill_kept=fill_kept)
+    close(o.double(), ro, TOL["fp32"], "O")
+    if kind != "padding":  # a fully masked row's LSE is finfo.min + log(Sk) = finfo.min
+        close(lse.double(), rl, TOL["fp32"], "LSE")
+    # -inf fill: a fully masked row is NaN, as onnxruntime's Softmax gives
+    o, lse = flash_attention(q, k, v, None, 0.2, mask=mask, fill=float("-inf"),
+                             fill_kept=fill_kept)
+    if kind == "padding":
+        assert torch.isnan(o[0]).all() and torch.isnan(lse[0]).all()
+        assert torch.isfinite(o[1]).all()
+    else:
+        close(o.double(), ro, TOL["fp32"], "O (-inf fill)")

@@ -51,11 +51,12 @@ struct Bwd {
     dp.noalias() = dob * t.vblock(c, j0, nc).transpose();
     for (int64_t r = 0; r < nr; ++r)
       s.row(r).array() *= dp.row(r).array() - drow[b * in.Sq + i0 + r];
+    t.zero_filled(b, i0, nr, j0, nc, w.S);  // Where's gradient: 0 where the mask filled
   }
 };
 
 void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
-  const FlashInputs in(ctx, 1, 2, 3, 6, k_transposed, "FlashAttentionGrad");
+  const FlashInputs in(ctx, 1, 2, 3, 6, 7, k_transposed, "FlashAttentionGrad");
   const In dO = get_input(ctx, 0), O = get_input(ctx, 4), L = get_input(ctx, 5);
   const int64_t B = in.B, Sq = in.Sq, Sk = in.Sk, D = in.D, Dv = in.Dv;
   FUSECLI_CHECK(dO.numel() == B * Sq * Dv && O.numel() == B * Sq * Dv,
@@ -71,7 +72,7 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
     if (want_dq) std::fill(dq, dq + in.q.numel(), 0.f);
     return;
   }
-  const FlashTiles t{in, scale, k_transposed != 0};
+  const FlashTiles t{in, scale, k_transposed != 0, fill, fill_kept, bias_first};
   const float* lse = L.ptr<float>();
   const float* dop = dO.ptr<float>();
   const int64_t nqb = flash_blocks(Sq, kFlashBq), nkb = flash_blocks(Sk, kFlashBk);
@@ -81,7 +82,8 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
   // A row whose scores are all masked with finfo.min-like values has S = LSE = that value in
   // float32 (log(l) is lost next to it, while the original softmax there is uniform, 1 / l):
   // its P is renormalised by its row sum, computed once here (such rows are rare).
-  std::vector<char> can_skip(static_cast<size_t>(B * nqb), in.bias.present ? 1 : 0);
+  std::vector<char> can_skip(static_cast<size_t>(B * nqb),
+                             in.bias.present || in.mask.present ? 1 : 0);
   std::vector<float> pscale(static_cast<size_t>(B * Sq), 1.f);
   parallel_for(B * nqb, 1, [&](int, int64_t t0, int64_t t1) {
     RowMat srow(1, kFlashBk);

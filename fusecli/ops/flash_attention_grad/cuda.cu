@@ -18,9 +18,9 @@ using namespace fusecli_flash;
 template <typename T>
 __global__ void flash_rows(const T* __restrict__ dO, const T* __restrict__ o,
                            const T* __restrict__ q, const T* __restrict__ k,
-                           const float* __restrict__ lse, BiasT<T> bias, float* __restrict__ drow,
-                           float* __restrict__ pscale, fusecli::KvMap km, int64_t sq, int64_t sk,
-                           int64_t d, int64_t dv, float scale, int kt) {
+                           const float* __restrict__ lse, BiasT<T> bias, Mask mk,
+                           float* __restrict__ drow, float* __restrict__ pscale, fusecli::KvMap km,
+                           int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int kt) {
   __shared__ float red[32];
   const int64_t row = blockIdx.x, b = row / sq, i = row % sq;
   float a = 0.f;
@@ -32,10 +32,14 @@ __global__ void flash_rows(const T* __restrict__ dO, const T* __restrict__ o,
   if (isfinite(li) && !(li > kMaskedRow)) {
     const T* kc = k + km.kv_of(b) * sk * d;
     const int64_t boff = bias.p ? bias.item(b) : 0;
+    const int64_t moff = mk.p ? mk.item(b) : 0;
     float sum = 0.f;
-    for (int64_t j = threadIdx.x; j < sk; j += blockDim.x)
-      sum += __expf(score(q + row * d, kc, j, sk, d, kt, scale) +
-                    (bias.p ? bias.at(boff, i, j) : 0.f) - li);
+    for (int64_t j = threadIdx.x; j < sk; j += blockDim.x) {
+      const float bj = bias.p ? bias.at(boff, i, j) : 0.f;
+      sum += __expf((mk.filled(moff, i, j) ? mk.value(bj, bias.p != nullptr)
+                                           : score(q + row * d, kc, j, sk, d, kt, scale) + bj) -
+                    li);
+    }
     ps = 1.f / block_reduce(sum, red, false);
   }
   if (threadIdx.x == 0) {
@@ -54,9 +58,9 @@ __device__ __forceinline__ bool tile_zero(bool in, float bj, float lse_i, float*
 __global__ void flash_bwd_dq(const float* __restrict__ dO, const float* __restrict__ q,
                              const float* __restrict__ k, const float* __restrict__ v,
                              const float* __restrict__ lse, const float* __restrict__ drow,
-                             const float* __restrict__ pscale, Bias bias, float* __restrict__ dq,
-                             fusecli::KvMap km, int64_t sq, int64_t sk, int64_t d, int64_t dv,
-                             float scale, int kt) {
+                             const float* __restrict__ pscale, Bias bias, Mask mk,
+                             float* __restrict__ dq, fusecli::KvMap km, int64_t sq, int64_t sk,
+                             int64_t d, int64_t dv, float scale, int kt) {
   extern __shared__ float sh[];  // acc [d], ds [kFlashT], red [32]
   float* acc = sh;
   float* ds = sh + d;
@@ -67,15 +71,18 @@ __global__ void flash_bwd_dq(const float* __restrict__ dO, const float* __restri
   const float* kc = k + c * sk * d;
   const float* vc = v + c * sk * dv;
   const int64_t boff = bias.p ? bias.item(b) : 0;
+  const int64_t moff = mk.p ? mk.item(b) : 0;
   const float li = lse[row], di = drow[row];
   for (int64_t x = threadIdx.x; x < d; x += blockDim.x) acc[x] = 0.f;
   for (int64_t j0 = 0; j0 < sk; j0 += kFlashT) {
     const int64_t j = j0 + threadIdx.x;
     const bool in = j < sk;
     const float bj = in && bias.p ? bias.at(boff, i, j) : 0.f;
-    if (bias.p && tile_zero(in, bj, li, red)) continue;
+    const bool fj = in && mk.filled(moff, i, j);
+    const float fv = fj ? mk.value(bj, bias.p != nullptr) : 0.f;
+    if ((bias.p || mk.p) && tile_zero(in, fj ? fv : bj, li, red)) continue;
     float g = 0.f;
-    if (in) {
+    if (in && !fj) {  // a filled position's gradient is 0 (Where's)
       const float pj = __expf(score(qr, kc, j, sk, d, kt, scale) + bj - li) * pscale[row];
       float dp = 0.f;
       for (int64_t x = 0; x < dv; ++x) dp += dor[x] * vc[j * dv + x];
@@ -100,9 +107,9 @@ __global__ void flash_bwd_dq(const float* __restrict__ dO, const float* __restri
 __global__ void flash_bwd_dkv(const float* __restrict__ dO, const float* __restrict__ q,
                               const float* __restrict__ k, const float* __restrict__ v,
                               const float* __restrict__ lse, const float* __restrict__ drow,
-                              const float* __restrict__ pscale, Bias bias, float* __restrict__ dk,
-                              float* __restrict__ dvo, fusecli::KvMap km, int64_t sq, int64_t sk,
-                              int64_t d, int64_t dv, float scale, int kt) {
+                              const float* __restrict__ pscale, Bias bias, Mask mk,
+                              float* __restrict__ dk, float* __restrict__ dvo, fusecli::KvMap km,
+                              int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int kt) {
   extern __shared__ float sh[];  // ak [d], av [dv], p [kFlashT], ds [kFlashT], red [32]
   float* ak = sh;
   float* av = ak + d;
@@ -118,19 +125,25 @@ __global__ void flash_bwd_dkv(const float* __restrict__ dO, const float* __restr
   for (int64_t g = 0; g < group; ++g) {
     const int64_t b = km.member(c, g);
     const int64_t boff = bias.p ? bias.item(b) : 0;
+    const int64_t moff = mk.p ? mk.item(b) : 0;
     for (int64_t i0 = 0; i0 < sq; i0 += kFlashT) {
       const int64_t i = i0 + threadIdx.x;
       const bool in = i < sq;
       const int64_t row = b * sq + i;
       const float bj = in && bias.p ? bias.at(boff, i, j) : 0.f;
+      const bool fj = in && mk.filled(moff, i, j);
+      const float fv = fj ? mk.value(bj, bias.p != nullptr) : 0.f;
       const float li = in ? lse[row] : 0.f;
-      if (bias.p && tile_zero(in, bj, li, red)) continue;
+      if ((bias.p || mk.p) && tile_zero(in, fj ? fv : bj, li, red)) continue;
       float pj = 0.f, g2 = 0.f;
       if (in) {
-        pj = __expf(score(q + row * d, kc, j, sk, d, kt, scale) + bj - li) * pscale[row];
-        float dp = 0.f;
-        for (int64_t x = 0; x < dv; ++x) dp += dO[row * dv + x] * vj[x];
-        g2 = pj * (dp - drow[row]);
+        pj =
+            __expf((fj ? fv : score(q + row * d, kc, j, sk, d, kt, scale) + bj) - li) * pscale[row];
+        if (!fj) {  // a filled position's gradient is 0 (Where's); dV still reads its P
+          float dp = 0.f;
+          for (int64_t x = 0; x < dv; ++x) dp += dO[row * dv + x] * vj[x];
+          g2 = pj * (dp - drow[row]);
+        }
       }
       __syncthreads();
       p[threadIdx.x] = pj;
@@ -469,11 +482,17 @@ int launch_grad(void* stream, const typename PrecOf<P>::T* dO, const typename Pr
                 const int64_t* bias_strides, typename PrecOf<P>::T* dq, typename PrecOf<P>::T* dk,
                 typename PrecOf<P>::T* dv, int nd, const int64_t* qdims, const int64_t* kdims,
                 int64_t sq, int64_t sk, int64_t d, int64_t dv_dim, float scale, int k_transposed,
-                int split, bool tc) {
+                int split, bool tc, const uint8_t* mask = nullptr,
+                const int64_t* mask_strides = nullptr, float fill = 0.f, int fill_kept = 1,
+                int bias_first = 0) {
   using T = typename PrecOf<P>::T;
   fusecli::KvMap km;
   BiasT<T> bm;
-  if (!make_maps(nd, qdims, kdims, bias, bias_strides, &km, &bm)) return cudaErrorInvalidValue;
+  Mask mk;
+  if (!make_maps(nd, qdims, kdims, bias, bias_strides, &km, &bm) ||
+      !make_mask(nd, qdims, mask, mask_strides, fill, fill_kept, bias_first, &mk))
+    return cudaErrorInvalidValue;
+  if (mask) tc = false;  // the tensor-core tiles take no mask
   auto s = static_cast<cudaStream_t>(stream);
   const int64_t rows = km.q_items() * sq, keys = km.kv_items() * sk;
   if (rows == 0 || sk == 0) {
@@ -487,7 +506,7 @@ int launch_grad(void* stream, const typename PrecOf<P>::T* dO, const typename Pr
   float* drow = ws.f();
   float* pscale = drow + rows;
   flash_rows<T><<<static_cast<unsigned>(rows), kFlashT, 0, s>>>(
-      dO, o, q, k, lse, bm, drow, pscale, km, sq, sk, d, dv_dim, scale, k_transposed);
+      dO, o, q, k, lse, bm, mk, drow, pscale, km, sq, sk, d, dv_dim, scale, k_transposed);
   RETURN_IF_ERR(cudaGetLastError());
   if (tc) {
     const GradArgs<T> a{s,
@@ -515,11 +534,12 @@ int launch_grad(void* stream, const typename PrecOf<P>::T* dO, const typename Pr
   if constexpr (P == kF32) {
     if (dq)
       flash_bwd_dq<<<static_cast<unsigned>(rows), kFlashT, (d + kFlashT + 32) * sizeof(float), s>>>(
-          dO, q, k, v, lse, drow, pscale, bm, dq, km, sq, sk, d, dv_dim, scale, k_transposed);
+          dO, q, k, v, lse, drow, pscale, bm, mk, dq, km, sq, sk, d, dv_dim, scale, k_transposed);
     if (dk || dv)
       flash_bwd_dkv<<<static_cast<unsigned>(keys), kFlashT,
                       (d + dv_dim + 2 * kFlashT + 32) * sizeof(float), s>>>(
-          dO, q, k, v, lse, drow, pscale, bm, dk, dv, km, sq, sk, d, dv_dim, scale, k_transposed);
+          dO, q, k, v, lse, drow, pscale, bm, mk, dk, dv, km, sq, sk, d, dv_dim, scale,
+          k_transposed);
     return static_cast<int>(cudaGetLastError());
   }
   return cudaErrorInvalidValue;
@@ -531,10 +551,12 @@ FUSECLI_EXPORT int fusecli_launch_flash_attention_grad(
     void* stream, const float* dO, const float* q, const float* k, const float* v, const float* o,
     const float* lse, const float* bias, const int64_t* bias_strides, float* dq, float* dk,
     float* dv, int nd, const int64_t* qdims, const int64_t* kdims, int64_t sq, int64_t sk,
-    int64_t d, int64_t dv_dim, float scale, int k_transposed, int tf32) {
-  const bool tc = dp_bucket(d > dv_dim ? d : dv_dim) != 0 && flash_tc_enabled();
+    int64_t d, int64_t dv_dim, float scale, int k_transposed, int tf32, const uint8_t* mask,
+    const int64_t* mask_strides, float fill, int fill_kept, int bias_first) {
+  const bool tc = dp_bucket(d > dv_dim ? d : dv_dim) != 0 && flash_tc_enabled() && !mask;
   return launch_grad<kF32>(stream, dO, q, k, v, o, lse, bias, bias_strides, dq, dk, dv, nd, qdims,
-                           kdims, sq, sk, d, dv_dim, scale, k_transposed, tf32 ? 0 : 1, tc);
+                           kdims, sq, sk, d, dv_dim, scale, k_transposed, tf32 ? 0 : 1, tc, mask,
+                           mask_strides, fill, fill_kept, bias_first);
 }
 
 template <int P>

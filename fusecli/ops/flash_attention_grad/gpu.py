@@ -9,6 +9,7 @@ work) and peak memory."""
 from __future__ import annotations
 
 from fusecli.ops.attention_grad.gpu import fill_strides, kv_dims
+from fusecli.ops.flash_attention.gpu import FMIN, mask_args
 from fusecli.ops.gpu import launch
 
 SHAPES = [(1, 8, 256, 64), (4, 8, 512, 64), (1, 8, 2048, 64), (2, 16, 1024, 128),
@@ -16,9 +17,11 @@ SHAPES = [(1, 8, 256, 64), (4, 8, 512, 64), (1, 8, 2048, 64), (2, 16, 1024, 128)
 
 
 def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed=0,
-                         want=(1, 1, 1), tf32=0):
+                         want=(1, 1, 1), tf32=0, mask=None, fill=FMIN, fill_kept=1,
+                         bias_first=0):
     """[dQ, dK, dV] (None where not wanted); float32, float16 or bfloat16 tensors of one type
-    (LSE float32). tf32 (float32 only): one TF32 product per multiply."""
+    (LSE float32). tf32 (float32 only): one TF32 product per multiply. mask (float32 only): as
+    FlashAttention's."""
     import torch
 
     qb = tuple(q.shape[:-2])
@@ -28,6 +31,8 @@ def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed
     bs = None if b is None else fill_strides(b.shape, (*qb, sq, sk))
     dq, dk, dvv = [torch.empty_like(t) if w_ else None for t, w_ in zip((q, k, v), want)]
     nd, qd, kd = len(qb), list(qb) or [1], list(kv_dims(qb, k)) or [1]
+    if mask is not None and q.dtype != torch.float32:
+        raise ValueError("flash_attention_grad: the mask input is float32 only")
     if q.dtype == torch.float16:
         launch("fusecli_launch_flash_attention_grad_f16", dO=do, q=q, k=k, v=v, o=o, lse=lse,
                bias=b, bias_strides=bs, dq=dq, dk=dk, dv=dvv, nd=nd, qdims=qd, kdims=kd, sq=sq,
@@ -39,13 +44,15 @@ def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed
     else:
         launch("fusecli_launch_flash_attention_grad", dO=do, q=q, k=k, v=v, o=o, lse=lse, bias=b,
                bias_strides=bs, dq=dq, dk=dk, dv=dvv, nd=nd, qdims=qd, kdims=kd, sq=sq, sk=sk,
-               d=d, dv_dim=dv, scale=scale, k_transposed=k_transposed, tf32=tf32)
+               d=d, dv_dim=dv, scale=scale, k_transposed=k_transposed, tf32=tf32,
+               **mask_args(mask, qb, sq, sk, fill, fill_kept, bias_first))
     return [dq, dk, dvv]
 
 
-def ref_attention_grad(do, q, k, v, bias=None, scale=1.0):
+def ref_attention_grad(do, q, k, v, bias=None, scale=1.0, mask=None, fill=FMIN, fill_kept=1):
     """(dQ, dK, dV) by torch autograd in float64 (K as [.., Sk, D]; K/V repeated over grouped
-    heads, their gradients summed back over each group)."""
+    heads, their gradients summed back over each group); with mask: Where(kept, S, fill)
+    [+ bias], whose autograd gradient is Where's (0 at filled positions)."""
     import torch
 
     qs, ks, vs = (t.double().detach().requires_grad_(True) for t in (q, k, v))
@@ -54,6 +61,9 @@ def ref_attention_grad(do, q, k, v, bias=None, scale=1.0):
     if rep > 1:
         kk, vv = ks.repeat_interleave(rep, -3), vs.repeat_interleave(rep, -3)
     s = scale * qs @ kk.transpose(-1, -2)
+    if mask is not None:
+        kept = mask.bool() if fill_kept else ~mask.bool()
+        s = torch.where(kept, s, torch.tensor(fill, dtype=torch.float64, device=s.device))
     if bias is not None:
         s = s + bias.double()
     out = torch.softmax(s, -1) @ vv

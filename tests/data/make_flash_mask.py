@@ -1,0 +1,169 @@
+"""Regenerates the boolean-mask attention fixtures tests/data/{ortt,torch}_flash_where_*.onnx:
+small decoder blocks whose attention masks the scores with Where (not an additive bias), as
+GPT-2's eager attention (`torch.where(causal_mask, attn_weights, mask_value)`, mask_value =
+finfo.min), GPT-Neo / BLOOM-style code and masked_fill do. One attention per graph, forward and
+backward in the graph, nothing else reads the probabilities: flash_attention 1, layernorm 2,
+linear_gelu 1 (pre-norm block: ln_1, attention, ln_2, Linear(8->16) GELU Linear(16->8)).
+
+- where_causal: GPT-2's spelling: scores / sqrt(dh), Where(causal, scores, finfo.min) (a
+  constant [S, S] bool buffer sliced to [1, 1, S, S]), softmax.
+- where_causal_pad: the mask built at run time from an `attention_mask` input [B, S] (int64,
+  0/1, random: rows whose keys are all padded exist): Where(causal & attention_mask[:, None,
+  None, :].bool(), scores, finfo.min). A fully masked row gets the uniform softmax (forward) and
+  a zero score gradient (Where's backward).
+- where_gpt2_pad: GPT-2's whole spelling: Where(causal, scores, finfo.min) then + the additive
+  padding mask (1 - attention_mask[:, None, None, :]) * finfo.min built at run time.
+- fill_causal_pad: masked_fill(~causal, -inf) then + the additive padding mask built at run
+  time (the masked_fill polarity with a bias after it).
+- fill_window_ninf: masked_fill of a sliding window (keys i-2..i kept) with -inf: the
+  polarity True = filled (Where(~window, -inf, scores)), the scale on q (q * dh**-0.5).
+
+Rule fixtures (tests/test_rules.py's positives), attention only (x + o(attn(x)) per layer):
+- gqa_where_all: four attention layers with grouped K / V (Hugging Face's repeat_kv, 2 query
+  heads on 1 kv head), one per Where spelling: Where(causal, S, finfo.min), the same + an
+  additive padding mask built at run time, masked_fill(~causal, -inf), the same + the padding
+  mask: flash_attention 4.
+
+Through the corpus exporters (scripts/corpus/gen.py), each checked against torch autograd.
+Run with the corpus venvs (torch 2.13 + onnxruntime-training 1.19.2, or + onnxscript):
+build/venv-corpus-ortt/bin/python tests/data/make_flash_mask.py ort-training
+build/venv-corpus-torch/bin/python tests/data/make_flash_mask.py torch-joint
+"""
+
+import shutil
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "scripts" / "corpus"))
+import gen  # noqa: E402
+
+S = 8
+
+
+class WhereBlock(torch.nn.Module):
+    """Pre-norm block, 2 heads of 4, attention masked by Where (see the module docstring)."""
+
+    def __init__(self, kind, d=8, heads=2):
+        super().__init__()
+        self.kind, self.h, self.dh = kind, heads, d // heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+        self.fc1, self.fc2 = torch.nn.Linear(d, 2 * d), torch.nn.Linear(2 * d, d)
+        with torch.no_grad():
+            for ln in (self.ln1, self.ln2):
+                ln.weight.add_(0.1 * torch.randn(d))
+                ln.bias.add_(0.1 * torch.randn(d))
+        self.register_buffer("causal", torch.tril(torch.ones(S, S, dtype=torch.bool))
+                             .view(1, 1, S, S), persistent=False)
+        idx = torch.arange(S)
+        self.register_buffer("window", (idx[None, :] <= idx[:, None])
+                             & (idx[None, :] >= idx[:, None] - 2), persistent=False)
+
+    def attention(self, q, k, v, attention_mask):
+        s = q.shape[-2]
+        if self.kind == "fill_causal_pad":
+            w = q @ k.transpose(-2, -1) / self.dh ** 0.5
+            w = w.masked_fill(~self.causal[:, :, :s, :s], float("-inf"))
+            w = w + (1.0 - attention_mask[:, None, None, :].to(w.dtype)) * torch.finfo(w.dtype).min
+            return torch.softmax(w, dim=-1) @ v
+        if self.kind == "fill_window_ninf":
+            w = (q * self.dh ** -0.5) @ k.transpose(-2, -1)
+            w = w.masked_fill(~self.window[:s, :s], float("-inf"))
+            return torch.softmax(w, dim=-1) @ v
+        w = q @ k.transpose(-2, -1) / self.dh ** 0.5
+        causal = self.causal[:, :, :s, :s]
+        fill = torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype)
+        if self.kind == "where_causal_pad":
+            causal = causal & attention_mask[:, None, None, :].bool()
+        w = torch.where(causal, w, fill)
+        if self.kind == "where_gpt2_pad":
+            w = w + (1.0 - attention_mask[:, None, None, :].to(w.dtype)) * torch.finfo(w.dtype).min
+        return torch.softmax(w, dim=-1) @ v
+
+    def forward(self, x, attention_mask=None):
+        b, s, d = x.shape
+        h = self.ln1(x)
+
+        def heads(t):
+            return t.view(b, s, self.h, self.dh).transpose(1, 2)
+
+        a = self.attention(heads(self.q(h)), heads(self.k(h)), heads(self.v(h)), attention_mask)
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+class AttnLayers(torch.nn.Module):
+    """Attention-only residual layers (d 8, 2 heads of 4), one per spelling (module docstring)."""
+
+    def __init__(self, spellings, kv_heads=2, d=8, heads=2):
+        super().__init__()
+        self.spellings, self.h, self.hk, self.dh = spellings, heads, kv_heads, d // heads
+        n = len(spellings)
+        self.q = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(n))
+        self.k = torch.nn.ModuleList(torch.nn.Linear(d, kv_heads * self.dh) for _ in range(n))
+        self.v = torch.nn.ModuleList(torch.nn.Linear(d, kv_heads * self.dh) for _ in range(n))
+        self.o = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(n))
+        self.register_buffer("causal", torch.tril(torch.ones(S, S, dtype=torch.bool)),
+                             persistent=False)
+
+    def forward(self, x, attention_mask):
+        b, s, d = x.shape
+        fmin = torch.finfo(x.dtype).min
+        pad = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * fmin
+        for i, sp in enumerate(self.spellings):
+            q = self.q[i](x).view(b, s, self.h, self.dh).transpose(1, 2)
+            k = self.k[i](x).view(b, s, self.hk, self.dh).transpose(1, 2)
+            v = self.v[i](x).view(b, s, self.hk, self.dh).transpose(1, 2)
+            if self.hk != self.h:  # transformers' repeat_kv
+                rep = self.h // self.hk
+                k = k[:, :, None].expand(b, self.hk, rep, s, self.dh).reshape(b, self.h, s, self.dh)
+                v = v[:, :, None].expand(b, self.hk, rep, s, self.dh).reshape(b, self.h, s, self.dh)
+            causal = self.causal[:s, :s]
+            w = q @ k.transpose(-2, -1) / self.dh ** 0.5
+            if sp.startswith("keep"):
+                w = torch.where(causal, w, torch.full([], fmin, dtype=w.dtype))
+            else:
+                w = w.masked_fill(~causal, float("-inf"))
+            if sp.endswith("_pad"):
+                w = w + pad
+            p = torch.softmax(w, dim=-1)
+            x = x + self.o[i]((p @ v).transpose(1, 2).reshape(b, s, d))
+        return x
+
+
+KINDS = ["where_causal", "where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "fill_window_ninf",
+         "gqa_where_all"]
+PADDED = {"where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "gqa_where_all"}
+LAYERS = {"gqa_where_all": lambda: AttnLayers(["keep", "keep_pad", "fill", "fill_pad"], 1)}
+
+
+def main(family: str, only: list[str]) -> None:
+    prefix = gen.PREFIX[family]
+    builder = gen.build_ortt if family == "ort-training" else gen.build_torch
+    for kind in KINDS:
+        if only and kind not in only:
+            continue
+        torch.manual_seed(0)
+        inputs = {"x": torch.randn(2, S, 8)}
+        ranges = {}
+        if kind in PADDED:
+            # batch 0: the last three keys padded (rows 0..4 partly kept); batch 1: key 0 padded
+            # (row 0 fully masked under the causal mask)
+            inputs["attention_mask"] = torch.tensor([[1] * 5 + [0] * 3, [0] + [1] * 7])
+            ranges["attention_mask"] = [0, 2]
+        arch = types.SimpleNamespace(library="torch", input_ranges=ranges)
+        name = f"{prefix}_flash_{kind}"
+        with tempfile.TemporaryDirectory() as td:
+            model = (LAYERS[kind]() if kind in LAYERS else WhereBlock(kind)).train()
+            res = builder(arch, model, inputs, name, Path(td), True)
+            shutil.copy(Path(td) / f"{name}.onnx", HERE / f"{name}.onnx")
+        print(f"{name}: max |grad - torch| {res['max_abs_grad_err_vs_torch']:.3g}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])

@@ -1,0 +1,139 @@
+"""Flash attention with a bool mask read by Where (issue 36): real exports of both families
+(tests/data/make_flash_mask.py: GPT-2's causal where with finfo.min, the mask built at run time
+from attention_mask with fully masked rows, GPT-2's where + additive padding mask, masked_fill
+of a sliding window with -inf) fuse their attention as FlashAttention + FlashAttentionGrad with
+the Where's condition as the ops' mask input, and verify against the original; look-alikes the
+ops cannot compute exactly are not fused as flash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from fusecli import FusionPass
+from fusecli.runtime.verify import verify_models
+
+DATA = Path(__file__).parent / "data"
+FMIN = float(np.finfo(np.float32).min)
+
+# counts from the model code (tests/data/make_flash_mask.py): one attention (forward and
+# backward in the graph, nothing else reads P), two LayerNorms, one Linear + GELU
+EXPECTED = {"flash_attention": 1, "layernorm": 2, "linear_gelu": 1}
+# kind -> (fill, fill_kept, an additive bias too)
+KINDS = {"where_causal": (FMIN, 1, False), "where_causal_pad": (FMIN, 1, False),
+         "where_gpt2_pad": (FMIN, 1, True), "fill_causal_pad": (-np.inf, 0, True),
+         "fill_window_ninf": (-np.inf, 0, False)}
+CASES = [(f"{fam}_flash_{k}", k) for fam in ("ortt", "torch") for k in KINDS]
+
+
+def _fuse(m):
+    fp = FusionPass()
+    fp.run(m)
+    return {p: s.fused for p, s in fp.stats.patterns.items() if s.fused}
+
+
+def _attrs(node):
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+@pytest.mark.parametrize("name,kind", CASES, ids=[c[0] for c in CASES])
+def test_where_mask_exports_fuse_as_flash_and_verify(name, kind, tmp_path):
+    src = DATA / f"{name}.onnx"
+    m = onnx.load(src)
+    conds = {n.input[0] for n in m.graph.node if n.op_type == "Where"}
+    assert _fuse(m) == EXPECTED
+    fwd = [n for n in m.graph.node if n.op_type == "FlashAttention"]
+    bwd = [n for n in m.graph.node if n.op_type == "FlashAttentionGrad"]
+    assert len(fwd) == len(bwd) == 1
+    fill, kept, has_bias = KINDS[kind]
+    for node, imask in ((fwd[0], 4), (bwd[0], 7)):
+        a = _attrs(node)
+        assert a["fill"] == pytest.approx(fill) if np.isfinite(fill) else a["fill"] == fill
+        assert a.get("fill_kept", 1) == kept and a.get("bias_first", 0) == 0
+        assert node.input[imask] in conds  # the Where's own condition, read as bool
+        assert bool(node.input[imask - 1]) == has_bias
+    # no Softmax / SoftmaxGrad / score Where left: P is never produced
+    assert not [n for n in m.graph.node if n.op_type in ("Softmax", "SoftmaxGrad_13")]
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+def _where_nodes(m):
+    """(forward Where feeding the scores, backward Where of the score gradient)."""
+    ws = [n for n in m.graph.node if n.op_type == "Where"]
+    fwd = [n for n in ws if any(c.op_type in ("Softmax", "Add") for c in m.graph.node
+                                for o in n.output if o in c.input)]
+    bwd = [n for n in ws if n not in fwd and n.input[0] == fwd[0].input[0]]
+    assert fwd and bwd, "fixture spelling changed"
+    return fwd[0], bwd[0]
+
+
+def _set_init(m, name, value):
+    for i, t in enumerate(m.graph.initializer):
+        if t.name == name:
+            m.graph.initializer[i].CopyFrom(numpy_helper.from_array(
+                np.asarray(value, np.float32), name))
+            return
+    raise KeyError(name)
+
+
+def _fresh_fill(m, fwd, value):
+    """Points the forward Where's fill at a new initializer (the fill may be shared)."""
+    name = "neg_fill"
+    m.graph.initializer.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+    i = 2 if fwd.input[2] and _is_init(m, fwd.input[2]) else 1
+    fwd.input[i] = name
+
+
+def _is_init(m, name):
+    return any(t.name == name for t in m.graph.initializer)
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+def test_grouped_kv_where_spellings_fuse_as_flash_and_verify(family, tmp_path):
+    """Four attention layers on grouped K / V (repeat_kv, 2 query heads on 1 kv head), one per
+    Where spelling (where, where + padding mask, masked_fill, masked_fill + padding mask):
+    flash_attention 4 (model code), verified."""
+    src = DATA / f"{family}_flash_gqa_where_all.onnx"
+    m = onnx.load(src)
+    assert _fuse(m) == {"flash_attention": 4}
+    kept = sorted(_attrs(n).get("fill_kept", 1) for n in m.graph.node
+                  if n.op_type == "FlashAttention")
+    assert kept == [0, 0, 1, 1]
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+@pytest.mark.parametrize("change", ["fill_runtime", "fill_small", "bwd_other_mask",
+                                    "bwd_polarity"])
+def test_where_look_alikes_are_not_flash(family, change):
+    """The Where's false branch a run-time tensor (not a constant fill), a fill above -1e4
+    (not a mask), the backward Where on another mask than the forward's, or with the other
+    polarity than the forward's (its gradient would not be Where's): not flash attention."""
+    m = onnx.load(DATA / f"{family}_flash_where_causal.onnx")
+    fwd, bwd = _where_nodes(m)
+    if change == "fill_runtime":
+        m.graph.input.append(helper.make_tensor_value_info("fill_in", onnx.TensorProto.FLOAT, []))
+        fwd.input[2] = "fill_in"
+    elif change == "fill_small":
+        _fresh_fill(m, fwd, -1.0)
+    elif change == "bwd_other_mask":
+        shape = None
+        for t in m.graph.initializer:
+            if t.name == bwd.input[0]:
+                shape = list(t.dims)
+        other = np.ones(shape or [1, 1, 8, 8], bool)
+        m.graph.initializer.append(numpy_helper.from_array(other, "other_mask"))
+        bwd.input[0] = "other_mask"
+    else:
+        bwd.input[1], bwd.input[2] = bwd.input[2], bwd.input[1]
+    assert _fuse(m).get("flash_attention", 0) == 0
