@@ -12,11 +12,10 @@ from fusecli.ops.gpu import launch
 FMIN = -3.4028234663852886e38
 
 
-def mask_args(mask, qb, sq, sk, fill, fill_kept, bias_first):
-    """The float32 launchers' mask parameters (mask: a bool tensor or None)."""
+def mask_args(mask, qb, sq, sk):
+    """The float32 launchers' (mask, mask_strides) (mask: a bool tensor or None)."""
     m = None if mask is None else mask.to(dtype=__import__("torch").bool).contiguous()
-    return dict(mask=m, mask_strides=None if m is None else fill_strides(m.shape, (*qb, sq, sk)),
-                fill=float(fill), fill_kept=int(fill_kept), bias_first=int(bias_first))
+    return m, None if m is None else fill_strides(m.shape, (*qb, sq, sk))
 
 
 def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, tf32=0, mask=None,
@@ -36,6 +35,7 @@ def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, tf32=0, mask=
     nd, qd, kd = len(qb), list(qb) or [1], list(kv_dims(qb, k)) or [1]
     if mask is not None and q.dtype != torch.float32:
         raise ValueError("flash_attention: the mask input is float32 only")
+    mk, ms = mask_args(mask, qb, sq, sk)
     if q.dtype == torch.float16:
         launch("fusecli_launch_flash_attention_f16", q=q, k=k, v=v, bias=b, bias_strides=bs, o=o,
                lse=lse, nd=nd, qdims=qd, kdims=kd, sq=sq, sk=sk, d=d, dv=dv, scale=scale,
@@ -48,7 +48,8 @@ def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, tf32=0, mask=
         launch("fusecli_launch_flash_attention", q=q, k=k, v=v, bias=b, bias_strides=bs, o=o,
                lse=lse, nd=nd, qdims=qd, kdims=kd, sq=sq, sk=sk, d=d, dv=dv, scale=scale,
                k_transposed=k_transposed, tf32=tf32,
-               **mask_args(mask, qb, sq, sk, fill, fill_kept, bias_first))
+               mask=mk, mask_strides=ms, fill=float(fill), fill_kept=int(fill_kept),
+               bias_first=int(bias_first))
     return o, lse
 
 

@@ -33,6 +33,7 @@ def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed
     nd, qd, kd = len(qb), list(qb) or [1], list(kv_dims(qb, k)) or [1]
     if mask is not None and q.dtype != torch.float32:
         raise ValueError("flash_attention_grad: the mask input is float32 only")
+    mk, ms = mask_args(mask, qb, sq, sk)
     if q.dtype == torch.float16:
         launch("fusecli_launch_flash_attention_grad_f16", dO=do, q=q, k=k, v=v, o=o, lse=lse,
                bias=b, bias_strides=bs, dq=dq, dk=dk, dv=dvv, nd=nd, qdims=qd, kdims=kd, sq=sq,
@@ -45,7 +46,8 @@ def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed
         launch("fusecli_launch_flash_attention_grad", dO=do, q=q, k=k, v=v, o=o, lse=lse, bias=b,
                bias_strides=bs, dq=dq, dk=dk, dv=dvv, nd=nd, qdims=qd, kdims=kd, sq=sq, sk=sk,
                d=d, dv_dim=dv, scale=scale, k_transposed=k_transposed, tf32=tf32,
-               **mask_args(mask, qb, sq, sk, fill, fill_kept, bias_first))
+               mask=mk, mask_strides=ms, fill=float(fill), fill_kept=int(fill_kept),
+               bias_first=int(bias_first))
     return [dq, dk, dvv]
 
 

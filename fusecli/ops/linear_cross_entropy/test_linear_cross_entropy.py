@@ -391,6 +391,7 @@ def test_lce_refuses_the_labels_the_torch_joint_original_refuses(bad):
         linear_cross_entropy(h, w, bias, lab, wrap_negative=1)
 
 
+@pytest.mark.ortt
 def test_lce_ort_training_original_defines_no_label_outside_the_classes():
     """Why the op refuses a label outside [0, V) without wrap_negative (rules/lce_ortt.yaml):
     onnxruntime-training 1.19.2's SoftmaxCrossEntropyLoss computes nothing defined for one.
