@@ -8,7 +8,11 @@
 #                      g++-aarch64-linux-gnu; CPU kernels only, portable ARMv8-A) into
 #                      build/aarch64/libfusecli_ops.so (`make lib-arm64`); fusecli/lib is untouched.
 #                      On an ARM64 machine a plain build is native (-mcpu=native) and goes to fusecli/lib.
+#                      The cross build fails when the library needs a newer glibc than GLIBC_FLOOR_AARCH64.
 set -euo pipefail
+# the oldest glibc the cross-built ARM64 library must load on: onnxruntime 1.31.1's aarch64 wheel
+# is manylinux_2_28 (its libonnxruntime.so needs GLIBC_2.28), so below that fusecli is of no use
+GLIBC_FLOOR_AARCH64=2.28
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 for tool in cmake c++; do
@@ -25,6 +29,7 @@ BUILD="$ROOT/build/cmake"
 OUT="fusecli/lib/libfusecli_ops.so"
 NM=nm
 CROSS_ARGS=()
+GLIBC_FLOOR=""  # checked for the cross build only: a native build is for the glibc it runs on
 CUDA_OPT="${FUSECLI_CUDA:-ON}"; [[ "$CUDA_OPT" == 0 ]] && CUDA_OPT=OFF; [[ "$CUDA_OPT" == 1 ]] && CUDA_OPT=ON
 NATIVE_OPT="${FUSECLI_NATIVE:-ON}"; [[ "$NATIVE_OPT" == 0 ]] && NATIVE_OPT=OFF; [[ "$NATIVE_OPT" == 1 ]] && NATIVE_OPT=ON
 if [[ "$ARCH" != "$HOST_ARCH" ]]; then
@@ -38,6 +43,7 @@ if [[ "$ARCH" != "$HOST_ARCH" ]]; then
   BUILD="$ROOT/build/cmake-aarch64"
   OUT="build/aarch64/libfusecli_ops.so"
   NM=aarch64-linux-gnu-nm
+  GLIBC_FLOOR="$GLIBC_FLOOR_AARCH64"
   CROSS_ARGS=(-DCMAKE_TOOLCHAIN_FILE="$ROOT/fusecli/csrc/toolchain-aarch64.cmake")
   CUDA_OPT=OFF NATIVE_OPT=OFF  # no CUDA toolkit for the target; the target CPU is not this one
 fi
@@ -93,4 +99,20 @@ if "$NM" -D --defined-only "$OUT" | grep -c fusecli_launch_ >/dev/null; then
 else
   KIND="CPU kernels only"
 fi
-echo "built $OUT ($ARCH, $KIND)"
+# the glibc versions the dynamic loader will ask for (the GLIBC_ entries of .gnu.version_r)
+if [[ -n "$GLIBC_FLOOR" ]]; then
+  NEED="$("${NM%nm}readelf" -V -W "$OUT" | grep -oE 'Name: GLIBC_[0-9.]+' | sed 's/Name: GLIBC_//' | sort -Vu)"
+  TOP="$(tail -n 1 <<<"$NEED")"
+  if [[ "$(printf '%s\n%s\n' "$TOP" "$GLIBC_FLOOR" | sort -V | tail -n 1)" != "$GLIBC_FLOOR" ]]; then
+    echo "build_lib: $OUT needs glibc $TOP, newer than the floor $GLIBC_FLOOR" \
+      "(GLIBC_FLOOR_AARCH64, docs/arm64.md); symbols above it:" >&2
+    "${NM%nm}objdump" -T "$OUT" | grep -E 'GLIBC_[0-9.]+' | awk -v f="$GLIBC_FLOOR" '{
+      v = $0; sub(/.*GLIBC_/, "", v); sub(/[) ].*/, "", v)
+      split(v, a, "."); split(f, b, ".")
+      if (a[1] + 0 > b[1] + 0 || (a[1] + 0 == b[1] + 0 && a[2] + 0 > b[2] + 0)) print "  " $NF " GLIBC_" v
+    }' >&2
+    exit 1
+  fi
+  GLIBC_NOTE=", needs glibc >= ${TOP:-?}"
+fi
+echo "built $OUT ($ARCH, $KIND${GLIBC_NOTE:-})"
