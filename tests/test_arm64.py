@@ -40,9 +40,10 @@ CORPUS = REPO / "corpus"
 MANIFEST = load_manifest(CORPUS / "manifest.yaml")
 TORCH_JOINT = sorted(n for n, e in MANIFEST.items() if e["family"] == "torch-joint")
 # BERT with a padding mask and dropout: AttentionGrad, LayerNormGrad, LinearActivationGrad (gelu);
-# BERT + LoRA: FlashAttention(+Grad), LoraLinearGrad; Llama: RMSNormGrad, GatedActivationGrad,
-# RotaryEmbeddingGrad; T5: LinearActivationGrad (relu), the RMSNorm-with-attention-bias encoder
-ARM64_GRAPHS = ["torch_bert", "torch_bert_lora", "torch_llama", "torch_t5"]
+# BERT + LoRA: FlashAttention(+Grad), LoraLinearGrad; Llama with its LM head: RMSNormGrad,
+# GatedActivationGrad, RotaryEmbeddingGrad, LinearCrossEntropy(+Grad); T5: LinearActivationGrad
+# (relu), the RMSNorm-with-attention-bias encoder
+ARM64_GRAPHS = ["torch_bert", "torch_bert_lora", "torch_llama_lm", "torch_t5"]
 GRAPHS = TORCH_JOINT if os.environ.get("FUSECLI_ARM64_GRAPHS") == "all" else ARM64_GRAPHS
 NAMES = [grouped(f"arm64-{n}", n) for n in GRAPHS]
 

@@ -24,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import builders
 from conftest import FUSECLI, ORTT_PYTHON, REPO, SAMPLES, run_cli
+from fusecli import api
 from test_bad_input import (GOOD_RULE, OLD_OUTPUT, _run_ortt, linear_with_weights,
                             one_line_error, snapshot)
 
@@ -403,6 +404,57 @@ def test_external_data_length_disagreeing_with_dims(tmp_path):
     src.write_bytes(m.SerializeToString())
     _bounded_case(tmp_path, ["optimize", src, "-o", tmp_path / "out.onnx"], "'W'",
                   "dims [4, 4] need 64")
+
+
+def _damage(t: onnx.TensorProto, how: str) -> None:
+    if how == "raw_short":
+        t.raw_data = t.raw_data[:10]
+    elif how == "typed_short":
+        t.ClearField("raw_data")
+        t.float_data.extend([1.0, 2.0])
+    elif how == "string_as_raw":
+        t.data_type = TensorProto.STRING
+    elif how == "strings_short":
+        t.data_type = TensorProto.STRING
+        t.ClearField("raw_data")
+        t.string_data.append(b"a")
+
+
+@pytest.mark.parametrize("where", ["initializer", "constant"])
+@pytest.mark.parametrize("how", ["raw_short", "typed_short", "string_as_raw", "strings_short"])
+def test_stored_tensor_data_disagreeing_with_dims(tmp_path, where, how):
+    """(make fuzz) a stored tensor whose data does not fit its dims and element type is refused
+    at load, in one line naming it, not when a rule first reads it (was exit 4)."""
+    m = builders.ortt_linear_act("relu", M=8, N=4, K=6)
+    w = numpy_helper.from_array(np.ones((4, 6), np.float32), "W")
+    _damage(w, how)
+    del m.graph.input[[i.name for i in m.graph.input].index("W")]
+    if where == "initializer":
+        m.graph.initializer.append(w)
+    else:
+        m.graph.node.insert(0, helper.make_node("Constant", [], ["W"], value=w))
+    src = tmp_path / "m.onnx"
+    onnx.save(m, src)
+    _bounded_case(tmp_path, ["optimize", src, "-o", tmp_path / "out.onnx"], "'W'", "dims [4, 6]")
+
+
+def test_stored_tensors_of_every_layout_are_read():
+    """The stored-data check knows each element type's layout: typed fields (float16 in
+    int32_data, complex as pairs, uint64, 4-bit packed two per entry), raw bytes and strings."""
+    m = builders.ortt_linear_act("relu", M=8, N=4, K=6)
+    x = np.arange(6).reshape(2, 3)
+    kept = [helper.make_tensor("f16", TensorProto.FLOAT16, [2, 3], x.astype(np.float16)),
+            helper.make_tensor("c64", TensorProto.COMPLEX64, [2, 3], x.astype(np.complex64)),
+            helper.make_tensor("u64", TensorProto.UINT64, [2, 3], x.astype(np.uint64)),
+            helper.make_tensor("i4", TensorProto.INT4, [2, 3], x.astype(np.int8)),
+            helper.make_tensor("i4raw", TensorProto.INT4, [3], b"\x12\x03", raw=True),
+            helper.make_tensor("s", TensorProto.STRING, [2], [b"a", b"b"]),
+            helper.make_tensor("b", TensorProto.BOOL, [0], []),
+            numpy_helper.from_array(x.astype(np.float64), "f64raw")]
+    m.graph.initializer.extend(kept)
+    for t in kept:
+        numpy_helper.to_array(t)               # (the fixtures themselves are well formed)
+    assert api.check(m) == []
 
 
 @pytest.mark.parametrize("baseline", [

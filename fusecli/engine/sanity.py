@@ -4,6 +4,8 @@
 :class:`~fusecli.errors.ModelError` (exit 2) for problems that make rewriting unsafe or
 ambiguous:
 
+- a tensor stored in the file (initializer, tensor attribute) of an undefined element type or
+  whose data does not fit its dims and element type;
 - a default-domain opset that the installed onnx does not know (future, e.g. 99) or that is
   not a positive version;
 - two producers of one tensor (two node outputs, or a node output that is also a graph input
@@ -22,6 +24,7 @@ the enclosing scopes' names visible.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict, deque
 
 import onnx
@@ -35,6 +38,44 @@ _MAX_LISTED = 3
 
 _DEFINED_TYPES = frozenset(v for v in onnx.TensorProto.DataType.values()
                            if v != onnx.TensorProto.UNDEFINED)
+
+
+_PER_VALUE = {onnx.TensorProto.COMPLEX64: 2, onnx.TensorProto.COMPLEX128: 2}
+_PACKED_4BIT = {getattr(onnx.TensorProto, k) for k in ("INT4", "UINT4", "FLOAT4E2M1")
+                if hasattr(onnx.TensorProto, k)}
+
+
+def _check_stored(t: onnx.TensorProto, what: str) -> None:
+    """A tensor stored in the file holds a defined element type and exactly the data its dims
+    call for (numpy_helper would otherwise fail deep inside a rule that reads the constant).
+    Tensors left on disk are checked against their dims when the model is loaded."""
+    if t.data_type not in _DEFINED_TYPES:
+        raise ModelError(f"{what} '{t.name}' has element type {t.data_type}, which is not a "
+                         "defined ONNX tensor type; the file is damaged or was written wrongly "
+                         "(re-export the model)")
+    if t.data_location == onnx.TensorProto.EXTERNAL or t.HasField("segment"):
+        return
+    dims = list(t.dims)
+    if any(d < 0 for d in dims):
+        raise ModelError(f"{what} '{t.name}' has a negative dimension {dims}; the file is "
+                         "damaged (re-export the model)")
+    n = math.prod(dims)
+    if t.data_type == onnx.TensorProto.STRING:
+        have, want, unit = (len(t.string_data), n, "strings") if not t.raw_data else (
+            len(t.raw_data), 0, "raw bytes")
+    elif t.raw_data:
+        item = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        have, unit = len(t.raw_data), "bytes"
+        want = (n + 1) // 2 if t.data_type in _PACKED_4BIT else n * item
+    else:
+        have = len(getattr(t, onnx.helper.tensor_dtype_to_field(t.data_type)))
+        unit = "values"
+        want = (n + 1) // 2 if t.data_type in _PACKED_4BIT else n * _PER_VALUE.get(t.data_type, 1)
+    if have != want:
+        raise ModelError(f"{what} '{t.name}' holds {have} {unit} but its element type "
+                         f"{onnx.TensorProto.DataType.Name(t.data_type)} and dims {dims} call for "
+                         f"{want}; the file is damaged or was written wrongly (re-export the "
+                         "model)")
 
 
 def _node_label(node: onnx.NodeProto, index: int) -> str:
@@ -78,10 +119,7 @@ def _check_one_graph(graph: onnx.GraphProto, outer: set[str], where: str,
             provided[vi.name] = "a graph input"
     for t in graph.initializer:
         provided.setdefault(t.name, "an initializer")
-        if t.data_type not in _DEFINED_TYPES:
-            raise ModelError(f"{where}initializer '{t.name}' has element type {t.data_type}, "
-                             "which is not a defined ONNX tensor type; the file is damaged or "
-                             "was written wrongly (re-export the model)")
+        _check_stored(t, f"{where}initializer")
     for st in graph.sparse_initializer:
         provided.setdefault(st.values.name, "a sparse initializer")
     producer: dict[str, int] = {}
@@ -89,6 +127,9 @@ def _check_one_graph(graph: onnx.GraphProto, outer: set[str], where: str,
     names: dict[str, int] = {}
     dup_names: list[str] = []
     for i, node in enumerate(nodes):
+        for a in node.attribute:
+            for t in [a.t] if a.type == onnx.AttributeProto.TENSOR else a.tensors:
+                _check_stored(t, f"{where}tensor attribute '{a.name}' of {_node_label(node, i)}:")
         for t in node.output:
             if not t:
                 continue
