@@ -379,3 +379,27 @@ def test_norm_statistics_without_recorded_shapes_are_sized_and_recomputed():
     rep = apply_budget(m, 1)
     assert rep.before == 4 * 8 * 4 + 4 * 1 * 4 and rep.unsized == 0
     assert rep.after == 0 and rep.recomputed == {"norm SimplifiedLayerNormalization": 1}
+
+
+def test_a_recomputed_layer_does_not_read_the_previous_layers_recomputed_tensors():
+    """Two residual 'layers' h1 = x + x @ w1, h2 = h1 + h1 @ w2 (loss = sum(h2)); the backward
+    reads h2, then h1 (128 bytes each), as a real backward goes from the last layer down.
+    h1 is recomputed from x (a graph input). Recomputing h2 too would read h1's duplicate and
+    so compute h1's GEMM at h2's backward reader, the start of the backward, where it would
+    live on until h1's own reader: no saving for the step's peak. So h2 stays saved."""
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a1"], name="mm1"),
+             helper.make_node("Add", ["x", "a1"], ["h1"], name="add1"),
+             helper.make_node("MatMul", ["h1", "w2"], ["a2"], name="mm2"),
+             helper.make_node("Add", ["h1", "a2"], ["h2"], name="add2"),
+             helper.make_node("ReduceSum", ["h2"], ["loss"], name="sum", keepdims=0),
+             helper.make_node("Mul", ["h2", "g"], ["d2"], name="bwd2"),
+             helper.make_node("Mul", ["h1", "d2"], ["d1"], name="bwd1")]
+    m = model(nodes, [vi("x", [4, 8]), vi("w1", [8, 8]), vi("w2", [8, 8]), vi("g", [4, 8])],
+              [vi("loss", []), vi("d1", [4, 8])])
+    m.graph.value_info.extend([vi(t, [4, 8]) for t in ("a1", "h1", "a2", "h2")])
+    assert saved_activations(m.graph) == {"h1", "h2"}
+    rep = apply_budget(m, 1, strict=False)
+    assert rep.before == 256 and rep.after == 128 and not rep.met
+    assert saved_activations(m.graph) == {"h2"}
+    assert rep.recomputed == {"elementwise Add": 1, "gemm MatMul": 1}
+    assert _topological(m)
