@@ -98,3 +98,38 @@ def test_fused_training_model_trains_like_the_original(tmp_path, ortt_python):
 @pytest.fixture(scope="module", autouse=True)
 def _library_built():
     library_path()  # a clear failure when `make lib` has not run
+
+
+def test_budgeted_training_model_trains_like_the_original(tmp_path, ortt_python):
+    """`fusecli optimize --max-memory` (half the fused step's estimated saved activations):
+    the budgeted training model trains through onnxruntime.training.api with the original's
+    losses and parameters, its recomputed nodes running in the backward."""
+    import onnx
+
+    from fusecli.engine.recompute import apply_budget
+
+    art = tmp_path / "artifacts"
+    art.mkdir()
+    _ortt(ortt_python, {"mode": "artifacts", "dir": str(art)})
+    orig, fused = art / "training_model.onnx", art / "fused_training_model.onnx"
+    budgeted = art / "budgeted_training_model.onnx"
+    run_cli("optimize", orig, "-o", fused)
+    full = apply_budget(onnx.load(str(fused)), 10**15, {"batch": 32}).before
+    report = json.loads(run_cli("optimize", orig, "-o", budgeted, "--max-memory",
+                                str(full // 2), "--dim", "batch=32", "--json").stdout)
+    mb = report["memory_budget"]
+    assert mb["met"] and mb["recomputed_total"] > 0 and mb["estimate_after_bytes"] <= full // 2
+    assert sum(n.name.endswith("/recompute") for n in onnx.load(str(budgeted)).graph.node) \
+        == mb["recomputed_total"]
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    y = x @ (rng.standard_normal((16, 8)).astype(np.float32) / 4)
+    np.savez(tmp_path / "batch.npz", x=x, y=y)
+    res = _ortt(ortt_python, {"mode": "train", "dir": str(art), "library": library_path(),
+                              "batch": str(tmp_path / "batch.npz"), "steps": STEPS, "lr": 0.01,
+                              "models": [str(orig), str(budgeted)]})
+    a, b = res[str(orig)], res[str(budgeted)]
+    assert all(np.diff(a["losses"]) < 0), a["losses"]
+    np.testing.assert_allclose(b["losses"], a["losses"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(b["params"], a["params"], rtol=1e-4, atol=1e-6)

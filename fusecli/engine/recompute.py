@@ -24,7 +24,10 @@ all original tensors (the root of a recompute chain) reads one of them through a
 ``Reshape(x, [0, 0, ...])`` (allowzero 0: every dim copied), which onnxruntime does not remove,
 computes as a zero-copy view, and gives the duplicate an input that CSE sees as different.
 Duplicates downstream of a fenced one differ from their originals by that input already.
-com.microsoft ops are never merged by CSE (it treats them as non-deterministic).
+Every root duplicate is fenced, whatever its domain: a com.microsoft ConcatTraining duplicate
+without a fence was measured to vanish from the executed graph too (onnxruntime-training
+1.19.2, the 12-layer GPT-2-style ort-training decoder's profile), and with it every duplicate
+downstream of it.
 
 The node list stays topologically sorted: duplicates are emitted just before the first node
 that reads them, after their own inputs.
@@ -52,7 +55,8 @@ _ONNX_ELEMENTWISE = frozenset({
     "Flatten", "Expand", "Concat", "Slice", "Split", "Gather", "Equal", "Less", "Greater",
     "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Clip", "Softplus", "HardSigmoid",
     "Mish", "Sin", "Cos", "Tile"})
-_MS_ELEMENTWISE = frozenset({"Gelu", "FastGelu", "QuickGelu", "BiasGelu", "BiasFastGelu"})
+_MS_ELEMENTWISE = frozenset({"Gelu", "FastGelu", "QuickGelu", "BiasGelu", "BiasFastGelu",
+                             "ConcatTraining"})
 _ONNX_NORM = frozenset({"LayerNormalization", "SimplifiedLayerNormalization",
                         "RMSNormalization", "Softmax", "LogSoftmax"})
 _MS_NORM = frozenset({"LayerNormalization", "SimplifiedLayerNormalization",
@@ -61,6 +65,8 @@ _ONNX_GEMM = frozenset({"MatMul", "Gemm"})
 _MS_GEMM = frozenset({"FusedMatMul"})
 # ops whose two inputs commute exactly (a spare way past CSE where a fence is not possible)
 _COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Equal", "And", "Or"})
+_CHAIN_STEPS = 8   # a group grows backwards at most this many times ...
+_CHAIN_NODES = 24  # ... and to at most this many nodes
 _NORM_FLOPS = 8  # per output element of a norm or softmax (mean, variance, scale, shift)
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
@@ -182,6 +188,7 @@ class _Sizes:
         types.update({t.name: helper.make_tensor_type_proto(t.data_type, list(t.dims))
                       for t in model.graph.initializer if t.name in names})
         types.update(_missing_types(model, names, types, io))
+        types.update(_ort_types(model.graph, names, types))
         self.types = types
         self.dims = dims
 
@@ -218,6 +225,70 @@ class _Sizes:
                 v *= self.dims[d]
             total += v
         return int(total)
+
+
+_STAT_NORMS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization",
+                         "RMSNormalization"})
+
+
+def _ort_types(graph: onnx.GraphProto, names, types) -> dict[str, onnx.TypeProto]:
+    """Types that neither the graph records nor onnx infers, of onnxruntime's ops that onnx
+    does not know: ConcatTraining's output (a Concat), and a norm's statistics outputs
+    (mean, inverse std; SimplifiedLayerNormalization is not an onnx op):
+    the input's shape with every dim from ``axis`` on set to 1, in the stash type (float
+    unless ``stash_type`` says otherwise; the ONNX and onnxruntime definitions)."""
+    out = {}
+    for n in graph.node:
+        if n.op_type == "ConcatTraining" and n.output and n.output[0] in names:
+            t = None if tensor_size(types.get(n.output[0])) else _concat_type(n, types)
+            if t is not None:
+                out[n.output[0]] = t
+            if len(n.output) > 1 and n.output[1]:  # per_input_length: int64 [inputs]
+                out[n.output[1]] = helper.make_tensor_type_proto(
+                    onnx.TensorProto.INT64, [len(n.input)])
+            continue
+        if n.op_type not in _STAT_NORMS or n.domain not in ("", "ai.onnx", "com.microsoft"):
+            continue
+        want = [t for t in n.output[1:] if t and t in names and tensor_size(types.get(t)) is None]
+        x = types.get(n.input[0]) if n.input else None
+        if not want or x is None or not x.tensor_type.HasField("shape"):
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        dims = list(x.tensor_type.shape.dim)
+        axis = attrs.get("axis", -1)
+        axis = axis + len(dims) if axis < 0 else axis
+        if not 0 <= axis < len(dims):
+            continue
+        stash = attrs.get("stash_type", onnx.TensorProto.FLOAT)
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                 for d in dims[:axis]] + [1] * (len(dims) - axis)
+        if any(d is None for d in shape):
+            continue
+        for t in want:
+            out[t] = helper.make_tensor_type_proto(stash, shape)
+    return out
+
+
+def _concat_type(n: onnx.NodeProto, types) -> onnx.TypeProto | None:
+    """The output type of onnxruntime's ConcatTraining (a Concat along ``axis`` that also
+    writes the inputs' lengths), from its inputs' recorded or inferred types."""
+    ins = [types.get(t) for t in n.input if t]
+    if not ins or any(t is None or not t.tensor_type.HasField("shape") for t in ins):
+        return None
+    shapes = [[d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+               for d in t.tensor_type.shape.dim] for t in ins]
+    rank = len(shapes[0])
+    if any(len(sh) != rank for sh in shapes) or rank == 0:
+        return None
+    axis = {a.name: helper.get_attribute_value(a) for a in n.attribute}.get("axis", 0)
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank or any(not isinstance(sh[axis], int) for sh in shapes):
+        return None
+    shape = list(shapes[0])
+    shape[axis] = sum(sh[axis] for sh in shapes)
+    if any(d is None for d in shape):
+        return None
+    return helper.make_tensor_type_proto(ins[0].tensor_type.elem_type, shape)
 
 
 def _with_dims(model: onnx.ModelProto, dims: dict[str, int]) -> onnx.ModelProto:
@@ -299,29 +370,106 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
             return False
         return t in bwd_reads or any(c in dropped for c in consumers.get(t, ()))
 
-    def fenceable(i: int) -> bool:
+    def fenceable(i: int, group=frozenset()) -> bool:
         n = nodes[i]
-        if n.domain not in ("", "ai.onnx"):
-            return True  # CSE never merges other domains' ops
-        if any(t and producer.get(t) in dropped for t in n.input):
+        if any(t and (producer.get(t) in dropped or producer.get(t) in group)
+               for t in n.input):
             return True  # reads a duplicate already (may change later: checked again)
         if any(t and t not in inits and sizes.rank(t) is not None for t in n.input):
             return True
         return (n.op_type in _COMMUTATIVE and len(n.input) == 2
                 and n.input[0] != n.input[1])
 
-    def gain(i: int) -> int | None:
-        n = nodes[i]
-        out = [t for t in n.output if t and is_saved(t)]
-        if not out:
+    def new_inputs(group) -> set[str]:
+        """Forward tensors the group's duplicates read that would become saved."""
+        return {t for i in group for t in nodes[i].input if t and producer.get(t) in fwd
+                and producer[t] not in dropped and producer[t] not in group
+                and not is_saved(t)}
+
+    def gain(group) -> int | None:
+        """Bytes the estimate drops by when every node of ``group`` is recomputed: its saved
+        outputs minus the inputs that become saved for its duplicates; None when a size
+        involved is unknown."""
+        out = [t for i in group for t in nodes[i].output if t and is_saved(t)]
+        if not out or any(nbytes.get(t) is None for t in out):
             return None
-        if any(nbytes.get(t) is None for t in out):
-            return None
-        new = {t for t in n.input if t and producer.get(t) in fwd
-               and producer[t] not in dropped and not is_saved(t)}
+        new = new_inputs(group)
         if any(nbytes.get(t) is None for t in new):
             return None
         return sum(nbytes[t] for t in out) - sum(nbytes[t] for t in new)
+
+    def recomputable(i: int) -> bool:
+        return (i in fwd and i not in dropped and op_class(nodes[i]) is not None
+                and not any(t in outputs for t in nodes[i].output))
+
+    bwd_read = {t for t in fwd_tensors if t in bwd_reads}
+    emit_cache: dict = {}
+
+    def emits(drop) -> dict[int, float]:
+        """Where each duplicate of ``drop`` is computed: the position of the first backward
+        node that reads it, or of the first duplicate that reads it (nodes are in
+        topological order, so readers come later)."""
+        e: dict[int, float] = {}
+        for j in sorted(drop, reverse=True):
+            best = float("inf")
+            for t in nodes[j].output:
+                for c in consumers.get(t, ()):
+                    if c not in fwd:
+                        best = min(best, c)
+                    elif c in drop:
+                        best = min(best, e[c])
+            e[j] = best
+        return e
+
+    def hoisted(group) -> int:
+        """Bytes of duplicates already chosen that ``group``'s duplicates would make compute
+        earlier (they read them) and that are computed from a GEMM's or a norm's duplicate:
+        such a duplicate then lives from there to its backward readers, as a saved tensor
+        would over that span, so it is counted against the group. Without it, a recomputed
+        layer would read the previous layer's recomputed tensors, those the layer's before,
+        and so on down to the first layer, all recomputed at the start of the backward and
+        alive together. Moving a duplicate computed from saved tensors through views and
+        elementwise ops only is free (the moves inside one layer's backward)."""
+        key = frozenset(dropped)
+        if emit_cache.get("key") != key:
+            emit_cache.clear()
+            emit_cache.update(key=key, old=emits(dropped))
+        old = emit_cache["old"]
+        drop = dropped | set(group)
+        new = emits(drop)
+        heavy: dict[int, bool] = {}   # computed from a GEMM's or norm's duplicate
+        for j in sorted(drop):
+            heavy[j] = any(p in drop and (op_class(nodes[p]) != ELEMENTWISE or heavy[p])
+                           for u in nodes[j].input if u and (p := producer.get(u)) is not None)
+        return sum(nbytes.get(t) or 0 for j in dropped if new[j] < old[j] and heavy[j]
+                   for t in nodes[j].output if t in bwd_read)
+
+    def chain(i: int):
+        """The smallest group found around candidate ``i`` that lowers the estimate: ``i``
+        alone, else ``i`` with the producers of the inputs that would become saved for it,
+        grown backwards (the cheapest class on the frontier first) until the group pays
+        (its saved outputs outweigh the new saved inputs and the duplicates it moves, see
+        ``hoisted``) or it cannot grow. (group, gain) or None."""
+        group = {i}
+        for _ in range(_CHAIN_STEPS):
+            g = gain(group)
+            if g is None:
+                return None
+            if g > 0:
+                g -= hoisted(group)
+                ok = g > 0 and all(fenceable(j, group) for j in group)
+                return (group, g) if ok else None
+            # inputs that must stay saved (a fused op's, a random op's, a constant's CSE
+            # would merge) stay new saved inputs; the others' producers may join
+            front = {j for t in new_inputs(group) if recomputable(j := producer[t])
+                     and fenceable(j, group)}
+            if not front:
+                return None
+            low = min(op_class(nodes[j]) for j in front)
+            group |= {j for j in front if op_class(nodes[j]) == low}
+            if len(group) > _CHAIN_NODES:
+                return None
+        return None
 
     cands = [i for i in fwd if op_class(nodes[i]) is not None
              and not any(t in outputs for t in nodes[i].output)
@@ -334,17 +482,21 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
         for i in cands:
             if i in dropped:
                 continue
-            g = gain(i)
-            if g is not None and g > 0 and fenceable(i):
-                scored.append((op_class(nodes[i]), -g, i))
+            found = chain(i)
+            if found is not None:
+                group, g = found
+                cls = max(op_class(nodes[j]) for j in group)
+                scored.append((cls, -g, len(group), i, tuple(sorted(group))))
         scored.sort()
-        for _, _, i in scored:
+        for *_, group in scored:
             if est <= budget:
                 break
-            g = gain(i)  # earlier drops in this round change it
-            if g is None or g <= 0:
+            group = {j for j in group if j not in dropped}
+            g = gain(group) if group else None  # earlier drops in this round change it
+            g = g - hoisted(group) if g is not None and g > 0 else None
+            if g is None or g <= 0 or not all(fenceable(j, group) for j in group):
                 continue
-            dropped.add(i)
+            dropped.update(group)
             est -= g
             changed = True
     if est > budget:
@@ -396,7 +548,7 @@ def _rewrite(model, nodes, fwd, dropped, consumers, producer, sizes, inits, repo
             if t in ren:
                 d.input[k] = ren[t]
         pre: list[onnx.NodeProto] = []
-        if d.domain in ("", "ai.onnx") and not any(t in ren.values() for t in d.input):
+        if not any(t in ren.values() for t in d.input):
             k = next((k for k, t in enumerate(d.input) if t and t not in inits
                       and sizes.rank(t) is not None), None)
             if k is not None:
