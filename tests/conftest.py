@@ -132,6 +132,25 @@ class Lazy(dict):
         return value
 
 
+def fused_corpus(out_dir: Path, corpus: Path, manifest: dict) -> Lazy:
+    """{graph: (fused path, stats)}: one in-process FusionPass per graph of ``manifest`` (files
+    under ``corpus``), saved under ``out_dir``, made when a test first asks for that graph."""
+    import onnx
+
+    from fusecli import FusionPass
+
+    def fuse(name):
+        e = manifest[name]
+        m = onnx.load(corpus / e["file"])
+        fp = FusionPass()
+        fp.run(m)
+        path = out_dir / e["file"]
+        onnx.save(m, path)
+        return path, fp.stats
+
+    return Lazy(fuse)
+
+
 def grouped(group: str, value, *marks):
     """A parameter whose tests pytest-xdist runs on one worker (``--dist loadgroup``), so that a
     Lazy entry they share is made once."""

@@ -24,9 +24,8 @@ from collections import Counter
 import onnx
 import pytest
 
-from conftest import REPO, Lazy, grouped
+from conftest import REPO, fused_corpus, grouped
 
-from fusecli import FusionPass
 from fusecli.ops.contracts import FUSED_DOMAIN
 from fusecli.runtime.feeds import load_manifest
 from fusecli.runtime.library import library_path
@@ -56,19 +55,7 @@ def _expected_patterns(name: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def fused(tmp_path_factory):
-    """{graph: (fused path, stats)}: one FusionPass per graph, made when a test first asks."""
-    out_dir = tmp_path_factory.mktemp("arm64-fused")
-
-    def fuse(name):
-        e = MANIFEST[name]
-        m = onnx.load(CORPUS / e["file"])
-        fp = FusionPass()
-        fp.run(m)
-        path = out_dir / e["file"]
-        onnx.save(m, path)
-        return path, fp.stats
-
-    return Lazy(fuse)
+    return fused_corpus(tmp_path_factory.mktemp("arm64-fused"), CORPUS, MANIFEST)
 
 
 def test_runs_on_arm64_with_the_arm64_library():

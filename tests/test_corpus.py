@@ -17,9 +17,9 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from conftest import REPO, Lazy, grouped, run_cli
+from conftest import REPO, fused_corpus, grouped, run_cli
 
-from fusecli import CANONICAL_PATTERNS, FusionPass
+from fusecli import CANONICAL_PATTERNS
 from fusecli.ops.contracts import FUSED_DOMAIN, load_contracts
 from fusecli.runtime.feeds import load_manifest
 from fusecli.runtime.verify import check_fusions
@@ -39,20 +39,7 @@ NAMES = [_param(n) for n in sorted(MANIFEST)]
 
 @pytest.fixture(scope="module")
 def fused(tmp_path_factory):
-    """{graph: (fused path, stats)} from one in-process FusionPass per corpus graph, made when a
-    test first asks for that graph."""
-    out_dir = tmp_path_factory.mktemp("corpus-fused")
-
-    def fuse(name):
-        e = MANIFEST[name]
-        m = onnx.load(CORPUS / e["file"])
-        fp = FusionPass()
-        fp.run(m)
-        path = out_dir / e["file"]
-        onnx.save(m, path)
-        return path, fp.stats
-
-    return Lazy(fuse)
+    return fused_corpus(tmp_path_factory.mktemp("corpus-fused"), CORPUS, MANIFEST)
 
 
 def test_corpus_covers_the_architectures_it_promises():
