@@ -56,7 +56,7 @@ unshare -m --propagation private bash -c '
   exec "$@"' bash "$ENV/cpuinfo" \
   env FUSECLI_LIBRARY="$ROOT/build/aarch64/libfusecli_ops.so" QEMU_CPU="$CPU" \
   "$ENV/python" -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" \
-  -m "not gpu and not ortt and not serial" --durations=15 "${TESTS[@]}"
+  -m "not gpu and not ortt and not timing" --durations=15 "${TESTS[@]}"
 RC=$?
 set -e
 echo "test_arm64: tests took $((SECONDS - T1)) s (all: $((SECONDS - T0)) s), pytest exit $RC"

@@ -43,7 +43,7 @@ def _check_contract(d: dict, runs: int) -> None:
 # The band is +-10% so that a CI machine shared with other jobs does not flake, still tight
 # enough to catch an unfair harness (spinning on, un-reset in-place buffers or a missing
 # warm-up each moved self-comparisons by 1.3x in our measurements).
-@pytest.mark.serial      # timing: run alone, after the parallel part of `make test`
+@pytest.mark.timing      # `make bench` runs it first, alone; never `make test` (docs/testing.md)
 @pytest.mark.parametrize("name,batch", [("ortt_block", 32), ("ortt_mlp", 512)])
 def test_self_comparison_is_about_one(name, batch):
     runs = 300  # ~1 ms each: 0.6 s of interleaved pairs, so a burst of load cannot tilt the medians
