@@ -345,27 +345,31 @@ def test_verify_sizes_a_real_exports_flattened_token_dim_without_dim(tmp_path):
     assert "PASS" in proc.stdout
 
 
+# An LM head's logits [2, 8, V] = h @ w^T, shifted to [2, 7, V] and flattened to [14, V] by a
+# shape computed at run time, [-1, Shape(logits)[-1]], as exporters write it, so that shape
+# inference leaves the flat logits' shape unknown
+_FLAT_LM_HEAD = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+                 helper.make_node("MatMul", ["h", "wt"], ["logits"]),
+                 helper.make_node("Slice", ["logits", "st", "en", "ax"], ["shifted"]),
+                 helper.make_node("Shape", ["shifted"], ["sh"]),
+                 helper.make_node("Slice", ["sh", "m1", "big"], ["last0"]),
+                 helper.make_node("Div", ["last0", "one"], ["last"]),  # beyond data propagation
+                 helper.make_node("Concat", ["m1", "last"], ["flat"], axis=0),
+                 helper.make_node("Reshape", ["shifted", "flat"], ["flat_logits"])]
+
+
+def _flat_lm_head_consts():
+    return [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in
+            (("m1", [-1]), ("one", [1]), ("big", [100]), ("st", [0]), ("en", [7]), ("ax", [1]))]
+
+
 @pytest.mark.parametrize("vocab", [5, 3, 11])
 def test_lm_head_labels_stay_within_the_vocabulary_not_the_sequence(vocab):
     """An LM head's logits [B, S, V] (no shapes recorded between) flattened to [B*S, V] for the
     loss: labels in [0, V), whatever S and B are (issue 33: S was taken for the class count)."""
-    # the flat shape computed at run time, [-1, Shape(logits)[-1]], as exporters write it, so
-    # that shape inference leaves the flat logits' shape unknown
-    nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
-             helper.make_node("MatMul", ["h", "wt"], ["logits"]),
-             helper.make_node("Slice", ["logits", "st", "en", "ax"], ["shifted"]),
-             helper.make_node("Shape", ["shifted"], ["sh"]),
-             helper.make_node("Slice", ["sh", "m1", "big"], ["last0"]),
-             helper.make_node("Div", ["last0", "one"], ["last"]),   # beyond data propagation
-             helper.make_node("Concat", ["m1", "last"], ["flat"], axis=0),
-             helper.make_node("Reshape", ["shifted", "flat"], ["flat_logits"]),
-             helper.make_node("SoftmaxCrossEntropyLoss", ["flat_logits", "lab"], ["loss"])]
-    consts = [numpy_helper.from_array(np.array([-1], np.int64), "m1"),
-              numpy_helper.from_array(np.array([1], np.int64), "one"),
-              numpy_helper.from_array(np.array([100], np.int64), "big"),
-              numpy_helper.from_array(np.array([0], np.int64), "st"),
-              numpy_helper.from_array(np.array([7], np.int64), "en"),
-              numpy_helper.from_array(np.array([1], np.int64), "ax")]
+    nodes = _FLAT_LM_HEAD + [
+        helper.make_node("SoftmaxCrossEntropyLoss", ["flat_logits", "lab"], ["loss"])]
+    consts = _flat_lm_head_consts()
     m = model(nodes, [vi("h", [2, 8, 4]), vi("w", [vocab, 4]), vi("lab", [14], I64)],
               [vi("loss", [])], consts)
     # the exporter recorded the 3-D logits' shapes, not the flat ones' (symbolic)
@@ -383,27 +387,15 @@ def test_torch_joint_lm_head_labels_stay_within_the_vocabulary(vocab):
     0) and an Unsqueeze, and are compared with -100 first: labels in [0, V) along the flat
     logits' last axis (V, never S = 7 or B = 2), not the 0/1 padding mask an integer compared
     with a constant otherwise gets."""
-    nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
-             helper.make_node("MatMul", ["h", "wt"], ["logits"]),
-             helper.make_node("Slice", ["logits", "st", "en", "ax"], ["shifted"]),
-             helper.make_node("Shape", ["shifted"], ["sh"]),
-             helper.make_node("Slice", ["sh", "m1", "big"], ["last0"]),
-             helper.make_node("Div", ["last0", "one"], ["last"]),   # beyond data propagation
-             helper.make_node("Concat", ["m1", "last"], ["flat"], axis=0),
-             helper.make_node("Reshape", ["shifted", "flat"], ["flat_logits"]),
-             helper.make_node("LogSoftmax", ["flat_logits"], ["lp"], axis=1),
-             helper.make_node("Equal", ["lab", "ign"], ["eq"]),
-             helper.make_node("Not", ["eq"], ["ne"]),
-             helper.make_node("Where", ["ne", "lab", "zero"], ["idx0"]),
-             helper.make_node("Unsqueeze", ["idx0", "one"], ["idx"]),
-             helper.make_node("GatherElements", ["lp", "idx"], ["g"], axis=1),
-             helper.make_node("ReduceSum", ["g"], ["loss"], keepdims=0)]
-    consts = [numpy_helper.from_array(np.array([-1], np.int64), "m1"),
-              numpy_helper.from_array(np.array([1], np.int64), "one"),
-              numpy_helper.from_array(np.array([100], np.int64), "big"),
-              numpy_helper.from_array(np.array([0], np.int64), "st"),
-              numpy_helper.from_array(np.array([7], np.int64), "en"),
-              numpy_helper.from_array(np.array([1], np.int64), "ax"),
+    nodes = _FLAT_LM_HEAD + [
+        helper.make_node("LogSoftmax", ["flat_logits"], ["lp"], axis=1),
+        helper.make_node("Equal", ["lab", "ign"], ["eq"]),
+        helper.make_node("Not", ["eq"], ["ne"]),
+        helper.make_node("Where", ["ne", "lab", "zero"], ["idx0"]),
+        helper.make_node("Unsqueeze", ["idx0", "one"], ["idx"]),
+        helper.make_node("GatherElements", ["lp", "idx"], ["g"], axis=1),
+        helper.make_node("ReduceSum", ["g"], ["loss"], keepdims=0)]
+    consts = _flat_lm_head_consts() + [
               numpy_helper.from_array(np.array(-100, np.int64), "ign"),
               numpy_helper.from_array(np.array(0, np.int64), "zero")]
     m = model(nodes, [vi("h", [2, 8, 4]), vi("w", [vocab, 4]), vi("lab", [14], I64)],

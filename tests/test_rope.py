@@ -90,6 +90,21 @@ def _first(m, rule):
     return next(f for f in fp.stats.fusions if f.rule == rule)
 
 
+def assert_guard_holds(bad, rec, rule, case, reasons):
+    """`bad` (a copy of a graph with one guard of `rule` broken on the rotation that fused as
+    `rec`): that rotation stays unfused, the other one still fuses, and explain names exactly
+    `reasons` for it."""
+    fp = FusionPass(rules=_upto(rule))
+    fp.run(copy.deepcopy(bad))
+    recs = [f for f in fp.stats.fusions if f.rule == rule]
+    assert len(recs) == 1 and rec.nodes["mul_s"] not in recs[0].replaced, case
+    anchor = rec.nodes[next(r for r in RULES if r.name == rule).nodes[0].id]
+    misses = explain_model(bad, FusionPass(rules=_upto(rule)), node_names=[anchor],
+                           include_shallow=True)
+    mine = {x["reason"] for x in misses if x["rule"] == rule and x["anchor"] == anchor}
+    assert mine == reasons, misses
+
+
 def _set_const(m, node, pos, value):
     """Feeds input `pos` of `node` from a new initializer holding `value`."""
     name = f"{node.name}_in{pos}_mutated"
@@ -224,16 +239,7 @@ def test_rope_guards(fam, case, reasons):
     m = _load(fam, style)
     rule = RULE[style].format(fam)
     rec = _first(m, rule)
-    bad = _mutate(m, rec, case)
-    fp = FusionPass(rules=_upto(rule))
-    fp.run(copy.deepcopy(bad))
-    recs = [f for f in fp.stats.fusions if f.rule == rule]
-    assert len(recs) == 1 and rec.nodes["mul_s"] not in recs[0].replaced, case
-    anchor = rec.nodes[next(r for r in RULES if r.name == rule).nodes[0].id]
-    misses = explain_model(bad, FusionPass(rules=_upto(rule)), node_names=[anchor],
-                           include_shallow=True)
-    mine = {x["reason"] for x in misses if x["rule"] == rule and x["anchor"] == anchor}
-    assert mine == reasons, misses
+    assert_guard_holds(_mutate(m, rec, case), rec, rule, case, reasons)
 
 
 def test_rope_raw_forward_split_must_be_the_backwards():

@@ -23,7 +23,9 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from fusecli import FusionPass, load_rules
+from test_rope import RULES, _first, _upto, assert_guard_holds
+
+from fusecli import FusionPass
 from fusecli.engine.explain import explain_model
 from fusecli.engine.graph import GraphIndex
 from fusecli.ops.rotary_embedding_grad.reference import rotary_embedding_grad
@@ -33,7 +35,6 @@ from fusecli.runtime.runner import pick_runtime, run_in_runtime
 from fusecli.runtime.verify import verify_models
 
 DATA = Path(__file__).parent / "data"
-RULES = load_rules()
 
 # rotations from the model code (make_rope_spellings.py): Q and K once each; look-alikes none
 ORTT = {"llama": "rope_ortt", "neox_partial": "rope_ortt", "gptj": "rope_ortt_interleaved",
@@ -51,11 +52,6 @@ CASES = POSITIVE + [(f, s) for f in ("ortt", "torch") for s in LOOK_ALIKES] + [
 
 def _path(fam, style):
     return DATA / f"{fam}_rope_sp_{style}.onnx"
-
-
-def _upto(rule):
-    this = next(r for r in RULES if r.name == rule)
-    return [r for r in RULES if (r.order, r.name) <= (this.order, this.name)]
 
 
 def _rule_of(fam, style):
@@ -118,12 +114,6 @@ def test_fused_rotation_equals_the_unfused_subgraph_and_the_reference(fam, style
 
 
 # --- guards -----------------------------------------------------------------------------------
-
-def _first(m, rule):
-    fp = FusionPass(rules=_upto(rule))
-    fp.run(copy.deepcopy(m))
-    return next(f for f in fp.stats.fusions if f.rule == rule)
-
 
 def _set_input(m, node, pos, value):
     name = f"{node.name}_in{pos}_mutated"
@@ -227,15 +217,7 @@ def test_guards(fam, style, rule, case, mutate, reasons):
     rec = _first(m, rule)
     bad = copy.deepcopy(m)
     mutate(bad, rec)
-    fp = FusionPass(rules=_upto(rule))
-    fp.run(copy.deepcopy(bad))
-    recs = [f for f in fp.stats.fusions if f.rule == rule]
-    assert len(recs) == 1 and rec.nodes["mul_s"] not in recs[0].replaced, case
-    anchor = rec.nodes[next(r for r in RULES if r.name == rule).nodes[0].id]
-    misses = explain_model(bad, FusionPass(rules=_upto(rule)), node_names=[anchor],
-                           include_shallow=True)
-    mine = {x["reason"] for x in misses if x["rule"] == rule and x["anchor"] == anchor}
-    assert mine == reasons, misses
+    assert_guard_holds(bad, rec, rule, case, reasons)
 
 
 def test_guard_rules_are_the_new_rope_variants():

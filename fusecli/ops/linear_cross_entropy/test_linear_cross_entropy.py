@@ -108,17 +108,23 @@ def test_lce_row_weight_and_row_grad_are_the_torch_joint_inputs(case):
     assert_close(got[2], unf[2], what="dW")
 
 
-def ortt_unfused_model(n, d, v, reduction, ignore_index, with_bias, seed_input=False):
-    """onnxruntime-training's spelling: SoftmaxCrossEntropyLoss -> SoftmaxCrossEntropyLossGrad
-    (com.microsoft) seeded by a constant dLoss (0.5), or by the graph input `dloss`
-    (seed_input), and the head's gradient GEMMs."""
+def _head(n, d, v, ignore_index, with_bias):
+    """The unfused models' inputs H [n, d], W [v, d], labels [n] (and bias [v]), the logits
+    z = H W^T (+ bias) and the loss's ignore_index attribute."""
     b = Builder()
     hn, wn, ln = b.input("H", np.zeros((n, d), F32)), b.input("W", np.zeros((v, d), F32)), \
         b.input("labels", np.zeros(n, I64))
     z = b.op("MatMul", hn, b.op("Transpose", wn, perm=[1, 0]))
     if with_bias:
         z = b.add(z, b.input("bias", np.zeros(v, F32)))
-    ii = {} if ignore_index is None else {"ignore_index": ignore_index}
+    return b, hn, wn, ln, z, {} if ignore_index is None else {"ignore_index": ignore_index}
+
+
+def ortt_unfused_model(n, d, v, reduction, ignore_index, with_bias, seed_input=False):
+    """onnxruntime-training's spelling: SoftmaxCrossEntropyLoss -> SoftmaxCrossEntropyLossGrad
+    (com.microsoft) seeded by a constant dLoss (0.5), or by the graph input `dloss`
+    (seed_input), and the head's gradient GEMMs."""
+    b, hn, wn, ln, z, ii = _head(n, d, v, ignore_index, with_bias)
     loss, lp = b.op("SoftmaxCrossEntropyLoss", z, ln, n_out=2, reduction=reduction, **ii)
     seed = b.input("dloss", np.zeros((), F32)) if seed_input else b.const(0.5)
     dz = b.op("SoftmaxCrossEntropyLossGrad", seed, lp, ln, reduction=reduction, **ii)
@@ -137,13 +143,7 @@ def stock_unfused_model(n, d, v, reduction, ignore_index, with_bias, seed_input=
     SoftmaxCrossEntropyLoss for the loss, its gradient written out as
     seed * (Softmax(z) - OneHot(label)) * kept / (kept tokens, or 1 for reduction sum), and the
     head's gradient GEMMs."""
-    b = Builder()
-    hn, wn, ln = b.input("H", np.zeros((n, d), F32)), b.input("W", np.zeros((v, d), F32)), \
-        b.input("labels", np.zeros(n, I64))
-    z = b.op("MatMul", hn, b.op("Transpose", wn, perm=[1, 0]))
-    if with_bias:
-        z = b.add(z, b.input("bias", np.zeros(v, F32)))
-    ii = {} if ignore_index is None else {"ignore_index": ignore_index}
+    b, hn, wn, ln, z, ii = _head(n, d, v, ignore_index, with_bias)
     loss = b.op("SoftmaxCrossEntropyLoss", z, ln, reduction=reduction, **ii)
     seed = b.input("dloss", np.zeros((), F32)) if seed_input else b.const(0.5)
     if ignore_index is None:
