@@ -160,7 +160,7 @@ def optimize(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
              only: Iterable[str] = (), skip: Iterable[str] = (), *, provider: str = "any",
              verify: bool = False, output: PathLike | None = None, in_place: bool = False,
              feeds: PathLike | None = None, max_memory: int | str | None = None,
-             dims: dict[str, int] | None = None,
+             dims: dict[str, int] | None = None, estimate_only: bool = False,
              log: Callable[[str], None] | None = None) -> Result:
     """Fuse ``model`` (a path, or a ModelProto that is rewritten in place) with ``rules``
     (default: the shipped rules); ``only``/``skip`` select patterns or rules by name.
@@ -173,9 +173,11 @@ def optimize(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
     ``result.verify``, not raised.
 
     ``max_memory`` (bytes, or a size such as "512MiB" / "1.5GB"): after fusion, recompute
-    forward tensors in the backward until the step's estimated saved activations fit
-    (docs/memory-budget.md; ``result.budget`` says what was recomputed); an unreachable budget
-    raises FuseError. ``dims``: values of symbolic dimensions for that estimate.
+    forward tensors in the backward until the step's peak, measured on onnxruntime as
+    ``fusecli bench`` measures it, fits (with ``estimate_only``: until the estimated saved
+    activations fit, nothing run); docs/memory-budget.md; ``result.budget`` says what was
+    recomputed; an unreachable budget raises FuseError. ``dims``: values of symbolic
+    dimensions for the estimate and the measurement's feeds.
     """
     say = log or (lambda _msg: None)
     budget = None
@@ -203,10 +205,15 @@ def optimize(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
         fp.progress = lambda msg: say(f"fusecli: {msg}")
     fp.run(m)
     result = Result(m, source, fp.stats, warnings)
-    if budget is not None:
+    if budget is not None and estimate_only:
         from fusecli.engine.recompute import apply_budget
 
         result.budget = apply_budget(m, budget, dims)
+    elif budget is not None:
+        from fusecli.runtime.budget import measured_budget
+
+        result.budget = measured_budget(m, budget, dims, source, log=say)
+    if budget is not None:
         for line in result.budget.lines():
             say(line)
     if result.total_fused == 0 and not result.has_gradient_nodes:

@@ -22,6 +22,7 @@ from fusecli import api
 from fusecli.engine.recompute import apply_budget, parse_size
 from fusecli.engine.saved import saved_activations
 from fusecli.errors import FuseError
+from fusecli.runtime.budget import measured_budget
 
 DIMS = {"batch": 2}
 
@@ -260,7 +261,7 @@ def test_budgeted_step_computes_what_the_fused_step_computes(name, manifest, tmp
 def test_cli_prints_what_it_recomputes(tmp_path):
     out = tmp_path / "o.onnx"
     proc = run_cli("optimize", SAMPLES / "ortt_llama.onnx", "-o", out, "--max-memory", "20KiB",
-                   "--dim", "batch=2")
+                   "--estimate-only", "--dim", "batch=2")
     assert "memory budget 20.0 KiB" in proc.stderr and "recomputed in the backward" in \
         proc.stderr, proc.stderr
     assert "extra work" in proc.stderr and out.exists()
@@ -269,7 +270,7 @@ def test_cli_prints_what_it_recomputes(tmp_path):
 def test_cli_unreachable_budget_exit_2_nothing_written(tmp_path):
     out = tmp_path / "o.onnx"
     proc = run_cli("optimize", SAMPLES / "ortt_llama.onnx", "-o", out, "--max-memory", "100",
-                   "--dim", "batch=2", check_rc=2)
+                   "--estimate-only", "--dim", "batch=2", check_rc=2)
     lines = [ln for ln in proc.stderr.splitlines() if "unreachable" in ln]
     assert len(lines) == 1 and "at least" in lines[0], proc.stderr
     assert not out.exists()
@@ -282,13 +283,15 @@ def test_cli_symbolic_dims_without_values_exit_2(tmp_path):
 
 
 def test_api_takes_the_same_sizes():
-    r = api.optimize(SAMPLES / "ortt_llama.onnx", max_memory="20KiB", dims=DIMS)
+    r = api.optimize(SAMPLES / "ortt_llama.onnx", max_memory="20KiB", dims=DIMS,
+                     estimate_only=True)
     assert r.budget.met and r.budget.after <= 20 * 1024 < r.budget.before
     d = r.as_dict()["memory_budget"]
     assert d["budget_bytes"] == 20480 and d["recomputed_total"] > 0
     with tempfile.TemporaryDirectory():
         with pytest.raises(FuseError, match="unreachable"):
-            api.optimize(SAMPLES / "ortt_llama.onnx", max_memory=100, dims=DIMS)
+            api.optimize(SAMPLES / "ortt_llama.onnx", max_memory=100, dims=DIMS,
+                         estimate_only=True)
 
 
 # --- groups of nodes that pay only together ------------------------------------------------
@@ -403,3 +406,84 @@ def test_a_recomputed_layer_does_not_read_the_previous_layers_recomputed_tensors
     assert saved_activations(m.graph) == {"h2"}
     assert rep.recomputed == {"elementwise Add": 1, "gemm MatMul": 1}
     assert _topological(m)
+
+
+# --- the budget on the measured peak (fusecli/runtime/budget.py) ----------------------------
+def _estimate(m: onnx.ModelProto) -> int:
+    return apply_budget(copy.deepcopy(m), 1 << 62, DIMS).before
+
+
+class _Meter:
+    """A stand-in for onnxruntime's measured peak: ``overhead`` + ``slope`` x the model's
+    estimated saved activations (or a fixed number), counting its calls."""
+
+    def __init__(self, slope=1.0, overhead=0, fixed=None):
+        self.slope, self.overhead, self.fixed, self.calls = slope, overhead, fixed, 0
+
+    def __call__(self, m):
+        self.calls += 1
+        return self.fixed if self.fixed is not None else \
+            int(self.overhead + self.slope * _estimate(m))
+
+
+def test_measured_budget_met_when_the_peak_falls_one_for_one():
+    m = _fused("ortt_llama")
+    full = _estimate(m)
+    meter = _Meter(overhead=10_000)
+    budget = full // 2 + 10_000
+    rep = measured_budget(m, budget, DIMS, measure=meter)
+    assert rep.met and rep.recomputed and rep.measured_after <= budget
+    assert rep.measured_before == full + 10_000 and meter.calls == 2   # the fused step, 1 try
+    assert _estimate(m) == rep.after <= full // 2                     # the model was rewritten
+    assert _topological(m)
+
+
+def test_measured_budget_follows_the_measured_slope():
+    """Each estimated byte dropped lowers the peak by half a byte: the first target (lower by
+    the excess) is not enough, the second (along the measured slope) is."""
+    m = _fused("ortt_llama")
+    full = _estimate(m)
+    meter = _Meter(slope=0.5, overhead=50_000)
+    budget = int(0.5 * 0.6 * full) + 50_000
+    rep = measured_budget(m, budget, DIMS, measure=meter)
+    assert rep.met and rep.measured_after <= budget and meter.calls == 3
+    assert rep.after <= 0.6 * full
+
+
+def test_measured_budget_unreachable_is_refused_and_the_model_unchanged():
+    m = _fused("ortt_llama")
+    before = m.SerializeToString()
+    with pytest.raises(FuseError, match=r"unreachable: the fused step's measured peak is "
+                                        r"1\.0 MiB.*at least 1\.0 MiB"):
+        measured_budget(m, 2**19, DIMS, measure=_Meter(fixed=2**20))
+    assert m.SerializeToString() == before
+
+
+def test_measured_budget_already_met_changes_nothing():
+    m = _fused("ortt_llama")
+    before = m.SerializeToString()
+    meter = _Meter(fixed=1000)
+    rep = measured_budget(m, 2000, DIMS, measure=meter)
+    assert rep.met and not rep.recomputed and rep.measured_after == 1000 and meter.calls == 1
+    assert m.SerializeToString() == before
+    assert "measured peak 1000 B already fits" in rep.lines()[0]
+
+
+def test_cli_budget_holds_on_the_measured_peak(tmp_path):
+    """End to end on onnxruntime: the 2-layer ort-training Llama sample at batch 1024 (its fused
+    step peaks near 14 MiB; recomputation reaches about 8 MiB): a 11 MiB budget is met as
+    measured, and `fusecli bench` measures the written step again well under the fused one."""
+    import json
+
+    fused, out = tmp_path / "fused.onnx", tmp_path / "budgeted.onnx"
+    run_cli("optimize", SAMPLES / "ortt_llama.onnx", "-o", fused, "-q")
+    proc = run_cli("optimize", SAMPLES / "ortt_llama.onnx", "-o", out, "--max-memory", "11MiB",
+                   "--dim", "batch=1024", "--json")
+    mb = json.loads(proc.stdout)["memory_budget"]
+    assert mb["met"] and mb["recomputed_total"] > 0, mb
+    assert mb["measured_peak_after_bytes"] <= 11 * 2**20 < mb["measured_peak_before_bytes"]
+    assert "measured peak" in proc.stderr
+    bench = json.loads(run_cli("bench", fused, out, "--runs", "1", "--warmup", "0", "--dim",
+                               "batch=1024", "--json").stdout)
+    a, b = bench["original"]["peak_bytes"], bench["fused"]["peak_bytes"]
+    assert b < 0.9 * a and b <= 11.5 * 2**20, (a, b)

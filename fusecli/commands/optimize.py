@@ -33,14 +33,19 @@ from fusecli.commands.output import (echo_json, echo_line, one_line, print_verif
 @FEEDS
 @PROVIDER
 @click.option("--max-memory", "max_memory", type=SIZE, metavar="SIZE",
-              help="Memory budget for the step's saved activations (512MiB, 1.5GB, bytes): "
-                   "recompute the cheapest forward tensors in the backward until the estimate "
-                   "fits (docs/memory-budget.md); exit 2 if it cannot.")
+              help="Memory budget for one training step (512MiB, 1.5GB, bytes): recompute the "
+                   "cheapest forward tensors in the backward until the step's peak, measured "
+                   "on onnxruntime as `fusecli bench` does, fits (docs/memory-budget.md); exit "
+                   "2 if it cannot.")
+@click.option("--estimate-only", is_flag=True,
+              help="With --max-memory: bound the estimated saved activations instead, without "
+                   "running the model.")
 @DIMS
 @REPORT
 @SUMMARY_MD
 def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet, do_verify,
-             expect, baseline, feeds_file, provider, max_memory, dims, report_file, summary_md):
+             expect, baseline, feeds_file, provider, max_memory, estimate_only, dims, report_file,
+             summary_md):
     """Fuse MODEL and write the result to OUTPUT.
 
     MODEL is an ONNX training graph (onnxruntime-training artifact or torch joint graph).
@@ -60,8 +65,9 @@ def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet
     from fusecli.runtime.feeds import parse_dims
 
     dims = parse_dims(dims)
-    if dims and max_memory is None:
-        raise click.UsageError("--dim is for --max-memory; add --max-memory SIZE")
+    if (dims or estimate_only) and max_memory is None:
+        raise click.UsageError(f"{'--dim' if dims else '--estimate-only'} is for --max-memory; "
+                               "add --max-memory SIZE")
     dest = api.output_path(model, output, in_place) if output is not None else None
     wanted = load_expectations(expect) if expect else {}
     base = load_baseline(baseline) if baseline else None
@@ -69,7 +75,9 @@ def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet
     original = api.load(model) if report_file or summary_md else None
     result = api.optimize(model, rules, only, skip, provider=provider,
                           output=None if dry_run else dest, in_place=True, verify=do_verify,
-                          feeds=feeds_file, max_memory=max_memory, dims=dims, log=None if quiet else lambda m: echo_line(m, err=True))
+                          feeds=feeds_file, max_memory=max_memory, dims=dims,
+                          estimate_only=estimate_only,
+                          log=None if quiet else lambda m: echo_line(m, err=True))
     if original is not None:
         from fusecli.report import collect
 

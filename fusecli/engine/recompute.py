@@ -136,6 +136,8 @@ class BudgetReport:
     extra_flops: int = 0
     forward_flops: int = 0
     unsized: int = 0            # saved tensors of unknown size (not in the estimate)
+    measured_before: int | None = None  # the fused step's measured peak (runtime.budget)
+    measured_after: int | None = None   # ... of the step with the recomputation
     dims: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -150,13 +152,20 @@ class BudgetReport:
                 "recomputed_total": sum(self.recomputed.values()),
                 "tensors_no_longer_saved": self.tensors, "fences": self.fences,
                 "extra_flops": self.extra_flops, "forward_flops": self.forward_flops,
-                "unsized_saved_tensors": self.unsized, "dims": dict(self.dims)}
+                "unsized_saved_tensors": self.unsized, "dims": dict(self.dims),
+                "measured_peak_before_bytes": self.measured_before,
+                "measured_peak_after_bytes": self.measured_after}
 
     def lines(self) -> list[str]:
         """What the CLI prints (stderr)."""
+        if self.measured_after is not None and not self.recomputed:
+            return [f"memory budget {mib(self.budget)}: the fused step's measured peak "
+                    f"{mib(self.measured_after)} already fits; nothing recomputed"]
         if not self.recomputed:
             return [f"memory budget {mib(self.budget)}: estimated saved activations "
                     f"{mib(self.before)} already fit; nothing recomputed"]
+        measured = ([f"measured peak {mib(self.measured_before)} -> {mib(self.measured_after)} "
+                     f"(within the budget)"] if self.measured_after is not None else [])
         what = ", ".join(f"{k} {v}" for k, v in sorted(self.recomputed.items()))
         pct = (f" ({self.extra_flops / self.forward_flops:.1%} of the forward's "
                f"{self.forward_flops / 1e9:.2f} GFLOP)" if self.forward_flops else "")
@@ -164,7 +173,7 @@ class BudgetReport:
                 f"{mib(self.before)} -> {mib(self.after)} ({mib(self.saved_bytes)} saved, "
                 f"{self.tensors} tensors)",
                 f"recomputed in the backward: {sum(self.recomputed.values())} nodes ({what}); "
-                f"extra work {self.extra_flops / 1e9:.3f} GFLOP{pct}"]
+                f"extra work {self.extra_flops / 1e9:.3f} GFLOP{pct}", *measured]
 
 
 class _Sizes:

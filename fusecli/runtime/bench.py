@@ -41,14 +41,16 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
               entry: dict | None = None, seed: int = 0, peak_memory: bool = True,
               profile_dir: str | None = None, opt_level: str = "all",
               feeds: dict[str, np.ndarray] | None = None, timeout: float | None = None,
-              min_time_s: float = 0.0, feeds_file: str | os.PathLike | None = None) -> dict:
+              min_time_s: float = 0.0, feeds_file: str | os.PathLike | None = None,
+              peaks_only: str | None = None) -> dict:
     """Run bench_worker.py on (original, fused); return its JSON plus 'python'.
 
     ``entry``: a manifest-style entry for make_feeds (default: the shipped sample's entry, if
     ``original`` is one). ``feeds`` overrides the generated feeds entirely; ``feeds_file`` (an
     .npz keyed by input name) gives some or all of them. ``min_time_s``: keep iterating past
     ``runs`` until that much time has passed (short ops get more samples). The result's
-    'feeds' maps each input to the policy that fed it.
+    'feeds' maps each input to the policy that fed it. ``peaks_only`` ("a", "b" or "both"):
+    no timing, only those models' peak memory (their entries hold just ``peak_bytes``).
     """
     from fusecli.runtime.feeds import plan_feeds, read_feeds_file
     from fusecli.runtime.library import (LibraryNotBuilt, RuntimePythonError, library_path,
@@ -95,6 +97,8 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
             cmd += ["--library", lib, "--library-for", "both"]
         if not peak_memory:
             cmd.append("--no-peak-memory")
+        if peaks_only:
+            cmd += ["--peaks-only", peaks_only]
         if profile_dir:
             cmd += ["--profile", str(profile_dir)]
         try:
@@ -105,8 +109,9 @@ def run_bench(original, fused, runs: int = 20, warmup: int = 3, threads: int | N
     if proc.returncode != 0:
         raise FuseError(f"benchmark of {Path(original).name} vs {Path(fused).name} failed: "
                         f"{worker_error(proc, python)}")
-    res = worker_result(proc, python, "bench_worker", key="a")
-    if not all(isinstance(res.get(k), dict) for k in ("a", "b")):
+    res = worker_result(proc, python, "bench_worker", key="b" if peaks_only == "b" else "a")
+    want = ("a", "b") if peaks_only in (None, "both") else (peaks_only,)
+    if not all(isinstance(res.get(k), dict) for k in want):
         raise RuntimePythonError(python, "printed a result without both models' timings")
     res["python"] = python
     res["feeds"], res["feed_lines"] = policy, lines

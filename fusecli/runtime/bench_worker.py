@@ -4,7 +4,7 @@ usage: python fusecli/runtime/bench_worker.py --a A.onnx --b B.onnx --feeds feed
            [--library custom_ops.so] [--library-for a|b|both] [--runs N] [--warmup K]
            [--min-time S] [--max-runs N]
            [--threads T] [--opt-level disable|basic|extended|all] [--spinning]
-           [--peak-memory | --no-peak-memory] [--profile DIR]
+           [--peak-memory | --no-peak-memory] [--profile DIR] [--peaks-only a|b|both]
 
 Runs under the main venv (onnxruntime) and under .venv-ortt (onnxruntime-training), so it must
 not import the fusecli package (same rule as runtime_worker.py).
@@ -177,6 +177,9 @@ def _parse(argv):
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="also write an onnxruntime profile of each session into DIR/a, DIR/b")
     ap.add_argument("--peak-of", default=None, choices=("a", "b"), help=argparse.SUPPRESS)
+    ap.add_argument("--peaks-only", default=None, choices=("a", "b", "both"),
+                    help="measure only these models' peaks (median of three fresh processes), "
+                         "no timing")
     return ap.parse_args(argv)
 
 
@@ -185,6 +188,14 @@ def main(argv=None) -> int:
     try:
         if args.peak_of:
             return peak_of(args)
+        if args.peaks_only:
+            keys = ("a", "b") if args.peaks_only == "both" else (args.peaks_only,)
+            result = {}
+            for key in keys:
+                peak, method = _median_peak(args, key)
+                result[key] = {"peak_bytes": peak, "peak_method": method}
+            print(json.dumps(result))
+            return 0
         import numpy as np
         import onnxruntime as ort
 
