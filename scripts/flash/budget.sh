@@ -44,7 +44,7 @@ print(apply_budget(onnx.load(sys.argv[1]), 10**15).before)" "$m.fused.onnx")
     for r in $RATIOS; do
       b=$("$PY" -c "import sys; print(int(float(sys.argv[1]) * int(sys.argv[2])))" "$r" "$est")
       out="$m.budget$r"
-      if "$FUSECLI" optimize "$m.onnx" -o "$out.onnx" --max-memory "$b" --json -q \
+      if "$FUSECLI" optimize "$m.onnx" -o "$out.onnx" --max-memory "$b" --estimate-only --json -q \
           > "$out.optimize.json" 2> "$out.optimize.err"; then
         "$FUSECLI" bench "$m.fused.onnx" "$out.onnx" --runs "$RUNS" --warmup 1 \
           --threads "$THREADS" --feeds "$m.params.npz" --json > "$out.bench.json"
