@@ -31,7 +31,7 @@ def _misses(model: onnx.ModelProto, fp: FusionPass,
                             kernels=fp.kernels, provider=fp.provider)
         fused = copy.deepcopy(model)
         stages.run(fused)
-    index = GraphIndex(fused.graph)
+    index = GraphIndex(fused.graph, fused.opset_import)
     index.bypass_passthrough()
     out = []
     for rule in fp.rules:

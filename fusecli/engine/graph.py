@@ -101,8 +101,13 @@ _SHAPE_ARITH = {"Gather", "Slice", "Concat", "ConcatTraining", "Unsqueeze", "Squ
 
 
 class GraphIndex:
-    def __init__(self, graph: onnx.GraphProto):
+    def __init__(self, graph: onnx.GraphProto, opset_import=None):
         self.graph = graph
+        # domain -> imported opset version (the model's opset_import; "" for ai.onnx): attribute
+        # defaults and meanings that changed between opsets (Softmax's axis at 13) read it
+        self.opsets: dict[str, int] = {
+            ("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
+            for o in (opset_import or ())}
         self.nodes: list[GNode] = []
         self.producer: dict[str, GNode] = {}
         self.consumers: dict[str, list[GNode]] = defaultdict(list)
@@ -494,6 +499,16 @@ class GraphIndex:
                 if t.name not in self._types:
                     self._types[t.name] = helper.make_tensor_type_proto(t.data_type, list(t.dims))
         return self._types.get(name)
+
+    def opset(self, domain: str = "") -> int | None:
+        """The opset version the model imports for ``domain`` (None: not recorded)."""
+        return self.opsets.get("" if domain in ("", "ai.onnx") else domain)
+
+    def rank(self, name: str) -> int | None:
+        """A tensor's rank, if its shape is recorded (value_info, graph inputs / outputs,
+        initializers)."""
+        s = self.shape(name) if name else None
+        return None if s is None else len(s)
 
     def shape(self, name: str) -> list[int | None] | None:
         """Static dims of a tensor (None for a symbolic dim), if its shape is recorded."""
