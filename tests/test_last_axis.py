@@ -10,6 +10,10 @@ the model's opset when absent (Softmax's axis is 1 before opset 13: a flattening
   absent axis (opset 12's default 1), a SoftmaxGrad of another axis, and axis 3 of a tensor
   whose rank is not recorded: not fused, and explain names the axis.
 - Unit tests of matcher.check_attr's last_axis form and of its loading (rules.parse_rule).
+- A ReduceSum below opset 13 (axes an attribute) is seen by the rules in the input form
+  (GraphIndex.axes_attributes_as_inputs): an opset-12 export's bias gradient fuses with its
+  Linear + GELU (tests/test_flash_mask.py's opset-12 exports); axes that are not the leading
+  axes are refused.
 """
 
 from __future__ import annotations
@@ -266,3 +270,47 @@ def test_last_axis_loads_with_capture():
 def test_last_axis_misuse_is_refused(attrs, op, msg):
     with pytest.raises(RuleError, match=msg):
         parse_rule(*_rule(attrs, op))
+
+
+# --- ReduceSum's axes attribute below opset 13 ----------------------------------------------------
+
+def _reduce_index(opset, op="ReduceSum", axes=(0, 1)):
+    node = helper.make_node(op, ["x"], ["y"], axes=list(axes), keepdims=0)
+    g = helper.make_graph([node], "g", [], [])
+    return GraphIndex(g, [helper.make_opsetid("", opset)])
+
+
+def test_reduce_sum_axes_attribute_is_read_as_an_input_below_opset_13():
+    ix = _reduce_index(12)
+    assert ix.axes_attributes_as_inputs() == 1
+    node = ix.nodes[0]
+    assert node.inputs[0] == "x" and len(node.inputs) == 2
+    assert ix.const_value(node.inputs[1]).tolist() == [0, 1]
+    assert list(node.proto.input) == ["x"] and node.attrs["axes"] == [0, 1]  # proto untouched
+    assert ix.consumers[node.inputs[1]] == [node]
+    for other in (_reduce_index(13), _reduce_index(12, op="ReduceMean")):
+        assert other.axes_attributes_as_inputs() == 0
+        assert other.nodes[0].inputs == ["x"]
+
+
+def test_opset12_bias_gradient_over_other_axes_is_not_fused():
+    """The opset-12 export's Linear + GELU bias gradient summed over axis 1 only (not the
+    leading axes [0, 1] of the [B, S, N] gradient): linear_gelu refuses it, explain names it."""
+    m = onnx.load(DATA / "ortt_flash_where_causal_opset12.onnx")
+    act = next(n for n in m.graph.node if n.op_type == "GeluGrad")
+    rs = [n for n in m.graph.node if n.op_type == "ReduceSum" and act.output[0] in n.input]
+    assert len(rs) == 1
+    axes = [helper.get_attribute_value(a) for a in rs[0].attribute if a.name == "axes"]
+    assert len(axes) == 1 and sorted(axes[0]) == [0, 1]  # onnxruntime writes [1, 0]
+    good = _fuse(copy.deepcopy(m))
+    assert good.patterns["linear_gelu"].fused == 1
+    for a in rs[0].attribute:
+        if a.name == "axes":
+            a.ints[:] = [1]
+    bad = _fuse(copy.deepcopy(m))
+    assert bad.patterns["linear_gelu"].fused == 0
+    assert bad.patterns["flash_attention"].fused == 1
+    fp = FusionPass(rules=_upto("linear_gelu_ortt_matmul"))
+    misses = [x for x in explain_model(m, fp, include_shallow=True)
+              if x["rule"] == "linear_gelu_ortt_matmul"]
+    assert any("every axis but the last" in x["detail"] for x in misses), misses

@@ -33,6 +33,7 @@ def _misses(model: onnx.ModelProto, fp: FusionPass,
         stages.run(fused)
     index = GraphIndex(fused.graph, fused.opset_import)
     index.bypass_passthrough()
+    index.axes_attributes_as_inputs()
     out = []
     for rule in fp.rules:
         matcher = Matcher(index, rule)

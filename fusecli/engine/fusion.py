@@ -291,6 +291,7 @@ class FusionPass:
         stats.saved = SavedDiff(model, [(n.inputs, n.outputs) for n in index.nodes],
                                 index.type_of)
         index.bypass_passthrough()
+        index.axes_attributes_as_inputs()
         credit: dict[int, FusionRecord] = {}  # fused node uid -> its record (absorbed: popped)
         detected: set[tuple[str, int]] = set()
         detected_chains: set[tuple[str, int]] = set()

@@ -231,6 +231,29 @@ class GraphIndex:
             self.bypassed.append(node)
         return len(self.bypassed) - n_before
 
+    def axes_attributes_as_inputs(self) -> int:
+        """A ReduceSum below opset 13 takes its axes as an attribute, from opset 13 as its
+        second input (a constant, in the exports), the spelling the rules write. Here (in the
+        index only: the protos are untouched, the attribute stays) such a node reads a constant
+        tensor of its axes as its second input, a name no graph tensor has, so that one rule
+        matches both opsets (onnxruntime-training's bias gradients of an opset-12 export).
+        Returns the number of nodes changed."""
+        opset = self.opset("")
+        if opset is None or opset >= 13:
+            return 0
+        changed = 0
+        for node in self.by_op.get(("", "ReduceSum"), {}).values():
+            axes = node.attrs.get("axes")
+            if not node.alive or axes is None or len(node.inputs) != 1 or not node.inputs[0]:
+                continue
+            name = self.unique_tensor_name(f"fusecli.axes_attribute:{node.name}")
+            self._const_cache[name] = np.asarray(list(axes), np.int64)
+            self._is_const[name] = True
+            node.inputs = [node.inputs[0], name]
+            self.consumers[name].append(node)
+            changed += 1
+        return changed
+
     def restore_bypassed(self, alive: list[GNode], renamable=lambda node: False
                          ) -> list[GNode]:
         """Put back the bypassed nodes whose output a node of ``alive`` (or a put-back node)
