@@ -3,10 +3,18 @@
 from attention_mask with fully masked rows, GPT-2's where + additive padding mask, masked_fill
 of a sliding window with -inf) fuse their attention as FlashAttention + FlashAttentionGrad with
 the Where's condition as the ops' mask input, and verify against the original; look-alikes the
-ops cannot compute exactly are not fused as flash."""
+ops cannot compute exactly are not fused as flash.
+
+Sliding windows (mask = (j <= i) & (i - j < 3)) as their own exports, both families: Where with
+finfo.min, the same & a run-time padding mask, an additive band bias (constant, and built at run
+time with the padding): each fuses as flash attention and verifies (the fused model, and each
+fused op's NumPy reference against the original's subgraph); with padding that leaves whole
+windows padded, the fully masked rows are checked in the original (uniform softmax) and the
+fused graph verified on those feeds. ort-training also at opset 12."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -137,3 +145,97 @@ def test_where_look_alikes_are_not_flash(family, change):
     else:
         bwd.input[1], bwd.input[2] = bwd.input[2], bwd.input[1]
     assert _fuse(m).get("flash_attention", 0) == 0
+
+
+# --- sliding windows (tests/data/make_flash_mask.py, W = 3: mask = (j <= i) & (i - j < W)) ------
+
+# kind -> (a Where on the scores: its condition is the ops' mask, fill finfo.min kept where
+# True; else an additive band bias: the ops' bias input, no mask)
+WINDOWS = {"where_window": True, "where_window_pad": True, "bias_window": False,
+           "bias_window_pad": False}
+# ort-training exports with the forward at opset 12 (Softmax(axis=3) + SoftmaxGrad)
+WINDOWS_OPSET12 = ["where_causal", "where_window", "bias_window_pad"]
+WINDOW_CASES = ([(fam, k) for fam in ("ortt", "torch") for k in WINDOWS]
+                + [("ortt", f"{k}_opset12") for k in WINDOWS_OPSET12])
+# the padding of make_flash_mask.py's window kinds: batch 1's keys 0..2 padded, so its queries
+# 0, 1 and 2 (windows {0}, {0, 1}, {0, 1, 2}) see no key at all
+WINDOW_PAD = np.array([[1] * 6 + [0] * 2, [0] * 3 + [1] * 5], np.int64)
+
+
+def _window_keep(mask=None):
+    """The model code's mask [B or 1, S, S]: (j <= i) & (i - j < 3) [& attention_mask]."""
+    i = np.arange(8)
+    keep = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < 3)
+    return keep[None] if mask is None else keep[None] & mask[:, None, :].astype(bool)
+
+
+@pytest.mark.parametrize("fam,style", WINDOW_CASES, ids=[f"{f}_{s}" for f, s in WINDOW_CASES])
+def test_sliding_window_exports_fuse_as_flash_and_verify(fam, style, tmp_path):
+    from test_flash import assert_verifies
+
+    src = DATA / f"{fam}_flash_{style}.onnx"
+    m = onnx.load(src)
+    kind = style.removesuffix("_opset12")
+    where = WINDOWS.get(kind, True)
+    conds = {n.input[0] for n in m.graph.node if n.op_type == "Where"}
+    # at opset 12 too (the Linear + GELU's bias gradient: a ReduceSum with an axes attribute)
+    assert _fuse(m) == EXPECTED
+    fwd = [n for n in m.graph.node if n.op_type == "FlashAttention"]
+    bwd = [n for n in m.graph.node if n.op_type == "FlashAttentionGrad"]
+    assert len(fwd) == len(bwd) == 1
+    for node, imask in ((fwd[0], 4), (bwd[0], 7)):
+        inputs = list(node.input) + [""] * 8
+        if where:
+            a = _attrs(node)
+            assert a["fill"] == pytest.approx(FMIN) and a.get("fill_kept", 1) == 1
+            assert inputs[imask] in conds and not inputs[imask - 1]
+        else:
+            assert inputs[imask - 1] and not inputs[imask]  # the band bias, no bool mask
+    assert not [n for n in m.graph.node
+                if n.op_type in ("Softmax", "SoftmaxGrad", "SoftmaxGrad_13")]
+    stats = FusionPass()
+    orig = onnx.load(src)
+    fused_m = copy.deepcopy(orig)
+    stats.run(fused_m)
+    assert_verifies(src, fused_m, stats.stats, tmp_path)
+
+
+def _probabilities(src, feeds_path, tmp_path):
+    """The original's Softmax output P [B, H, S, S] on the feeds."""
+    from fusecli.runtime.feeds import make_feeds
+    from fusecli.runtime.runner import pick_runtime, run_in_runtime
+
+    m = onnx.load(src)
+    p = next(n for n in m.graph.node if n.op_type == "Softmax").output[0]
+    m.graph.output.append(helper.make_tensor_value_info(p, onnx.TensorProto.FLOAT, None))
+    path = tmp_path / "probe.onnx"
+    onnx.save(m, path)
+    feeds = make_feeds(m, seed=0)
+    feeds.update(dict(np.load(feeds_path)))
+    outs, _ = run_in_runtime(path, feeds, pick_runtime(m))
+    return outs[p]
+
+
+@pytest.mark.parametrize("fam,style", [(f, k) for f in ("ortt", "torch")
+                                       for k in ("where_window_pad", "bias_window_pad")]
+                         + [("ortt", "bias_window_pad_opset12")], ids=lambda v: v)
+def test_sliding_window_fully_masked_rows_verify(fam, style, tmp_path):
+    """With batch 1's keys 0..2 padded, its queries 0..2 have no key in their window: the
+    original's softmax gives those rows the uniform 1/S (every score filled alike), the other
+    rows are 0 outside the window; the fused graph computes the same outputs and gradients."""
+    src = DATA / f"{fam}_flash_{style}.onnx"
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, attention_mask=WINDOW_PAD)
+    keep = _window_keep(WINDOW_PAD)                       # [B, S, S]
+    full = ~keep.any(-1)
+    assert full[1, :3].all() and full.sum() == 3          # the model code's fully masked rows
+    p = _probabilities(src, feeds, tmp_path)              # [B, H, S, S]
+    np.testing.assert_allclose(p[1, :, :3], 1.0 / 8, rtol=1e-6)
+    live = np.broadcast_to(~full[:, None, :, None] & ~keep[:, None], p.shape)
+    assert np.all(p[live] == 0)
+    m = onnx.load(src)
+    assert _fuse(m)["flash_attention"] == 1
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(src, out, feeds_file=feeds)
+    assert report.ok and report.max_rel <= 1e-5, report

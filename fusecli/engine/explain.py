@@ -31,8 +31,9 @@ def _misses(model: onnx.ModelProto, fp: FusionPass,
                             kernels=fp.kernels, provider=fp.provider)
         fused = copy.deepcopy(model)
         stages.run(fused)
-    index = GraphIndex(fused.graph)
+    index = GraphIndex(fused.graph, fused.opset_import)
     index.bypass_passthrough()
+    index.axes_attributes_as_inputs()
     out = []
     for rule in fp.rules:
         matcher = Matcher(index, rule)

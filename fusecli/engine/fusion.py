@@ -287,10 +287,11 @@ class FusionPass:
         self.stats = stats = Stats(self.all_rules)
         graph = model.graph
         stats.nodes_before = len(graph.node)
-        index = GraphIndex(graph)
+        index = GraphIndex(graph, model.opset_import)
         stats.saved = SavedDiff(model, [(n.inputs, n.outputs) for n in index.nodes],
                                 index.type_of)
         index.bypass_passthrough()
+        index.axes_attributes_as_inputs()
         credit: dict[int, FusionRecord] = {}  # fused node uid -> its record (absorbed: popped)
         detected: set[tuple[str, int]] = set()
         detected_chains: set[tuple[str, int]] = set()

@@ -101,8 +101,13 @@ _SHAPE_ARITH = {"Gather", "Slice", "Concat", "ConcatTraining", "Unsqueeze", "Squ
 
 
 class GraphIndex:
-    def __init__(self, graph: onnx.GraphProto):
+    def __init__(self, graph: onnx.GraphProto, opset_import=None):
         self.graph = graph
+        # domain -> imported opset version (the model's opset_import; "" for ai.onnx): attribute
+        # defaults and meanings that changed between opsets (Softmax's axis at 13) read it
+        self.opsets: dict[str, int] = {
+            ("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
+            for o in (opset_import or ())}
         self.nodes: list[GNode] = []
         self.producer: dict[str, GNode] = {}
         self.consumers: dict[str, list[GNode]] = defaultdict(list)
@@ -225,6 +230,29 @@ class GraphIndex:
             self.remove_node(node)
             self.bypassed.append(node)
         return len(self.bypassed) - n_before
+
+    def axes_attributes_as_inputs(self) -> int:
+        """A ReduceSum below opset 13 takes its axes as an attribute, from opset 13 as its
+        second input (a constant, in the exports), the spelling the rules write. Here (in the
+        index only: the protos are untouched, the attribute stays) such a node reads a constant
+        tensor of its axes as its second input, a name no graph tensor has, so that one rule
+        matches both opsets (onnxruntime-training's bias gradients of an opset-12 export).
+        Returns the number of nodes changed."""
+        opset = self.opset("")
+        if opset is None or opset >= 13:
+            return 0
+        changed = 0
+        for node in self.by_op.get(("", "ReduceSum"), {}).values():
+            axes = node.attrs.get("axes")
+            if not node.alive or axes is None or len(node.inputs) != 1 or not node.inputs[0]:
+                continue
+            name = self.unique_tensor_name(f"fusecli.axes_attribute:{node.name}")
+            self._const_cache[name] = np.asarray(list(axes), np.int64)
+            self._is_const[name] = True
+            node.inputs = [node.inputs[0], name]
+            self.consumers[name].append(node)
+            changed += 1
+        return changed
 
     def restore_bypassed(self, alive: list[GNode], renamable=lambda node: False
                          ) -> list[GNode]:
@@ -494,6 +522,16 @@ class GraphIndex:
                 if t.name not in self._types:
                     self._types[t.name] = helper.make_tensor_type_proto(t.data_type, list(t.dims))
         return self._types.get(name)
+
+    def opset(self, domain: str = "") -> int | None:
+        """The opset version the model imports for ``domain`` (None: not recorded)."""
+        return self.opsets.get("" if domain in ("", "ai.onnx") else domain)
+
+    def rank(self, name: str) -> int | None:
+        """A tensor's rank, if its shape is recorded (value_info, graph inputs / outputs,
+        initializers)."""
+        s = self.shape(name) if name else None
+        return None if s is None else len(s)
 
     def shape(self, name: str) -> list[int | None] | None:
         """Static dims of a tensor (None for a symbolic dim), if its shape is recorded."""

@@ -78,21 +78,97 @@ class MatchResult:
 _ONNX_DOMAINS = frozenset({"", "ai.onnx.ml", "ai.onnx.preview", "ai.onnx.preview.training"})
 
 
+# onnxruntime's gradient ops (com.microsoft, which onnx.defs does not describe) whose axis
+# default the matcher needs (orttraining's gradient_schema_defs.cc): the pre-opset-13 gradients
+# flatten at axis 1 by default, the _13 ones take the last axis
+_MS_DEFAULTS = {("SoftmaxGrad", "axis"): 1, ("LogSoftmaxGrad", "axis"): 1,
+                ("SoftmaxGrad_13", "axis"): -1, ("LogSoftmaxGrad_13", "axis"): -1}
+
+
 @functools.cache
-def _op_default(op: str, domain: str, attr: str):
-    """An attribute's default in the op's latest ONNX schema (None: no default, an op of
-    another domain); one schema lookup per op and attribute (the first loads onnx's schema
-    registry, 10-25 ms: not done for the other domains, which it does not describe)."""
+def _op_default(op: str, domain: str, attr: str, opset: int | None = None):
+    """An attribute's default in the op's schema at the model's ``opset`` of its domain (None:
+    the latest; Softmax's axis is 1 before opset 13, -1 from 13), None when no default is known
+    (an op of another domain than onnx's and _MS_DEFAULTS'); one schema lookup per op,
+    attribute and opset (the first loads onnx's schema registry, 10-25 ms: not done for the
+    other domains, which it does not describe)."""
+    if domain == "com.microsoft":
+        return _MS_DEFAULTS.get((op, attr))
     if domain not in _ONNX_DOMAINS:
         return None
     try:
-        schema = defs.get_schema(op, max_inclusive_version=10**6, domain=domain)
+        schema = defs.get_schema(op, max_inclusive_version=opset or 10**6, domain=domain)
     except Exception:  # noqa: BLE001 - unknown op/domain: no default known
         return None
     a = schema.attributes.get(attr)
     if a is None or not a.default_value.name:
         return None
     return onnx.helper.get_attribute_value(a.default_value)
+
+
+# ops whose axis k flattens the input to 2-D at k and normalises over axes k..rank-1 together:
+# onnx's before opset 13 (from 13: over axis k alone), onnxruntime's pre-13 gradients always
+_FLATTENS_BEFORE_13 = frozenset({"Softmax", "LogSoftmax", "Hardmax"})
+_FLATTENS_MS = frozenset({"SoftmaxGrad", "LogSoftmaxGrad"})
+# ops whose tensor inputs and first output all have the rank their axis indexes
+_SAME_RANK = frozenset({"Softmax", "LogSoftmax", "Hardmax", "SoftmaxGrad", "SoftmaxGrad_13",
+                        "LogSoftmaxGrad", "LogSoftmaxGrad_13", "Concat", "ConcatTraining"})
+
+
+def _flattens(node: GNode, opset: int | None) -> bool:
+    if node.domain == "com.microsoft":
+        return node.op in _FLATTENS_MS
+    return node.domain == "" and node.op in _FLATTENS_BEFORE_13 and opset is not None \
+        and opset < 13
+
+
+def _indexed_rank(node: GNode, index) -> int | None:
+    """The rank of the tensor a node's axis / axes attribute indexes: its first input's
+    (Unsqueeze: its output's), from the recorded shapes; for ops of _SAME_RANK any of their
+    inputs or their first output may tell it."""
+    if index is None:
+        return None
+    if node.op == "Unsqueeze" and node.domain == "":
+        return index.rank(node.outputs[0]) if node.outputs else None
+    names = [node.inputs[0] if node.inputs else ""]
+    if node.op in _SAME_RANK:
+        names += node.inputs[1:] + node.outputs[:1]
+    for t in names:
+        r = index.rank(t) if t else None
+        if r is not None:
+            return r
+    return None
+
+
+def _check_last_axis(node: GNode, name: str, effective, present: bool, index,
+                     opset: int | None) -> str:
+    """'' when ``effective`` (an attribute's value, or its default when absent) names the last
+    axis of the tensor it indexes: -1 or rank-1 (an axis), [-1] or [rank-1] (axes); else why
+    not, for explain."""
+    rank = _indexed_rank(node, index)
+    shown = _norm(effective) if present else f"absent (default {_norm(effective)!r}" + (
+        f" at opset {opset})" if opset is not None else ")")
+    if rank is None:
+        want = "the last axis: -1 (the rank of the tensor it indexes is not recorded, so no " \
+            "other value is surely the last axis)"
+    else:
+        want = f"the last axis: -1 or {rank - 1} (of the rank-{rank} tensor it indexes)"
+    if effective is None:
+        return f"attribute {name} is absent and has no known default, rule wants {want}"
+    vals = effective if isinstance(effective, (list, tuple)) else [effective]
+    if isinstance(effective, (list, tuple)) and len(vals) != 1:
+        return f"attribute {name} = {shown}, rule wants {want}"
+    v = vals[0]
+    if isinstance(v, int) and (v == -1 or (rank is not None and v == rank - 1)):
+        return ""
+    why = ""
+    if isinstance(v, int) and _flattens(node, opset) and rank is not None and \
+            -rank <= v < rank - 1:
+        k = v % rank
+        at = f"opset {opset}" if node.domain == "" else f"{node.op}'s semantics"
+        why = (f" ({at}: it flattens at axis {k} and normalises over axes {k}..{rank - 1} "
+               "together)")
+    return f"attribute {name} = {shown}{why}, rule wants {want}"
 
 
 def _norm(v):
@@ -119,9 +195,11 @@ def _values_equal(a, b) -> bool:
     return a == b
 
 
-def check_attr(node: GNode, name: str, c: AttrConstraint) -> tuple[bool, object, str]:
+def check_attr(node: GNode, name: str, c: AttrConstraint, index: GraphIndex | None = None
+               ) -> tuple[bool, object, str]:
     """Returns (ok, effective value, failure detail); the failure detail is only written when
-    the check fails."""
+    the check fails. ``index`` gives the model's opsets (an absent attribute's default) and the
+    recorded shapes (``last_axis``); without it, the latest opset and no shapes."""
     present = name in node.attrs
     value = node.attrs.get(name)
     if c.absent:
@@ -133,7 +211,12 @@ def check_attr(node: GNode, name: str, c: AttrConstraint) -> tuple[bool, object,
             return False, None, f"attribute {name} is absent (= {c.absent_or!r}), rule wants " \
                 f"any value but {c.not_!r}"
         return True, c.absent_or, ""
-    effective = value if present else _op_default(node.op, node.domain, name)
+    opset = index.opset(node.domain) if index is not None else None
+    effective = value if present else _op_default(node.op, node.domain, name, opset)
+    if c.last_axis:
+        detail = _check_last_axis(node, name, effective, present, index, opset)
+        if detail:
+            return False, None, detail
 
     def shown():
         return _norm(effective) if present else f"absent (default {_norm(effective)!r})"
@@ -631,7 +714,7 @@ class Matcher:
             for var, fn in alt.value.items():
                 caps[VALUE_KEY + var] = fn
         for name, c in ({**spec.attrs, **alt.attrs} if alt.attrs else spec.attrs).items():
-            ok, value, detail = check_attr(node, name, c)
+            ok, value, detail = check_attr(node, name, c, self.g)
             if not ok:
                 self._fail(depth, nodes, spec.id, "attribute",
                            lambda: f"node {node.name}: {detail}", node)

@@ -488,7 +488,7 @@ def draft_rule(model: onnx.ModelProto, node_names: list[str], name: str,
     _check_name(name, "rule name")
     if pattern is not None:
         _check_name(pattern, "pattern")
-    index = GraphIndex(model.graph)
+    index = GraphIndex(model.graph, model.opset_import)
     picked = _resolve(index, node_names)
     order = _order(index, picked)
     _check_convex(index, picked)
@@ -536,7 +536,7 @@ def count_matches(model: onnx.ModelProto, text: str) -> int:
     from fusecli.engine.rules import parse_rule
 
     rule = parse_rule(text, "<draft>")
-    index = GraphIndex(model.graph)
+    index = GraphIndex(model.graph, model.opset_import)
     m = Matcher(index, rule)
     spec = rule.anchor
     return sum(1 for op in spec.ops for d in spec.domains for a in index.candidates(op, d)

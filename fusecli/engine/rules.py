@@ -35,7 +35,7 @@ CONST_FUNCS = {
 WHOLE_CONST_FUNCS = {
     "negate_sum": lambda arr: -float(np.sum(np.asarray(arr, np.float64))),
 }
-_ATTR_CONSTRAINT_KEYS = {"equals", "one_of", "absent_or", "absent", "capture", "not"}
+_ATTR_CONSTRAINT_KEYS = {"equals", "one_of", "absent_or", "absent", "capture", "not", "last_axis"}
 _NODE_KEYS = {"id", "op", "domain", "inputs", "outputs", "attrs", "commutative", "optional",
               "keep", "repeat", "role"}
 MAX_REPEAT = 8
@@ -115,6 +115,9 @@ class AttrConstraint:
     capture: str | None = None
     not_: object = None
     has_not: bool = False
+    # the attribute names the last axis of the tensor it indexes (matcher.check_attr): -1 or
+    # rank-1 (axis), [-1] or [rank-1] (axes), with the model's opset's default when absent
+    last_axis: bool = False
 
 
 @dataclass(frozen=True)
@@ -280,6 +283,10 @@ def _check_node_attr_types(src, nid, ops, domains, attrs, line_of) -> None:
             schemas = _onnx_attr_types(d)
             for op in ops:
                 types |= schemas.get(op, {}).get(name, set())
+        if c.last_axis and types & _ATTR_VALUE_TYPES.keys() and not types & {"INT", "INTS"}:
+            raise RuleError(src, f"node '{nid}' attribute '{name}' (of {'/'.join(ops)}): "
+                            "last_axis needs an integer (axis) or integer list (axes) "
+                            "attribute", line_of(name))
         values = ([c.equals] if c.has_equals else []) + list(c.one_of or ()) + (
             [c.absent_or] if c.has_absent_or else []) + ([c.not_] if c.has_not else [])
         for v in values:
@@ -300,7 +307,14 @@ def _parse_attr_constraint(src, node_id, name, value, line) -> AttrConstraint:
     if cap is not None and not (isinstance(cap, str) and _NAME_RE.match(cap)):
         raise RuleError(src, f"node '{node_id}' attribute '{name}': capture must be a lower-case "
                         "identifier", line)
+    last = value.get("last_axis", False)
+    if last is not False and last is not True:
+        raise RuleError(src, f"node '{node_id}' attribute '{name}': last_axis must be true", line)
+    if last and set(value) - {"last_axis", "capture"}:
+        raise RuleError(src, f"node '{node_id}' attribute '{name}': last_axis combines only with "
+                        "capture", line)
     return AttrConstraint(
+        last_axis=last,
         equals=value.get("equals"), has_equals="equals" in value,
         one_of=tuple(value["one_of"]) if "one_of" in value else None,
         absent_or=value.get("absent_or"), has_absent_or="absent_or" in value,

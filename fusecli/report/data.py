@@ -208,8 +208,8 @@ class _Graphs:
         self.fused_nodes = _by_name(fused.graph)
         for name, rec in absorbed.items():      # fused, then replaced by a later fusion
             self.fused_nodes.setdefault(name, rec.node)
-        self.index = GraphIndex(original.graph)
-        self.fused_index = GraphIndex(fused.graph)
+        self.index = GraphIndex(original.graph, original.opset_import)
+        self.fused_index = GraphIndex(fused.graph, fused.opset_import)
         self.tensors: dict[str, Tensor] = {}
         fused_reads = {t for n in fused.graph.node for t in n.input if t}
         self.fused_live = fused_reads | {o.name for o in fused.graph.output}

@@ -18,6 +18,22 @@ linear_gelu 1 (pre-norm block: ln_1, attention, ln_2, Linear(8->16) GELU Linear(
 - fill_window_ninf: masked_fill of a sliding window (keys i-2..i kept) with -inf: the
   polarity True = filled (Where(~window, -inf, scores)), the scale on q (q * dh**-0.5).
 
+Sliding windows (W = 3: query i sees keys i-2..i, mask = (j <= i) & (i - j < W)), each a
+spelling of its own:
+- where_window: GPT-2's keep polarity on a window the model code builds from arange of the
+  sequence length (Mistral-style eager code; the exports hold it as a folded constant [1, 1,
+  S, S] bool): Where(window, scores, finfo.min).
+- where_window_pad: the same window & attention_mask[:, None, None, :] (run time, random
+  0/1): rows whose W keys are all padded are fully masked (batch 1: keys 0..2 padded, so
+  queries 0, 1 and 2 see no key: the uniform softmax forward, a zero score gradient).
+- bias_window: the window as an additive band bias, a constant [1, 1, S, S] buffer of 0 and
+  finfo.min added to the scores (Hugging Face's 4-D float masks).
+- bias_window_pad: the band bias built at run time, (1 - (window & attention_mask)) * finfo.min,
+  added to the scores (fully masked rows as in where_window_pad).
+ort-training also exports where_causal, where_window and bias_window_pad with the forward at
+opset 12 (`_opset12`, as older export scripts do: Softmax(axis=3) and com.microsoft
+SoftmaxGrad, docs/rules.md `last_axis`).
+
 Rule fixtures (tests/test_rules.py's positives), attention only (x + o(attn(x)) per layer):
 - gqa_where_all: four attention layers with grouped K / V (Hugging Face's repeat_kv, 2 query
   heads on 1 kv head), one per Where spelling: Where(causal, S, finfo.min), the same + an
@@ -43,6 +59,7 @@ sys.path.insert(0, str(HERE.parents[1] / "scripts" / "corpus"))
 import gen  # noqa: E402
 
 S = 8
+WINDOW = 3
 
 
 class WhereBlock(torch.nn.Module):
@@ -63,9 +80,34 @@ class WhereBlock(torch.nn.Module):
         idx = torch.arange(S)
         self.register_buffer("window", (idx[None, :] <= idx[:, None])
                              & (idx[None, :] >= idx[:, None] - 2), persistent=False)
+        band = torch.zeros(S, S).masked_fill(
+            ~((idx[None, :] <= idx[:, None]) & (idx[:, None] - idx[None, :] < WINDOW)),
+            torch.finfo(torch.float32).min)
+        self.register_buffer("band", band.view(1, 1, S, S), persistent=False)
+
+    def window_mask(self, s, attention_mask=None):
+        """(j <= i) & (i - j < W) for W = 3 [1 or B, 1, s, s], & the padding mask if given."""
+        i = torch.arange(s, device=self.causal.device)
+        keep = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < WINDOW)
+        keep = keep[None, None]
+        if attention_mask is not None:
+            keep = keep & attention_mask[:, None, None, :].bool()
+        return keep
 
     def attention(self, q, k, v, attention_mask):
         s = q.shape[-2]
+        if self.kind.startswith(("where_window", "bias_window")):
+            w = q @ k.transpose(-2, -1) / self.dh ** 0.5
+            fmin = torch.finfo(w.dtype).min
+            if self.kind == "bias_window":
+                w = w + self.band[:, :, :s, :s]
+            elif self.kind == "bias_window_pad":
+                keep = self.window_mask(s, attention_mask)
+                w = w + (1.0 - keep.to(w.dtype)) * fmin
+            else:
+                pad = attention_mask if self.kind == "where_window_pad" else None
+                w = torch.where(self.window_mask(s, pad), w, torch.full([], fmin, dtype=w.dtype))
+            return torch.softmax(w, dim=-1) @ v
         if self.kind == "fill_causal_pad":
             w = q @ k.transpose(-2, -1) / self.dh ** 0.5
             w = w.masked_fill(~self.causal[:, :, :s, :s], float("-inf"))
@@ -137,30 +179,43 @@ class AttnLayers(torch.nn.Module):
 
 
 KINDS = ["where_causal", "where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "fill_window_ninf",
-         "gqa_where_all"]
-PADDED = {"where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "gqa_where_all"}
+         "gqa_where_all", "where_window", "where_window_pad", "bias_window", "bias_window_pad"]
+PADDED = {"where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "gqa_where_all",
+          "where_window_pad", "bias_window_pad"}
+# kinds whose padding leaves whole windows padded (fully masked query rows)
+WINDOW_PADDED = {"where_window_pad", "bias_window_pad"}
+# ort-training kinds also exported with the forward at opset 12 (`<kind>_opset12`)
+OPSET12 = ["where_causal", "where_window", "bias_window_pad"]
 LAYERS = {"gqa_where_all": lambda: AttnLayers(["keep", "keep_pad", "fill", "fill_pad"], 1)}
 
 
 def main(family: str, only: list[str]) -> None:
     prefix = gen.PREFIX[family]
     builder = gen.build_ortt if family == "ort-training" else gen.build_torch
-    for kind in KINDS:
-        if only and kind not in only:
+    styles = KINDS + ([f"{k}_opset12" for k in OPSET12] if family == "ort-training" else [])
+    for style in styles:
+        if only and style not in only:
             continue
+        kind = style.removesuffix("_opset12")
+        kw = {"opset": 12} if style.endswith("_opset12") else {}
         torch.manual_seed(0)
         inputs = {"x": torch.randn(2, S, 8)}
         ranges = {}
-        if kind in PADDED:
+        if kind in WINDOW_PADDED:
+            # batch 0: the last two keys padded (every row keeps a key); batch 1: keys 0..2
+            # padded (queries 0, 1, 2 see only padded keys in their window: fully masked)
+            inputs["attention_mask"] = torch.tensor([[1] * 6 + [0] * 2, [0] * 3 + [1] * 5])
+            ranges["attention_mask"] = [0, 2]
+        elif kind in PADDED:
             # batch 0: the last three keys padded (rows 0..4 partly kept); batch 1: key 0 padded
             # (row 0 fully masked under the causal mask)
             inputs["attention_mask"] = torch.tensor([[1] * 5 + [0] * 3, [0] + [1] * 7])
             ranges["attention_mask"] = [0, 2]
         arch = types.SimpleNamespace(library="torch", input_ranges=ranges)
-        name = f"{prefix}_flash_{kind}"
+        name = f"{prefix}_flash_{style}"
         with tempfile.TemporaryDirectory() as td:
             model = (LAYERS[kind]() if kind in LAYERS else WhereBlock(kind)).train()
-            res = builder(arch, model, inputs, name, Path(td), True)
+            res = builder(arch, model, inputs, name, Path(td), True, **kw)
             shutil.copy(Path(td) / f"{name}.onnx", HERE / f"{name}.onnx")
         print(f"{name}: max |grad - torch| {res['max_abs_grad_err_vs_torch']:.3g}")
 
