@@ -24,12 +24,12 @@ from fusecli.runtime.library import library_path
 from fusecli.runtime.verify import verify_models
 
 DATA = Path(__file__).parent / "data"
-# from the model code (scripts/make_lce_spellings.py): the rule that takes the one head + loss,
-# or None where the loss is no LinearCrossEntropy (logits sliced before the loss); the losses
-# the graph reduces itself (F.cross_entropy(reduction='none').mean(), the mean over every token,
-# ignored ones included; per-sequence masked means, then their mean) are the op's per-token
-# losses (reduction none), in two ops (_split: the coefficient is computed after the forward
-# reads the losses)
+# from the model code (scripts/make_lce_spellings.py): the rule that takes the one head + loss;
+# the losses the graph reduces itself (F.cross_entropy(reduction='none').mean(), the mean over
+# every token, ignored ones included; per-sequence masked means, then their mean; the logits
+# sliced before the loss, then Hugging Face's masked mean) are the op's per-token losses
+# (reduction none; the slice: the op's seq_start / seq_end on the hidden states), in two ops
+# (_split: the coefficient is computed after the forward reads the losses)
 EXPECTED = {
     "torch_lces_reducemean": "lce_torch_reducemean",
     "torch_lces_reducemean_neg_tied": "lce_torch_reducemean_neg",
@@ -41,7 +41,7 @@ EXPECTED = {
     "torch_lces_hf_llama_items": "lce_torch_nllloss_split",
     "torch_lces_hf_gpt2_mean_tied": "lce_torch_reducemean_neg",
     "torch_lces_ce_none_mean": "lce_torch_rows_nllloss_none_split",
-    "torch_lces_shift_logits": None,
+    "torch_lces_shift_logits": "lce_torch_shift_gather_split",
     "torch_lces_seqlevel": "lce_torch_rows_gather_split",
     "ortt_lces_cls_mlp": "lce_ortt_gemm",
     "ortt_lces_cls_cnn": "lce_ortt_gemm",
@@ -142,16 +142,20 @@ def test_fused_head_matches_numpy(spelling, tmp_path):
     np.testing.assert_allclose(got, dw, rtol=1e-4, atol=1e-6)
 
 
-ROWS = ["ce_none_mean", "seqlevel"]  # the losses the graph reduces itself
+ROWS = ["ce_none_mean", "seqlevel", "shift_logits"]  # the losses the graph reduces itself
 
 
 def _numpy_rows(params, ids, lab, spelling):
     """loss and d loss / d head weight of the model code's per-token reductions (float64):
     ce_none_mean sums the kept tokens' losses over all N tokens; seqlevel averages each
-    sequence's kept tokens, then the B sequences."""
+    sequence's kept tokens, then the B sequences; shift_logits: the logits of tokens 0..S-2
+    against the labels of 1..S-1, the kept ones' mean."""
     emb = params["emb.weight"].astype(np.float64)
     x = emb[ids].reshape(-1, D)
     h = np.maximum(x @ params["fc.weight"].T.astype(np.float64) + params["fc.bias"], 0.0)
+    if spelling == "shift_logits":
+        h = h.reshape(B, S, D)[:, :-1].reshape(-1, D)
+        lab = lab[:, 1:]
     z = h @ params["head.weight"].T.astype(np.float64)
     lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
     y = lab.reshape(-1)
@@ -160,6 +164,8 @@ def _numpy_rows(params, ids, lab, spelling):
     nll = (lse - z[np.arange(len(y)), safe]) * keep
     if spelling == "ce_none_mean":
         loss, c = nll.sum() / len(y), keep / len(y)
+    elif spelling == "shift_logits":
+        loss, c = nll.sum() / keep.sum(), keep / keep.sum()
     else:
         cnt = keep.reshape(lab.shape).sum(1)
         loss = (nll.reshape(lab.shape).sum(1) / cnt).mean()
@@ -331,6 +337,82 @@ def test_rows_scatter_value_must_be_minus_the_coefficient(tmp_path):
     miss = _explained(m, "lce_torch_rows_gather_split")
     assert miss["node"] == "gneg", miss
     _not_fused_and_verifies(m, tmp_path, "rows_sign")
+
+
+def _shift():
+    m = onnx.load(DATA / "torch_lces_shift_logits.onnx")
+    assert FusionPass(only=["lce_torch_shift_gather_split"]).run(copy.deepcopy(m)) == 1  # control
+    return m
+
+
+def _const(m, name, arr):
+    m.graph.initializer.append(numpy_helper.from_array(np.asarray(arr), name))
+    return name
+
+
+def test_shift_logits_view_must_be_the_hidden_states_sequences(tmp_path):
+    """The logits' [B, S, V] view must have the hidden states' leading dims [B, S]: with the
+    hidden states transposed to [S, B, D] before the head (dH transposed back, a valid joint
+    graph), the logits' rows are not H3's sequences: slicing H3's second-to-last axis would
+    read other rows. Refused at the logits' view (lead_dims_of)."""
+    m = _shift()
+    hview = _node(m, "Reshape", lambda n: n.output[0] == "view_2")
+    dhview = _node(m, "Reshape", lambda n: n.output[0] == "view_5")
+    nodes = list(m.graph.node)
+    tr = helper.make_node("Transpose", [hview.input[0]], ["relu_sb"], perm=[1, 0, 2])
+    back = helper.make_node("Transpose", ["view_5_sb"], ["view_5"], perm=[1, 0, 2])
+    hview.input[0] = "relu_sb"
+    dhview.input[1] = _const(m, "shape_sb", np.array([S, B, D], np.int64))
+    dhview.output[0] = "view_5_sb"
+    for t in ("relu_sb", "view_5_sb"):  # recorded, as the exporter records every tensor's
+        m.graph.value_info.append(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT,
+                                                                [S, B, D]))
+    del m.graph.node[:]
+    for n in nodes:
+        if n is hview:
+            m.graph.node.append(tr)
+        m.graph.node.append(n)
+        if n is dhview:
+            m.graph.node.append(back)
+    miss = _explained(m, "lce_torch_shift_gather_split")
+    assert miss["node"] == "zview" and "leading dims of H3" in miss["detail"], (miss["node"], miss["detail"])
+    _not_fused_and_verifies(m, tmp_path, "shift_view")
+
+
+def test_shift_gradient_must_go_back_to_the_sliced_rows(tmp_path):
+    """The slice_scatter's indices must be the Slice's rows (start, start + 1, ...): the
+    gradient put into rows 1..S-1 (a valid graph of another gradient) is refused at the
+    ScatterND's indices."""
+    m = _shift()
+    put = _node(m, "ScatterND")
+    put.input[1] = _const(m, "rows_from_1", np.arange(1, S, dtype=np.int64).reshape(-1, 1))
+    miss = _explained(m, "lce_torch_shift_gather_split")
+    assert miss["node"] == "put" and "rows_from_1" in miss["detail"], miss
+    _not_fused_and_verifies(m, tmp_path, "shift_indices")
+
+
+def test_shift_slice_must_be_on_the_sequence_axis():
+    """A Slice of the logits' last axis (the vocabulary) is no row selection: refused at the
+    Slice's axes (second_last_axis)."""
+    m = _shift()
+    sl = _node(m, "Slice", lambda n: n.output[0] == "slice_1")
+    sl.input[3] = _const(m, "axis_two", np.array([2], np.int64))
+    miss = _explained(m, "lce_torch_shift_gather_split")
+    assert miss["node"] == "zslice" and "axis_two" in miss["detail"], miss
+
+
+def test_lead_dims_of_names_its_tensor(tmp_path):
+    """A rule's lead_dims_of constraint without the tensor it compares with (`of`) is refused
+    when the rule file is read."""
+    from fusecli.errors import RuleError
+    from fusecli.io import rulefiles
+
+    text = (DATA.parent.parent / "rules" / "lce_torch_shift.yaml").read_text()
+    bad = text.replace("zview_s: {kind: lead_dims_of, of: H3}", "zview_s: {kind: lead_dims_of}")
+    assert bad != text
+    (tmp_path / "bad.yaml").write_text(bad)
+    with pytest.raises(RuleError, match="lead_dims_of needs 'of'"):
+        rulefiles.load_rules([tmp_path / "bad.yaml"])
 
 
 def test_scaled_classifier_gemm_is_not_a_linear(tmp_path):
