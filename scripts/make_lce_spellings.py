@@ -1,6 +1,7 @@
 """Regenerates tests/data/{torch,ortt}_lces_*.onnx: the loss spellings of a language-model /
-classifier head + cross-entropy that real exports use (issue 36), for rules/lce_torch_loss.yaml
-and rules/lce_ortt_gemm.yaml; counts, verification and guards: tests/test_lce_spellings.py.
+classifier head + cross-entropy that real exports use (issue 36), for rules/lce_torch_loss.yaml,
+rules/lce_torch_rows.yaml, rules/lce_torch_shift.yaml and rules/lce_ortt_gemm.yaml; counts,
+verification and guards: tests/test_lce_spellings.py.
 
 torch-joint (build/venv-corpus-torch: torch 2.13, transformers 4.57.6): aot_export_module(
 trace_joint=True) + torch.onnx.export(dynamo=True) (scripts/samples/gen_torch.export_joint), each
@@ -19,10 +20,12 @@ lm_head tied to wte), with these losses on logits viewed [N, V]:
                     wrong (1 instead of 1 / count per kept token; asserted below), the fused
                     graph computes what the exported graph computes                  fuses: 1
   ce_none_mean      F.cross_entropy(z, y, reduction='none').mean(): the mean over every token,
-                    ignored ones included; the op's mean is over the kept ones       fuses: 0
-  shift_logits      logits[:, :-1], labels[:, 1:] then Hugging Face's masked mean: the head's
-                    rows and the loss's differ (a Slice of the logits)               fuses: 0
-  seqlevel          per-sequence masked means, then their mean over the batch       fuses: 0
+                    ignored ones included (not the op's mean over the kept ones): the
+                    op's per-token losses, the ReduceMean kept                      fuses: 1
+  shift_logits      logits[:, :-1], labels[:, 1:] then Hugging Face's masked mean: the
+                    slice moved onto the hidden states (the op's seq_start / seq_end)  fuses: 1
+  seqlevel          per-sequence masked means, then their mean over the batch: the
+                    op's per-token losses, the reductions kept                     fuses: 1
   hf_llama_items    LlamaForCausalLM(labels=y, num_items_in_batch=count): the labels shifted
                     in the graph (Pad + Slice), F.cross_entropy(reduction='sum') / count
                                                                                    fuses: 1

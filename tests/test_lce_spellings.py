@@ -1,11 +1,12 @@
 """The loss spellings of a language-model / classifier head + cross-entropy that real exports use
-(issue 36; rules/lce_torch_loss.yaml, rules/lce_ortt_gemm.yaml): the real exports of
-scripts/make_lce_spellings.py fuse where the model code says (one head + loss each, or none where
-the loss is no LinearCrossEntropy), verify against their originals on onnxruntime, and the fused
+(issue 36; rules/lce_torch_loss.yaml, rules/lce_torch_rows.yaml, rules/lce_ortt_gemm.yaml): the
+real exports of scripts/make_lce_spellings.py fuse where the model code says (one head + loss
+each, or none where the loss is no LinearCrossEntropy), verify against their originals on onnxruntime, and the fused
 graph's loss and head gradient match a NumPy computation of the model; one negative per new guard
 (a ReduceMean over one axis, a per-row gradient that is not one number, a coefficient not zeroed
-on ignored tokens, an ignore_index other than the compared one, a scaled Gemm), each named by
-`explain`."""
+on ignored tokens, an ignore_index other than the compared one, a scaled Gemm; the per-token
+losses: an ignore_index other than the compared one, a scatter value without its Neg), each
+named by `explain`."""
 
 from __future__ import annotations
 
@@ -23,9 +24,12 @@ from fusecli.runtime.library import library_path
 from fusecli.runtime.verify import verify_models
 
 DATA = Path(__file__).parent / "data"
-# from the model code (scripts/make_lce_spellings.py): the rule that takes the one head + loss,
-# or None where the loss is no LinearCrossEntropy (the mean over every token of F.cross_entropy
-# (reduction='none'), ignored ones included; logits sliced before the loss; per-sequence means)
+# from the model code (scripts/make_lce_spellings.py): the rule that takes the one head + loss;
+# the losses the graph reduces itself (F.cross_entropy(reduction='none').mean(), the mean over
+# every token, ignored ones included; per-sequence masked means, then their mean; the logits
+# sliced before the loss, then Hugging Face's masked mean) are the op's per-token losses
+# (reduction none; the slice: the op's seq_start / seq_end on the hidden states), in two ops
+# (_split: the coefficient is computed after the forward reads the losses)
 EXPECTED = {
     "torch_lces_reducemean": "lce_torch_reducemean",
     "torch_lces_reducemean_neg_tied": "lce_torch_reducemean_neg",
@@ -36,9 +40,9 @@ EXPECTED = {
     "torch_lces_ce_mean": "lce_torch_nllloss",
     "torch_lces_hf_llama_items": "lce_torch_nllloss_split",
     "torch_lces_hf_gpt2_mean_tied": "lce_torch_reducemean_neg",
-    "torch_lces_ce_none_mean": None,
-    "torch_lces_shift_logits": None,
-    "torch_lces_seqlevel": None,
+    "torch_lces_ce_none_mean": "lce_torch_rows_nllloss_none_split",
+    "torch_lces_shift_logits": "lce_torch_shift_gather_split",
+    "torch_lces_seqlevel": "lce_torch_rows_gather_split",
     "ortt_lces_cls_mlp": "lce_ortt_gemm",
     "ortt_lces_cls_cnn": "lce_ortt_gemm",
     "ortt_lces_cls_mlp_ii": "lce_ortt_gemm_ii",
@@ -138,6 +142,85 @@ def test_fused_head_matches_numpy(spelling, tmp_path):
     np.testing.assert_allclose(got, dw, rtol=1e-4, atol=1e-6)
 
 
+ROWS = ["ce_none_mean", "seqlevel", "shift_logits"]  # the losses the graph reduces itself
+
+
+def _numpy_rows(params, ids, lab, spelling):
+    """loss and d loss / d head weight of the model code's per-token reductions (float64):
+    ce_none_mean sums the kept tokens' losses over all N tokens; seqlevel averages each
+    sequence's kept tokens, then the B sequences; shift_logits: the logits of tokens 0..S-2
+    against the labels of 1..S-1, the kept ones' mean."""
+    emb = params["emb.weight"].astype(np.float64)
+    x = emb[ids].reshape(-1, D)
+    h = np.maximum(x @ params["fc.weight"].T.astype(np.float64) + params["fc.bias"], 0.0)
+    if spelling == "shift_logits":
+        h = h.reshape(B, S, D)[:, :-1].reshape(-1, D)
+        lab = lab[:, 1:]
+    z = h @ params["head.weight"].T.astype(np.float64)
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    y = lab.reshape(-1)
+    keep = (y != -100).astype(np.float64)
+    safe = np.where(y == -100, 0, y)
+    nll = (lse - z[np.arange(len(y)), safe]) * keep
+    if spelling == "ce_none_mean":
+        loss, c = nll.sum() / len(y), keep / len(y)
+    elif spelling == "shift_logits":
+        loss, c = nll.sum() / keep.sum(), keep / keep.sum()
+    else:
+        cnt = keep.reshape(lab.shape).sum(1)
+        loss = (nll.reshape(lab.shape).sum(1) / cnt).mean()
+        c = (keep.reshape(lab.shape) / (lab.shape[0] * cnt[:, None])).reshape(-1)
+    p = np.exp(z - lse[:, None])
+    p[np.arange(len(y)), safe] -= 1.0
+    return loss, (c[:, None] * p).T @ h
+
+
+@pytest.mark.parametrize("spelling", ROWS)
+def test_graph_reduced_losses_match_numpy(spelling, tmp_path):
+    """The losses the graph reduces itself: one op writes the per-token losses (reduction
+    none), the other the gradients with the graph's per-token coefficient (computed after the
+    forward reads the losses: _split). Verified against the original on onnxruntime and
+    against NumPy on labels with ignored tokens."""
+    import onnxruntime as ort
+
+    name = f"torch_lces_{spelling}"
+    m = onnx.load(DATA / f"{name}.onnx")
+    orig = tmp_path / "orig.onnx"
+    onnx.save(m, orig)
+    fp = FusionPass()
+    fp.run(m)
+    assert _lce(fp) == [EXPECTED[name]]
+    fused = [n for n in m.graph.node if n.op_type == "LinearCrossEntropy"]
+    assert len(fused) == 2
+    assert all([a.s for a in n.attribute if a.name == "reduction"] == [b"none"] for n in fused)
+    # the loss op writes the per-token losses the graph's own reduction reads; the other, the
+    # gradients from the graph's coefficient (row_grad)
+    assert len(fused[0].input) == 4 and fused[0].output[0] and len(fused[0].output) == 1
+    assert len(fused[1].input) == 6 and fused[1].output[0] == ""
+    assert "LogSoftmax" not in [n.op_type for n in m.graph.node]
+    onnx.save(m, tmp_path / "fused.onnx")
+    rng = np.random.default_rng(5)
+    feeds = {}
+    for i in m.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        if i.name in ("input_ids", "labels"):
+            feeds[i.name] = rng.integers(0, V, shape).astype(np.int64)
+        else:
+            feeds[i.name] = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+    feeds["labels"][0, :3] = -100
+    feeds["labels"][1, 5] = -100
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    report = verify_models(orig, tmp_path / "fused.onnx", feeds_file=tmp_path / "feeds.npz")
+    assert report.ok and report.max_rel <= 1e-5, report
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(library_path())
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    res = dict(zip([o.name for o in m.graph.output], sess.run(None, feeds)))
+    loss, dw = _numpy_rows(feeds, feeds["input_ids"], feeds["labels"], spelling)
+    np.testing.assert_allclose(res["loss"], loss, rtol=1e-5)
+    np.testing.assert_allclose(res["head.weight_grad"], dw, rtol=1e-4, atol=1e-6)
+
+
 # --- negatives: one per new guard -----------------------------------------------------------------
 
 def _explained(m, rule):
@@ -220,12 +303,116 @@ def test_nllloss_ignore_index_must_be_the_compared_one(tmp_path):
     _not_fused_and_verifies(m, tmp_path, "ignore_index")
 
 
-def test_ce_none_mean_is_explained():
+def test_ce_none_mean_is_not_the_ops_mean():
     """F.cross_entropy(reduction='none').mean(): the mean over every token, ignored ones
-    included, is not the op's mean over the kept ones: explain names the loss's reduction."""
+    included, is not the op's mean over the kept ones: lce_torch_nllloss refuses it at the
+    loss's reduction (lce_torch_rows_nllloss_none_split takes it, the ReduceMean kept)."""
     m = onnx.load(DATA / "torch_lces_ce_none_mean.onnx")
     miss = _explained(m, "lce_torch_nllloss")
     assert miss["node"] == "nll" and "reduction" in miss["detail"], miss
+
+
+def test_rows_nllloss_ignore_index_must_be_the_compared_one(tmp_path):
+    """lce_torch_rows_nllloss_none: NegativeLogLikelihoodLoss{reduction none} must ignore -100,
+    the label the backward's Equal compares with: another is refused at the attribute."""
+    m = onnx.load(DATA / "torch_lces_ce_none_mean.onnx")
+    nll = _node(m, "NegativeLogLikelihoodLoss")
+    for a in nll.attribute:
+        if a.name == "ignore_index":
+            a.i = -1
+    miss = _explained(m, "lce_torch_rows_nllloss_none_split")
+    assert miss["node"] == "nll" and "ignore_index" in miss["detail"], miss
+    _not_fused_and_verifies(m, tmp_path, "rows_ignore_index")
+
+
+def test_rows_scatter_value_must_be_minus_the_coefficient(tmp_path):
+    """lce_torch_rows_gather: the scatter adds -g (Unsqueeze(Neg(g))), the op's row_grad g; the
+    value without its Neg (+g: the gradient's sign flipped) is refused at the Neg."""
+    m = onnx.load(DATA / "torch_lces_seqlevel.onnx")
+    assert FusionPass(only=["lce_torch_rows_gather_split"]).run(copy.deepcopy(m)) == 1  # control
+    sc = _node(m, "ScatterElements")
+    unsq = _node(m, "Unsqueeze", lambda n: n.output[0] == sc.input[2])
+    gneg = _node(m, "Neg", lambda n: n.output[0] == unsq.input[0])
+    gneg.op_type = "Identity"
+    miss = _explained(m, "lce_torch_rows_gather_split")
+    assert miss["node"] == "gneg", miss
+    _not_fused_and_verifies(m, tmp_path, "rows_sign")
+
+
+def _shift():
+    m = onnx.load(DATA / "torch_lces_shift_logits.onnx")
+    assert FusionPass(only=["lce_torch_shift_gather_split"]).run(copy.deepcopy(m)) == 1  # control
+    return m
+
+
+def _const(m, name, arr):
+    m.graph.initializer.append(numpy_helper.from_array(np.asarray(arr), name))
+    return name
+
+
+def test_shift_logits_view_must_be_the_hidden_states_sequences(tmp_path):
+    """The logits' [B, S, V] view must have the hidden states' leading dims [B, S]: with the
+    hidden states transposed to [S, B, D] before the head (dH transposed back, a valid joint
+    graph), the logits' rows are not H3's sequences: slicing H3's second-to-last axis would
+    read other rows. Refused at the logits' view (lead_dims_of)."""
+    m = _shift()
+    hview = _node(m, "Reshape", lambda n: n.output[0] == "view_2")
+    dhview = _node(m, "Reshape", lambda n: n.output[0] == "view_5")
+    nodes = list(m.graph.node)
+    tr = helper.make_node("Transpose", [hview.input[0]], ["relu_sb"], perm=[1, 0, 2])
+    back = helper.make_node("Transpose", ["view_5_sb"], ["view_5"], perm=[1, 0, 2])
+    hview.input[0] = "relu_sb"
+    dhview.input[1] = _const(m, "shape_sb", np.array([S, B, D], np.int64))
+    dhview.output[0] = "view_5_sb"
+    for t in ("relu_sb", "view_5_sb"):  # recorded, as the exporter records every tensor's
+        m.graph.value_info.append(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT,
+                                                                [S, B, D]))
+    del m.graph.node[:]
+    for n in nodes:
+        if n is hview:
+            m.graph.node.append(tr)
+        m.graph.node.append(n)
+        if n is dhview:
+            m.graph.node.append(back)
+    miss = _explained(m, "lce_torch_shift_gather_split")
+    assert miss["node"] == "zview" and "leading dims of H3" in miss["detail"], (miss["node"], miss["detail"])
+    _not_fused_and_verifies(m, tmp_path, "shift_view")
+
+
+def test_shift_gradient_must_go_back_to_the_sliced_rows(tmp_path):
+    """The slice_scatter's indices must be the Slice's rows (start, start + 1, ...): the
+    gradient put into rows 1..S-1 (a valid graph of another gradient) is refused at the
+    ScatterND's indices."""
+    m = _shift()
+    put = _node(m, "ScatterND")
+    put.input[1] = _const(m, "rows_from_1", np.arange(1, S, dtype=np.int64).reshape(-1, 1))
+    miss = _explained(m, "lce_torch_shift_gather_split")
+    assert miss["node"] == "put" and "rows_from_1" in miss["detail"], miss
+    _not_fused_and_verifies(m, tmp_path, "shift_indices")
+
+
+def test_shift_slice_must_be_on_the_sequence_axis():
+    """A Slice of the logits' last axis (the vocabulary) is no row selection: refused at the
+    Slice's axes (second_last_axis)."""
+    m = _shift()
+    sl = _node(m, "Slice", lambda n: n.output[0] == "slice_1")
+    sl.input[3] = _const(m, "axis_two", np.array([2], np.int64))
+    miss = _explained(m, "lce_torch_shift_gather_split")
+    assert miss["node"] == "zslice" and "axis_two" in miss["detail"], miss
+
+
+def test_lead_dims_of_names_its_tensor(tmp_path):
+    """A rule's lead_dims_of constraint without the tensor it compares with (`of`) is refused
+    when the rule file is read."""
+    from fusecli.errors import RuleError
+    from fusecli.io import rulefiles
+
+    text = (DATA.parent.parent / "rules" / "lce_torch_shift.yaml").read_text()
+    bad = text.replace("zview_s: {kind: lead_dims_of, of: H3}", "zview_s: {kind: lead_dims_of}")
+    assert bad != text
+    (tmp_path / "bad.yaml").write_text(bad)
+    with pytest.raises(RuleError, match="lead_dims_of needs 'of'"):
+        rulefiles.load_rules([tmp_path / "bad.yaml"])
 
 
 def test_scaled_classifier_gemm_is_not_a_linear(tmp_path):

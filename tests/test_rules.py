@@ -198,9 +198,12 @@ for _fam, _how, _names in (("ortt", "input", ("untied", "bias_sum", "frozen", "f
 # the loss spellings of real exports (scripts/make_lce_spellings.py; counts, verification and
 # guards: tests/test_lce_spellings.py): ReduceMean / ReduceSum of the gathered log-probabilities,
 # F.cross_entropy's NegativeLogLikelihoodLoss (Hugging Face's loss with num_items_in_batch: the
-# _split variant), ort-training classifier heads written as one Gemm
+# _split variant), the per-token losses the graph reduces itself (F.cross_entropy(reduction=
+# 'none').mean(), a sequence-level loss: rules/lce_torch_rows.yaml; the logits shifted:
+# rules/lce_torch_shift.yaml), ort-training classifier heads written as one Gemm
 for _name in ("torch_lces_reducemean", "torch_lces_reducemean_neg_tied",
               "torch_lces_reducesum_const", "torch_lces_ce_sum", "torch_lces_hf_llama_items",
+              "torch_lces_ce_none_mean", "torch_lces_seqlevel", "torch_lces_shift_logits",
               "ortt_lces_cls_mlp", "ortt_lces_cls_mlp_ii"):
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 

@@ -263,6 +263,11 @@ def _kind_check(arr: np.ndarray, kind: str, data_shape) -> tuple[bool, str]:
         ok = ints and flat.size == 1 and (int(flat[0]) == -1 or (
             data_shape is not None and int(flat[0]) == len(data_shape) - 1))
         return ok, "the last axis (-1, or rank-1 of a known shape)"
+    if kind == "second_last_axis":  # a Slice's axis: the sequence axis of [..., S, X]
+        ok = ints and flat.size == 1 and (int(flat[0]) == -2 or (
+            data_shape is not None and len(data_shape) >= 2
+            and int(flat[0]) == len(data_shape) - 2))
+        return ok, "the second-to-last axis (-2, or rank-2 of a known shape)"
     if kind == "last_dim_index":  # Gather's index into a Shape vector [n]: the last dim
         n = data_shape[0] if data_shape is not None and len(data_shape) == 1 else None
         ok = ints and flat.size == 1 and arr.ndim <= 1 and (
@@ -381,9 +386,20 @@ def replacement_attrs(index: GraphIndex, m: Match, rep=None) -> dict:
             attrs[name] = m.captures[spec[1]]
         elif spec[0] == "if_matched":
             attrs[name] = spec[2] if spec[1] in m.bound else spec[3]
+        elif spec[2] == "identity" and _int_attr(m, rep, name):
+            # an integer attribute (a Slice bound): the constant's value exactly
+            v = index.const_value(m.tensors[spec[1]]) if m.tensors.get(spec[1]) else None
+            attrs[name] = int(spec[3]) if v is None else int(np.asarray(v).reshape(-1)[0])
         else:
             attrs[name] = _const_attr(index, m, spec[1], spec[2], spec[3])
     return attrs
+
+
+def _int_attr(m: Match, rep, name: str) -> bool:
+    """Whether the fused op's contract types attribute ``name`` an int."""
+    op = (rep or m.rule.replace).op
+    spec = load_contracts().ops[op].attributes.get(name, {})
+    return str(spec.get("type", "")).lower() == "int"
 
 
 def replacement_ports(m: Match, rep=None) -> tuple[list[str], list[str]]:
@@ -437,6 +453,8 @@ class _Deps:
                 ts = rule.tensors.get(v)
                 if ts is not None and ts.kind == "index_range":
                     names.update(r for r in (ts.start, ts.count) if isinstance(r, str))
+                if ts is not None and ts.kind == "lead_dims_of":
+                    names.add(ts.of)
             self.before.append({v: reach.get(v, 0) & ((1 << i) - 1) for v in names})
         self.everything = (1 << len(specs)) - 1
 
@@ -793,6 +811,8 @@ class Matcher:
                     value = CONST_FUNCS[fn](compact(np.asarray(value)).astype(np.float64))
                 if ts.kind == "index_range":
                     ok, detail = self._index_range(value, ts, t2)
+                elif ts.kind == "lead_dims_of":
+                    ok, detail = self._lead_dims_of(value, ts, t2)
                 elif ts.kind == "shape" and value is None and self.g.is_shape_computation(name):
                     ok, detail = True, ""  # a Reshape target of symbolic dims
                 elif ts.kind == "uniform":
@@ -820,6 +840,21 @@ class Matcher:
             dy = self.g.shape(actual[0])
             return None if dy is None else (None,) * len(dy)
         return self.g.shape(actual[0])
+
+    def _lead_dims_of(self, value, ts, bound) -> tuple[bool, str]:
+        """kind lead_dims_of: a 1-D integer shape whose entries but the last are the dims but
+        the last of the tensor bound to ``ts.of`` (recorded or inferred, every one known)."""
+        if value is None:
+            return False, "is not a constant"
+        arr = np.asarray(value)
+        other = bound.get(ts.of)
+        dims = self.g.shapes.shape(other) if other else None
+        known = dims is not None and all(isinstance(d, int) for d in dims)
+        ok = (known and arr.dtype.kind in "iu" and arr.ndim == 1 and arr.size == len(dims)
+              and arr.tolist()[:-1] == list(dims[:-1]))
+        return ok, (f"is {arr.reshape(-1)[:6].tolist()}, rule wants the leading dims of "
+                    f"{ts.of} ('{other}', " + (f"{list(dims)}" if known else "shape not known")
+                    + ") and one more")
 
     def _index_range(self, value, ts, bound) -> tuple[bool, str]:
         """kind index_range: [start, start + step, ...] (count of them, any count when None) as

@@ -48,7 +48,8 @@ _PARAM_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _WHOLE_PARAM_RE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
 TENSOR_KINDS = ("constant", "scalar", "leading_axes", "last_axis", "last_dim_index",
                 "flatten_2d", "vector_shape", "large_negative", "halves", "index_range",
-                "pairs_shape", "shape", "uniform", "half_last_dim", "to_last_end")
+                "pairs_shape", "shape", "uniform", "half_last_dim", "to_last_end",
+                "second_last_axis", "lead_dims_of")
 _RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace",
               "params", "variants"}
 
@@ -159,6 +160,9 @@ class TensorSpec:
     start: object = None
     count: object = None
     step: int = 1
+    # kind lead_dims_of: a shape vector whose entries but the last are the recorded (or
+    # inferred) dims but the last of the tensor bound to this variable (earlier in the node list)
+    of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -479,8 +483,9 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
             raise RuleError(src, f"tensor '{name}': expected a mapping with either 'const' "
                             f"(and optional 'tol') or 'kind' (one of {list(TENSOR_KINDS)})", line)
         ranged = spec.get("kind") == "index_range"
+        lead = spec.get("kind") == "lead_dims_of"
         unknown = set(spec) - {"const", "tol", "kind"} - (
-            {"start", "count", "step"} if ranged else set())
+            {"start", "count", "step"} if ranged else {"of"} if lead else set())
         if unknown:
             raise RuleError(src, f"tensor '{name}': unknown key(s) {sorted(unknown)}", line)
         if "kind" in spec:
@@ -500,6 +505,12 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
                                     "positive integer", line)
                 out[name] = TensorSpec(kind="index_range", start=spec["start"],
                                        count=spec.get("count"), step=step)
+                continue
+            if lead:
+                if not isinstance(spec.get("of"), str):
+                    raise RuleError(src, f"tensor '{name}': lead_dims_of needs 'of': a variable "
+                                    "name", line)
+                out[name] = TensorSpec(kind="lead_dims_of", of=spec["of"])
                 continue
             out[name] = TensorSpec(kind=spec["kind"])
             continue

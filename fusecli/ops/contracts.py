@@ -179,8 +179,9 @@ _COND = re.compile(r"(\w+)\s*(==|!=)\s*(\w+)")
 
 
 def _attr_value(contract: OpContract, attrs: dict, name: str):
-    if name in attrs:
-        return attrs[name]
+    if name in attrs:  # (a string attribute as onnx reads it: bytes)
+        v = attrs[name]
+        return v.decode() if isinstance(v, bytes) else v
     if name not in contract.attributes:
         return int(name) if name.lstrip("-").isdigit() else name
     d = contract.attributes[name].get("default")

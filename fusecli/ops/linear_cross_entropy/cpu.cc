@@ -15,12 +15,12 @@
 namespace fusecli {
 namespace {
 
-// attributes: ignore_index, wrap_negative, reduction, grad_scale, chunk_rows
+// attributes: ignore_index, wrap_negative, reduction, grad_scale, chunk_rows, seq_start, seq_end
 struct LceKernel : CpuKernel<LceKernel, kLinearCrossEntropy> {
   template <typename TOp>
   LceKernel(const OrtKernelInfo* info, const TOp* op) : CpuKernel(info, op), mm(info) {
-    FUSECLI_CHECK(reduction == "mean" || reduction == "sum",
-                  "LinearCrossEntropy: reduction must be mean or sum");
+    FUSECLI_CHECK(reduction == "mean" || reduction == "sum" || reduction == "none",
+                  "LinearCrossEntropy: reduction must be mean, sum or none");
   }
   void Compute(Ort::KernelContext& ctx);
   OrtMatMul mm;
@@ -43,7 +43,17 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
                 "W must be [V, D]");
   const int64_t D = h.shape.back(), V = w.shape[0];
   FUSECLI_CHECK(w.shape[1] == D, "LinearCrossEntropy: W must be [V, D] with H's last dim D");
-  const int64_t N = D ? h.numel() / D : 0;
+  // seq_start / seq_end: the rows s0:s1 of each of G sequences of S rows (H [..., S, D])
+  const bool sliced = seq_start != 0 || seq_end != std::numeric_limits<int64_t>::max();
+  FUSECLI_CHECK(!sliced || h.shape.size() >= 3,
+                "LinearCrossEntropy: seq_start / seq_end need H [..., S, D]");
+  const int64_t S = sliced ? h.shape[h.shape.size() - 2] : 0;
+  const auto bound = [S](int64_t x) {
+    return std::min(std::max<int64_t>(x < 0 ? x + S : x, 0), S);
+  };
+  const int64_t s0 = bound(seq_start), s1 = std::max(s0, bound(seq_end));
+  const int64_t G = sliced && S && D ? h.numel() / (S * D) : 0;
+  const int64_t N = sliced ? G * (s1 - s0) : D ? h.numel() / D : 0;
   FUSECLI_CHECK(lab.numel() == N, "LinearCrossEntropy: labels must have one entry per row of H");
   FUSECLI_CHECK(!b.present || b.numel() == V, "LinearCrossEntropy: bias must be [V]");
   FUSECLI_CHECK(!rw.present || rw.numel() == N, "LinearCrossEntropy: row_weight must be [N]");
@@ -52,7 +62,9 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   FUSECLI_CHECK(!seed.present || seed.numel() == 1,
                 "LinearCrossEntropy: grad_seed must hold one value");
   bool want_loss, want_dh, want_dw, want_db;
-  float* loss = output_or_null<float>(ctx, 0, {}, &want_loss);
+  const bool none = reduction == "none";  // loss: each row's, shaped as H's leading dims
+  const std::vector<int64_t> loss_shape = none ? lab.shape : std::vector<int64_t>{};
+  float* loss = output_or_null<float>(ctx, 0, loss_shape, &want_loss);
   float* dh = output_or_null<float>(ctx, 1, h.shape, &want_dh);
   float* dw = output_or_null<float>(ctx, 2, w.shape, &want_dw);
   float* db = output_or_null<float>(ctx, 3, {V}, &want_db);
@@ -60,6 +72,18 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   if (want_dw) std::fill(dw, dw + V * D, 0.f);
   if (want_db) std::fill(db, db + V, 0.f);
   const float* hp = h.ptr<float>();
+  std::vector<float> hsel, dhsel;  // sliced: the rows read, packed, and their dH
+  if (sliced) {
+    hsel.resize(static_cast<size_t>(N * D));
+    for (int64_t g = 0; g < G; ++g)
+      std::copy(hp + (g * S + s0) * D, hp + (g * S + s1) * D, hsel.data() + g * (s1 - s0) * D);
+    hp = hsel.data();
+    if (want_dh) {
+      std::fill(dh, dh + h.numel(), 0.f);
+      dhsel.resize(static_cast<size_t>(N * D));
+    }
+  }
+  float* dhp = sliced ? dhsel.data() : dh;
   const float* wp = w.ptr<float>();
   const float* bp = b.present ? b.ptr<float>() : nullptr;
   const int64_t* lp = lab.ptr<int64_t>();
@@ -120,9 +144,11 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
       }
     });
     for (int64_t i = 0; i < c; ++i) total += nll[i];
+    if (none && want_loss)
+      for (int64_t i = 0; i < c; ++i) loss[r0 + i] = static_cast<float>(nll[i]);
     if (!want_grad) continue;
-    if (want_dh) mm.run(kc, false, false, 1, c, D, V, z, wp, dh + r0 * D);  // dHc = dZ W
-    if (want_dw) gemm(true, false, V, D, c, 1.f, z, V, hc, D, 1.f, dw, D);  // dW += dZ^T Hc
+    if (want_dh) mm.run(kc, false, false, 1, c, D, V, z, wp, dhp + r0 * D);  // dHc = dZ W
+    if (want_dw) gemm(true, false, V, D, c, 1.f, z, V, hc, D, 1.f, dw, D);   // dW += dZ^T Hc
     if (want_db) {
       parallel_for(V, 4096, [&](int, int64_t j0, int64_t j1) {
         for (int64_t i = 0; i < c; ++i) {
@@ -132,7 +158,10 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
       });
     }
   }
-  if (want_loss) *loss = static_cast<float>(total / denom);
+  if (want_loss && !none) *loss = static_cast<float>(total / denom);
+  if (sliced && want_dh)
+    for (int64_t g = 0; g < G; ++g)
+      std::copy(dhp + g * (s1 - s0) * D, dhp + (g + 1) * (s1 - s0) * D, dh + (g * S + s0) * D);
 }
 
 }  // namespace

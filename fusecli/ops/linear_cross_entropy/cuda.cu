@@ -1,7 +1,8 @@
 // LinearCrossEntropy: CUDA launcher. Per chunk of rows: Z = Hc W^T (SGEMM), one block per row
 // for the bias, log-sum-exp, nll and dZ = c (softmax - onehot) in place, then dHc = dZ W and
 // dW += dZ^T Hc (SGEMM, beta 1 after the first chunk) and dB += column sums. The token count
-// and the loss are reduced on the device.
+// and the loss are reduced on the device (reduction none: the rows' losses copied out). With
+// seq_start / seq_end the rows read are packed first and their dH put back after.
 #include "cuda_common.cuh"
 
 namespace {
@@ -86,15 +87,37 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     void* stream, const float* h, const float* w, const float* bias, const int64_t* labels,
     const float* row_weight, const float* row_grad, const float* grad_seed, float* loss, float* dh,
     float* dw, float* db, int64_t n, int64_t v, int64_t d, int64_t ignore_index, int wrap_negative,
-    int reduction, float grad_scale, int64_t chunk_rows) {
+    int reduction, float grad_scale, int64_t chunk_rows, int64_t groups, int64_t seq,
+    int64_t seq_start, int64_t seq_end) {
   const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
   if (n < 0 || v < 0 || d < 0) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  // seq > 0: H and dH [groups, seq, d], the rows seq_start .. seq_end - 1 of each group read
+  // (packed into scratch); dH 0 in the others
+  const int64_t used = seq_end - seq_start;
+  if (seq > 0) {
+    if (seq_start < 0 || used < 0 || seq_end > seq || groups < 0 || n != groups * used)
+      return cudaErrorInvalidValue;
+    if (dh) RETURN_IF_ERR(cudaMemsetAsync(dh, 0, groups * seq * d * sizeof(float), s));
+  }
+  Scratch hs(s), dhs(s);
+  float* dh_full = dh;
+  if (seq > 0 && n > 0 && d > 0) {
+    const size_t row = static_cast<size_t>(d) * sizeof(float);
+    RETURN_IF_ERR(hs.alloc(static_cast<size_t>(n) * row));
+    RETURN_IF_ERR(cudaMemcpy2DAsync(hs.f(), used * row, h + seq_start * d, seq * row, used * row,
+                                    groups, cudaMemcpyDeviceToDevice, s));
+    h = hs.f();
+    if (dh) {
+      RETURN_IF_ERR(dhs.alloc(static_cast<size_t>(n) * row));
+      dh = dhs.f();
+    }
+  }
   if (dw) RETURN_IF_ERR(cudaMemsetAsync(dw, 0, v * d * sizeof(float), s));
   if (db) RETURN_IF_ERR(cudaMemsetAsync(db, 0, v * sizeof(float), s));
   const bool want_grad = dh || dw || db;
-  if (n == 0 || v == 0) {
-    if (loss) RETURN_IF_ERR(cudaMemsetAsync(loss, 0, sizeof(float), s));
+  if (n == 0 || v == 0) {  // (none: n rows of loss 0)
+    if (loss) RETURN_IF_ERR(cudaMemsetAsync(loss, 0, (reduction == 2 ? n : 1) * sizeof(float), s));
     return cudaGetLastError();
   }
   // 256 MiB of logits by default: fewer chunks re-read and re-write dW less often (each chunk's
@@ -129,7 +152,15 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
       RETURN_IF_ERR(cudaGetLastError());
     }
   }
-  if (loss) {
+  if (dh && dh != dh_full) {  // the rows read back into their place
+    const size_t row = static_cast<size_t>(d) * sizeof(float);
+    RETURN_IF_ERR(cudaMemcpy2DAsync(dh_full + seq_start * d, seq * row, dh, used * row, used * row,
+                                    groups, cudaMemcpyDeviceToDevice, s));
+  }
+  if (loss && reduction == 2) {  // none: each row's loss
+    RETURN_IF_ERR(cudaMemcpyAsync(loss, nll, static_cast<size_t>(n) * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, s));
+  } else if (loss) {
     lce_loss_kernel<<<1, kThreads, 0, s>>>(nll, n, count, reduction == 0, loss);
     RETURN_IF_ERR(cudaGetLastError());
   }

@@ -1,11 +1,14 @@
 // LinearCrossEntropy: onnxruntime CUDAExecutionProvider kernel (calls the C launcher in cuda.cu).
+#include <algorithm>
+#include <limits>
+
 #include "cuda_op_kernel.h"
 #include "op_launchers.h"
 
 namespace fusecli {
 namespace {
 
-// attributes: ignore_index, wrap_negative, reduction, grad_scale, chunk_rows
+// attributes: ignore_index, wrap_negative, reduction, grad_scale, chunk_rows, seq_start, seq_end
 struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
   using CudaKernel::CudaKernel;
   void Compute(Ort::KernelContext& ctx) {
@@ -14,26 +17,37 @@ struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
     FUSECLI_CHECK(!h.shape.empty() && w.shape.size() == 2 && w.shape[1] == h.shape.back(),
                   "LinearCrossEntropy: H [..., D] and W [V, D] needed");
     const int64_t D = h.shape.back(), V = w.shape[0];
-    const int64_t N = D ? h.numel() / D : 0;
+    // seq_start / seq_end: the rows s0:s1 of each of G sequences of S rows (H [..., S, D])
+    const bool sliced = seq_start != 0 || seq_end != std::numeric_limits<int64_t>::max();
+    FUSECLI_CHECK(!sliced || h.shape.size() >= 3,
+                  "LinearCrossEntropy: seq_start / seq_end need H [..., S, D]");
+    const int64_t S = sliced ? h.shape[h.shape.size() - 2] : 0;
+    const auto bound = [S](int64_t x) {
+      return std::min(std::max<int64_t>(x < 0 ? x + S : x, 0), S);
+    };
+    const int64_t s0 = bound(seq_start), s1 = std::max(s0, bound(seq_end));
+    const int64_t G = sliced && S && D ? h.numel() / (S * D) : 0;
+    const int64_t N = sliced ? G * (s1 - s0) : D ? h.numel() / D : 0;
     FUSECLI_CHECK(lab.numel() == N && (!b.present || b.numel() == V) &&
                       (!rw.present || rw.numel() == N) && (!rg.present || rg.numel() == N) &&
                       (!seed.present || seed.numel() == 1),
                   "LinearCrossEntropy: shape mismatch");
-    FUSECLI_CHECK(reduction == "mean" || reduction == "sum",
-                  "LinearCrossEntropy: reduction must be mean or sum");
-    float* loss = opt_out<float>(ctx, 0, {});
+    FUSECLI_CHECK(reduction == "mean" || reduction == "sum" || reduction == "none",
+                  "LinearCrossEntropy: reduction must be mean, sum or none");
+    const bool none = reduction == "none";  // loss: each row's, shaped as H's leading dims
+    float* loss = opt_out<float>(ctx, 0, none ? lab.shape : std::vector<int64_t>{});
     float* dh = opt_out<float>(ctx, 1, h.shape);
     float* dw = opt_out<float>(ctx, 2, w.shape);
     float* db = opt_out<float>(ctx, 3, {V});
     FUSECLI_CHECK(!db || b.present, "LinearCrossEntropy: dB is requested but bias is absent");
-    check_cuda(
-        fusecli_launch_linear_cross_entropy(
-            ctx.GetGPUComputeStream(), h.ptr<float>(), w.ptr<float>(),
-            b.present ? b.ptr<float>() : nullptr, lab.ptr<int64_t>(),
-            rw.present ? rw.ptr<float>() : nullptr, rg.present ? rg.ptr<float>() : nullptr,
-            seed.present ? seed.ptr<float>() : nullptr, loss, dh, dw, db, N, V, D, ignore_index,
-            wrap_negative ? 1 : 0, reduction == "mean" ? 0 : 1, grad_scale, chunk_rows),
-        "LinearCrossEntropy");
+    check_cuda(fusecli_launch_linear_cross_entropy(
+                   ctx.GetGPUComputeStream(), h.ptr<float>(), w.ptr<float>(),
+                   b.present ? b.ptr<float>() : nullptr, lab.ptr<int64_t>(),
+                   rw.present ? rw.ptr<float>() : nullptr, rg.present ? rg.ptr<float>() : nullptr,
+                   seed.present ? seed.ptr<float>() : nullptr, loss, dh, dw, db, N, V, D,
+                   ignore_index, wrap_negative ? 1 : 0, reduction == "mean" ? 0 : (none ? 2 : 1),
+                   grad_scale, chunk_rows, G, S, s0, s1),
+               "LinearCrossEntropy");
   }
 };
 

@@ -16,14 +16,16 @@ def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ign
 
     d, v = h.shape[-1], w.shape[0]
     n = h.numel() // d
-    loss = torch.empty((), device=h.device) if want[0] else None
+    loss = (torch.empty(labels.shape if reduction == "none" else (), device=h.device)
+            if want[0] else None)
     dh = torch.empty_like(h) if want[1] else None
     dw = torch.empty_like(w) if want[2] else None
     db = torch.empty(v, device=h.device) if want[3] and bias is not None else None
     launch("fusecli_launch_linear_cross_entropy", h=h, w=w, bias=bias, labels=labels,
            row_weight=row_weight, row_grad=row_grad, grad_seed=grad_seed, loss=loss, dh=dh, dw=dw,
            db=db, n=n, v=v, d=d, ignore_index=ignore_index, wrap_negative=int(wrap_negative),
-           reduction=0 if reduction == "mean" else 1, grad_scale=grad_scale, chunk_rows=chunk_rows)
+           reduction={"mean": 0, "sum": 1, "none": 2}[reduction], grad_scale=grad_scale, chunk_rows=chunk_rows,
+           groups=0, seq=0, seq_start=0, seq_end=0)
     return loss, dh, dw, db
 
 

@@ -9,13 +9,21 @@ from onnx.reference.op_run import OpRun
 from fusecli.ops.reference import _fit, _s
 
 NO_IGNORE = -(2 ** 63)
+INT64_MAX = 2 ** 63 - 1
 
 
 def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad=None,
                          ignore_index=-100, reduction="mean", grad_scale=1.0, grad_seed=None,
-                         wrap_negative=0):
+                         wrap_negative=0, seq_start=0, seq_end=INT64_MAX):
     """Returns (loss, dH, dW, dB) as the contract defines them (wrap_negative: a label in
-    [-V, 0) is the class V + label, ignore_index ignored first)."""
+    [-V, 0) is the class V + label, ignore_index ignored first; reduction none: loss is each
+    row's)."""
+    full = h
+    sliced = (int(seq_start), int(seq_end)) != (0, INT64_MAX)
+    if sliced:  # the rows seq_start:seq_end of every sequence (H [..., S, D])
+        if h.ndim < 3:
+            raise ValueError("LinearCrossEntropy: seq_start / seq_end need H [..., S, D]")
+        h = h[..., int(seq_start):int(seq_end), :]
     d = h.shape[-1]
     h2 = h.astype(np.float64).reshape(-1, d)
     n, v = h2.shape[0], w.shape[0]
@@ -39,18 +47,27 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
     with np.errstate(invalid="ignore", divide="ignore"):
         if row_weight is None:
             loss = nll[valid].sum() / (count if mean else 1.0)
+            rows = np.where(valid, nll, 0.0)
             seed = 1.0 if grad_seed is None else float(np.asarray(grad_seed).reshape(-1)[0])
             c = valid * (float(grad_scale) * seed / (count if mean else 1.0))
         else:
             rw = row_weight.reshape(-1).astype(np.float64)
             loss = (rw * nll).sum() / (rw.sum() if mean else 1.0)
+            rows = rw * nll
+        if _s(reduction) == "none":  # each row's loss, shaped as the labels
+            loss = rows.reshape(np.shape(labels))
         if row_grad is not None:
             c = row_grad.reshape(-1).astype(np.float64)
     dz = np.exp(z - lse[:, None])
     dz[np.arange(n), safe] -= 1.0
     dz *= np.asarray(c, np.float64)[:, None]
     f = h.dtype
-    return (np.array(loss, f), (dz @ w.astype(np.float64)).reshape(h.shape).astype(f),
+    dh = (dz @ w.astype(np.float64)).reshape(h.shape).astype(f)
+    if sliced:  # dH of the rows not read: 0
+        dh_full = np.zeros(full.shape, f)
+        dh_full[..., int(seq_start):int(seq_end), :] = dh
+        dh = dh_full
+    return (np.array(loss, f), dh,
             (dz.T @ h2).astype(f), None if bias is None else dz.sum(axis=0).astype(f))
 
 
@@ -58,8 +75,9 @@ class Reference(OpRun):
 
     def _run(self, h, w, bias=None, labels=None, row_weight=None, row_grad=None, grad_seed=None,
              ignore_index=None, wrap_negative=None, reduction=None, grad_scale=None,
-             chunk_rows=None):
+             chunk_rows=None, seq_start=None, seq_end=None):
         return _fit(self, linear_cross_entropy(
             h, w, bias, labels, row_weight, row_grad,
             -100 if ignore_index is None else ignore_index, reduction or "mean",
-            1.0 if grad_scale is None else grad_scale, grad_seed, wrap_negative or 0))
+            1.0 if grad_scale is None else grad_scale, grad_seed, wrap_negative or 0,
+            seq_start or 0, INT64_MAX if seq_end is None else seq_end))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fusecli.ops.shapes import numel, show
 
+INT64_MAX = 2 ** 63 - 1
 
 def input_problem(attrs, ins):
     h, w, bias, labels, _, _, seed = (ins + [None] * 7)[:7]
@@ -17,7 +18,14 @@ def input_problem(attrs, ins):
     if h and w and bias is not None and numel(bias) is not None and isinstance(w[0], int) \
             and numel(bias) != w[0]:
         return f"LinearCrossEntropy: bias {show(bias)} is not [V] of W {show(w)}"
+    start, end = int(attrs.get("seq_start", 0)), int(attrs.get("seq_end", INT64_MAX))
     rows = numel(h[:-1]) if h else None
+    if (start, end) != (0, INT64_MAX):  # the rows start:end of each sequence (H [..., S, D])
+        if h is not None and len(h) < 3:
+            return f"LinearCrossEntropy: seq_start / seq_end need H [..., S, D], not {show(h)}"
+        s = h[-2] if h else None
+        rows = (numel(h[:-2]) * len(range(s)[start:end])
+                if isinstance(s, int) and numel(h[:-2]) is not None else None)
     if rows is not None and numel(labels) is not None and numel(labels) != rows:
         return (f"LinearCrossEntropy: {numel(labels)} labels for the {rows} rows of H "
                 f"{show(h)}")

@@ -304,6 +304,73 @@ def test_lce_split_with_row_grad_matches_the_one_op():
             assert_close(got, ref[i], what=f"{nm} vs reference, seed {s}")
 
 
+@pytest.mark.parametrize("case", SHAPES)
+def test_lce_reduction_none_writes_each_rows_loss(case):
+    """reduction none: the loss output is each row's loss, shaped as the labels (0 where
+    ignored), computed here in NumPy from the logits; their sum is the op's sum, and the
+    gradients are the sum's (or row_grad's)."""
+    shape, d, v, chunk = case
+    h, w, bias, lab = make_case(shape, d, v, ignore="some")
+    lab2 = lab.reshape(shape)
+    got = fused(h, w, bias, lab2, outs=(1, 1, 1, 1), reduction="none", chunk_rows=chunk)
+    z = h.reshape(-1, d).astype(np.float64) @ w.T.astype(np.float64) + bias
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    keep = lab != -100
+    rows = np.where(keep, lse - z[np.arange(lab.size), np.where(keep, lab, 0)], 0.0)
+    assert got[0].shape == lab2.shape
+    assert_close(got[0], rows.reshape(shape).astype(F32), what="each row's loss")
+    ref = linear_cross_entropy(h, w, bias, lab2, reduction="none")
+    summed = fused(h, w, bias, lab, reduction="sum", chunk_rows=chunk)
+    assert_close(got[0], ref[0], what="loss vs reference")
+    for i, nm in enumerate(["dH", "dW", "dB"], 1):
+        assert_close(got[i], summed[i], what=f"{nm} vs the sum's")
+        assert_close(got[i], ref[i], what=f"{nm} vs reference")
+    g = np.where(keep, np.linspace(0.1, 1.0, lab.size), 0.0).astype(F32)
+    with_g = fused(h, w, bias, lab, rg=g, reduction="none", chunk_rows=chunk)
+    ref_g = linear_cross_entropy(h, w, bias, lab, row_grad=g, reduction="none")
+    for i, nm in enumerate(["loss", "dH", "dW", "dB"]):
+        assert_close(with_g[i], ref_g[i], what=f"{nm} with row_grad vs reference")
+
+
+INT64_MAX = np.iinfo(np.int64).max
+# (H [B, S, D], V, chunk_rows, seq_start, seq_end): the shift's [:-1] and [1:], a middle
+# window, negative bounds, and a window that crosses chunks of one and of 16 rows
+SEQ_CASES = [((2, 7, 6), 11, 0, 0, -1), ((3, 9, 8), 29, 16, 1, INT64_MAX),
+             ((2, 12, 4), 7, 1, 2, 9), ((2, 37, 8), 13, 16, -30, -2), ((1, 2, 4), 5, 0, 0, -1)]
+
+
+@pytest.mark.parametrize("case", SEQ_CASES)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_lce_seq_window_is_the_op_on_the_sliced_rows(case, reduction):
+    """seq_start / seq_end: the op on H[:, s0:s1] (H [B, S, D]), the labels one per row read;
+    dH has H's shape with the rows not read 0: the same as the op on the sliced H, the
+    reference, and dH put back into zeros."""
+    shape, v, chunk, s0, s1 = case
+    rng = _rng("lce_seq", shape, v)
+    h, w, bias = rand(rng, shape), rand(rng, (v, shape[-1]), scale=0.5), rand(rng, (v,))
+    hs = np.ascontiguousarray(h[:, s0:s1])
+    lab = rng.integers(0, v, hs.shape[:2]).astype(I64)
+    lab.reshape(-1)[1::4] = -100
+    got = fused(h, w, bias, lab, reduction=reduction, chunk_rows=chunk, seq_start=s0,
+                seq_end=s1)
+    plain = fused(hs, w, bias, lab, reduction=reduction, chunk_rows=chunk)
+    ref = linear_cross_entropy(h, w, bias, lab, reduction=reduction, seq_start=s0, seq_end=s1)
+    assert got[1].shape == h.shape
+    want_dh = np.zeros_like(h)
+    want_dh[:, s0:s1] = plain[1]
+    for i, nm in enumerate(["loss", "dH", "dW", "dB"]):
+        want = want_dh if i == 1 else plain[i]
+        assert_close(got[i], want, what=f"{nm} vs the op on the sliced rows")
+        assert_close(got[i], ref[i], what=f"{nm} vs reference")
+
+
+def test_lce_seq_window_needs_a_sequence_axis():
+    """seq_start / seq_end on a 2-D H (no sequence axis) fail in one line."""
+    h, w, bias, lab = make_case((1, 6), 4, 5)
+    with pytest.raises(Exception, match="seq_start / seq_end need H"):
+        fused(h.reshape(6, 4), w, None, lab[:5], seq_start=0, seq_end=-1)
+
+
 def test_lce_mean_over_no_token_is_nan_and_gradients_zero():
     h, w, bias, lab = make_case((1, 5), 4, 7)
     lab[:] = -100
