@@ -167,7 +167,8 @@ def optimize(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
 
     With ``output`` the result is saved there (``save``); with ``verify`` the saved result is
     checked against the original on its runtime (``verify``; without ``output`` it is written
-    to a temporary folder for that). ``feeds``: an .npz of inputs for verify. ``log`` receives
+    to a temporary folder for that). ``feeds``: an .npz of inputs for verify and for the
+    measured memory budget. ``log`` receives
     the lines the CLI prints on stderr (warnings, progress on large graphs, "wrote PATH").
     Raises the ``fusecli.errors`` exceptions; a failed verify is reported in
     ``result.verify``, not raised.
@@ -212,7 +213,7 @@ def optimize(model: PathLike | onnx.ModelProto, rules: RulesArg = None,
     elif budget is not None:
         from fusecli.runtime.budget import measured_budget
 
-        result.budget = measured_budget(m, budget, dims, source, log=say)
+        result.budget = measured_budget(m, budget, dims, source, feeds, log=say)
     if budget is not None:
         for line in result.budget.lines():
             say(line)

@@ -487,3 +487,12 @@ def test_cli_budget_holds_on_the_measured_peak(tmp_path):
                                "batch=1024", "--json").stdout)
     a, b = bench["original"]["peak_bytes"], bench["fused"]["peak_bytes"]
     assert b < 0.9 * a and b <= 11.5 * 2**20, (a, b)
+
+
+def test_cli_feeds_go_with_verify_or_a_measured_budget(tmp_path):
+    feeds = tmp_path / "f.npz"
+    np.savez(feeds, unused=np.zeros(1, np.float32))
+    proc = run_cli("optimize", SAMPLES / "ortt_llama.onnx", "-o", tmp_path / "o.onnx",
+                   "--max-memory", "1MiB", "--estimate-only", "--dim", "batch=2", "--feeds",
+                   feeds, check_rc=2)
+    assert "--feeds is for --verify and a measured --max-memory" in proc.stderr

@@ -60,8 +60,8 @@ def optimize(model, output, rules, only, skip, dry_run, in_place, as_json, quiet
         raise click.UsageError("missing -o/--output (or pass --dry-run)")
     if do_verify and dry_run:
         raise click.UsageError("--verify needs a written output; drop --dry-run")
-    if feeds_file is not None and not do_verify:
-        raise click.UsageError("--feeds is for --verify; add --verify")
+    if feeds_file is not None and not do_verify and (max_memory is None or estimate_only):
+        raise click.UsageError("--feeds is for --verify and a measured --max-memory; add one")
     from fusecli.runtime.feeds import parse_dims
 
     dims = parse_dims(dims)

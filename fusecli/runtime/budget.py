@@ -33,11 +33,14 @@ _MIN_SLOPE = 0.05    # measured bytes saved per estimated byte dropped, assumed 
 
 
 def measured_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | None = None,
-                    source: Path | None = None, threads: int | None = None,
+                    source: Path | None = None, feeds: Path | None = None,
+                    threads: int | None = None,
                     log: Callable[[str], None] | None = None,
                     measure: Callable[[onnx.ModelProto], int] | None = None) -> BudgetReport:
     """Rewrite ``model`` (in place) so that the measured peak of its step fits ``budget``
     bytes (module doc). ``source``: the file the model came from (its external data);
+    ``feeds``: an .npz of some or all of the step's inputs (as ``fusecli bench --feeds``; the
+    peak depends on them: measure on the user's);
     ``measure``: a model's measured peak in bytes (default: ``peak_of`` on onnxruntime).
     Raises FuseError, the model unchanged, when no rewrite tried fits."""
     say = log or (lambda _msg: None)
@@ -46,7 +49,7 @@ def measured_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | 
             files = (Path(tmp) / f"step{k}.onnx" for k in itertools.count())
 
             def measure(m: onnx.ModelProto) -> int:
-                return peak_of(m, next(files), source, dims, threads)
+                return peak_of(m, next(files), source, dims, feeds, threads)
 
         first = apply_budget(copy.deepcopy(model), 1 << 62, dims)   # the estimate, no change
         p0 = measure(model)
@@ -85,10 +88,10 @@ def measured_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | 
 
 
 def peak_of(model: onnx.ModelProto, path: Path, source: Path | None,
-            dims: dict[str, int] | None, threads: int | None) -> int:
+            dims: dict[str, int] | None, feeds: Path | None, threads: int | None) -> int:
     """``model``'s measured step peak (bytes): saved to ``path`` and measured as
     ``fusecli bench`` measures it (fresh processes, arena off, median of three) on generated
-    feeds."""
+    feeds (``feeds`` gives some or all of them)."""
     from fusecli.api import save
     from fusecli.runtime.bench import run_bench
     from fusecli.runtime.library import RuntimePythonError
@@ -96,7 +99,7 @@ def peak_of(model: onnx.ModelProto, path: Path, source: Path | None,
     save(model, path, source=source)
     try:
         res = run_bench(path, path, runs=1, warmup=0, threads=threads, dims=dims,
-                        peaks_only="b")
+                        feeds_file=feeds, peaks_only="b")
     except RuntimePythonError as exc:
         raise FuseError(f"--max-memory could not measure the step ({exc}); use "
                         "--estimate-only to bound the estimated saved activations") from None
