@@ -22,7 +22,7 @@ from fusecli import api
 from fusecli.engine.recompute import apply_budget, parse_size
 from fusecli.engine.saved import saved_activations
 from fusecli.errors import FuseError
-from fusecli.runtime.budget import measured_budget
+from fusecli.runtime.budget import HEADROOM, measured_budget
 
 DIMS = {"batch": 2}
 
@@ -432,7 +432,7 @@ def test_measured_budget_met_when_the_peak_falls_one_for_one():
     meter = _Meter(overhead=10_000)
     budget = full // 2 + 10_000
     rep = measured_budget(m, budget, DIMS, measure=meter)
-    assert rep.met and rep.recomputed and rep.measured_after <= budget
+    assert rep.met and rep.recomputed and rep.measured_after <= budget * (1 - HEADROOM)
     assert rep.measured_before == full + 10_000 and meter.calls == 2   # the fused step, 1 try
     assert _estimate(m) == rep.after <= full // 2                     # the model was rewritten
     assert _topological(m)
@@ -454,7 +454,8 @@ def test_measured_budget_unreachable_is_refused_and_the_model_unchanged():
     m = _fused("ortt_llama")
     before = m.SerializeToString()
     with pytest.raises(FuseError, match=r"unreachable: the fused step's measured peak is "
-                                        r"1\.0 MiB.*at least 1\.0 MiB"):
+                                        r"1\.0 MiB.*brought it to 1\.0 MiB at least; give a "
+                                        r"budget of at least 1\.1 MiB"):
         measured_budget(m, 2**19, DIMS, measure=_Meter(fixed=2**20))
     assert m.SerializeToString() == before
 
@@ -472,7 +473,8 @@ def test_measured_budget_already_met_changes_nothing():
 def test_cli_budget_holds_on_the_measured_peak(tmp_path):
     """End to end on onnxruntime: the 2-layer ort-training Llama sample at batch 1024 (its fused
     step peaks near 14 MiB; recomputation reaches about 8 MiB): a 11 MiB budget is met as
-    measured, and `fusecli bench` measures the written step again well under the fused one."""
+    measured (with the headroom: at most 10.45 MiB), and `fusecli bench` measures the written
+    step again well under the fused one."""
     import json
 
     fused, out = tmp_path / "fused.onnx", tmp_path / "budgeted.onnx"
@@ -481,7 +483,7 @@ def test_cli_budget_holds_on_the_measured_peak(tmp_path):
                    "--dim", "batch=1024", "--json")
     mb = json.loads(proc.stdout)["memory_budget"]
     assert mb["met"] and mb["recomputed_total"] > 0, mb
-    assert mb["measured_peak_after_bytes"] <= 11 * 2**20 < mb["measured_peak_before_bytes"]
+    assert mb["measured_peak_after_bytes"] <= 0.95 * 11 * 2**20 < mb["measured_peak_before_bytes"]
     assert "measured peak" in proc.stderr
     bench = json.loads(run_cli("bench", fused, out, "--runs", "1", "--warmup", "0", "--dim",
                                "batch=1024", "--json").stdout)
