@@ -99,11 +99,11 @@ def peak_of(model: onnx.ModelProto, path: Path, source: Path | None,
     """``model``'s measured step peak (bytes): saved to ``path`` and measured as
     ``fusecli bench`` measures it (fresh processes, arena off, median of three) on generated
     feeds (``feeds`` gives some or all of them)."""
-    from fusecli.api import save
+    from fusecli.io.model import save_model
     from fusecli.runtime.bench import run_bench
     from fusecli.runtime.library import RuntimePythonError
 
-    save(model, path, source=source)
+    save_model(model, path, source if source is not None else path)
     try:
         res = run_bench(path, path, runs=1, warmup=0, threads=threads, dims=dims,
                         feeds_file=feeds, peaks_only="b")
