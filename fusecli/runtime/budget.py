@@ -44,8 +44,7 @@ def measured_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | 
                     measure: Callable[[onnx.ModelProto], int] | None = None) -> BudgetReport:
     """Rewrite ``model`` (in place) so that the measured peak of its step fits ``budget``
     bytes (module doc). ``source``: the file the model came from (its external data);
-    ``feeds``: an .npz of some or all of the step's inputs (as ``fusecli bench --feeds``; the
-    peak depends on them: measure on the user's);
+    ``feeds``: an .npz of some or all of the step's inputs (as ``fusecli bench --feeds``);
     ``measure``: a model's measured peak in bytes (default: ``peak_of`` on onnxruntime).
     Raises FuseError, the model unchanged, when no rewrite tried fits."""
     say = log or (lambda _msg: None)
@@ -65,7 +64,7 @@ def measured_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | 
             first.budget, first.measured_before, first.measured_after = budget, p0, p0
             return first
         points = [(first.before, p0)]          # (estimate, measured peak), fused first
-        best: tuple[int, BudgetReport, onnx.ModelProto] | None = None
+        low = p0                               # the lowest peak measured
         target = first.before - (p0 - goal)
         for attempt in range(1, TRIES + 1):
             cand = copy.deepcopy(model)
@@ -75,8 +74,7 @@ def measured_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | 
             peak = measure(cand)
             say(f"  try {attempt}: estimated saved activations {mib(rep.after)}, measured "
                 f"peak {mib(peak)}")
-            if best is None or peak < best[0]:
-                best = (peak, rep, cand)
+            low = min(low, peak)
             if peak <= goal:
                 rep.budget, rep.measured_before, rep.measured_after = budget, p0, peak
                 rep.met, rep.minimum = True, None
@@ -86,7 +84,6 @@ def measured_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | 
             slope = max((p_prev - peak) / (s_prev - s_now), _MIN_SLOPE)
             points.append((s_now, peak))
             target = s_now - (peak - goal) / slope
-    low = best[0] if best else p0
     raise FuseError(f"--max-memory {mib(budget)} is unreachable: the fused step's measured peak "
                     f"is {mib(p0)}, and recomputation brought it to {mib(low)} at least; give a "
                     f"budget of at least {mib(low / (1 - HEADROOM))} ({HEADROOM:.0%} over it, "
