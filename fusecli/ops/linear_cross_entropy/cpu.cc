@@ -11,6 +11,7 @@
 #include "cpu_gemm.h"
 #include "cpu_kernel.h"
 #include "cpu_threads.h"
+#include "lce_rows.h"
 
 namespace fusecli {
 namespace {
@@ -43,17 +44,9 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
                 "W must be [V, D]");
   const int64_t D = h.shape.back(), V = w.shape[0];
   FUSECLI_CHECK(w.shape[1] == D, "LinearCrossEntropy: W must be [V, D] with H's last dim D");
-  // seq_start / seq_end: the rows s0:s1 of each of G sequences of S rows (H [..., S, D])
-  const bool sliced = seq_start != 0 || seq_end != std::numeric_limits<int64_t>::max();
-  FUSECLI_CHECK(!sliced || h.shape.size() >= 3,
-                "LinearCrossEntropy: seq_start / seq_end need H [..., S, D]");
-  const int64_t S = sliced ? h.shape[h.shape.size() - 2] : 0;
-  const auto bound = [S](int64_t x) {
-    return std::min(std::max<int64_t>(x < 0 ? x + S : x, 0), S);
-  };
-  const int64_t s0 = bound(seq_start), s1 = std::max(s0, bound(seq_end));
-  const int64_t G = sliced && S && D ? h.numel() / (S * D) : 0;
-  const int64_t N = sliced ? G * (s1 - s0) : D ? h.numel() / D : 0;
+  const LceRows rows = lce_rows(h, D, seq_start, seq_end);
+  const bool sliced = rows.sliced;
+  const int64_t S = rows.s, s0 = rows.s0, s1 = rows.s1, G = rows.g, N = rows.n;
   FUSECLI_CHECK(lab.numel() == N, "LinearCrossEntropy: labels must have one entry per row of H");
   FUSECLI_CHECK(!b.present || b.numel() == V, "LinearCrossEntropy: bias must be [V]");
   FUSECLI_CHECK(!rw.present || rw.numel() == N, "LinearCrossEntropy: row_weight must be [N]");

@@ -1,8 +1,6 @@
 // LinearCrossEntropy: onnxruntime CUDAExecutionProvider kernel (calls the C launcher in cuda.cu).
-#include <algorithm>
-#include <limits>
-
 #include "cuda_op_kernel.h"
+#include "lce_rows.h"
 #include "op_launchers.h"
 
 namespace fusecli {
@@ -17,17 +15,8 @@ struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
     FUSECLI_CHECK(!h.shape.empty() && w.shape.size() == 2 && w.shape[1] == h.shape.back(),
                   "LinearCrossEntropy: H [..., D] and W [V, D] needed");
     const int64_t D = h.shape.back(), V = w.shape[0];
-    // seq_start / seq_end: the rows s0:s1 of each of G sequences of S rows (H [..., S, D])
-    const bool sliced = seq_start != 0 || seq_end != std::numeric_limits<int64_t>::max();
-    FUSECLI_CHECK(!sliced || h.shape.size() >= 3,
-                  "LinearCrossEntropy: seq_start / seq_end need H [..., S, D]");
-    const int64_t S = sliced ? h.shape[h.shape.size() - 2] : 0;
-    const auto bound = [S](int64_t x) {
-      return std::min(std::max<int64_t>(x < 0 ? x + S : x, 0), S);
-    };
-    const int64_t s0 = bound(seq_start), s1 = std::max(s0, bound(seq_end));
-    const int64_t G = sliced && S && D ? h.numel() / (S * D) : 0;
-    const int64_t N = sliced ? G * (s1 - s0) : D ? h.numel() / D : 0;
+    const LceRows rows = lce_rows(h, D, seq_start, seq_end);
+    const int64_t S = rows.s, s0 = rows.s0, s1 = rows.s1, G = rows.g, N = rows.n;
     FUSECLI_CHECK(lab.numel() == N && (!b.present || b.numel() == V) &&
                       (!rw.present || rw.numel() == N) && (!rg.present || rg.numel() == N) &&
                       (!seed.present || seed.numel() == 1),

@@ -1,0 +1,36 @@
+// LinearCrossEntropy: which rows of H the op reads (shared by the CPU and CUDA kernels).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "op_kernel.h"
+
+namespace fusecli {
+
+// seq_start / seq_end: the rows s0:s1 of each of G sequences of S rows (H [..., S, D]); without
+// them (sliced false) every row of H [..., D]. n: the rows read (labels' entries).
+struct LceRows {
+  bool sliced = false;
+  int64_t s = 0, s0 = 0, s1 = 0, g = 0, n = 0;
+};
+
+inline LceRows lce_rows(const In& h, int64_t d, int64_t seq_start, int64_t seq_end) {
+  LceRows r;
+  r.sliced = seq_start != 0 || seq_end != std::numeric_limits<int64_t>::max();
+  FUSECLI_CHECK(!r.sliced || h.shape.size() >= 3,
+                "LinearCrossEntropy: seq_start / seq_end need H [..., S, D]");
+  r.s = r.sliced ? h.shape[h.shape.size() - 2] : 0;
+  const int64_t s = r.s;
+  const auto bound = [s](int64_t x) {
+    return std::min(std::max<int64_t>(x < 0 ? x + s : x, 0), s);
+  };
+  r.s0 = bound(seq_start);
+  r.s1 = std::max(r.s0, bound(seq_end));
+  r.g = r.sliced && s && d ? h.numel() / (s * d) : 0;
+  r.n = r.sliced ? r.g * (r.s1 - r.s0) : d ? h.numel() / d : 0;
+  return r;
+}
+
+}  // namespace fusecli
