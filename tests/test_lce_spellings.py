@@ -290,15 +290,19 @@ def test_nllloss_coefficient_must_be_zero_on_ignored_tokens(tmp_path):
     _not_fused_and_verifies(m, tmp_path, "where")
 
 
-def test_nllloss_ignore_index_must_be_the_compared_one(tmp_path):
-    """NegativeLogLikelihoodLoss{ignore_index} must be -100, the label the backward's Equal
-    compares with: another ignore_index is refused at the attribute."""
-    m = onnx.load(DATA / "torch_lces_ce_sum.onnx")
+@pytest.mark.parametrize("fixture,rule", [
+    ("torch_lces_ce_sum", "lce_torch_nllloss"),
+    ("torch_lces_ce_none_mean", "lce_torch_rows_nllloss_none_split")])
+def test_nllloss_ignore_index_must_be_the_compared_one(fixture, rule, tmp_path):
+    """NegativeLogLikelihoodLoss{ignore_index} (mean / sum, and reduction none for the
+    per-token rule) must be -100, the label the backward's Equal compares with: another
+    ignore_index is refused at the attribute."""
+    m = onnx.load(DATA / f"{fixture}.onnx")
     nll = _node(m, "NegativeLogLikelihoodLoss")
     for a in nll.attribute:
         if a.name == "ignore_index":
             a.i = -1
-    miss = _explained(m, "lce_torch_nllloss")
+    miss = _explained(m, rule)
     assert miss["node"] == "nll" and "ignore_index" in miss["detail"], miss
     _not_fused_and_verifies(m, tmp_path, "ignore_index")
 
@@ -310,19 +314,6 @@ def test_ce_none_mean_is_not_the_ops_mean():
     m = onnx.load(DATA / "torch_lces_ce_none_mean.onnx")
     miss = _explained(m, "lce_torch_nllloss")
     assert miss["node"] == "nll" and "reduction" in miss["detail"], miss
-
-
-def test_rows_nllloss_ignore_index_must_be_the_compared_one(tmp_path):
-    """lce_torch_rows_nllloss_none: NegativeLogLikelihoodLoss{reduction none} must ignore -100,
-    the label the backward's Equal compares with: another is refused at the attribute."""
-    m = onnx.load(DATA / "torch_lces_ce_none_mean.onnx")
-    nll = _node(m, "NegativeLogLikelihoodLoss")
-    for a in nll.attribute:
-        if a.name == "ignore_index":
-            a.i = -1
-    miss = _explained(m, "lce_torch_rows_nllloss_none_split")
-    assert miss["node"] == "nll" and "ignore_index" in miss["detail"], miss
-    _not_fused_and_verifies(m, tmp_path, "rows_ignore_index")
 
 
 def test_rows_scatter_value_must_be_minus_the_coefficient(tmp_path):
