@@ -38,6 +38,12 @@ ort-training (build/venv-corpus-ortt: onnxruntime-training 1.19.2): torch.onnx.e
   cls_cnn           Conv + ReLU -> Flatten -> Linear(bias) (Gemm into the loss)    fuses: 1
   cls_mlp_ii        cls_mlp with ignore_index -100 (a label -100 in the batch)     fuses: 1
   cls_matmul        h @ W.t() + b written out (MatMul + Add into the loss)         fuses: 1
+  the tiny decoder computing its own loss (generate_artifacts(loss=None)), labels with -100:
+  lm_shift_ce       F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1))
+                    (Slice before SoftmaxCrossEntropyLoss, SliceGrad in the backward)  fuses: 1
+  lm_shift_ce_tied  the same with the head tied to the embedding (the head's gradient
+                    Summed with the embedding's)                                    fuses: 1
+  lm_shift_ce_frozen_head  the same with the head frozen (no dW)                   fuses: 1
 Run: build/venv-corpus-torch/bin/python scripts/make_lce_spellings.py torch-joint [NAME ...]
      build/venv-corpus-ortt/bin/python scripts/make_lce_spellings.py ort-training [NAME ...]
 """
@@ -95,6 +101,11 @@ def _shift_logits(z, y):
     return nll.sum() / mask.sum()
 
 
+def _shift_ce(reduction):  # Hugging Face's older CrossEntropyLoss on the shifted logits
+    return lambda z, y: F.cross_entropy(z[:, :-1, :].reshape(-1, z.shape[-1]),
+                                        y[:, 1:].reshape(-1), reduction=reduction)
+
+
 LOSSES = {  # name: (loss on logits [B, S, V] and labels [B, S], tied, labels with -100)
     "reducemean": (lambda z, y: (-_lp(z).gather(1, y.reshape(-1, 1)).squeeze(1)).mean(),
                    False, False),
@@ -108,9 +119,11 @@ LOSSES = {  # name: (loss on logits [B, S, V] and labels [B, S], tied, labels wi
     "ce_none_mean": (lambda z, y: F.cross_entropy(z.reshape(-1, V), y.reshape(-1),
                                                   reduction="none").mean(), False, True),
     "shift_logits": (_shift_logits, False, True),
+    "shift_ce": (_shift_ce("mean"), False, True),
+    "shift_ce_sum_tied": (_shift_ce("sum"), True, True),
     "seqlevel": (_seqlevel, False, True),
 }
-WRONG_GRADIENT = {"ce_mean"}  # torch 2.13's export of F.cross_entropy(reduction='mean')
+WRONG_GRADIENT = {"ce_mean", "shift_ce"}  # torch 2.13's export of F.cross_entropy(reduction='mean')
 
 
 class Loss(nn.Module):
@@ -245,33 +258,60 @@ ORTT = {  # name: (model, input shape, ignore_index -100)
 }
 
 
+class ShiftLM(nn.Module):  # a causal LM computing its own loss on the shifted logits
+    def __init__(self, tied):
+        super().__init__()
+        self.net = Net(tied)
+
+    def forward(self, ids, lab):
+        return _shift_ce("mean")(self.net(ids), lab)
+
+
+# name: (tied, head frozen)
+ORTT_LM = {"lm_shift_ce": (False, False), "lm_shift_ce_tied": (True, False),
+           "lm_shift_ce_frozen_head": (False, True)}
+
+
 def ortt(name):
     import onnxruntime as ort
     from onnxruntime.training import artifacts, onnxblock
 
-    make, shape, ignore = ORTT[name]
     torch.manual_seed(0)
-    net = make()
     g = torch.Generator().manual_seed(2)
-    x = torch.randn(*shape, generator=g)
-    y = torch.randint(0, C, (shape[0],), generator=g)
-    if ignore:
-        y[1] = -100
+    if name in ORTT_LM:
+        tied, frozen = ORTT_LM[name]
+        net = ShiftLM(tied)
+        if frozen:
+            net.net.head.weight.requires_grad_(False)
+        x = torch.randint(0, V, (B, S), generator=g)
+        y = torch.randint(0, V, (B, S), generator=g)
+        y[0, 2:4] = -100
+        args, in_names, out_name, loss = (x, y), ["input_ids", "labels"], "loss", None
+    else:
+        make, shape, ignore = ORTT[name]
+        net = make()
+        x = torch.randn(*shape, generator=g)
+        y = torch.randint(0, C, (shape[0],), generator=g)
+        if ignore:
+            y[1] = -100
+        args, in_names, out_name = (x,), ["input"], "logits"
+        loss = onnxblock.loss.CrossEntropyLoss(reduction="mean",
+                                               ignore_index=-100 if ignore else None)
     f = io.BytesIO()
-    torch.onnx.export(net, (x,), f, input_names=["input"], output_names=["logits"],
+    torch.onnx.export(net, args, f, input_names=in_names, output_names=[out_name],
                       opset_version=16, do_constant_folding=False,
                       training=torch.onnx.TrainingMode.TRAINING, dynamo=False)
     fwd = onnx.load_from_string(f.getvalue())
-    trainable = [i.name for i in fwd.graph.initializer]
-    loss = onnxblock.loss.CrossEntropyLoss(reduction="mean",
-                                           ignore_index=-100 if ignore else None)
+    trainable = [n for n, p in net.named_parameters() if p.requires_grad]
+    frozen = [n for n, p in net.named_parameters() if not p.requires_grad]
     with tempfile.TemporaryDirectory() as td:
-        artifacts.generate_artifacts(fwd, requires_grad=trainable, frozen_params=[], loss=loss,
+        artifacts.generate_artifacts(fwd, requires_grad=trainable, frozen_params=frozen, loss=loss,
                                      optimizer=artifacts.OptimType.AdamW, artifact_directory=td)
         m = onnx.load(Path(td) / "training_model.onnx")
     onnx.save(m, DATA / f"ortt_lces_{name}.onnx")
     params = {n: p.detach().numpy() for n, p in net.named_parameters()}
-    feeds = {"input": x.numpy(), "labels": y.numpy(), "lazy_reset_grad": np.ones([1], np.bool_)}
+    feeds = {in_names[0]: x.numpy(), "labels": y.numpy(),
+             "lazy_reset_grad": np.ones([1], np.bool_)}
     names = {i.name for i in m.graph.input}
     for n in names:
         if n in params:
@@ -283,10 +323,11 @@ def ortt(name):
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     out = sess.run([m.graph.output[0].name], {k: v for k, v in feeds.items() if k in names})
     net.zero_grad()
-    ref = F.cross_entropy(net(x), y, ignore_index=-100)
+    ref = net(x, y) if name in ORTT_LM else F.cross_entropy(net(x), y, ignore_index=-100)
     ref.backward()
     err = abs(float(out[0]) - float(ref))
-    for n, p in net.named_parameters():
+    for n in trainable:
+        p = dict(net.named_parameters())[n]
         err = max(err, float(np.abs(feeds[n + "_grad.accumulation.buffer"]
                                     - p.grad.numpy()).max()))
     print(f"ortt_lces_{name}: {len(m.graph.node)} nodes, max |err| vs torch {err:.3g}")
@@ -295,7 +336,7 @@ def ortt(name):
 
 if __name__ == "__main__":
     fam, only = sys.argv[1], set(sys.argv[2:])
-    names = list(ORTT) if fam == "ort-training" else [*LOSSES, *HF]
+    names = [*ORTT, *ORTT_LM] if fam == "ort-training" else [*LOSSES, *HF]
     for name in names:
         if not only or name in only:
             (ortt if fam == "ort-training" else torch_joint)(name)

@@ -42,11 +42,16 @@ EXPECTED = {
     "torch_lces_hf_gpt2_mean_tied": "lce_torch_reducemean_neg",
     "torch_lces_ce_none_mean": "lce_torch_rows_nllloss_none_split",
     "torch_lces_shift_logits": "lce_torch_shift_gather_split",
+    "torch_lces_shift_ce": "lce_torch_shift_nllloss",
+    "torch_lces_shift_ce_sum_tied": "lce_torch_shift_nllloss",
     "torch_lces_seqlevel": "lce_torch_rows_gather_split",
     "ortt_lces_cls_mlp": "lce_ortt_gemm",
     "ortt_lces_cls_cnn": "lce_ortt_gemm",
     "ortt_lces_cls_mlp_ii": "lce_ortt_gemm_ii",
     "ortt_lces_cls_matmul": "lce_ortt",
+    "ortt_lces_lm_shift_ce": "lce_ortt_shift",
+    "ortt_lces_lm_shift_ce_tied": "lce_ortt_shift",
+    "ortt_lces_lm_shift_ce_frozen_head": "lce_ortt_shift_frozen",
 }
 
 
@@ -221,6 +226,66 @@ def test_graph_reduced_losses_match_numpy(spelling, tmp_path):
     np.testing.assert_allclose(res["head.weight_grad"], dw, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("spelling", ["shift_ce", "shift_ce_sum_tied"])
+def test_shifted_cross_entropy_matches_numpy(spelling, tmp_path):
+    """F.cross_entropy on the shifted logits (Hugging Face's older CrossEntropyLoss): one op on
+    the hidden states' rows 0..S-2 (seq_start / seq_end), the loss F.cross_entropy's (the kept
+    tokens' mean, or their sum), the head's gradient that of the graph's per-token coefficient
+    (torch 2.13 exports the mean's as 1 per kept token, not 1 / count: the exported graph's)."""
+    import onnxruntime as ort
+
+    name = f"torch_lces_{spelling}"
+    m = onnx.load(DATA / f"{name}.onnx")
+    orig = tmp_path / "orig.onnx"
+    onnx.save(m, orig)
+    fp = FusionPass()
+    fp.run(m)
+    assert _lce(fp) == [EXPECTED[name]]
+    (op,) = [n for n in m.graph.node if n.op_type == "LinearCrossEntropy"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in op.attribute}
+    assert (attrs["seq_start"], attrs["seq_end"]) == (0, -1)  # Python's [:-1]
+    onnx.save(m, tmp_path / "fused.onnx")
+    rng = np.random.default_rng(7)
+    feeds = {}
+    for i in m.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        if i.name in ("input_ids", "labels"):
+            feeds[i.name] = rng.integers(0, V, shape).astype(np.int64)
+        else:
+            feeds[i.name] = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+    feeds["labels"][0, 2:4] = -100
+    feeds["labels"][1, 0] = -100  # never read: the shift drops every sequence's first label
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    report = verify_models(orig, tmp_path / "fused.onnx", feeds_file=tmp_path / "feeds.npz")
+    assert report.ok and report.max_rel <= 1e-5, report
+    # NumPy, float64, from the model code: logits of tokens 0..S-2 against labels 1..S-1
+    tied = spelling.endswith("_tied")
+    emb = feeds["emb.weight"].astype(np.float64)
+    x = emb[feeds["input_ids"]].reshape(-1, D)
+    h = np.maximum(x @ feeds["fc.weight"].T.astype(np.float64) + feeds["fc.bias"], 0.0)
+    h = h.reshape(B, S, D)[:, :-1].reshape(-1, D)
+    w = emb if tied else feeds["head.weight"].astype(np.float64)
+    z = h @ w.T
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    y = feeds["labels"][:, 1:].reshape(-1)
+    keep = (y != -100).astype(np.float64)
+    safe = np.where(y == -100, 0, y)
+    nll = (lse - z[np.arange(len(y)), safe]) * keep
+    loss = nll.sum() / (1.0 if tied else keep.sum())
+    p = np.exp(z - lse[:, None])
+    p[np.arange(len(y)), safe] -= 1.0
+    dw = (keep[:, None] * p).T @ h  # coefficient 1 per kept token: the sum's (and the export's)
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(library_path())
+    if tied:  # the head's part of the embedding's gradient: the Add's input the op writes
+        m.graph.output.append(helper.make_tensor_value_info(op.output[2], onnx.TensorProto.FLOAT,
+                                                            None))
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    res = dict(zip([o.name for o in m.graph.output], sess.run(None, feeds)))
+    np.testing.assert_allclose(res["loss"], loss, rtol=1e-5)
+    np.testing.assert_allclose(res[op.output[2]], dw, rtol=1e-4, atol=1e-6)
+
+
 # --- negatives: one per new guard -----------------------------------------------------------------
 
 def _explained(m, rule):
@@ -389,6 +454,34 @@ def test_shift_slice_must_be_on_the_sequence_axis():
     sl = _node(m, "Slice", lambda n: n.output[0] == "slice_1")
     sl.input[3] = _const(m, "axis_two", np.array([2], np.int64))
     miss = _explained(m, "lce_torch_shift_gather_split")
+    assert miss["node"] == "zslice" and "axis_two" in miss["detail"], miss
+
+
+def _ortt_shift():
+    m = onnx.load(DATA / "ortt_lces_lm_shift_ce.onnx")
+    assert FusionPass(only=["lce_ortt_shift"]).run(copy.deepcopy(m)) == 1  # control
+    return m
+
+
+def test_ortt_shift_gradient_must_go_back_to_the_sliced_rows(tmp_path):
+    """The SliceGrad must put the gradient into the rows the forward's Slice took (the same
+    start / end tensors): a SliceGrad into rows 1..S (a valid graph of another gradient) is
+    refused at the SliceGrad, and the graph is left as it was."""
+    m = _ortt_shift()
+    sg = _node(m, "SliceGrad")
+    sg.input[2] = _const(m, "start_one", np.array([1], np.int64))
+    sg.input[3] = _const(m, "end_max", np.array([S], np.int64))
+    miss = _explained(m, "lce_ortt_shift")
+    assert miss["node"] == "slice_grad", miss
+    _not_fused_and_verifies(m, tmp_path, "ortt_shift_rows")
+
+
+def test_ortt_shift_slice_must_be_on_the_sequence_axis():
+    """A Slice of the logits' vocabulary axis is no row selection: refused at its axes."""
+    m = _ortt_shift()
+    sl = _node(m, "Slice", lambda n: n.input[0] != "labels")
+    sl.input[3] = _const(m, "axis_two", np.array([2], np.int64))
+    miss = _explained(m, "lce_ortt_shift")
     assert miss["node"] == "zslice" and "axis_two" in miss["detail"], miss
 
 

@@ -200,11 +200,13 @@ for _fam, _how, _names in (("ortt", "input", ("untied", "bias_sum", "frozen", "f
 # F.cross_entropy's NegativeLogLikelihoodLoss (Hugging Face's loss with num_items_in_batch: the
 # _split variant), the per-token losses the graph reduces itself (F.cross_entropy(reduction=
 # 'none').mean(), a sequence-level loss: rules/lce_torch_rows.yaml; the logits shifted:
-# rules/lce_torch_shift.yaml), ort-training classifier heads written as one Gemm
+# rules/lce_torch_shift.yaml, with F.cross_entropy too; ort-training's: rules/lce_ortt_shift.yaml),
+# ort-training classifier heads written as one Gemm
 for _name in ("torch_lces_reducemean", "torch_lces_reducemean_neg_tied",
               "torch_lces_reducesum_const", "torch_lces_ce_sum", "torch_lces_hf_llama_items",
               "torch_lces_ce_none_mean", "torch_lces_seqlevel", "torch_lces_shift_logits",
-              "ortt_lces_cls_mlp", "ortt_lces_cls_mlp_ii"):
+              "torch_lces_shift_ce_sum_tied", "ortt_lces_cls_mlp", "ortt_lces_cls_mlp_ii",
+              "ortt_lces_lm_shift_ce", "ortt_lces_lm_shift_ce_frozen_head"):
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 
 def _upto(rule_name):
