@@ -13,7 +13,8 @@ from conftest import SAMPLES, run_cli
 from fusecli import CANONICAL_PATTERNS
 
 REPORT_KEYS = {"model", "nodes_before", "nodes_after", "total_fused", "patterns", "rules",
-               "buffers_eliminated", "bytes_eliminated", "saved_activations"}
+               "buffers_eliminated", "bytes_eliminated", "saved_activations",
+               "tied_gradients_folded"}
 
 
 def _sha(p):

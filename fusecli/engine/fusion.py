@@ -21,6 +21,7 @@ from fusecli.engine.matcher import NEW_TENSOR, Failure, Match, Matcher, MatchRes
 from fusecli.engine.rules import CANONICAL_PATTERNS, Rule, var_name
 from fusecli.engine.saved import SavedDiff
 from fusecli.engine.shapes import fusion_problem
+from fusecli.engine.tied import fold_tied_gradients
 
 MAX_ROUNDS = 16
 
@@ -163,6 +164,8 @@ class Stats:
         self.absorbed: dict[str, FusionRecord] = {}
         self.skips: list[Skip] = []
         self.saved: SavedDiff | None = None   # saved activations before vs after (saved.py)
+        # tied heads whose embedding gradient was scattered into the fused dW (tied.py)
+        self.tied_folded: list[str] = []
 
     @property
     def total_fused(self) -> int:
@@ -179,6 +182,7 @@ class Stats:
             "buffers_eliminated": self.buffers_eliminated,
             "bytes_eliminated": self.bytes_eliminated,
             "saved_activations": self.saved_dict(),
+            "tied_gradients_folded": list(self.tied_folded),
         }
 
     def saved_dict(self) -> dict:
@@ -370,6 +374,7 @@ class FusionPass:
         if credit:
             alive = self._write_back(model, index, removed_inputs)
             stats.saved.finish(model, io=[(n.proto_inputs, n.outputs) for n in alive])
+            stats.tied_folded = fold_tied_gradients(model)
         stats.nodes_after = len(graph.node)
         return stats.total_fused
 

@@ -45,6 +45,10 @@ def stats_table(d: dict, title: str) -> str:
         lines.append(f"  saved activations (forward tensors the backward reads): removed "
                      f"{sa['removed']} ({part('removed')}), added {sa['added']} "
                      f"({part('added')}), net {_bytes(sa['net_bytes_removed'])} less")
+    tied = d.get("tied_gradients_folded")
+    if tied:
+        lines.append(f"  tied heads: the embedding's gradient scattered into the fused head's "
+                     f"dW (one [V, D] table, not three): {', '.join(tied)}")
     return "\n".join(lines)
 
 
