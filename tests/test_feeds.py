@@ -5,7 +5,9 @@ Each policy is checked on a small graph built with onnx.helper whose input NAMES
 
 from __future__ import annotations
 
+import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,8 @@ from conftest import SAMPLES, run_cli
 
 from fusecli.errors import FuseError
 from fusecli.runtime.feeds import load_manifest, plan_feeds, read_feeds_file
+
+DATA = Path(__file__).parent / "data"
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 
@@ -102,6 +106,23 @@ def test_labels_stay_within_the_class_count_of_the_loss():
     p = _plan(nodes, [vi("x", [512, 5]), vi("lab", [512], I64)], [vi("picked", [512, 1])],
               [one])
     assert p.policy["lab"] == "labels in [0, 5)" and p.feeds["lab"].max() == 4
+
+
+def test_labels_of_a_fused_head_stay_within_its_vocabulary():
+    """Once the head + loss is one LinearCrossEntropy there are no logits to read the class
+    count from: it is the fused op's weight rows (W [V, D]). Without that the plan fell back to
+    integers in [0, 2) (the LM head's loss on two classes)."""
+    import onnx
+
+    from fusecli import FusionPass
+
+    m = onnx.load(DATA / "torch_lces_reducemean.onnx")
+    assert plan_feeds(copy.deepcopy(m)).policy["labels"] == "labels in [0, 50)"  # control
+    FusionPass().run(m)
+    assert "LinearCrossEntropy" in [n.op_type for n in m.graph.node]
+    p = plan_feeds(m)
+    assert p.policy["labels"] == "labels in [0, 50)"
+    assert p.feeds["labels"].max() < 50
 
 
 def _masked_where(true_means_masked: bool, shape):

@@ -449,9 +449,12 @@ def _attr(node: onnx.NodeProto, name: str):
 def _label_classes(flow: _Flow, n: onnx.NodeProto, k: int, depth: int = 2) -> int | None:
     """The class count where input k of node n is a loss's labels: a loss, a GatherElements of
     the log-probabilities (axis 1), or a Where that picks the label or a stand-in for the ignored
-    ones (torch-joint's Where(label != -100, label, 0) before its gather) followed to those."""
+    ones (torch-joint's Where(label != -100, label, 0) before its gather) followed to those, or
+    the fused LinearCrossEntropy (no logits left: its weight's rows are the classes)."""
     if n.op_type in _LOSSES and k == 1:
         return flow.classes_of(n.input[0])
+    if (n.domain, n.op_type) == ("com.fusecli", "LinearCrossEntropy") and k == 3:
+        return flow.static_dim(n.input[1], 0)  # the fused head's W [V, D]: V classes
     if n.op_type == "GatherElements" and k == 1:
         axis = _attr(n, "axis") or 0
         return flow.static_dim(n.input[0], axis) or (flow.classes_of(n.input[0])
