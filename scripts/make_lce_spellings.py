@@ -44,6 +44,9 @@ ort-training (build/venv-corpus-ortt: onnxruntime-training 1.19.2): torch.onnx.e
   lm_shift_ce_tied  the same with the head tied to the embedding (the head's gradient
                     Summed with the embedding's)                                    fuses: 1
   lm_shift_ce_frozen_head  the same with the head frozen (no dW)                   fuses: 1
+  hf_llama_loss     LlamaForCausalLM(input_ids, labels=y).loss (transformers' ForCausalLMLoss:
+                    the labels padded with -100 and shifted, Pad + Slice; the logits whole) fuses: 1
+  hf_gpt2_loss_tied GPT2LMHeadModel(input_ids, labels=y).loss, lm_head tied to wte     fuses: 1
 Run: build/venv-corpus-torch/bin/python scripts/make_lce_spellings.py torch-joint [NAME ...]
      build/venv-corpus-ortt/bin/python scripts/make_lce_spellings.py ort-training [NAME ...]
 """
@@ -258,6 +261,15 @@ ORTT = {  # name: (model, input shape, ignore_index -100)
 }
 
 
+class HFLoss(nn.Module):  # a Hugging Face causal LM computing its own loss from labels
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, ids, lab):
+        return self.net(input_ids=ids, labels=lab).loss
+
+
 class ShiftLM(nn.Module):  # a causal LM computing its own loss on the shifted logits
     def __init__(self, tied):
         super().__init__()
@@ -270,6 +282,7 @@ class ShiftLM(nn.Module):  # a causal LM computing its own loss on the shifted l
 # name: (tied, head frozen)
 ORTT_LM = {"lm_shift_ce": (False, False), "lm_shift_ce_tied": (True, False),
            "lm_shift_ce_frozen_head": (False, True)}
+ORTT_HF = {"hf_llama_loss": "llama", "hf_gpt2_loss_tied": "gpt2"}
 
 
 def ortt(name):
@@ -278,13 +291,16 @@ def ortt(name):
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(2)
-    if name in ORTT_LM:
-        tied, frozen = ORTT_LM[name]
-        net = ShiftLM(tied)
-        if frozen:
-            net.net.head.weight.requires_grad_(False)
-        x = torch.randint(0, V, (B, S), generator=g)
-        y = torch.randint(0, V, (B, S), generator=g)
+    if name in ORTT_LM or name in ORTT_HF:
+        if name in ORTT_HF:
+            net, v, s = HFLoss(_hf(ORTT_HF[name])), HF_V, HF_S
+        else:
+            tied, frozen = ORTT_LM[name]
+            net, v, s = ShiftLM(tied), V, S
+            if frozen:
+                net.net.head.weight.requires_grad_(False)
+        x = torch.randint(0, v, (B, s), generator=g)
+        y = torch.randint(0, v, (B, s), generator=g)
         y[0, 2:4] = -100
         args, in_names, out_name, loss = (x, y), ["input_ids", "labels"], "loss", None
     else:
@@ -323,7 +339,7 @@ def ortt(name):
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     out = sess.run([m.graph.output[0].name], {k: v for k, v in feeds.items() if k in names})
     net.zero_grad()
-    ref = net(x, y) if name in ORTT_LM else F.cross_entropy(net(x), y, ignore_index=-100)
+    ref = net(x, y) if len(in_names) == 2 else F.cross_entropy(net(x), y, ignore_index=-100)
     ref.backward()
     err = abs(float(out[0]) - float(ref))
     for n in trainable:
@@ -336,7 +352,7 @@ def ortt(name):
 
 if __name__ == "__main__":
     fam, only = sys.argv[1], set(sys.argv[2:])
-    names = [*ORTT, *ORTT_LM] if fam == "ort-training" else [*LOSSES, *HF]
+    names = [*ORTT, *ORTT_LM, *ORTT_HF] if fam == "ort-training" else [*LOSSES, *HF]
     for name in names:
         if not only or name in only:
             (ortt if fam == "ort-training" else torch_joint)(name)

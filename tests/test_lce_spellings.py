@@ -52,6 +52,9 @@ EXPECTED = {
     "ortt_lces_lm_shift_ce": "lce_ortt_shift",
     "ortt_lces_lm_shift_ce_tied": "lce_ortt_shift",
     "ortt_lces_lm_shift_ce_frozen_head": "lce_ortt_shift_frozen",
+    # Hugging Face's own loss (ForCausalLMLoss: labels padded and shifted, logits whole)
+    "ortt_lces_hf_llama_loss": "lce_ortt_ii",
+    "ortt_lces_hf_gpt2_loss_tied": "lce_ortt_ii",
 }
 
 
