@@ -107,3 +107,13 @@ def test_scatter_into_nonzero_data_is_not_folded():
     m.graph.initializer.append(numpy_helper.from_array(np.ones(shape, np.float32), "ones"))
     sc.input[0] = "ones"
     assert fold_tied_gradients(m) == []
+
+
+def test_dw_of_unknown_shape_is_not_folded():
+    """The fused output's shape must be recorded and static (the Add may broadcast)."""
+    m = _fused("torch_lces_reducemean_neg_tied")
+    head = next(n for n in m.graph.node if n.op_type == "LinearCrossEntropy")
+    keep = [v for v in m.graph.value_info if v.name != head.output[2]]
+    del m.graph.value_info[:]
+    m.graph.value_info.extend(keep)
+    assert fold_tied_gradients(m) == []

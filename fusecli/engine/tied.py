@@ -10,11 +10,13 @@ the rows into the head's dW instead, ScatterND(dW, ids, rows){add}, which onnxru
 dW's own buffer when nothing else reads it: one table instead of three, the same sum (the
 rows added to dW rather than to zeros first: float rounding only).
 
-Taken only where the Add's other operand is the fused head's dW (a LinearCrossEntropy's third
-output) and nothing else reads either operand, and the scatter is the embedding's: torch-joint
-a ScatterND{add} whose data is zeros of dW's shape (a zero initializer or ConstantOfShape);
-ort-training a GatherGrad{axis 0} into Shape(W), W the fused head's weight, in a model whose
-ai.onnx opset has ScatterND's reduction (16 and above).
+Taken only where one operand of the Add is an output of a fused node (LinearCrossEntropy's
+dW: the rewrite reads no op name, only the fused domain and the shapes) with a recorded static
+shape, nothing else reads either operand, and the other is the embedding's scatter into a table
+of that shape: torch-joint a ScatterND{add} whose data is zeros of that shape (a zero
+initializer or ConstantOfShape); ort-training a GatherGrad{axis 0} into Shape(T), T an input of
+the same fused node (the head's weight W) of that shape, in a model whose ai.onnx opset has
+ScatterND's reduction (16 and above).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-FUSED_HEAD = ("com.fusecli", "LinearCrossEntropy")
+from fusecli.ops.contracts import FUSED_DOMAIN
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -69,8 +71,7 @@ def fold_tied_gradients(model: onnx.ModelProto) -> list[str]:
               for v in [*g.input, *g.value_info, *g.output] if v.type.HasField("tensor_type")}
     for i in g.initializer:
         shapes[i.name] = list(i.dims)
-    heads = {n.output[2]: n for n in nodes if (n.domain, n.op_type) == FUSED_HEAD
-             and len(n.output) > 2 and n.output[2]}
+    heads = {o: n for n in nodes if n.domain == FUSED_DOMAIN for o in n.output if o}
     opset = _opset(model)
     drop: set[int] = set()
     orphans: list[str] = []  # what only a dropped scatter may have read
@@ -89,10 +90,8 @@ def fold_tied_gradients(model: onnx.ModelProto) -> list[str]:
             continue
         scat = producer.get(other)
         head = heads[dw]
-        w_shape = shapes.get(head.input[1])
-        if w_shape is not None and None in w_shape:
-            w_shape = None
-        if scat is None or id(scat) in drop:
+        w_shape = shapes.get(dw)
+        if scat is None or id(scat) in drop or not w_shape or None in w_shape:
             continue
         if (scat.domain in ("", "ai.onnx") and scat.op_type == "ScatterND"
                 and _attr(scat, "reduction", b"none") == b"add"
@@ -104,7 +103,8 @@ def fold_tied_gradients(model: onnx.ModelProto) -> list[str]:
         elif (scat.domain == "com.microsoft" and scat.op_type == "GatherGrad"
               and _attr(scat, "axis", 0) == 0 and opset >= 16
               and getattr(producer.get(scat.input[0]), "op_type", None) == "Shape"
-              and producer[scat.input[0]].input[0] == head.input[1]):
+              and producer[scat.input[0]].input[0] in head.input
+              and shapes.get(producer[scat.input[0]].input[0]) == w_shape):
             col = add.output[0] + "_ids_column"
             axes = add.output[0] + "_last_axis"
             g.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axes))

@@ -6,6 +6,9 @@ An op folder whose op cannot run on every input shape its rules may bind writes
 input shapes in port order (a dim is an int, a symbolic str or None; a shape None when unknown),
 ``attrs`` its attributes; it returns why the op could not run on them, or None (fine or
 unknown). The shape guard (``fusecli.engine.shapes.fusion_problem``) calls it before a fusion.
+An op that reads a loss's labels writes ``label_classes(k, ins) -> int | None`` there too: the
+class count when input k holds labels (from the input shapes), for the feeds a benchmark
+generates (``fusecli.runtime.feeds``: a fused graph has no logits left to read it from).
 """
 
 from __future__ import annotations
@@ -35,3 +38,13 @@ def input_check(op_type: str):
     if c is None or not (OPS_DIR / c.folder / "shapes.py").exists():
         return None
     return importlib.import_module(f"fusecli.ops.{c.folder}.shapes").input_problem
+
+
+@functools.cache
+def label_classes_hook(op_type: str):
+    """The op folder's ``shapes.label_classes`` of a fused op type, None when it has none."""
+    c = load_contracts().ops.get(op_type)
+    if c is None or not (OPS_DIR / c.folder / "shapes.py").exists():
+        return None
+    return getattr(importlib.import_module(f"fusecli.ops.{c.folder}.shapes"), "label_classes",
+                   None)

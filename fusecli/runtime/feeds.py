@@ -42,6 +42,8 @@ import onnx
 from onnx import helper
 
 from fusecli.errors import FuseError
+from fusecli.ops.contracts import FUSED_DOMAIN
+from fusecli.ops.shapes import label_classes_hook
 
 DEFAULT_DIMS = {"batch": 2, "batch_size": 2, "b": 2, "n": 2, "seq": 8, "sequence": 8,
                 "seq_len": 8, "s": 8}
@@ -450,11 +452,12 @@ def _label_classes(flow: _Flow, n: onnx.NodeProto, k: int, depth: int = 2) -> in
     """The class count where input k of node n is a loss's labels: a loss, a GatherElements of
     the log-probabilities (axis 1), or a Where that picks the label or a stand-in for the ignored
     ones (torch-joint's Where(label != -100, label, 0) before its gather) followed to those, or
-    the fused LinearCrossEntropy (no logits left: its weight's rows are the classes)."""
+    a fused op reading labels (no logits left: its op folder's shapes.label_classes)."""
     if n.op_type in _LOSSES and k == 1:
         return flow.classes_of(n.input[0])
-    if (n.domain, n.op_type) == ("com.fusecli", "LinearCrossEntropy") and k == 3:
-        return flow.static_dim(n.input[1], 0)  # the fused head's W [V, D]: V classes
+    if n.domain == FUSED_DOMAIN:  # the op folder says (its shapes.label_classes)
+        hook = label_classes_hook(n.op_type)
+        return hook(k, [flow.shapes.get(t) for t in n.input]) if hook else None
     if n.op_type == "GatherElements" and k == 1:
         axis = _attr(n, "axis") or 0
         return flow.static_dim(n.input[0], axis) or (flow.classes_of(n.input[0])
