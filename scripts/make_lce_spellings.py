@@ -342,10 +342,10 @@ def ortt(name):
     ref = net(x, y) if len(in_names) == 2 else F.cross_entropy(net(x), y, ignore_index=-100)
     ref.backward()
     err = abs(float(out[0]) - float(ref))
+    named = dict(net.named_parameters())
     for n in trainable:
-        p = dict(net.named_parameters())[n]
         err = max(err, float(np.abs(feeds[n + "_grad.accumulation.buffer"]
-                                    - p.grad.numpy()).max()))
+                                    - named[n].grad.numpy()).max()))
     print(f"ortt_lces_{name}: {len(m.graph.node)} nodes, max |err| vs torch {err:.3g}")
     assert err < 1e-5
 

@@ -88,6 +88,19 @@ def test_spelling_fuses_as_the_model_says_and_verifies(name, tmp_path):
 V, D, B, S = 50, 16, 2, 7
 
 
+def _random_feeds(m, seed):
+    """Seeded feeds for the tiny decoder: token ids and labels in [0, V), weights N(0, 0.25)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for i in m.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        if i.name in ("input_ids", "labels"):
+            feeds[i.name] = rng.integers(0, V, shape).astype(np.int64)
+        else:
+            feeds[i.name] = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+    return feeds
+
+
 def _numpy_loss_and_grads(params, ids, lab, spelling):
     """loss and d loss / d head weight of Net (Embedding -> Linear + ReLU -> head) in float64,
     written from the model code; `tied`: the head weight is the embedding's (its dW here is only
@@ -122,16 +135,7 @@ def test_fused_head_matches_numpy(spelling, tmp_path):
     fp = FusionPass()
     fp.run(m)
     assert _lce(fp) == [EXPECTED[f"torch_lces_{spelling}"]]
-    rng = np.random.default_rng(3)
-    feeds = {}
-    for i in m.graph.input:
-        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
-        if i.name == "input_ids":
-            feeds[i.name] = rng.integers(0, V, shape).astype(np.int64)
-        elif i.name == "labels":
-            feeds[i.name] = rng.integers(0, V, shape).astype(np.int64)
-        else:
-            feeds[i.name] = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+    feeds = _random_feeds(m, 3)
     so = ort.SessionOptions()
     so.register_custom_ops_library(library_path())
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -161,14 +165,17 @@ def _numpy_rows(params, ids, lab, spelling):
     """loss and d loss / d head weight of the model code's per-token reductions (float64):
     ce_none_mean sums the kept tokens' losses over all N tokens; seqlevel averages each
     sequence's kept tokens, then the B sequences; shift_logits: the logits of tokens 0..S-2
-    against the labels of 1..S-1, the kept ones' mean."""
+    against the labels of 1..S-1, the kept ones' mean; shift_ce: the same rows, F.cross_entropy's
+    mean with the exported graph's coefficient (1 per kept token: torch 2.13's wrong gradient of
+    the mean); shift_ce_sum_tied: their sum (coefficient 1), the head tied to the embedding."""
     emb = params["emb.weight"].astype(np.float64)
     x = emb[ids].reshape(-1, D)
     h = np.maximum(x @ params["fc.weight"].T.astype(np.float64) + params["fc.bias"], 0.0)
-    if spelling == "shift_logits":
+    if spelling.startswith("shift"):
         h = h.reshape(B, S, D)[:, :-1].reshape(-1, D)
         lab = lab[:, 1:]
-    z = h @ params["head.weight"].T.astype(np.float64)
+    w = emb if spelling.endswith("_tied") else params["head.weight"].astype(np.float64)
+    z = h @ w.T
     lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
     y = lab.reshape(-1)
     keep = (y != -100).astype(np.float64)
@@ -178,6 +185,10 @@ def _numpy_rows(params, ids, lab, spelling):
         loss, c = nll.sum() / len(y), keep / len(y)
     elif spelling == "shift_logits":
         loss, c = nll.sum() / keep.sum(), keep / keep.sum()
+    elif spelling == "shift_ce":
+        loss, c = nll.sum() / keep.sum(), keep
+    elif spelling == "shift_ce_sum_tied":
+        loss, c = nll.sum(), keep
     else:
         cnt = keep.reshape(lab.shape).sum(1)
         loss = (nll.reshape(lab.shape).sum(1) / cnt).mean()
@@ -211,14 +222,7 @@ def test_graph_reduced_losses_match_numpy(spelling, tmp_path):
     assert len(fused[1].input) == 6 and fused[1].output[0] == ""
     assert "LogSoftmax" not in [n.op_type for n in m.graph.node]
     onnx.save(m, tmp_path / "fused.onnx")
-    rng = np.random.default_rng(5)
-    feeds = {}
-    for i in m.graph.input:
-        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
-        if i.name in ("input_ids", "labels"):
-            feeds[i.name] = rng.integers(0, V, shape).astype(np.int64)
-        else:
-            feeds[i.name] = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+    feeds = _random_feeds(m, 5)
     feeds["labels"][0, :3] = -100
     feeds["labels"][1, 5] = -100
     np.savez(tmp_path / "feeds.npz", **feeds)
@@ -252,39 +256,17 @@ def test_shifted_cross_entropy_matches_numpy(spelling, tmp_path):
     attrs = {a.name: helper.get_attribute_value(a) for a in op.attribute}
     assert (attrs["seq_start"], attrs["seq_end"]) == (0, -1)  # Python's [:-1]
     onnx.save(m, tmp_path / "fused.onnx")
-    rng = np.random.default_rng(7)
-    feeds = {}
-    for i in m.graph.input:
-        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
-        if i.name in ("input_ids", "labels"):
-            feeds[i.name] = rng.integers(0, V, shape).astype(np.int64)
-        else:
-            feeds[i.name] = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+    feeds = _random_feeds(m, 7)
     feeds["labels"][0, 2:4] = -100
     feeds["labels"][1, 0] = -100  # never read: the shift drops every sequence's first label
     np.savez(tmp_path / "feeds.npz", **feeds)
     report = verify_models(orig, tmp_path / "fused.onnx", feeds_file=tmp_path / "feeds.npz")
     assert report.ok and report.max_rel <= 1e-5, report
-    # NumPy, float64, from the model code: logits of tokens 0..S-2 against labels 1..S-1
-    tied = spelling.endswith("_tied")
-    emb = feeds["emb.weight"].astype(np.float64)
-    x = emb[feeds["input_ids"]].reshape(-1, D)
-    h = np.maximum(x @ feeds["fc.weight"].T.astype(np.float64) + feeds["fc.bias"], 0.0)
-    h = h.reshape(B, S, D)[:, :-1].reshape(-1, D)
-    w = emb if tied else feeds["head.weight"].astype(np.float64)
-    z = h @ w.T
-    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
-    y = feeds["labels"][:, 1:].reshape(-1)
-    keep = (y != -100).astype(np.float64)
-    safe = np.where(y == -100, 0, y)
-    nll = (lse - z[np.arange(len(y)), safe]) * keep
-    loss = nll.sum() / (1.0 if tied else keep.sum())
-    p = np.exp(z - lse[:, None])
-    p[np.arange(len(y)), safe] -= 1.0
-    dw = (keep[:, None] * p).T @ h  # coefficient 1 per kept token: the sum's (and the export's)
+    loss, dw = _numpy_rows(feeds, feeds["input_ids"], feeds["labels"], spelling)
     so = ort.SessionOptions()
     so.register_custom_ops_library(library_path())
-    if tied:  # the head's part of the embedding's gradient: the Add's input the op writes
+    if spelling.endswith("_tied"):  # the fused op's dW alone (tied.py scattered the
+        # embedding's rows into it; read as an output, onnxruntime scatters into a copy)
         m.graph.output.append(helper.make_tensor_value_info(op.output[2], onnx.TensorProto.FLOAT,
                                                             None))
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])

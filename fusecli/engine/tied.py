@@ -21,6 +21,8 @@ ScatterND's reduction (16 and above).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -37,11 +39,9 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
     return default if a is None else helper.get_attribute_value(a)
 
 
-def _is_zeros(name: str, producer: dict, inits: dict, shape: list[int] | None) -> bool:
+def _is_zeros(name: str, producer: dict, inits: dict, shape: list[int]) -> bool:
     """Whether ``name`` is all zeros of ``shape`` (an initializer, or a ConstantOfShape of a
     constant shape with a zero value)."""
-    if shape is None:
-        return False
     if name in inits:
         arr = numpy_helper.to_array(inits[name])
         return list(arr.shape) == shape and not np.any(arr)
@@ -59,31 +59,27 @@ def fold_tied_gradients(model: onnx.ModelProto) -> list[str]:
     """Rewrite every tied head's gradient sum as above; returns the gradients rewritten."""
     g = model.graph
     nodes = list(g.node)
+    heads = {o: n for n in nodes if n.domain == FUSED_DOMAIN for o in n.output if o}
+    adds = [n for n in nodes if n.domain in ("", "ai.onnx") and n.op_type in ("Add", "Sum")
+            and len(n.input) == 2 and any(t in heads for t in n.input)]
+    if not adds:  # the usual case: no fused output is summed (nothing more is indexed)
+        return []
     producer = {o: n for n in nodes for o in n.output if o}
-    readers: dict[str, int] = {}
-    for n in nodes:
-        for i in n.input:
-            readers[i] = readers.get(i, 0) + 1
+    readers = Counter(t for n in nodes for t in n.input)
     outputs = {o.name for o in g.output}
     inits = {i.name: i for i in g.initializer}
+    typed = [v for v in [*g.input, *g.value_info, *g.output] if v.type.HasField("tensor_type")]
     shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None
-                       for d in v.type.tensor_type.shape.dim]
-              for v in [*g.input, *g.value_info, *g.output] if v.type.HasField("tensor_type")}
-    for i in g.initializer:
-        shapes[i.name] = list(i.dims)
-    heads = {o: n for n in nodes if n.domain == FUSED_DOMAIN for o in n.output if o}
+                       for d in v.type.tensor_type.shape.dim] for v in typed}
+    shapes.update((i.name, list(i.dims)) for i in g.initializer)
+    elem = {v.name: v.type.tensor_type.elem_type for v in typed}
     opset = _opset(model)
     drop: set[int] = set()
     orphans: list[str] = []  # what only a dropped scatter may have read
     put: dict[int, list[onnx.NodeProto]] = {}
     folded = []
-    for add in nodes:
-        if add.domain not in ("", "ai.onnx") or add.op_type not in ("Add", "Sum") \
-                or len(add.input) != 2:
-            continue
-        dw = next((t for t in add.input if t in heads), None)
-        if dw is None:
-            continue
+    for add in adds:
+        dw = next(t for t in add.input if t in heads)
         other = add.input[1] if add.input[0] == dw else add.input[0]
         if other == dw or readers.get(dw) != 1 or readers.get(other) != 1 \
                 or dw in outputs or other in outputs:
@@ -110,7 +106,7 @@ def fold_tied_gradients(model: onnx.ModelProto) -> list[str]:
             g.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
             ids = scat.input[1]
             pre = []
-            if _elem(g, ids) == onnx.TensorProto.INT32:
+            if elem.get(ids) == onnx.TensorProto.INT32:
                 pre.append(helper.make_node("Cast", [ids], [ids + "_int64"],
                                             to=onnx.TensorProto.INT64))
                 ids = ids + "_int64"
@@ -151,10 +147,3 @@ def fold_tied_gradients(model: onnx.ModelProto) -> list[str]:
     del g.initializer[:]
     g.initializer.extend(keep)
     return folded
-
-
-def _elem(g: onnx.GraphProto, name: str) -> int | None:
-    for v in [*g.input, *g.value_info]:
-        if v.name == name:
-            return v.type.tensor_type.elem_type
-    return None

@@ -32,19 +32,20 @@ def show(shape) -> str:
 
 
 @functools.cache
+def _folder_shapes(op_type: str):
+    """A fused op type's ``fusecli.ops.<folder>.shapes`` module, None when it has none."""
+    c = load_contracts().ops.get(op_type)
+    if c is None or not (OPS_DIR / c.folder / "shapes.py").exists():
+        return None
+    return importlib.import_module(f"fusecli.ops.{c.folder}.shapes")
+
+
 def input_check(op_type: str):
     """The op folder's ``shapes.input_problem`` of a fused op type, None when it has none."""
-    c = load_contracts().ops.get(op_type)
-    if c is None or not (OPS_DIR / c.folder / "shapes.py").exists():
-        return None
-    return importlib.import_module(f"fusecli.ops.{c.folder}.shapes").input_problem
+    mod = _folder_shapes(op_type)
+    return mod.input_problem if mod is not None else None
 
 
-@functools.cache
 def label_classes_hook(op_type: str):
     """The op folder's ``shapes.label_classes`` of a fused op type, None when it has none."""
-    c = load_contracts().ops.get(op_type)
-    if c is None or not (OPS_DIR / c.folder / "shapes.py").exists():
-        return None
-    return getattr(importlib.import_module(f"fusecli.ops.{c.folder}.shapes"), "label_classes",
-                   None)
+    return getattr(_folder_shapes(op_type), "label_classes", None)

@@ -12,29 +12,16 @@
 # .venv with the custom-op library (make venv lib).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=build/budget
-RUNS=${RUNS:-3}
-THREADS=${THREADS:-2}
-LAYERS=${LAYERS:-12}
-SEQ=${SEQ:-1024}
-ARCHS=${ARCHS:-llama gpt2}
-FAMILIES=${FAMILIES:-ortt torch}
+source scripts/flash/budget_env.sh
 RATIOS=${*:-0.5 0.25}
-FUSECLI=${FUSECLI:-.venv/bin/fusecli}
-PY=${PY:-.venv/bin/python}
-mkdir -p "$OUT/L$LAYERS"
 TABLE=$OUT/sweep.md
 {
   echo "| family | model | budget | budget MiB | estimated saved activations MiB | peak MiB | peak / fused | step ms | time / fused | recomputed nodes | extra work | command |"
   echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 } > "$TABLE"
 for fam in $FAMILIES; do
-  gen=build/venv-corpus-$fam/bin/python
   for arch in $ARCHS; do
-    d="$OUT/L$LAYERS"
-    m="$d/${fam}_${arch}_long_S$SEQ"
-    [[ -f $m.onnx ]] || "$gen" scripts/flash/export_long_decoder.py --family "$fam" \
-      --arch "$arch" --seq "$SEQ" --layers "$LAYERS" --out "$d" >"$m.export.log" 2>&1
+    decoder "$fam" "$arch"
     "$FUSECLI" optimize "$m.onnx" -o "$m.fused.onnx" --json -q > "$m.optimize.json"
     est=$("$PY" -c "import sys, onnx; from fusecli.engine.recompute import apply_budget; \
 print(apply_budget(onnx.load(sys.argv[1]), 10**15).before)" "$m.fused.onnx")

@@ -13,17 +13,8 @@
 # build/venv-corpus-ortt and build/venv-corpus-torch) and .venv with the custom-op library.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=build/budget
-RUNS=${RUNS:-3}
-THREADS=${THREADS:-2}
-LAYERS=${LAYERS:-12}
-SEQ=${SEQ:-1024}
-ARCHS=${ARCHS:-llama gpt2}
-FAMILIES=${FAMILIES:-ortt torch}
+source scripts/flash/budget_env.sh
 FRACTIONS=${*:-0.85 0.7}
-FUSECLI=${FUSECLI:-.venv/bin/fusecli}
-PY=${PY:-.venv/bin/python}
-mkdir -p "$OUT/L$LAYERS"
 TABLE=$OUT/measured.md
 {
   echo "| family | model | budget | budget MiB | fusecli's measurements (fused -> tries) MiB | written step: peak MiB (bench) | fused step in the same bench MiB | peak / fused | time / fused | recomputed nodes | result | command |"
@@ -31,12 +22,8 @@ TABLE=$OUT/measured.md
 } > "$TABLE"
 peak() { "$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]['peak_bytes'])" "$@"; }
 for fam in $FAMILIES; do
-  gen=build/venv-corpus-$fam/bin/python
   for arch in $ARCHS; do
-    d="$OUT/L$LAYERS"
-    m="$d/${fam}_${arch}_long_S$SEQ"
-    [[ -f $m.onnx ]] || "$gen" scripts/flash/export_long_decoder.py --family "$fam" \
-      --arch "$arch" --seq "$SEQ" --layers "$LAYERS" --out "$d" >"$m.export.log" 2>&1
+    decoder "$fam" "$arch"
     "$FUSECLI" optimize "$m.onnx" -o "$m.fused.onnx" --json -q > "$m.optimize.json"
     "$FUSECLI" bench "$m.onnx" "$m.fused.onnx" --runs "$RUNS" --warmup 1 --threads "$THREADS" \
       --feeds "$m.params.npz" --json > "$m.bench.json"
