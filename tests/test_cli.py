@@ -14,7 +14,7 @@ from fusecli import CANONICAL_PATTERNS
 
 REPORT_KEYS = {"model", "nodes_before", "nodes_after", "total_fused", "patterns", "rules",
                "buffers_eliminated", "bytes_eliminated", "saved_activations",
-               "tied_gradients_folded"}
+               "tied_gradients_folded", "embedding_gradients_planned"}
 
 
 def _sha(p):

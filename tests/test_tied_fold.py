@@ -1,8 +1,10 @@
-"""A tied head's gradient (fusecli/engine/tied.py): the embedding's rows scattered into the
-fused head's dW instead of into zeros and then added: one [V, D] table at the end of the
-backward instead of three. Real exports of both families (scripts/make_lce_spellings.py);
-the folded graph verified against the original on its runtime; NumPy for the whole table's
-gradient: tests/test_lce_spellings.py::test_fused_head_matches_numpy[reducemean_neg_tied]."""
+"""The embedding tables' gradients (fusecli/engine/tied.py). A tied head's: the embedding's
+rows scattered into the fused head's dW instead of into zeros and then added: one [V, D] table
+at the end of the backward instead of three. Real exports of both families
+(scripts/make_lce_spellings.py); the folded graph verified against the original on its runtime;
+NumPy for the whole table's gradient: tests/test_lce_spellings.py::test_fused_head_matches_numpy
+[reducemean_neg_tied]. An untied one's (ort-training GatherGrad): written with a static shape so
+that onnxruntime plans it; real exports verified, the rewrite against NumPy's np.add.at."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from fusecli import FusionPass
-from fusecli.engine.tied import fold_tied_gradients
+from fusecli.engine.tied import fold_tied_gradients, plan_embedding_gradients
 from fusecli.runtime.verify import verify_models
 
 DATA = Path(__file__).parent / "data"
@@ -41,10 +43,12 @@ def test_tied_gradient_is_scattered_into_the_heads_dw(name, grad, op, tmp_path):
     assert scat.op_type == "ScatterND" and scat.output[0] == grad
     assert [a.s for a in scat.attribute if a.name == "reduction"] == [b"add"]
     assert scat.input[0] == head.output[2]
-    # the embedding's scatter into zeros is gone (a positional table's GatherGrad stays)
+    # the embedding's scatter into zeros is gone (a positional table's GatherGrad is planned:
+    # a ScatterND into ConstantOfShape, below)
     ops = [n.op_type for n in m.graph.node]
     unfolded = [n.op_type for n in _fused(name).graph.node]
-    assert ops.count(op) == unfolded.count(op) - (op == "GatherGrad")
+    assert ops.count("ScatterND") == unfolded.count("ScatterND") + unfolded.count("GatherGrad")
+    assert "GatherGrad" not in ops
     assert not any(n.op_type in ("Add", "Sum") and head.output[2] in n.input
                    for n in m.graph.node)
     onnx.save(m, tmp_path / "fused.onnx")
@@ -53,11 +57,12 @@ def test_tied_gradient_is_scattered_into_the_heads_dw(name, grad, op, tmp_path):
 
 
 def _fused(name):
-    """The fixture fused by the rules with the fold undone: the tied head's Add / Sum of the
-    fused dW and the embedding's scatter, as the rules leave it (fold_tied_gradients runs on
-    it directly in the guards below)."""
+    """The fixture fused by the rules with the fold and the planning undone: the tied head's
+    Add / Sum of the fused dW and the embedding's scatter, the GatherGrads, as the rules leave
+    them (the guards below run fold_tied_gradients / plan_embedding_gradients directly)."""
     m = onnx.load(DATA / f"{name}.onnx")
-    with mock.patch("fusecli.engine.fusion.fold_tied_gradients", lambda model: []):
+    with mock.patch("fusecli.engine.fusion.fold_tied_gradients", lambda model: []), \
+            mock.patch("fusecli.engine.fusion.plan_embedding_gradients", lambda model: []):
         FusionPass().run(m)
     return m
 
@@ -117,3 +122,122 @@ def test_dw_of_unknown_shape_is_not_folded():
     del m.graph.value_info[:]
     m.graph.value_info.extend(keep)
     assert fold_tied_gradients(m) == []
+
+
+# ---- untied tables: GatherGrad -> ScatterND into ConstantOfShape (plan_embedding_gradients) ----
+
+# real ort-training exports with an untied table's GatherGrad: (file, the table's gradient)
+UNTIED = [("ortt_lces_hf_llama_loss", "net.model.embed_tokens.weight_grad"),
+          ("ortt_lces_lm_shift_ce", "net.emb.weight_grad")]
+
+
+@pytest.mark.parametrize("name,grad", UNTIED)
+def test_untied_embedding_gradient_is_planned(name, grad, tmp_path):
+    m = onnx.load(DATA / f"{name}.onnx")
+    (gg,) = [n for n in m.graph.node if n.op_type == "GatherGrad"]
+    fp = FusionPass()
+    fp.run(m)
+    assert fp.stats.embedding_planned == [grad]
+    assert fp.stats.as_dict()["embedding_gradients_planned"] == [grad]
+    assert not any(n.op_type in ("GatherGrad", "Shape") and n.output[0] == gg.input[0]
+                   for n in m.graph.node)
+    (scat,) = [n for n in m.graph.node if grad in n.output]
+    assert scat.op_type == "ScatterND"
+    # the point: the table's shape is known before the run (onnx's own inference)
+    inferred = onnx.shape_inference.infer_shapes(m)
+    (vi,) = [v for v in inferred.graph.value_info if v.name == grad]
+    table = next(i for i in m.graph.input if i.name == grad.removesuffix("_grad"))
+    assert [d.dim_value for d in vi.type.tensor_type.shape.dim] == \
+        [d.dim_value for d in table.type.tensor_type.shape.dim]
+    onnx.save(m, tmp_path / "fused.onnx")
+    report = verify_models(DATA / f"{name}.onnx", tmp_path / "fused.onnx")
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+def _gather_grad_graph(ids_type=onnx.TensorProto.INT64, opset=17, axis=0, start=None,
+                       table_dims=(7, 3), elem=onnx.TensorProto.FLOAT, ids_dims=(2, 4),
+                       rows_dims=(2, 4, 3)):
+    """E [7, 3] (a graph input), ids [2, 4], rows [2, 4, 3]:
+    GatherGrad{axis}(Shape(E), ids, rows) -> dE (a graph output)."""
+    shape_attrs = {} if start is None else {"start": start}
+    nodes = [helper.make_node("Shape", ["E"], ["E_shape"], **shape_attrs),
+             helper.make_node("GatherGrad", ["E_shape", "ids", "rows"], ["dE"],
+                              domain="com.microsoft", axis=axis)]
+    g = helper.make_graph(nodes, "gg", [
+        helper.make_tensor_value_info("E", elem, list(table_dims)),
+        helper.make_tensor_value_info("ids", ids_type, list(ids_dims)),
+        helper.make_tensor_value_info("rows", elem, list(rows_dims))],
+        [helper.make_tensor_value_info("dE", elem, None)])
+    return helper.make_model(g, ir_version=9, opset_imports=[helper.make_opsetid("", opset),
+                                               helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("ids_type", [onnx.TensorProto.INT64, onnx.TensorProto.INT32],
+                         ids=["int64", "int32"])
+def test_planned_table_matches_numpy(ids_type):
+    """The rewrite alone (standard ops: ConstantOfShape, [Cast,] Reshape, Slice, ScatterND{add})
+    on onnxruntime against NumPy's unbuffered scatter-add, repeated ids included."""
+    import onnxruntime as ort
+
+    m = _gather_grad_graph(ids_type)
+    assert plan_embedding_gradients(m) == ["dE"]
+    assert {n.op_type for n in m.graph.node} == (
+        {"ConstantOfShape", "Reshape", "Slice", "ScatterND"} |
+        ({"Cast"} if ids_type == onnx.TensorProto.INT32 else set()))
+    rng = np.random.default_rng(0)
+    ids = np.array([[0, 3, 3, 6], [1, 3, 0, 5]])
+    rows = rng.standard_normal((2, 4, 3)).astype(np.float32)
+    feeds = {"E": np.zeros((7, 3), np.float32),
+             "ids": ids.astype(np.int32 if ids_type == onnx.TensorProto.INT32 else np.int64),
+             "rows": rows}
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = sess.run(None, feeds)
+    want = np.zeros((7, 3), np.float64)
+    np.add.at(want, ids.reshape(-1), rows.reshape(-1, 3).astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_planned_table_reads_the_rows_gathergrad_reads(tmp_path):
+    """Position ids [1, 4] against a [2, 4, 3] gradient (the rows broadcast over a batch the
+    ids lack): onnxruntime-training's GatherGrad reads the first 4 rows only, and so must the
+    rewrite. Both graphs on onnxruntime-training (verify), and NumPy."""
+    orig = _gather_grad_graph(ids_dims=(1, 4), rows_dims=(2, 4, 3))
+    onnx.save(orig, tmp_path / "orig.onnx")
+    planned = onnx.ModelProto()
+    planned.CopyFrom(orig)
+    assert plan_embedding_gradients(planned) == ["dE"]
+    onnx.save(planned, tmp_path / "planned.onnx")
+    rng = np.random.default_rng(1)
+    ids = np.array([[0, 3, 3, 6]])
+    rows = rng.standard_normal((2, 4, 3)).astype(np.float32)
+    np.savez(tmp_path / "feeds.npz", E=np.zeros((7, 3), np.float32), ids=ids, rows=rows)
+    report = verify_models(tmp_path / "orig.onnx", tmp_path / "planned.onnx",
+                           feeds_file=tmp_path / "feeds.npz")
+    assert report.ok and report.max_rel <= 1e-6, report
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = sess.run(None, {"E": np.zeros((7, 3), np.float32), "ids": ids, "rows": rows})
+    want = np.zeros((7, 3), np.float64)
+    np.add.at(want, ids.reshape(-1), rows[0].astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("change", ["opset15", "axis1", "shape_start", "symbolic",
+                                    "symbolic_ids", "bfloat16"])
+def test_gathergrad_guards(change):
+    """Left as it is: no ScatterND reduction (opset < 16), another axis, a partial Shape, a
+    table of unknown size, ids of unknown count, an element type without a ConstantOfShape
+    zero here."""
+    kw = {"opset15": {"opset": 15}, "axis1": {"axis": 1}, "shape_start": {"start": 1},
+          "symbolic": {"table_dims": ("V", 3)},
+          "symbolic_ids": {"ids_dims": ("batch", 4), "rows_dims": ("batch", 4, 3)},
+          "bfloat16": {"elem": onnx.TensorProto.BFLOAT16}}[change]
+    m = _gather_grad_graph(**kw)
+    assert plan_embedding_gradients(m) == []
+    assert [n.op_type for n in m.graph.node] == ["Shape", "GatherGrad"]
+
+
+def test_gathergrad_control():
+    """The guards' graph itself is planned (each guard above changes one thing)."""
+    assert plan_embedding_gradients(_gather_grad_graph()) == ["dE"]

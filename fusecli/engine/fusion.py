@@ -21,7 +21,7 @@ from fusecli.engine.matcher import NEW_TENSOR, Failure, Match, Matcher, MatchRes
 from fusecli.engine.rules import CANONICAL_PATTERNS, Rule, var_name
 from fusecli.engine.saved import SavedDiff
 from fusecli.engine.shapes import fusion_problem
-from fusecli.engine.tied import fold_tied_gradients
+from fusecli.engine.tied import fold_tied_gradients, plan_embedding_gradients
 
 MAX_ROUNDS = 16
 
@@ -166,6 +166,8 @@ class Stats:
         self.saved: SavedDiff | None = None   # saved activations before vs after (saved.py)
         # tied heads whose embedding gradient was scattered into the fused dW (tied.py)
         self.tied_folded: list[str] = []
+        # embedding gradients written with a static shape, planned with the step's buffers
+        self.embedding_planned: list[str] = []
 
     @property
     def total_fused(self) -> int:
@@ -183,6 +185,7 @@ class Stats:
             "bytes_eliminated": self.bytes_eliminated,
             "saved_activations": self.saved_dict(),
             "tied_gradients_folded": list(self.tied_folded),
+            "embedding_gradients_planned": list(self.embedding_planned),
         }
 
     def saved_dict(self) -> dict:
@@ -375,6 +378,7 @@ class FusionPass:
             alive = self._write_back(model, index, removed_inputs)
             stats.saved.finish(model, io=[(n.proto_inputs, n.outputs) for n in alive])
             stats.tied_folded = fold_tied_gradients(model)
+            stats.embedding_planned = plan_embedding_gradients(model)
         stats.nodes_after = len(graph.node)
         return stats.total_fused
 

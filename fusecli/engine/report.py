@@ -49,6 +49,10 @@ def stats_table(d: dict, title: str) -> str:
     if tied:
         lines.append(f"  tied heads: the embedding's gradient scattered into the fused head's "
                      f"dW (one [V, D] table, not three): {', '.join(tied)}")
+    planned = d.get("embedding_gradients_planned")
+    if planned:
+        lines.append(f"  embedding gradients: scattered into a statically shaped table, planned "
+                     f"with the step's buffers: {', '.join(planned)}")
     return "\n".join(lines)
 
 

@@ -1,4 +1,5 @@
-"""A tied head's weight gradient: the embedding's part scattered into the fused head's dW.
+"""Embedding tables' gradients after fusion: a tied head's scattered into the fused head's dW,
+an untied one's given a static shape.
 
 With the LM head tied to the token embedding, the table's gradient is the head's dW (which the
 fused LinearCrossEntropy writes in the forward) plus the embedding's: a scatter-add of the
@@ -17,6 +18,17 @@ of that shape: torch-joint a ScatterND{add} whose data is zeros of that shape (a
 initializer or ConstantOfShape); ort-training a GatherGrad{axis 0} into Shape(T), T an input of
 the same fused node (the head's weight W) of that shape, in a model whose ai.onnx opset has
 ScatterND's reduction (16 and above).
+
+An untied embedding's gradient (ort-training): GatherGrad{axis 0}(Shape(E), ids, rows) has no
+shape onnxruntime can infer before the run, so its [V, D] table is allocated when the
+backward reaches it, on top of the step's planned buffers, which are still held then (onnxruntime
+plans every statically shaped tensor into one block per run). ``plan_embedding_gradients``
+writes it ScatterND(ConstantOfShape([V, D]), ids, rows){add}, the same table (the rows added
+into zeros; float rounding only), whose shape is known: planned with the others, into the
+space the fused head's dW left (measured, scripts/flash/memory.sh: the ort-training Llama step
+at S 1024 peaked 62.5 MiB, the table, above the planned block; 210.4 -> 181.5 MiB). Taken where
+E's shape and the ids' count are static and the opset has ScatterND's reduction; the rows are
+read as GatherGrad reads them (``_scatter_rows``).
 """
 
 from __future__ import annotations
@@ -28,6 +40,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from fusecli.ops.contracts import FUSED_DOMAIN
+
+
+# ConstantOfShape's zero, by element type (the tables a GatherGrad writes: floating point)
+_ZERO_OF = {onnx.TensorProto.FLOAT: np.zeros(1, np.float32),
+            onnx.TensorProto.FLOAT16: np.zeros(1, np.float16),
+            onnx.TensorProto.DOUBLE: np.zeros(1, np.float64)}
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -55,6 +73,109 @@ def _is_zeros(name: str, producer: dict, inits: dict, shape: list[int]) -> bool:
     return dims is not None and numpy_helper.to_array(dims).tolist() == shape
 
 
+def _gather_grad_of(n: onnx.NodeProto, producer: dict, opset: int):
+    """The table a GatherGrad{axis 0}(Shape(T), ids, rows) scatters into: T, or None."""
+    if n.domain != "com.microsoft" or n.op_type != "GatherGrad" or _attr(n, "axis", 0) != 0 \
+            or opset < 16:
+        return None
+    p = producer.get(n.input[0])
+    whole = p is not None and p.op_type == "Shape" and _attr(p, "start", 0) == 0 \
+        and _attr(p, "end") is None  # the whole shape (opset 15's start / end: the defaults)
+    return p.input[0] if whole else None
+
+
+def _scatter_rows(g: onnx.GraphProto, elem: dict, table: str, gg: onnx.NodeProto, out: str,
+                  suffix: str, rows_of: list[int] | None = None) -> list[onnx.NodeProto]:
+    """ScatterND(table, ids as a column, rows){add} -> out: a GatherGrad gg's rows added into
+    ``table`` (ids cast to int64 when they are int32). Without ``rows_of``: Unsqueeze(ids, -1)
+    and the rows as they are (one per id). With it, ``rows_of`` = [N, *row dims], N the ids'
+    static count: Reshape(ids, [N, 1]) and the rows as GatherGrad{axis 0} reads them, its
+    first N (onnxruntime-training 1.19.2 reads no more when the rows hold more, e.g. the position
+    ids' [1, S] against a [B, S, D] gradient: the first sequence's; tests/test_tied_fold.py):
+    Slice(Reshape(rows, [-1, *row dims]), 0, N)."""
+    col = out + "_ids_column"
+    ids = gg.input[1]
+    pre = []
+    if elem.get(ids) == onnx.TensorProto.INT32:
+        pre.append(helper.make_node("Cast", [ids], [ids + "_int64"], to=onnx.TensorProto.INT64))
+        ids = ids + "_int64"
+    rows = gg.input[2]
+
+    def const(name: str, values: list[int]) -> str:
+        g.initializer.append(numpy_helper.from_array(np.array(values, np.int64), out + name))
+        return out + name
+
+    if rows_of is None:
+        pre.append(helper.make_node("Unsqueeze", [ids, const("_last_axis", [-1])], [col]))
+    else:
+        pre += [helper.make_node("Reshape", [ids, const("_ids_shape", [rows_of[0], 1])], [col]),
+                helper.make_node("Reshape", [rows, const("_rows_shape", [-1, *rows_of[1:]])],
+                                 [out + "_all_rows"]),
+                helper.make_node("Slice", [out + "_all_rows", const("_rows_start", [0]),
+                                           const("_rows_end", [rows_of[0]]),
+                                           const("_rows_axis", [0])], [out + "_rows"])]
+        rows = out + "_rows"
+    return [*pre, helper.make_node("ScatterND", [table, col, rows], [out], name=gg.name + suffix,
+                                   reduction="add")]
+
+
+def _static(dims) -> bool:
+    return bool(dims) and all(isinstance(d, int) for d in dims)
+
+
+def _types(g: onnx.GraphProto) -> tuple[dict, dict]:
+    """Recorded shapes (a symbolic dim as its name, None for an unnamed one) and element types,
+    by tensor name."""
+    typed = [v for v in [*g.input, *g.value_info, *g.output] if v.type.HasField("tensor_type")
+             and v.type.tensor_type.HasField("shape")]
+    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else d.dim_param or None
+                       for d in v.type.tensor_type.shape.dim] for v in typed}
+    shapes.update((i.name, list(i.dims)) for i in g.initializer)
+    elem = {v.name: v.type.tensor_type.elem_type for v in typed}
+    elem.update((i.name, i.data_type) for i in g.initializer)
+    return shapes, elem
+
+
+def plan_embedding_gradients(model: onnx.ModelProto) -> list[str]:
+    """Rewrite every GatherGrad{axis 0} into Shape(E), E of a static shape, as a ScatterND{add}
+    into ConstantOfShape(E's shape) (see above); returns the gradients rewritten."""
+    g = model.graph
+    opset = _opset(model)
+    nodes = list(g.node)
+    if opset < 16 or not any(n.op_type == "GatherGrad" for n in nodes):
+        return []
+    producer = {o: n for n in nodes for o in n.output if o}
+    shapes, elem = _types(g)
+    out: list[onnx.NodeProto] = []
+    planned = []
+    for n in nodes:
+        table = _gather_grad_of(n, producer, opset)
+        if table is None:
+            out.append(n)
+            continue
+        dims, ids = shapes.get(table), shapes.get(n.input[1])
+        # a static table and a static count of ids (the rows are read up to it: a recorded
+        # shape of the rows is not trusted, exporters record the forward's)
+        if not _static(dims) or elem.get(table) not in _ZERO_OF or ids is None \
+                or not _static(ids + [1]):
+            out.append(n)
+            continue
+        shape = n.output[0] + "_table_shape"
+        g.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), shape))
+        zeros = n.output[0] + "_zeros"
+        out.append(helper.make_node("ConstantOfShape", [shape], [zeros],
+                                    value=numpy_helper.from_array(_ZERO_OF[elem[table]])))
+        out.extend(_scatter_rows(g, elem, zeros, n, n.output[0], "_planned",
+                                 rows_of=[int(np.prod(ids)), *dims[1:]]))
+        planned.append(n.output[0])
+    if planned:
+        del g.node[:]
+        g.node.extend(out)
+        _drop_unread(g, [n.input[0] for n in nodes if n.op_type == "GatherGrad"
+                         and n.output[0] in planned])
+    return planned
+
+
 def fold_tied_gradients(model: onnx.ModelProto) -> list[str]:
     """Rewrite every tied head's gradient sum as above; returns the gradients rewritten."""
     g = model.graph
@@ -68,11 +189,7 @@ def fold_tied_gradients(model: onnx.ModelProto) -> list[str]:
     readers = Counter(t for n in nodes for t in n.input)
     outputs = {o.name for o in g.output}
     inits = {i.name: i for i in g.initializer}
-    typed = [v for v in [*g.input, *g.value_info, *g.output] if v.type.HasField("tensor_type")]
-    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None
-                       for d in v.type.tensor_type.shape.dim] for v in typed}
-    shapes.update((i.name, list(i.dims)) for i in g.initializer)
-    elem = {v.name: v.type.tensor_type.elem_type for v in typed}
+    shapes, elem = _types(g)
     opset = _opset(model)
     drop: set[int] = set()
     orphans: list[str] = []  # what only a dropped scatter may have read
@@ -87,7 +204,7 @@ def fold_tied_gradients(model: onnx.ModelProto) -> list[str]:
         scat = producer.get(other)
         head = heads[dw]
         w_shape = shapes.get(dw)
-        if scat is None or id(scat) in drop or not w_shape or None in w_shape:
+        if scat is None or id(scat) in drop or not _static(w_shape):
             continue
         if (scat.domain in ("", "ai.onnx") and scat.op_type == "ScatterND"
                 and _attr(scat, "reduction", b"none") == b"add"
@@ -96,25 +213,13 @@ def fold_tied_gradients(model: onnx.ModelProto) -> list[str]:
                                    [add.output[0]], name=scat.name + "_into_head_dw",
                                    reduction="add")
             put[id(add)] = [new]
-        elif (scat.domain == "com.microsoft" and scat.op_type == "GatherGrad"
-              and _attr(scat, "axis", 0) == 0 and opset >= 16
-              and getattr(producer.get(scat.input[0]), "op_type", None) == "Shape"
-              and producer[scat.input[0]].input[0] in head.input
-              and shapes.get(producer[scat.input[0]].input[0]) == w_shape):
-            col = add.output[0] + "_ids_column"
-            axes = add.output[0] + "_last_axis"
-            g.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
-            ids = scat.input[1]
-            pre = []
-            if elem.get(ids) == onnx.TensorProto.INT32:
-                pre.append(helper.make_node("Cast", [ids], [ids + "_int64"],
-                                            to=onnx.TensorProto.INT64))
-                ids = ids + "_int64"
-            put[id(add)] = [*pre,
-                            helper.make_node("Unsqueeze", [ids, axes], [col]),
-                            helper.make_node("ScatterND", [dw, col, scat.input[2]],
-                                             [add.output[0]], name=scat.name + "_into_head_dw",
-                                             reduction="add")]
+        elif (_gather_grad_of(scat, producer, opset) in head.input
+              and shapes.get(_gather_grad_of(scat, producer, opset)) == w_shape):
+            ids = shapes.get(scat.input[1])  # read as GatherGrad reads the rows when countable
+            rows_of = [int(np.prod(ids)), *w_shape[1:]] if ids is not None and \
+                _static(ids + [1]) else None
+            put[id(add)] = _scatter_rows(g, elem, dw, scat, add.output[0], "_into_head_dw",
+                                         rows_of)
         else:
             continue
         drop.update((id(add), id(scat)))
@@ -128,22 +233,32 @@ def fold_tied_gradients(model: onnx.ModelProto) -> list[str]:
             out.extend(put[id(n)])
         elif id(n) not in drop:
             out.append(n)
+    del g.node[:]
+    g.node.extend(out)
     # the zeros (initializer, or ConstantOfShape and its shape) or Shape(W) that only the
     # dropped scatter read
-    inputs = {i.name for i in g.input}
+    _drop_unread(g, orphans)
+    return folded
+
+
+def _drop_unread(g: onnx.GraphProto, names: list[str]) -> None:
+    """Remove what no node reads any more among ``names``: their Shape / ConstantOfShape
+    producers (and, in turn, what only those read) and initializers (not graph inputs or
+    outputs)."""
+    out = list(g.node)
+    keep_names = {i.name for i in g.input} | {o.name for o in g.output}
     gone: set[str] = set()
-    while orphans:
-        name = orphans.pop()
-        if name in gone or name in outputs or any(name in n.input for n in out):
+    while names:
+        name = names.pop()
+        if name in gone or name in keep_names or any(name in n.input for n in out):
             continue
         gone.add(name)
         p = next((n for n in out if name in n.output), None)
         if p is not None and p.op_type in ("Shape", "ConstantOfShape"):
             out.remove(p)
-            orphans.extend(p.input)
+            names.extend(p.input)
     del g.node[:]
     g.node.extend(out)
-    keep = [i for i in g.initializer if i.name not in gone or i.name in inputs]
+    keep = [i for i in g.initializer if i.name not in gone]
     del g.initializer[:]
     g.initializer.extend(keep)
-    return folded
