@@ -48,36 +48,49 @@ def finish_artifacts():
 
 # cfg: dir (the checkpoint and optimizer_model.onnx), models (each trains from that checkpoint),
 # batch (an .npz: the Module's inputs in the order saved), steps, lr, library (fusecli's, in the
-# SessionOptions); optional ops (fused op names whose kernel calls are counted) and mem_reuse
-# (SessionOptions.enable_mem_reuse, default on). Prints {model: {losses, params, calls}}.
+# SessionOptions); optional ops (fused op names whose kernel calls are counted), mem_reuse
+# (SessionOptions.enable_mem_reuse, default on), threads (intra-op threads) and against_first
+# (a model too large to print its parameters: param_rel, their largest difference from the
+# first model's relative to its largest, instead). Prints {model: {losses, params or
+# param_rel, calls, median_step_s}}.
 TRAIN = r"""
 # --- train: the README's loop
-import ctypes
+import ctypes, time
 calls = ctypes.CDLL(cfg["library"])
 calls.fusecli_kernel_calls.restype = ctypes.c_int64
 calls.fusecli_kernel_calls.argtypes = [ctypes.c_char_p]
 calls.fusecli_reset_kernel_calls.restype = None
 batch = np.load(cfg["batch"])
-out = {}
+out, first = {}, None
 for model in cfg["models"]:
     state = CheckpointState.load_checkpoint(os.path.join(d, "checkpoint"))
     so = ort.SessionOptions()
     so.register_custom_ops_library(cfg["library"])
     so.enable_mem_reuse = cfg.get("mem_reuse", True)
+    if cfg.get("threads"):
+        so.intra_op_num_threads = cfg["threads"]
     module = Module(model, state, session_options=so)
     optimizer = Optimizer(os.path.join(d, "optimizer_model.onnx"), module)
     optimizer.set_learning_rate(cfg["lr"])
     calls.fusecli_reset_kernel_calls()
     module.train()
-    losses = []
+    losses, times = [], []
     for step in range(cfg["steps"]):
+        t = time.perf_counter()
         loss = module(*[batch[n] for n in batch.files])
         optimizer.step()
         module.lazy_reset_grad()
+        times.append(time.perf_counter() - t)
         losses.append(float(loss))
-    out[model] = {"losses": losses,
-                  "params": module.get_contiguous_parameters().numpy().tolist(),
-                  "calls": {op: calls.fusecli_kernel_calls(op.encode()) for op in cfg.get("ops", [])}}
+    params = module.get_contiguous_parameters().numpy()
+    res = {"losses": losses, "median_step_s": float(np.median(times)),
+           "calls": {op: calls.fusecli_kernel_calls(op.encode()) for op in cfg.get("ops", [])}}
+    if cfg.get("against_first"):
+        first = params.copy() if first is None else first
+        res["param_rel"] = float(np.abs(params - first).max() / np.abs(first).max())
+    else:
+        res["params"] = params.tolist()
+    out[model] = res
 print(json.dumps(out))
 """
 

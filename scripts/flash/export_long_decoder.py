@@ -16,7 +16,9 @@ training graph of either family (the memory table of issue 22):
                   with build/venv-corpus-torch
 
 Writes DIR/{family}_{arch}_long_S{seq}.onnx (+ .params.npz). scripts/flash/memory.sh runs it
-and then `fusecli bench` on the original and the fused graph.
+and then `fusecli bench` on the original and the fused graph. --artifacts (ortt): also keeps
+onnxruntime-training's checkpoint and optimizer model, DIR/{name}.artifacts/, to train the
+graph through onnxruntime.training.api (scripts/flash/budget_train.py).
 """
 
 from __future__ import annotations
@@ -65,8 +67,10 @@ class Logits(torch.nn.Module):
         return logits.reshape(-1, logits.shape[-1])
 
 
-def _ortt(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path) -> None:
+def _ortt(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path,
+          keep: bool = False) -> None:
     import io
+    import shutil
     import tempfile
 
     import numpy as np
@@ -90,6 +94,14 @@ def _ortt(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path) -> N
                                      optimizer=artifacts.OptimType.AdamW,
                                      artifact_directory=td)
         m = onnx.load(Path(td) / "training_model.onnx")
+        if keep:
+            kept = dest / f"{name}.artifacts"
+            kept.mkdir(exist_ok=True)
+            for f in Path(td).glob("checkpoint*"):  # a file, or with its data beside it
+                (shutil.copytree if f.is_dir() else shutil.copy)(f, kept / f.name)
+            opt = onnx.load(Path(td) / "optimizer_model.onnx")
+            opt.ir_version = min(opt.ir_version, 10)  # what onnxruntime-training 1.19.2 reads
+            onnx.save(opt, kept / "optimizer_model.onnx")
     onnx.save(m, dest / f"{name}.onnx")
     names = {i.name for i in m.graph.input}
     np.savez(dest / f"{name}.params.npz",
@@ -119,13 +131,18 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--artifacts", action="store_true",
+                    help="ortt: keep the checkpoint and the optimizer model (NAME.artifacts/)")
     a = ap.parse_args()
     torch.manual_seed(0)
     model = _config(a.arch, a.seq, a.layers)
     ids = torch.randint(0, VOCAB[a.arch], (1, a.seq))
     a.out.mkdir(parents=True, exist_ok=True)
     name = f"{a.family}_{a.arch}_long_S{a.seq}"
-    (_ortt if a.family == "ortt" else _torch)(model, ids, name, a.out)
+    if a.family == "ortt":
+        _ortt(model, ids, name, a.out, a.artifacts)
+    else:
+        _torch(model, ids, name, a.out)
     print(a.out / f"{name}.onnx")
     return 0
 
