@@ -20,6 +20,8 @@ from fusecli import FusionPass
 from fusecli.engine.tied import fold_tied_gradients, plan_embedding_gradients
 from fusecli.runtime.verify import verify_models
 
+from conftest import run_cli, run_cli_json
+
 DATA = Path(__file__).parent / "data"
 # the tied fixtures: (file, the table's gradient output, the op the embedding's part was)
 TIED = [("ortt_lces_lm_shift_ce_tied", "net.emb.weight_grad", "GatherGrad"),
@@ -129,6 +131,16 @@ def test_dw_of_unknown_shape_is_not_folded():
 # real ort-training exports with an untied table's GatherGrad: (file, the table's gradient)
 UNTIED = [("ortt_lces_hf_llama_loss", "net.model.embed_tokens.weight_grad"),
           ("ortt_lces_lm_shift_ce", "net.emb.weight_grad")]
+
+
+def test_cli_reports_the_planned_gradient(tmp_path):
+    """`fusecli optimize` says it in the text report and in the JSON."""
+    src = DATA / "ortt_lces_lm_shift_ce.onnx"
+    text = run_cli("optimize", src, "-o", tmp_path / "a.onnx").stdout
+    assert "embedding gradients: scattered into a statically shaped table, planned with the " \
+           "step's buffers: net.emb.weight_grad" in text
+    d = run_cli_json("optimize", src, "-o", tmp_path / "b.onnx")
+    assert d["embedding_gradients_planned"] == ["net.emb.weight_grad"]
 
 
 @pytest.mark.parametrize("name,grad", UNTIED)
