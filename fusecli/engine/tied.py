@@ -89,15 +89,23 @@ def _gather_grad_of(n: onnx.NodeProto, producer: dict, opset: int):
     return p.input[0] if whole else None
 
 
+def _id_count(shapes: dict, ids: str) -> int | None:
+    """How many ids a tensor holds, where its recorded shape is static (1 for a scalar)."""
+    dims = shapes.get(ids)
+    if dims is None or not all(isinstance(d, int) for d in dims):
+        return None
+    return int(np.prod(dims))
+
+
 def _scatter_rows(g: onnx.GraphProto, elem: dict, table: str, gg: onnx.NodeProto, out: str,
-                  suffix: str, rows_of: list[int] | None = None) -> list[onnx.NodeProto]:
-    """ScatterND(table, ids as a column, rows){add} -> out: a GatherGrad gg's rows added into
-    ``table`` (ids cast to int64 when they are int32). Without ``rows_of``: Unsqueeze(ids, -1)
-    and the rows as they are (one per id). With it, ``rows_of`` = [N, *row dims], N the ids'
-    static count: Reshape(ids, [N, 1]) and the rows as GatherGrad{axis 0} reads them, its
-    first N (onnxruntime-training 1.19.2 reads no more when the rows hold more, e.g. the position
-    ids' [1, S] against a [B, S, D] gradient: the first sequence's; tests/test_tied_fold.py):
-    Slice(Reshape(rows, [-1, *row dims]), 0, N)."""
+                  suffix: str, count: int | None, row_dims: list[int]) -> list[onnx.NodeProto]:
+    """ScatterND(table, ids as a column, rows){add} -> out: a GatherGrad gg's rows (of
+    ``row_dims``, the table's trailing dims) added into ``table`` (ids cast to int64 when they
+    are int32). With ``count`` None (the ids' count unknown): Unsqueeze(ids, -1) and the rows as
+    they are (one per id). With N = ``count``: Reshape(ids, [N, 1]) and the rows as
+    GatherGrad{axis 0} reads them, its first N (onnxruntime-training 1.19.2 reads no more when
+    the rows hold more, e.g. the position ids' [1, S] against a [B, S, D] gradient: the first
+    sequence's; tests/test_tied_fold.py): Slice(Reshape(rows, [-1, *row_dims]), 0, N)."""
     col = out + "_ids_column"
     ids = gg.input[1]
     pre = []
@@ -110,14 +118,14 @@ def _scatter_rows(g: onnx.GraphProto, elem: dict, table: str, gg: onnx.NodeProto
         g.initializer.append(numpy_helper.from_array(np.array(values, np.int64), out + name))
         return out + name
 
-    if rows_of is None:
+    if count is None:
         pre.append(helper.make_node("Unsqueeze", [ids, const("_last_axis", [-1])], [col]))
     else:
-        pre += [helper.make_node("Reshape", [ids, const("_ids_shape", [rows_of[0], 1])], [col]),
-                helper.make_node("Reshape", [rows, const("_rows_shape", [-1, *rows_of[1:]])],
+        pre += [helper.make_node("Reshape", [ids, const("_ids_shape", [count, 1])], [col]),
+                helper.make_node("Reshape", [rows, const("_rows_shape", [-1, *row_dims])],
                                  [out + "_all_rows"]),
                 helper.make_node("Slice", [out + "_all_rows", const("_rows_start", [0]),
-                                           const("_rows_end", [rows_of[0]]),
+                                           const("_rows_end", [count]),
                                            const("_rows_axis", [0])], [out + "_rows"])]
         rows = out + "_rows"
     return [*pre, helper.make_node("ScatterND", [table, col, rows], [out], name=gg.name + suffix,
@@ -147,7 +155,7 @@ def plan_embedding_gradients(model: onnx.ModelProto) -> list[str]:
     g = model.graph
     opset = _opset(model)
     nodes = list(g.node)
-    if opset < 16 or not any(n.op_type == "GatherGrad" for n in nodes):
+    if not any(n.op_type == "GatherGrad" for n in nodes):
         return []
     producer = {o: n for n in nodes for o in n.output if o}
     shapes, elem = _types(g)
@@ -158,11 +166,10 @@ def plan_embedding_gradients(model: onnx.ModelProto) -> list[str]:
         if table is None:
             out.append(n)
             continue
-        dims, ids = shapes.get(table), shapes.get(n.input[1])
+        dims, count = shapes.get(table), _id_count(shapes, n.input[1])
         # a static table and a static count of ids (the rows are read up to it: a recorded
         # shape of the rows is not trusted, exporters record the forward's)
-        if not _static(dims) or elem.get(table) not in _ZERO_OF or ids is None \
-                or not _static(ids + [1]):
+        if not _static(dims) or elem.get(table) not in _ZERO_OF or count is None:
             out.append(n)
             continue
         shape = n.output[0] + "_table_shape"
@@ -170,8 +177,7 @@ def plan_embedding_gradients(model: onnx.ModelProto) -> list[str]:
         zeros = n.output[0] + "_zeros"
         out.append(helper.make_node("ConstantOfShape", [shape], [zeros],
                                     value=numpy_helper.from_array(_ZERO_OF[elem[table]])))
-        out.extend(_scatter_rows(g, elem, zeros, n, n.output[0], "_planned",
-                                 rows_of=[int(np.prod(ids)), *dims[1:]]))
+        out.extend(_scatter_rows(g, elem, zeros, n, n.output[0], "_planned", count, dims[1:]))
         planned.append(n.output[0])
     if planned:
         del g.node[:]
@@ -218,13 +224,10 @@ def fold_tied_gradients(model: onnx.ModelProto) -> list[str]:
                                    [add.output[0]], name=scat.name + "_into_head_dw",
                                    reduction="add")
             put[id(add)] = [new]
-        elif (_gather_grad_of(scat, producer, opset) in head.input
-              and shapes.get(_gather_grad_of(scat, producer, opset)) == w_shape):
-            ids = shapes.get(scat.input[1])  # read as GatherGrad reads the rows when countable
-            rows_of = [int(np.prod(ids)), *w_shape[1:]] if ids is not None and \
-                _static(ids + [1]) else None
+        elif ((table := _gather_grad_of(scat, producer, opset)) in head.input
+              and shapes.get(table) == w_shape):
             put[id(add)] = _scatter_rows(g, elem, dw, scat, add.output[0], "_into_head_dw",
-                                         rows_of)
+                                         _id_count(shapes, scat.input[1]), w_shape[1:])
         else:
             continue
         drop.update((id(add), id(scat)))
