@@ -17,7 +17,6 @@ losses differ from the original's by more than 1e-4 relative.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -61,7 +60,6 @@ def main() -> int:
         print(f"{Path(path).name}: losses {', '.join(f'{x:.6f}' for x in r['losses'])}; "
               f"vs the original: losses {r['loss_rel']:.2e}, parameters {r['param_rel']:.2e} "
               f"(relative); median step {r['median_step_s']:.2f} s")
-    print(json.dumps(res))
     return 1 if worst > 1e-4 else 0
 
 

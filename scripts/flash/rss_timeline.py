@@ -26,14 +26,13 @@ import threading
 import time
 
 
-def child(model: str, feeds_path: str, library: str | None, threads: int, top: int) -> None:
+def child(model: str, feeds_path: str, library: str, threads: int, top: int) -> None:
     """Under the runtime's Python: one warm-up run, then one sampled, profiled run."""
     import numpy as np
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    if library:
-        so.register_custom_ops_library(library)
+    so.register_custom_ops_library(library)
     so.enable_cpu_mem_arena = False
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
@@ -105,7 +104,7 @@ def main() -> int:
     ap.add_argument("--child", nargs=2, metavar=("FEEDS", "LIBRARY"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.model, args.child[0], args.child[1] or None, args.threads, args.top)
+        child(args.model, args.child[0], args.child[1], args.threads, args.top)
         return 0
     import numpy as np
     import onnx
@@ -123,7 +122,7 @@ def main() -> int:
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
         return subprocess.run([pick_runtime(m), os.path.abspath(__file__), args.model,
                                "--threads", str(args.threads), "--top", str(args.top),
-                               "--child", path, str(library_path() or "")], env=env).returncode
+                               "--child", path, library_path()], env=env).returncode
 
 
 if __name__ == "__main__":
