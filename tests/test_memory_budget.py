@@ -369,7 +369,8 @@ def test_a_group_that_does_not_lower_the_estimate_is_not_taken():
 def test_norm_statistics_without_recorded_shapes_are_sized_and_recomputed():
     """onnxruntime's SimplifiedLayerNormalization (an ai.onnx-domain op onnx does not know)
     writes its inverse std for the backward without a recorded shape: [4, 1] float, from the
-    input's shape and axis -1."""
+    input's shape and axis -1. Its output is recomputed from x and that inverse std, which
+    the backward reads anyway and so stays saved (16 bytes)."""
     nodes = [helper.make_node("SimplifiedLayerNormalization", ["x", "s"], ["y", "inv"],
                               name="norm", axis=-1, epsilon=1e-6, stash_type=1),
              helper.make_node("MatMul", ["y", "v"], ["z"], name="mm"),
@@ -379,9 +380,102 @@ def test_norm_statistics_without_recorded_shapes_are_sized_and_recomputed():
     m = model(nodes, [vi("x", [4, 8]), vi("s", [8]), vi("v", [8, 3]), vi("g", [4, 8]),
                       vi("k", [4, 1])], [vi("loss", []), vi("dy", [4, 8]), vi("dinv", [4, 1])])
     m.graph.value_info.extend([vi("y", [4, 8]), vi("z", [4, 3])])
-    rep = apply_budget(m, 1)
+    rep = apply_budget(m, 16)
     assert rep.before == 4 * 8 * 4 + 4 * 1 * 4 and rep.unsized == 0
-    assert rep.after == 0 and rep.recomputed == {"norm SimplifiedLayerNormalization": 1}
+    assert rep.after == 16 and saved_activations(m.graph) == {"inv"}
+    assert rep.recomputed == {"elementwise SimplifiedLayerNormalization (from its statistics)": 1}
+    assert rep.extra_flops == 2 * 4 * 8   # two Muls over y's 32 elements
+
+
+def _norm_step(op: str, bias: bool = True, dtype=onnx.TensorProto.FLOAT, stats_read=True,
+               axis: int = -1):
+    """A norm over x [2, 3, 8] (LayerNormalization, or onnxruntime's
+    SimplifiedLayerNormalization) whose output y the 'backward' reads (dy = y * g) along with
+    its statistics (each times a graph input), as a norm's gradient and the next GEMM's weight
+    gradient do."""
+    shape = [2, 3, 8]
+    nstat = 2 if op == "LayerNormalization" else 1
+    stat_shape = shape[:axis % 3] + [1] * (3 - axis % 3)
+    stats = ["mean", "inv"][-nstat:]
+    ins = ["x", "s", "b"] if bias else ["x", "s"]
+    nodes = [helper.make_node(op, ins, ["y", *stats], name="norm", axis=axis, epsilon=1e-5,
+                              stash_type=1),
+             helper.make_node("ReduceSum", ["y"], ["loss"], name="sum", keepdims=0),
+             helper.make_node("Mul", ["y", "g"], ["dy"], name="bwd_y")]
+    outs = [vi("loss", [], dtype), vi("dy", shape, dtype)]
+    if stats_read:
+        for t in stats:
+            nodes.append(helper.make_node("Mul", [t, "k"], [f"d{t}"], name=f"bwd_{t}"))
+            outs.append(vi(f"d{t}", stat_shape))
+    pshape = shape[axis % 3:]
+    inputs = [vi("x", shape, dtype), vi("s", pshape, dtype), vi("g", shape, dtype),
+              vi("k", stat_shape)] + ([vi("b", pshape, dtype)] if bias else [])
+    m = model(nodes, inputs, outs)
+    m.graph.value_info.append(vi("y", shape, dtype))
+    return m
+
+
+def _numpy_norm(op, x, s, b, axis):
+    ax = tuple(range(axis % x.ndim, x.ndim))
+    x64 = x.astype(np.float64)
+    if op == "LayerNormalization":
+        c = x64 - x64.mean(axis=ax, keepdims=True)
+    else:
+        c = x64
+    y = c / np.sqrt((c * c).mean(axis=ax, keepdims=True) + 1e-5) * s
+    return y + b if b is not None else y
+
+
+@pytest.mark.parametrize("op,bias,axis", [("LayerNormalization", True, -1),
+                                          ("LayerNormalization", False, -1),
+                                          ("LayerNormalization", True, 1),
+                                          ("SimplifiedLayerNormalization", False, -1)])
+def test_norm_output_recomputed_from_input_and_statistics(op, bias, axis):
+    """The norm is not run again: its output is rebuilt elementwise from x and the statistics
+    the forward wrote (still read by the backward, so still saved); on onnxruntime the step
+    gives the original's outputs and NumPy's norm."""
+    import onnxruntime as ort
+
+    m = _norm_step(op, bias, axis=axis)
+    original = copy.deepcopy(m)
+    rep = apply_budget(m, 1, strict=False)
+    assert rep.recomputed == {f"elementwise {op} (from its statistics)": 1}
+    stats = {"mean", "inv"} if op == "LayerNormalization" else {"inv"}
+    assert saved_activations(m.graph) == stats
+    assert [n.op_type for n in m.graph.node].count(op) == 1   # the forward's norm only
+    assert _topological(m)
+    rng = np.random.default_rng(0)
+    pshape = [2, 3, 8][axis % 3:]
+    feeds = {"x": rng.standard_normal((2, 3, 8), np.float32) * 3 + 1,
+             "s": rng.standard_normal(pshape, np.float32),
+             "g": rng.standard_normal((2, 3, 8), np.float32),
+             "k": np.ones([2, 3, 8][:axis % 3] + [1] * (3 - axis % 3), np.float32)}
+    if bias:
+        feeds["b"] = rng.standard_normal(pshape, np.float32)
+    outs = {}
+    for tag, g in (("original", original), ("budgeted", m)):
+        sess = ort.InferenceSession(g.SerializeToString(), providers=["CPUExecutionProvider"])
+        outs[tag] = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    for k in outs["original"]:
+        np.testing.assert_allclose(outs["budgeted"][k], outs["original"][k], rtol=1e-5,
+                                   atol=1e-5, err_msg=k)
+    want = _numpy_norm(op, feeds["x"], feeds["s"], feeds.get("b"), axis) * feeds["g"]
+    np.testing.assert_allclose(outs["budgeted"]["dy"], want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["half", "statistics_not_read"])
+def test_norm_without_usable_statistics_is_recomputed_whole(case):
+    """A half-precision norm (statistics in float, the input in half) and a norm whose
+    statistics the backward does not read (they would have to stay alive just for the
+    recomputation) are duplicated whole, statistics included."""
+    if case == "half":
+        m = _norm_step("LayerNormalization", dtype=onnx.TensorProto.FLOAT16)
+    else:
+        m = _norm_step("LayerNormalization", stats_read=False)
+    rep = apply_budget(m, 1, strict=False)
+    assert rep.recomputed == {"norm LayerNormalization": 1}
+    assert [n.op_type for n in m.graph.node].count("LayerNormalization") == 2
+    assert saved_activations(m.graph) == set()
 
 
 def test_a_recomputed_layer_does_not_read_the_previous_layers_recomputed_tensors():

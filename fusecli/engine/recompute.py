@@ -238,6 +238,56 @@ class _Sizes:
 
 _STAT_NORMS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization",
                          "RMSNormalization"})
+# norms whose output is (x - mean) * inv_std * scale + bias from the statistics they write
+# (LayerNormalization: Y, Mean, InvStdDev; SimplifiedLayerNormalization: Y, InvStdDev)
+_STAT_OUTPUTS = {"LayerNormalization": 3, "SimplifiedLayerNormalization": 2}
+
+
+def _from_statistics(n: onnx.NodeProto, sizes: _Sizes, bwd_reads) -> bool:
+    """Whether norm ``n``'s output can be recomputed from its input and the statistics it
+    wrote, elementwise: an onnx / onnxruntime LayerNormalization or
+    SimplifiedLayerNormalization whose statistics outputs the backward reads (so they stay
+    saved anyway, [rows, 1] each), whose input, scale (and bias) have the stash type (float
+    or double: the statistics' type; half inputs keep the whole-norm duplicate) and whose
+    input's rank is known (the statistics broadcast against it)."""
+    want = _STAT_OUTPUTS.get(n.op_type)
+    if want is None or n.domain not in ("", "ai.onnx", "com.microsoft"):
+        return False
+    if len(n.output) < want or not all(t and t in bwd_reads for t in n.output[1:want]):
+        return False
+    if len(n.input) < 2 or not n.input[0] or not n.input[1]:
+        return False
+    stash = {a.name: helper.get_attribute_value(a) for a in n.attribute}.get(
+        "stash_type", onnx.TensorProto.FLOAT)
+    if stash not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE):
+        return False
+    elems = [sizes.types.get(t) for t in n.input if t]
+    if any(e is None or e.tensor_type.elem_type != stash for e in elems):
+        return False
+    return sizes.rank(n.input[0]) is not None
+
+
+def _statistics_nodes(n: onnx.NodeProto, x: str, y: str, fresh) -> list[onnx.NodeProto]:
+    """Elementwise nodes writing norm ``n``'s output ``y`` from its input ``x`` and the
+    statistics it wrote: LayerNormalization (x - mean) * inv_std * scale (+ bias),
+    SimplifiedLayerNormalization x * inv_std * scale."""
+    out: list[onnx.NodeProto] = []
+
+    def op(kind: str, a: str, b: str, last: bool = False) -> str:
+        t = y if last else fresh(f"{y}.{kind.lower()}")
+        name = fresh(f"{n.name or n.op_type}/{kind.lower()}{len(out)}/recompute")
+        out.append(helper.make_node(kind, [a, b], [t], name=name))
+        return t
+
+    bias = n.input[2] if len(n.input) > 2 and n.input[2] else None
+    if n.op_type == "LayerNormalization":
+        h = op("Mul", op("Sub", x, n.output[1]), n.output[2])
+    else:
+        h = op("Mul", x, n.output[1])
+    h = op("Mul", h, n.input[1], last=bias is None)
+    if bias is not None:
+        op("Add", h, bias, last=True)
+    return out
 
 
 def _ort_types(graph: onnx.GraphProto, names, types) -> dict[str, onnx.TypeProto]:
@@ -319,16 +369,21 @@ def _with_dims(model: onnx.ModelProto, dims: dict[str, int]) -> onnx.ModelProto:
     return m
 
 
+def _numel(name: str, sizes: _Sizes) -> int:
+    """Elements of tensor ``name``; 0 where its shape is unknown."""
+    shape = sizes.shape(name) if name else None
+    return int(np.prod(shape)) if shape is not None else 0
+
+
 def _flops(node: onnx.NodeProto, sizes: _Sizes) -> int:
     """Rough work of one node: 2*M*N*K for a GEMM, _NORM_FLOPS per output element for a
     norm, else one per output element (fused ops too: a lower bound); 0 where the shapes are
     unknown."""
-    out = sizes.shape(node.output[0]) if node.output and node.output[0] else None
-    numel = int(np.prod(out)) if out is not None else 0
+    numel = _numel(node.output[0], sizes) if node.output else 0
     op = node.op_type
     if op in ("MatMul", "FusedMatMul", "Gemm"):
         a = sizes.shape(node.input[0])
-        if not a or out is None:
+        if not a or sizes.shape(node.output[0]) is None:
             return 0
         attrs = {x.name: helper.get_attribute_value(x) for x in node.attribute}
         k = a[0] if (op == "Gemm" and attrs.get("transA")) else (
@@ -372,10 +427,16 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
                  if any(c not in fwd for c in consumers.get(t, ()))}
     inits = {t.name for t in graph.initializer}
     dropped: set[int] = set()
+    # norms recomputed elementwise from their input and statistics: the statistics stay saved
+    stats = {i for i in fwd if _from_statistics(nodes[i], sizes, bwd_reads)}
+    kept = {t for i in stats for t in nodes[i].output[1:] if t}
+
+    def klass(i: int) -> int | None:
+        return ELEMENTWISE if i in stats else op_class(nodes[i])
 
     def is_saved(t: str) -> bool:
         p = producer.get(t)
-        if p is None or p not in fwd or p in dropped:
+        if p is None or p not in fwd or (p in dropped and t not in kept):
             return False
         return t in bwd_reads or any(c in dropped for c in consumers.get(t, ()))
 
@@ -399,7 +460,8 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
         """Bytes the estimate drops by when every node of ``group`` is recomputed: its saved
         outputs minus the inputs that become saved for its duplicates; None when a size
         involved is unknown."""
-        out = [t for i in group for t in nodes[i].output if t and is_saved(t)]
+        out = [t for i in group for t in nodes[i].output
+               if t and t not in kept and is_saved(t)]
         if not out or any(nbytes.get(t) is None for t in out):
             return None
         new = new_inputs(group)
@@ -408,7 +470,7 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
         return sum(nbytes[t] for t in out) - sum(nbytes[t] for t in new)
 
     def recomputable(i: int) -> bool:
-        return (i in fwd and i not in dropped and op_class(nodes[i]) is not None
+        return (i in fwd and i not in dropped and klass(i) is not None
                 and not any(t in outputs for t in nodes[i].output))
 
     bwd_read = {t for t in fwd_tensors if t in bwd_reads}
@@ -422,7 +484,7 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
         for j in sorted(drop, reverse=True):
             best = float("inf")
             for t in nodes[j].output:
-                for c in consumers.get(t, ()):
+                for c in () if t in kept else consumers.get(t, ()):
                     if c not in fwd:
                         best = min(best, c)
                     elif c in drop:
@@ -448,7 +510,7 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
         new = emits(drop)
         heavy: dict[int, bool] = {}   # computed from a GEMM's or norm's duplicate
         for j in sorted(drop):
-            heavy[j] = any(p in drop and (op_class(nodes[p]) != ELEMENTWISE or heavy[p])
+            heavy[j] = any(p in drop and (klass(p) != ELEMENTWISE or heavy[p])
                            for u in nodes[j].input if u and (p := producer.get(u)) is not None)
         return sum(nbytes.get(t) or 0 for j in dropped if new[j] < old[j] and heavy[j]
                    for t in nodes[j].output if t in bwd_read)
@@ -474,13 +536,13 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
                      and fenceable(j, group)}
             if not front:
                 return None
-            low = min(op_class(nodes[j]) for j in front)
-            group |= {j for j in front if op_class(nodes[j]) == low}
+            low = min(klass(j) for j in front)
+            group |= {j for j in front if klass(j) == low}
             if len(group) > _CHAIN_NODES:
                 return None
         return None
 
-    cands = [i for i in fwd if op_class(nodes[i]) is not None
+    cands = [i for i in fwd if klass(i) is not None
              and not any(t in outputs for t in nodes[i].output)
              and any(t in saved0 for t in nodes[i].output)]
     est = before
@@ -494,7 +556,7 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
             found = chain(i)
             if found is not None:
                 group, g = found
-                cls = max(op_class(nodes[j]) for j in group)
+                cls = max(klass(j) for j in group)
                 scored.append((cls, -g, len(group), i, tuple(sorted(group))))
         scored.sort()
         for *_, group in scored:
@@ -516,13 +578,13 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
                 f"{mib(est)} at least; give a budget of at least {mib(est)} (nothing written)")
         report.met = False
         report.minimum = est
-    _rewrite(model, nodes, fwd, dropped, consumers, producer, sizes, inits, report)
+    _rewrite(model, nodes, fwd, dropped, stats, producer, sizes, inits, report)
     report.after = sum(nbytes[t] for t in saved_activations(graph) if nbytes.get(t))
     report.tensors = len(saved0 - saved_activations(graph))
     return report
 
 
-def _rewrite(model, nodes, fwd, dropped, consumers, producer, sizes, inits, report) -> None:
+def _rewrite(model, nodes, fwd, dropped, stats, producer, sizes, inits, report) -> None:
     graph = model.graph
     taken = {t for n in nodes for t in (*n.input, *n.output)} | {n.name for n in nodes}
     taken |= {v.name for v in (*graph.input, *graph.output, *graph.value_info)} | inits
@@ -535,7 +597,8 @@ def _rewrite(model, nodes, fwd, dropped, consumers, producer, sizes, inits, repo
         taken.add(name)
         return name
 
-    ren = {t: fresh(f"{t}.recompute") for i in dropped for t in nodes[i].output if t}
+    ren = {t: fresh(f"{t}.recompute") for i in dropped
+           for t in nodes[i].output[:1 if i in stats else None] if t}
     vi = {v.name: v for v in (*graph.value_info, *graph.output)}
     new_vi = []
     dups: dict[int, list[onnx.NodeProto]] = {}
@@ -546,7 +609,7 @@ def _rewrite(model, nodes, fwd, dropped, consumers, producer, sizes, inits, repo
         d.CopyFrom(n)
         d.name = fresh(f"{n.name or n.op_type}/recompute")
         for k, t in enumerate(d.output):
-            if t:
+            if t in ren:
                 d.output[k] = ren[t]
                 if t in vi:
                     v = onnx.ValueInfoProto()
@@ -574,11 +637,15 @@ def _rewrite(model, nodes, fwd, dropped, consumers, producer, sizes, inits, repo
             else:  # a commutative pair (fenceable checked it)
                 a, b = d.input[0], d.input[1]
                 d.input[0], d.input[1] = b, a
-        dups[i] = pre + [d]
-        c = op_class(n)
-        key = f"{CLASS_NAMES[c]} {n.op_type}"
+        if i in stats:
+            dups[i] = pre + _statistics_nodes(n, d.input[0], d.output[0], fresh)
+            key = f"{CLASS_NAMES[ELEMENTWISE]} {n.op_type} (from its statistics)"
+            report.extra_flops += (len(dups[i]) - len(pre)) * _numel(n.output[0], sizes)
+        else:
+            dups[i] = pre + [d]
+            key = f"{CLASS_NAMES[op_class(n)]} {n.op_type}"
+            report.extra_flops += _flops(n, sizes)
         report.recomputed[key] = report.recomputed.get(key, 0) + 1
-        report.extra_flops += _flops(n, sizes)
     # rewire the backward readers, then emit each duplicate just before its first reader
     emitted: set[int] = set()
     order: list[onnx.NodeProto] = []
@@ -588,17 +655,15 @@ def _rewrite(model, nodes, fwd, dropped, consumers, producer, sizes, inits, repo
             return
         emitted.add(i)
         for t in nodes[i].input:
-            p = producer.get(t)
-            if p in dropped:
-                emit(p)
+            if t in ren:
+                emit(producer[t])
         order.extend(dups[i])
 
     for j, n in enumerate(nodes):
         if j not in fwd:
             for t in n.input:
-                p = producer.get(t)
-                if p in dropped:
-                    emit(p)
+                if t in ren:
+                    emit(producer[t])
         c = onnx.NodeProto()
         c.CopyFrom(n)
         if j not in fwd:
