@@ -168,18 +168,23 @@ def test_untied_embedding_gradient_is_planned(name, grad, tmp_path):
 
 def _gather_grad_graph(ids_type=onnx.TensorProto.INT64, opset=17, axis=0, start=None,
                        table_dims=(7, 3), elem=onnx.TensorProto.FLOAT, ids_dims=(2, 4),
-                       rows_dims=(2, 4, 3)):
+                       rows_dims=(2, 4, 3), computed_ids=False):
     """E [7, 3] (a graph input), ids [2, 4], rows [2, 4, 3]:
-    GatherGrad{axis}(Shape(E), ids, rows) -> dE (a graph output)."""
+    GatherGrad{axis}(Shape(E), ids, rows) -> dE (a graph output). With ``computed_ids`` the
+    ids are computed in the graph (an Identity of the input), as position ids are."""
     shape_attrs = {} if start is None else {"start": start}
-    nodes = [helper.make_node("Shape", ["E"], ["E_shape"], **shape_attrs),
-             helper.make_node("GatherGrad", ["E_shape", "ids", "rows"], ["dE"],
-                              domain="com.microsoft", axis=axis)]
+    ids = "ids_computed" if computed_ids else "ids"
+    nodes = [helper.make_node("Identity", ["ids"], [ids])] if computed_ids else []
+    nodes += [helper.make_node("Shape", ["E"], ["E_shape"], **shape_attrs),
+              helper.make_node("GatherGrad", ["E_shape", ids, "rows"], ["dE"],
+                               domain="com.microsoft", axis=axis)]
     g = helper.make_graph(nodes, "gg", [
         helper.make_tensor_value_info("E", elem, list(table_dims)),
         helper.make_tensor_value_info("ids", ids_type, list(ids_dims)),
         helper.make_tensor_value_info("rows", elem, list(rows_dims))],
-        [helper.make_tensor_value_info("dE", elem, None)])
+        [helper.make_tensor_value_info("dE", elem, None)],
+        value_info=[helper.make_tensor_value_info(ids, ids_type, list(ids_dims))]
+        if computed_ids else None)
     return helper.make_model(g, ir_version=9, opset_imports=[helper.make_opsetid("", opset),
                                                helper.make_opsetid("com.microsoft", 1)])
 
@@ -235,19 +240,60 @@ def test_planned_table_reads_the_rows_gathergrad_reads(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("fed,rows_batch", [((2, 4), 2), ((3, 4), 3), ((1, 4), 2)],
+                         ids=["batch2", "batch3", "rows_broadcast"])
+def test_symbolic_token_ids_are_counted_at_run_time(fed, rows_batch, tmp_path):
+    """Token ids fed as a graph input [batch, 4], rows recorded [batch, 4, 3]: the count is
+    Size(ids) at run time and the rows are read up to it, so one graph serves every batch, and
+    ids [1, 4] against a [2, 4, 3] gradient (the recorded shape not holding) read the first 4
+    rows, as GatherGrad does. The rewrite on onnxruntime against NumPy, and against GatherGrad
+    on onnxruntime-training (verify)."""
+    import onnxruntime as ort
+
+    orig = _gather_grad_graph(ids_dims=("batch", 4), rows_dims=("batch", 4, 3))
+    m = onnx.ModelProto()
+    m.CopyFrom(orig)
+    assert plan_embedding_gradients(m) == ["dE"]
+    assert "Size" in [n.op_type for n in m.graph.node]
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 7, fed)
+    rows = rng.standard_normal((rows_batch, 4, 3)).astype(np.float32)
+    feeds = {"E": np.zeros((7, 3), np.float32), "ids": ids, "rows": rows}
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = sess.run(None, feeds)
+    want = np.zeros((7, 3), np.float64)
+    np.add.at(want, ids.reshape(-1), rows.reshape(-1, 3)[:ids.size].astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    for g in (orig, m):   # verify checks feeds against the recorded dims: record the truth
+        rows_in = next(i for i in g.graph.input if i.name == "rows")
+        rows_in.type.tensor_type.shape.dim[0].dim_param = "rows_batch"
+    onnx.save(orig, tmp_path / "orig.onnx")
+    onnx.save(m, tmp_path / "planned.onnx")
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    report = verify_models(tmp_path / "orig.onnx", tmp_path / "planned.onnx",
+                           feeds_file=tmp_path / "feeds.npz")
+    assert report.ok and report.max_rel <= 1e-6, report
+
+
 @pytest.mark.parametrize("change", ["opset15", "axis1", "shape_start", "symbolic",
-                                    "symbolic_ids", "bfloat16"])
+                                    "computed_ids", "rows_other_dims", "unnamed_ids_dim",
+                                    "bfloat16"])
 def test_gathergrad_guards(change):
     """Left as it is: no ScatterND reduction (opset < 16), another axis, a partial Shape, a
-    table of unknown size, ids of unknown count, an element type without a ConstantOfShape
-    zero here."""
+    table of unknown size, symbolic ids computed in the graph (position ids), symbolic ids
+    whose rows are recorded with other dims or with an unnamed dim, an element type without a
+    ConstantOfShape zero here."""
     kw = {"opset15": {"opset": 15}, "axis1": {"axis": 1}, "shape_start": {"start": 1},
           "symbolic": {"table_dims": ("V", 3)},
-          "symbolic_ids": {"ids_dims": ("batch", 4), "rows_dims": ("batch", 4, 3)},
+          "computed_ids": {"ids_dims": ("batch", 4), "rows_dims": ("batch", 4, 3),
+                           "computed_ids": True},
+          "rows_other_dims": {"ids_dims": ("batch", 4), "rows_dims": ("rows", 4, 3)},
+          "unnamed_ids_dim": {"ids_dims": ("", 4), "rows_dims": ("", 4, 3)},
           "bfloat16": {"elem": onnx.TensorProto.BFLOAT16}}[change]
     m = _gather_grad_graph(**kw)
     assert plan_embedding_gradients(m) == []
-    assert [n.op_type for n in m.graph.node] == ["Shape", "GatherGrad"]
+    assert [n.op_type for n in m.graph.node if n.op_type != "Identity"] == \
+        ["Shape", "GatherGrad"]
 
 
 def test_gathergrad_control():

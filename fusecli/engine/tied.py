@@ -27,13 +27,11 @@ writes it ScatterND(ConstantOfShape([V, D]), ids, rows){add}, the same table (th
 into zeros; float rounding only), whose shape is known: planned with the others, into the
 space the fused head's dW left (measured, scripts/flash/memory.sh: the ort-training Llama step
 at S 1024 peaked 62.5 MiB, the table, above the planned block; 210.4 -> 181.5 MiB). Taken where
-E's shape and the ids' count are static and the opset has ScatterND's reduction; the rows are
-read as GatherGrad reads them (``_scatter_rows``). A symbolic count (Size(ids) at run time) was
-tried and left out: on tests/data/ortt_bert_tokens_symbolic.onnx every output matched, but
-`fusecli verify`'s probe of an attention input did not (onnxruntime-training 1.19.2 with
-symbolic dims, see runtime_worker's deterministic mode), so such graphs keep their GatherGrad:
-the ort-training Llama-style step of scripts/flash/memory.sh with its 1024 dims made a symbol peaks
-at 206.9 MiB fused (0.369x of 560.1), against 181.6 MiB with static shapes.
+E's shape is static and the opset has ScatterND's reduction, and the ids' count is static, or
+symbolic for token ids fed as a graph input (``_fed_ids``: the count is then Size(ids) at run
+time); the rows are read as GatherGrad reads them (``_scatter_rows``). The ort-training
+Llama-style step of scripts/flash/memory.sh with its 1024 dims made a symbol peaked at 206.9
+MiB fused (0.369x of 560.1) with its GatherGrad kept, 178.2 MiB (0.318x) with it planned.
 """
 
 from __future__ import annotations
@@ -101,11 +99,11 @@ def _scatter_rows(g: onnx.GraphProto, elem: dict, table: str, gg: onnx.NodeProto
                   suffix: str, count: int | None, row_dims: list[int]) -> list[onnx.NodeProto]:
     """ScatterND(table, ids as a column, rows){add} -> out: a GatherGrad gg's rows (of
     ``row_dims``, the table's trailing dims) added into ``table`` (ids cast to int64 when they
-    are int32). With ``count`` None (the ids' count unknown): Unsqueeze(ids, -1) and the rows as
-    they are (one per id). With N = ``count``: Reshape(ids, [N, 1]) and the rows as
-    GatherGrad{axis 0} reads them, its first N (onnxruntime-training 1.19.2 reads no more when
-    the rows hold more, e.g. the position ids' [1, S] against a [B, S, D] gradient: the first
-    sequence's; tests/test_tied_fold.py): Slice(Reshape(rows, [-1, *row_dims]), 0, N)."""
+    are int32): Reshape(ids, [N, 1]) and the rows as GatherGrad{axis 0} reads them, its first N
+    (onnxruntime-training 1.19.2 reads no more when the rows hold more, e.g. the position ids'
+    [1, S] against a [B, S, D] gradient: the first sequence's; tests/test_tied_fold.py):
+    Slice(Reshape(rows, [-1, *row_dims]), 0, N). N is ``count``, or with ``count`` None (a
+    symbolic count) Size(ids) at run time and the ids' column Reshape(ids, [-1, 1])."""
     col = out + "_ids_column"
     ids = gg.input[1]
     pre = []
@@ -118,18 +116,36 @@ def _scatter_rows(g: onnx.GraphProto, elem: dict, table: str, gg: onnx.NodeProto
         g.initializer.append(numpy_helper.from_array(np.array(values, np.int64), out + name))
         return out + name
 
-    if count is None:
-        pre.append(helper.make_node("Unsqueeze", [ids, const("_last_axis", [-1])], [col]))
+    if count is None:  # N = Size(ids) at run time, as a 1-D end for the Slice
+        pre += [helper.make_node("Size", [ids], [out + "_ids_count"]),
+                helper.make_node("Reshape", [out + "_ids_count", const("_one", [1])],
+                                 [out + "_rows_end"])]
+        end = out + "_rows_end"
     else:
-        pre += [helper.make_node("Reshape", [ids, const("_ids_shape", [count, 1])], [col]),
-                helper.make_node("Reshape", [rows, const("_rows_shape", [-1, *row_dims])],
-                                 [out + "_all_rows"]),
-                helper.make_node("Slice", [out + "_all_rows", const("_rows_start", [0]),
-                                           const("_rows_end", [count]),
-                                           const("_rows_axis", [0])], [out + "_rows"])]
-        rows = out + "_rows"
+        end = const("_rows_end", [count])
+    pre += [helper.make_node("Reshape", [ids, const("_ids_shape", [-1 if count is None
+                                                                    else count, 1])], [col]),
+            helper.make_node("Reshape", [rows, const("_rows_shape", [-1, *row_dims])],
+                             [out + "_all_rows"]),
+            helper.make_node("Slice", [out + "_all_rows", const("_rows_start", [0]), end,
+                                       const("_rows_axis", [0])], [out + "_rows"])]
+    rows = out + "_rows"
     return [*pre, helper.make_node("ScatterND", [table, col, rows], [out], name=gg.name + suffix,
                                    reduction="add")]
+
+
+def _fed_ids(shapes: dict, inputs: set, ids: str, rows: str, table: list[int]) -> bool:
+    """Symbolic ids whose count is taken at run time (Size(ids)): token ids that are a graph
+    input, every dim named, and rows recorded with exactly those dims and the table's row
+    dims. Ids computed in the graph (position ids sliced from a buffer, token-type ids
+    expanded) keep their GatherGrad: measured on tests/data/ortt_bert_tokens_symbolic.onnx,
+    its position ids [1, S] meet a [B, S, D] gradient recorded with the ids' own dims, and there the
+    original's GatherGrad run (onnxruntime-training 1.19.2) disturbed a buffer that `fusecli
+    verify` probes (a FlashAttentionGrad boundary tensor read 6.4e-3 off in the original
+    only, while every output matched), so the rewrite could not be verified."""
+    d = shapes.get(ids)
+    return (ids in inputs and bool(d) and None not in d
+            and shapes.get(rows) == [*d, *table[1:]])
 
 
 def _static(dims) -> bool:
@@ -159,6 +175,7 @@ def plan_embedding_gradients(model: onnx.ModelProto) -> list[str]:
         return []
     producer = {o: n for n in nodes for o in n.output if o}
     shapes, elem = _types(g)
+    inputs = {i.name for i in g.input}
     out: list[onnx.NodeProto] = []
     planned = []
     for n in nodes:
@@ -167,9 +184,11 @@ def plan_embedding_gradients(model: onnx.ModelProto) -> list[str]:
             out.append(n)
             continue
         dims, count = shapes.get(table), _id_count(shapes, n.input[1])
-        # a static table and a static count of ids (the rows are read up to it: a recorded
-        # shape of the rows is not trusted, exporters record the forward's)
-        if not _static(dims) or elem.get(table) not in _ZERO_OF or count is None:
+        # a static table, and a static count of ids or token ids fed as a graph input (the
+        # rows are read up to the count either way: a recorded shape of the rows is not
+        # trusted, exporters record the forward's)
+        if not _static(dims) or elem.get(table) not in _ZERO_OF or (
+                count is None and not _fed_ids(shapes, inputs, n.input[1], n.input[2], dims)):
             out.append(n)
             continue
         shape = n.output[0] + "_table_shape"
