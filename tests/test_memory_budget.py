@@ -463,6 +463,28 @@ def test_norm_output_recomputed_from_input_and_statistics(op, bias, axis):
     np.testing.assert_allclose(outs["budgeted"]["dy"], want, rtol=1e-4, atol=1e-5)
 
 
+def test_norm_from_statistics_reads_a_recomputed_scale():
+    """A scale computed in the forward (a Cast of the parameter, as mixed precision writes it)
+    and read by the backward is recomputed too; the norm's elementwise duplicate reads the
+    Cast's duplicate, not the forward's scale, which so stops being saved."""
+    m = _norm_step("LayerNormalization")
+    cast = helper.make_node("Cast", ["s"], ["s_cast"], name="cast", to=onnx.TensorProto.FLOAT)
+    norm = next(n for n in m.graph.node if n.name == "norm")
+    norm.input[1] = "s_cast"
+    m.graph.node.insert(0, cast)
+    m.graph.node.append(helper.make_node("Mul", ["s_cast", "s"], ["ds"], name="bwd_s"))
+    m.graph.output.append(vi("ds", [8]))
+    m.graph.value_info.append(vi("s_cast", [8]))
+    assert "s_cast" in saved_activations(m.graph)
+    rep = apply_budget(m, 1, strict=False)
+    assert rep.recomputed == {"elementwise Cast": 1,
+                              "elementwise LayerNormalization (from its statistics)": 1}
+    assert saved_activations(m.graph) == {"mean", "inv"}
+    (scale_mul,) = [n for n in m.graph.node if n.name.startswith("norm/mul")
+                    and n.input[1].startswith("s_cast")]
+    assert scale_mul.input[1] != "s_cast" and _topological(m)
+
+
 @pytest.mark.parametrize("case", ["half", "statistics_not_read"])
 def test_norm_without_usable_statistics_is_recomputed_whole(case):
     """A half-precision norm (statistics in float, the input in half) and a norm whose

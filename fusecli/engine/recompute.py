@@ -267,11 +267,13 @@ def _from_statistics(n: onnx.NodeProto, sizes: _Sizes, bwd_reads) -> bool:
     return sizes.rank(n.input[0]) is not None
 
 
-def _statistics_nodes(n: onnx.NodeProto, x: str, y: str, fresh) -> list[onnx.NodeProto]:
-    """Elementwise nodes writing norm ``n``'s output ``y`` from its input ``x`` and the
-    statistics it wrote: LayerNormalization (x - mean) * inv_std * scale (+ bias),
-    SimplifiedLayerNormalization x * inv_std * scale."""
+def _statistics_nodes(n: onnx.NodeProto, d: onnx.NodeProto, fresh) -> list[onnx.NodeProto]:
+    """Elementwise nodes writing the output of ``d`` (norm ``n``'s duplicate, its inputs and
+    output renamed for the backward) from d's input and the statistics ``n`` wrote:
+    LayerNormalization (x - mean) * inv_std * scale (+ bias), SimplifiedLayerNormalization
+    x * inv_std * scale."""
     out: list[onnx.NodeProto] = []
+    x, y = d.input[0], d.output[0]
 
     def op(kind: str, a: str, b: str, last: bool = False) -> str:
         t = y if last else fresh(f"{y}.{kind.lower()}")
@@ -279,12 +281,12 @@ def _statistics_nodes(n: onnx.NodeProto, x: str, y: str, fresh) -> list[onnx.Nod
         out.append(helper.make_node(kind, [a, b], [t], name=name))
         return t
 
-    bias = n.input[2] if len(n.input) > 2 and n.input[2] else None
+    bias = d.input[2] if len(d.input) > 2 and d.input[2] else None
     if n.op_type == "LayerNormalization":
         h = op("Mul", op("Sub", x, n.output[1]), n.output[2])
     else:
         h = op("Mul", x, n.output[1])
-    h = op("Mul", h, n.input[1], last=bias is None)
+    h = op("Mul", h, d.input[1], last=bias is None)
     if bias is not None:
         op("Add", h, bias, last=True)
     return out
@@ -638,7 +640,7 @@ def _rewrite(model, nodes, fwd, dropped, stats, producer, sizes, inits, report) 
                 a, b = d.input[0], d.input[1]
                 d.input[0], d.input[1] = b, a
         if i in stats:
-            dups[i] = pre + _statistics_nodes(n, d.input[0], d.output[0], fresh)
+            dups[i] = pre + _statistics_nodes(n, d, fresh)
             key = f"{CLASS_NAMES[ELEMENTWISE]} {n.op_type} (from its statistics)"
             report.extra_flops += (len(dups[i]) - len(pre)) * _numel(n.output[0], sizes)
         else:
