@@ -18,7 +18,9 @@ training graph of either family (the memory table of issue 22):
 Writes DIR/{family}_{arch}_long_S{seq}.onnx (+ .params.npz). scripts/flash/memory.sh runs it
 and then `fusecli bench` on the original and the fused graph. --artifacts (ortt): also keeps
 onnxruntime-training's checkpoint and optimizer model, DIR/{name}.artifacts/, to train the
-graph through onnxruntime.training.api (scripts/flash/budget_train.py).
+graph through onnxruntime.training.api (scripts/flash/budget_train.py). --loss own (ortt): the
+model computes its own loss from a labels input (transformers' ForCausalLMLoss: labels shifted
+and padded with -100 in the graph), generate_artifacts(loss=None); DIR/ortt_{arch}_ownloss_...
 """
 
 from __future__ import annotations
@@ -55,6 +57,18 @@ def _config(arch: str, seq: int, layers: int):
     return cls(cfg).train()
 
 
+class OwnLoss(torch.nn.Module):
+    """(input_ids, labels) -> the model's own loss (transformers' ForCausalLMLoss: the labels
+    shifted and padded with -100 inside the graph, mean over kept tokens)."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, input_ids, labels):
+        return self.net(input_ids=input_ids, labels=labels).loss
+
+
 class Logits(torch.nn.Module):
     """input_ids -> logits [B*S, V] (the ort-training loss block takes 2-D logits)."""
 
@@ -68,7 +82,7 @@ class Logits(torch.nn.Module):
 
 
 def _ortt(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path,
-          keep: bool = False) -> None:
+          keep: bool = False, own_loss: bool = False) -> None:
     import io
     import shutil
     import tempfile
@@ -79,8 +93,10 @@ def _ortt(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path,
 
     gen._mask_without_vmap()
     f = io.BytesIO()
-    net = Logits(model)
-    torch.onnx.export(net, (ids,), f, input_names=["input_ids"], output_names=["output"],
+    net = OwnLoss(model) if own_loss else Logits(model)
+    args = (ids, torch.randint(0, model.config.vocab_size, ids.shape)) if own_loss else (ids,)
+    torch.onnx.export(net, args, f, input_names=["input_ids", "labels"][:len(args)],
+                      output_names=["loss" if own_loss else "output"],
                       opset_version=16, do_constant_folding=False,
                       training=torch.onnx.TrainingMode.TRAINING, dynamo=False)
     fwd = onnx.load_from_string(f.getvalue())
@@ -90,7 +106,8 @@ def _ortt(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path,
     frozen = [n for n in inits if n not in trainable]
     with tempfile.TemporaryDirectory() as td:
         artifacts.generate_artifacts(fwd, requires_grad=trainable, frozen_params=frozen,
-                                     loss=artifacts.LossType.CrossEntropyLoss,
+                                     loss=None if own_loss else
+                                     artifacts.LossType.CrossEntropyLoss,
                                      optimizer=artifacts.OptimType.AdamW,
                                      artifact_directory=td)
         m = onnx.load(Path(td) / "training_model.onnx")
@@ -131,6 +148,10 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--loss", choices=["block", "own"], default="block",
+                    help="ortt: 'block' = generate_artifacts' CrossEntropyLoss on the logits; "
+                    "'own' = the model's own loss from labels (shift and -100 padding inside "
+                    "the graph), written NAME with '_ownloss'")
     ap.add_argument("--artifacts", action="store_true",
                     help="ortt: keep the checkpoint and the optimizer model (NAME.artifacts/)")
     a = ap.parse_args()
@@ -138,9 +159,12 @@ def main() -> int:
     model = _config(a.arch, a.seq, a.layers)
     ids = torch.randint(0, VOCAB[a.arch], (1, a.seq))
     a.out.mkdir(parents=True, exist_ok=True)
-    name = f"{a.family}_{a.arch}_long_S{a.seq}"
+    if a.loss == "own" and a.family != "ortt":
+        ap.error("--loss own: ort-training only (torch-joint writes Hugging Face's loss out)")
+    own = "_ownloss" if a.loss == "own" else ""
+    name = f"{a.family}_{a.arch}{own}_long_S{a.seq}"
     if a.family == "ortt":
-        _ortt(model, ids, name, a.out, a.artifacts)
+        _ortt(model, ids, name, a.out, a.artifacts, a.loss == "own")
     else:
         _torch(model, ids, name, a.out)
     print(a.out / f"{name}.onnx")
