@@ -21,6 +21,7 @@ onnxruntime-training's checkpoint and optimizer model, DIR/{name}.artifacts/, to
 graph through onnxruntime.training.api (scripts/flash/budget_train.py). --loss own (ortt): the
 model computes its own loss from a labels input (transformers' ForCausalLMLoss: labels shifted
 and padded with -100 in the graph), generate_artifacts(loss=None); DIR/ortt_{arch}_ownloss_...
+--loss reducemean (torch): the mean over tokens a ReduceMean; DIR/torch_{arch}_reducemean_...
 """
 
 from __future__ import annotations
@@ -67,6 +68,19 @@ class OwnLoss(torch.nn.Module):
 
     def forward(self, input_ids, labels):
         return self.net(input_ids=input_ids, labels=labels).loss
+
+
+class ReduceMeanLoss(torch.nn.Module):
+    """(input_ids, labels) -> mean over tokens of -log_softmax(logits)[label], the mean a
+    ReduceMean (no -100 mask): the spelling of a hand-written token loss."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, input_ids, labels):
+        lp = torch.log_softmax(self.net(input_ids), -1)
+        return ((-lp.gather(1, labels[:, None]).squeeze(1)).mean(),)
 
 
 class Logits(torch.nn.Module):
@@ -125,7 +139,8 @@ def _ortt(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path,
              **{n: onnx.numpy_helper.to_array(t) for n, t in inits.items() if n in names})
 
 
-def _torch(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path) -> None:
+def _torch(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path,
+           reducemean: bool = False) -> None:
     import numpy as np
     import onnx
 
@@ -135,8 +150,8 @@ def _torch(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path) -> 
 
     vocab = model.config.vocab_size
     labels = torch.randint(0, vocab, ids.reshape(-1).shape)
-    m, values, _ = export_joint(Loss(Logits(model), "mean"), [ids, labels],
-                                ["input_ids", "labels"], metadata=False)
+    mod = ReduceMeanLoss(Logits(model)) if reducemean else Loss(Logits(model), "mean")
+    m, values, _ = export_joint(mod, [ids, labels], ["input_ids", "labels"], metadata=False)
     onnx.save(m, dest / f"{name}.onnx")
     np.savez(dest / f"{name}.params.npz", **values)
 
@@ -148,10 +163,12 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--loss", choices=["block", "own"], default="block",
+    ap.add_argument("--loss", choices=["block", "own", "reducemean"], default="block",
                     help="ortt: 'block' = generate_artifacts' CrossEntropyLoss on the logits; "
                     "'own' = the model's own loss from labels (shift and -100 padding inside "
-                    "the graph), written NAME with '_ownloss'")
+                    "the graph), written NAME with '_ownloss'; torch: 'block' = Hugging "
+                    "Face's loss written out (sum over kept tokens / their count), "
+                    "'reducemean' = a ReduceMean over tokens, NAME with '_reducemean'")
     ap.add_argument("--artifacts", action="store_true",
                     help="ortt: keep the checkpoint and the optimizer model (NAME.artifacts/)")
     a = ap.parse_args()
@@ -159,14 +176,14 @@ def main() -> int:
     model = _config(a.arch, a.seq, a.layers)
     ids = torch.randint(0, VOCAB[a.arch], (1, a.seq))
     a.out.mkdir(parents=True, exist_ok=True)
-    if a.loss == "own" and a.family != "ortt":
-        ap.error("--loss own: ort-training only (torch-joint writes Hugging Face's loss out)")
-    own = "_ownloss" if a.loss == "own" else ""
-    name = f"{a.family}_{a.arch}{own}_long_S{a.seq}"
+    if {"own": "ortt", "reducemean": "torch"}.get(a.loss, a.family) != a.family:
+        ap.error(f"--loss {a.loss} is not a {a.family} spelling here")
+    tag = {"own": "_ownloss", "reducemean": "_reducemean"}.get(a.loss, "")
+    name = f"{a.family}_{a.arch}{tag}_long_S{a.seq}"
     if a.family == "ortt":
         _ortt(model, ids, name, a.out, a.artifacts, a.loss == "own")
     else:
-        _torch(model, ids, name, a.out)
+        _torch(model, ids, name, a.out, a.loss == "reducemean")
     print(a.out / f"{name}.onnx")
     return 0
 
