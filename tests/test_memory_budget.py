@@ -485,6 +485,57 @@ def test_norm_from_statistics_reads_a_recomputed_scale():
     assert scale_mul.input[1] != "s_cast" and _topological(m)
 
 
+def test_batch_norm_output_recomputed_from_its_saved_statistics(tmp_path):
+    """onnxruntime-training's BatchNormInternal (training mode) writes the batch's mean and
+    inv_std ([C]) for its gradient; the Relu after it is saved for the next layer. Both are
+    recomputed: the norm from x and those statistics (reshaped to [C, 1, 1]), then the Relu.
+    On onnxruntime-training against the original and NumPy."""
+    from fusecli.runtime.runner import pick_runtime, run_in_runtime
+
+    c = 3
+    nodes = [helper.make_node("BatchNormInternal", ["x", "s", "b", "rm", "rv"],
+                              ["y", "rm_out", "rv_out", "mean", "inv"], name="bn",
+                              domain="com.microsoft", epsilon=1e-5, momentum=0.9,
+                              training_mode=1),
+             helper.make_node("Relu", ["y"], ["r"], name="relu"),
+             helper.make_node("ReduceSum", ["r"], ["loss"], name="sum", keepdims=0),
+             helper.make_node("Mul", ["r", "g"], ["dr"], name="bwd_r"),
+             helper.make_node("Mul", ["mean", "k"], ["dmean"], name="bwd_mean"),
+             helper.make_node("Mul", ["inv", "k"], ["dinv"], name="bwd_inv")]
+    shape = [2, c, 4, 5]
+    m = model(nodes, [vi("x", shape), vi("s", [c]), vi("b", [c]), vi("rm", [c]),
+                      vi("rv", [c]), vi("g", shape), vi("k", [c])],
+              [vi("loss", []), vi("dr", shape), vi("dmean", [c]), vi("dinv", [c])])
+    m.graph.value_info.extend([vi("y", shape), vi("r", shape), vi("mean", [c]),
+                               vi("inv", [c])])
+    original = copy.deepcopy(m)
+    rep = apply_budget(m, 1, strict=False)
+    assert rep.recomputed == {"elementwise BatchNormInternal (from its statistics)": 1,
+                              "elementwise Relu": 1}
+    assert saved_activations(m.graph) == {"mean", "inv"} and _topological(m)
+    assert [n.op_type for n in m.graph.node].count("BatchNormInternal") == 1
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal(shape, np.float32) * 2 + 0.5,
+             "s": rng.standard_normal(c).astype(np.float32),
+             "b": rng.standard_normal(c).astype(np.float32),
+             "rm": np.zeros(c, np.float32), "rv": np.ones(c, np.float32),
+             "g": rng.standard_normal(shape, np.float32), "k": np.ones(c, np.float32)}
+    outs = {}
+    for tag, g in (("original", original), ("budgeted", m)):
+        onnx.save(g, tmp_path / f"{tag}.onnx")
+        outs[tag], _ = run_in_runtime(tmp_path / f"{tag}.onnx", feeds, pick_runtime(g))
+    for k in ("loss", "dr", "dmean", "dinv"):
+        np.testing.assert_allclose(outs["budgeted"][k], outs["original"][k], rtol=1e-5,
+                                   atol=1e-6, err_msg=k)
+    x = feeds["x"].astype(np.float64)
+    mu = x.mean(axis=(0, 2, 3), keepdims=True)
+    var = x.var(axis=(0, 2, 3), keepdims=True)
+    col = (1, c, 1, 1)
+    y = (x - mu) / np.sqrt(var + 1e-5) * feeds["s"].reshape(col) + feeds["b"].reshape(col)
+    np.testing.assert_allclose(outs["budgeted"]["dr"], np.maximum(y, 0) * feeds["g"],
+                               rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", ["half", "statistics_not_read"])
 def test_norm_without_usable_statistics_is_recomputed_whole(case):
     """A half-precision norm (statistics in float, the input in half) and a norm whose

@@ -238,57 +238,74 @@ class _Sizes:
 
 _STAT_NORMS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization",
                          "RMSNormalization"})
-# norms whose output is (x - mean) * inv_std * scale + bias from the statistics they write
-# (LayerNormalization: Y, Mean, InvStdDev; SimplifiedLayerNormalization: Y, InvStdDev)
-_STAT_OUTPUTS = {"LayerNormalization": 3, "SimplifiedLayerNormalization": 2}
+# norms whose output is (x - mean) * inv_std * scale + bias from the statistics they write:
+# op -> (domains, indices of mean and inv_std among its outputs (mean None: RMS), per channel)
+_STAT_NORM_OUTPUTS = {
+    "LayerNormalization": (("", "ai.onnx", "com.microsoft"), (1, 2), False),
+    "SimplifiedLayerNormalization": (("", "ai.onnx", "com.microsoft"), (None, 1), False),
+    # onnxruntime-training's BatchNormalization in training mode: Y, running mean / var,
+    # saved mean, saved inv_std ([C], over N and the spatial dims)
+    "BatchNormInternal": (("com.microsoft",), (3, 4), True),
+}
 
 
 def _from_statistics(n: onnx.NodeProto, sizes: _Sizes, bwd_reads) -> bool:
     """Whether norm ``n``'s output can be recomputed from its input and the statistics it
     wrote, elementwise: an onnx / onnxruntime LayerNormalization or
-    SimplifiedLayerNormalization whose statistics outputs the backward reads (so they stay
-    saved anyway, [rows, 1] each), whose input, scale (and bias) have the stash type (float
-    or double: the statistics' type; half inputs keep the whole-norm duplicate) and whose
-    input's rank is known (the statistics broadcast against it)."""
-    want = _STAT_OUTPUTS.get(n.op_type)
-    if want is None or n.domain not in ("", "ai.onnx", "com.microsoft"):
+    SimplifiedLayerNormalization, or onnxruntime-training's BatchNormInternal in training
+    mode, whose statistics outputs the backward reads (so they stay saved anyway: [rows, 1]
+    or [C] each), whose input, scale (and bias) have the statistics' type (float or double:
+    the stash type; half inputs keep the whole-norm duplicate) and whose input's rank is
+    known (the statistics broadcast against it)."""
+    spec = _STAT_NORM_OUTPUTS.get(n.op_type)
+    if spec is None or n.domain not in spec[0]:
         return False
-    if len(n.output) < want or not all(t and t in bwd_reads for t in n.output[1:want]):
+    stat_at = [k for k in spec[1] if k is not None]
+    if len(n.output) <= max(stat_at) or not all(
+            n.output[k] and n.output[k] in bwd_reads for k in stat_at):
         return False
-    if len(n.input) < 2 or not n.input[0] or not n.input[1]:
+    inputs = n.input[:3] if spec[2] else n.input
+    if len(inputs) < (3 if spec[2] else 2) or not all(inputs[:2]) or (spec[2] and not inputs[2]):
         return False
-    stash = {a.name: helper.get_attribute_value(a) for a in n.attribute}.get(
-        "stash_type", onnx.TensorProto.FLOAT)
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    if spec[2] and attrs.get("training_mode", 1) != 1:
+        return False
+    stash = attrs.get("stash_type", onnx.TensorProto.FLOAT)
     if stash not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE):
         return False
-    elems = [sizes.types.get(t) for t in n.input if t]
+    elems = [sizes.types.get(t) for t in inputs if t]
     if any(e is None or e.tensor_type.elem_type != stash for e in elems):
         return False
-    return sizes.rank(n.input[0]) is not None
+    rank = sizes.rank(n.input[0])
+    return rank is not None and (not spec[2] or rank >= 2)
 
 
-def _statistics_nodes(n: onnx.NodeProto, d: onnx.NodeProto, fresh) -> list[onnx.NodeProto]:
+def _statistics_nodes(n: onnx.NodeProto, d: onnx.NodeProto, fresh, rank: int,
+                      column) -> list[onnx.NodeProto]:
     """Elementwise nodes writing the output of ``d`` (norm ``n``'s duplicate, its inputs and
     output renamed for the backward) from d's input and the statistics ``n`` wrote:
-    LayerNormalization (x - mean) * inv_std * scale (+ bias), SimplifiedLayerNormalization
-    x * inv_std * scale."""
+    (x - mean) * inv_std * scale (+ bias); RMS x * inv_std * scale. Per-channel statistics and
+    parameters ([C], BatchNormInternal) are first reshaped to [C, 1, ...] against x of
+    ``rank`` (``column(rank)``: the name of that shape constant)."""
+    _, (mean_at, inv_at), per_channel = _STAT_NORM_OUTPUTS[n.op_type]
     out: list[onnx.NodeProto] = []
     x, y = d.input[0], d.output[0]
 
-    def op(kind: str, a: str, b: str, last: bool = False) -> str:
+    def node(kind: str, ins: list[str], last: bool = False) -> str:
         t = y if last else fresh(f"{y}.{kind.lower()}")
         name = fresh(f"{n.name or n.op_type}/{kind.lower()}{len(out)}/recompute")
-        out.append(helper.make_node(kind, [a, b], [t], name=name))
+        out.append(helper.make_node(kind, ins, [t], name=name))
         return t
 
+    def chan(t: str) -> str:
+        return node("Reshape", [t, column(rank)]) if per_channel else t
+
     bias = d.input[2] if len(d.input) > 2 and d.input[2] else None
-    if n.op_type == "LayerNormalization":
-        h = op("Mul", op("Sub", x, n.output[1]), n.output[2])
-    else:
-        h = op("Mul", x, n.output[1])
-    h = op("Mul", h, d.input[1], last=bias is None)
+    h = x if mean_at is None else node("Sub", [x, chan(n.output[mean_at])])
+    h = node("Mul", [h, chan(n.output[inv_at])])
+    h = node("Mul", [h, chan(d.input[1])], last=bias is None)
     if bias is not None:
-        op("Add", h, bias, last=True)
+        node("Add", [h, chan(bias)], last=True)
     return out
 
 
@@ -431,10 +448,14 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
     dropped: set[int] = set()
     # norms recomputed elementwise from their input and statistics: the statistics stay saved
     stats = {i for i in fwd if _from_statistics(nodes[i], sizes, bwd_reads)}
-    kept = {t for i in stats for t in nodes[i].output[1:] if t}
+    kept = {t for i in stats for t in nodes[i].output[1:] if t}   # and the running stats
 
     def klass(i: int) -> int | None:
         return ELEMENTWISE if i in stats else op_class(nodes[i])
+
+    def rewired(i: int):
+        """The outputs whose backward readers a duplicate of node i would take over."""
+        return nodes[i].output[:1] if i in stats else nodes[i].output
 
     def is_saved(t: str) -> bool:
         p = producer.get(t)
@@ -473,7 +494,7 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
 
     def recomputable(i: int) -> bool:
         return (i in fwd and i not in dropped and klass(i) is not None
-                and not any(t in outputs for t in nodes[i].output))
+                and not any(t in outputs for t in rewired(i)))
 
     bwd_read = {t for t in fwd_tensors if t in bwd_reads}
     emit_cache: dict = {}
@@ -545,7 +566,7 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
         return None
 
     cands = [i for i in fwd if klass(i) is not None
-             and not any(t in outputs for t in nodes[i].output)
+             and not any(t in outputs for t in rewired(i))
              and any(t in saved0 for t in nodes[i].output)]
     est = before
     changed = True
@@ -605,6 +626,16 @@ def _rewrite(model, nodes, fwd, dropped, stats, producer, sizes, inits, report) 
     new_vi = []
     dups: dict[int, list[onnx.NodeProto]] = {}
     zeros: dict[int, str] = {}
+    columns: dict[int, str] = {}
+
+    def column(rank: int) -> str:
+        """[-1, 1, ...] (rank - 1 ones): a [C] tensor as a column against [N, C, ...]."""
+        if rank not in columns:
+            columns[rank] = fresh(f"fusecli.recompute.column{rank}")
+            graph.initializer.append(numpy_helper.from_array(
+                np.array([-1] + [1] * (rank - 2), np.int64), columns[rank]))
+        return columns[rank]
+
     for i in sorted(dropped):
         n = nodes[i]
         d = onnx.NodeProto()
@@ -640,9 +671,11 @@ def _rewrite(model, nodes, fwd, dropped, stats, producer, sizes, inits, report) 
                 a, b = d.input[0], d.input[1]
                 d.input[0], d.input[1] = b, a
         if i in stats:
-            dups[i] = pre + _statistics_nodes(n, d, fresh)
+            made = _statistics_nodes(n, d, fresh, sizes.rank(n.input[0]), column)
+            dups[i] = pre + made
             key = f"{CLASS_NAMES[ELEMENTWISE]} {n.op_type} (from its statistics)"
-            report.extra_flops += (len(dups[i]) - len(pre)) * _numel(n.output[0], sizes)
+            report.extra_flops += sum(m.op_type != "Reshape" for m in made) * \
+                _numel(n.output[0], sizes)
         else:
             dups[i] = pre + [d]
             key = f"{CLASS_NAMES[op_class(n)]} {n.op_type}"
