@@ -37,6 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "data"))
 import gen  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# (input_ids, labels) -> a Hugging Face causal LM's own loss (ForCausalLMLoss: the labels
+# shifted and padded with -100 inside the graph, mean over kept tokens)
+from make_lce_spellings import HFLoss  # noqa: E402
+
 VOCAB = {"llama": 32000, "gpt2": 50257}
 
 
@@ -56,18 +61,6 @@ def _config(arch: str, seq: int, layers: int):
         cls = transformers.GPT2LMHeadModel
     cfg._attn_implementation = "eager"
     return cls(cfg).train()
-
-
-class OwnLoss(torch.nn.Module):
-    """(input_ids, labels) -> the model's own loss (transformers' ForCausalLMLoss: the labels
-    shifted and padded with -100 inside the graph, mean over kept tokens)."""
-
-    def __init__(self, net: torch.nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def forward(self, input_ids, labels):
-        return self.net(input_ids=input_ids, labels=labels).loss
 
 
 class ReduceMeanLoss(torch.nn.Module):
@@ -107,7 +100,7 @@ def _ortt(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path,
 
     gen._mask_without_vmap()
     f = io.BytesIO()
-    net = OwnLoss(model) if own_loss else Logits(model)
+    net = HFLoss(model) if own_loss else Logits(model)
     args = (ids, torch.randint(0, model.config.vocab_size, ids.shape)) if own_loss else (ids,)
     torch.onnx.export(net, args, f, input_names=["input_ids", "labels"][:len(args)],
                       output_names=["loss" if own_loss else "output"],
