@@ -247,7 +247,7 @@ def test_rope_raw_forward_split_must_be_the_backwards():
     sin, so either one is context for either backward. Both forwards' first halves sliced at
     h-1 (each Slice reading its own constant, as the raw export writes them) while the
     backwards still split at h: nothing fuses, and explain names the slice point's
-    dataflow."""
+    constant (the forward's and the backward's differ)."""
     m = _load("torch", "half_raw")
     rec = _first(m, "rope_torch")
     bad = copy.deepcopy(m)
@@ -265,7 +265,7 @@ def test_rope_raw_forward_split_must_be_the_backwards():
     misses = explain_model(bad, FusionPass(rules=_upto("rope_torch")), node_names=[anchor],
                            include_shallow=True)
     assert {x["reason"] for x in misses
-            if x["rule"] == "rope_torch" and x["anchor"] == anchor} == {"dataflow"}, misses
+            if x["rule"] == "rope_torch" and x["anchor"] == anchor} == {"constant"}, misses
 
 
 def test_rope_raw_type_reader_outside_is_rewritten(tmp_path):

@@ -793,6 +793,14 @@ class Matcher:
             if v in t2:
                 if t2[v] != name and not (kind == "input" and self._same_constant(t2[v], name)):
                     bound = t2[v]
+                    if (kind == "input" and self.g.const_value(name) is not None
+                            and self.g.const_value(bound) is not None):
+                        # two constants of one variable (the forward's and the backward's
+                        # scale): the values differ, which explain names as a constant
+                        self._fail(depth, nodes, spec.id, "constant",
+                                   lambda: f"node {node.name} {kind} {pos} is the constant "
+                                   f"'{name}', not the value of {v} bound to '{bound}'", node)
+                        return False
                     self._fail(depth, nodes, spec.id, "dataflow",
                                lambda: f"node {node.name} {kind} {pos} is '{name}', but {v} is "
                                f"already bound to '{bound}'", node)
