@@ -1,6 +1,7 @@
 // LinearCrossEntropy: CPU kernel. Rows in chunks: Z = Hc W^T (+ b) on onnxruntime's MLAS, the
-// row log-sum-exp, loss and dZ = c (softmax - onehot) in place (threads over rows), then
-// dHc = dZ W (MLAS) and dW += dZ^T Hc (Eigen, accumulating; threads over W's rows).
+// row log-sum-exp (of the logits times logit_scale), loss and dZ = c (softmax - onehot) in place
+// (threads over rows), then dHc = dZ W (MLAS) and dW += dZ^T Hc (Eigen, accumulating; threads over
+// W's rows).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -16,7 +17,8 @@
 namespace fusecli {
 namespace {
 
-// attributes: ignore_index, wrap_negative, reduction, grad_scale, chunk_rows, seq_start, seq_end
+// attributes: ignore_index, wrap_negative, reduction, grad_scale, logit_scale, chunk_rows,
+// seq_start, seq_end
 struct LceKernel : CpuKernel<LceKernel, kLinearCrossEntropy> {
   template <typename TOp>
   LceKernel(const OrtKernelInfo* info, const TOp* op) : CpuKernel(info, op), mm(info) {
@@ -119,6 +121,7 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
       for (int64_t i = i0; i < i1; ++i) {
         MA row(z + i * V, V);
         if (bp) row += CA(bp, V);
+        if (logit_scale != 1.f) row *= logit_scale;
         const int64_t g = r0 + i;
         const bool valid = rwp || lp[g] != ignore_index;
         const int64_t t = valid ? class_of(lp[g], V, wrap_negative) : 0;  // checked above
@@ -127,12 +130,13 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
         const float lse = mx + std::log((row - mx).exp().sum());
         nll[i] = !valid ? 0.0 : (rwp ? static_cast<double>(rwp[g]) : 1.0) * (lse - zt);
         if (!want_grad) continue;
-        const float ci = rgp ? rgp[g] : (valid ? coef : 0.f);
+        // the gradient of the unscaled logits H W^T + b: logit_scale c (softmax - onehot)
+        const float ci = (rgp ? rgp[g] : (valid ? coef : 0.f)) * logit_scale;
         if (ci == 0.f) {
           row.setZero();
           continue;
         }
-        row = (row - lse).exp() * ci;  // c (softmax - onehot)
+        row = (row - lse).exp() * ci;  // c (softmax - onehot), times logit_scale
         row[t] -= ci;
       }
     });

@@ -1,7 +1,7 @@
 // LinearCrossEntropy: CUDA launcher. Per chunk of rows: Z = Hc W^T (SGEMM), one block per row
-// for the bias, log-sum-exp, nll and dZ = c (softmax - onehot) in place, then dHc = dZ W and
-// dW += dZ^T Hc (SGEMM, beta 1 after the first chunk) and dB += column sums. The token count
-// and the loss are reduced on the device (reduction none: the rows' losses copied out). With
+// for the bias and logit_scale, log-sum-exp, nll and dZ = c (softmax - onehot) in place, then dHc =
+// dZ W and dW += dZ^T Hc (SGEMM, beta 1 after the first chunk) and dB += column sums. The token
+// count and the loss are reduced on the device (reduction none: the rows' losses copied out). With
 // seq_start / seq_end the rows read are packed first and their dH put back after.
 #include "cuda_common.cuh"
 
@@ -36,12 +36,13 @@ __global__ void lce_count_kernel(const int64_t* labels, int64_t n, int64_t ignor
 __global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labels, const float* rw,
                                 const float* rg, const float* seed, const float* count, float* nll,
                                 int64_t r0, int64_t v, int64_t ignore_index, int wrap_negative,
-                                int mean, float grad_scale, int want_grad) {
+                                int mean, float grad_scale, float logit_scale, int want_grad) {
   __shared__ float sh[kThreads];
   const int64_t i = blockIdx.x, g = r0 + i;
   float* row = z + i * v;
-  if (bias)
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) row[j] += bias[j];
+  if (bias || logit_scale != 1.f)
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
+      row[j] = (row[j] + (bias ? bias[j] : 0.f)) * logit_scale;
   __syncthreads();
   const bool valid = rw || labels[g] != ignore_index;
   int64_t t = valid ? labels[g] : 0;
@@ -59,7 +60,8 @@ __global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labe
   if (threadIdx.x == 0) nll[g] = valid ? (rw ? rw[g] : 1.f) * (lse - zt) : 0.f;
   if (!want_grad) return;
   const float sc = grad_scale * (seed ? seed[0] : 1.f);
-  const float c = rg ? rg[g] : (valid ? sc / (mean ? count[0] : 1.f) : 0.f);
+  // the gradient of the unscaled logits: logit_scale c (softmax - onehot)
+  const float c = (rg ? rg[g] : (valid ? sc / (mean ? count[0] : 1.f) : 0.f)) * logit_scale;
   for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
     row[j] = c == 0.f ? 0.f : c * (expf(row[j] - lse) - (j == t ? 1.f : 0.f));
 }
@@ -87,8 +89,8 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     void* stream, const float* h, const float* w, const float* bias, const int64_t* labels,
     const float* row_weight, const float* row_grad, const float* grad_seed, float* loss, float* dh,
     float* dw, float* db, int64_t n, int64_t v, int64_t d, int64_t ignore_index, int wrap_negative,
-    int reduction, float grad_scale, int64_t chunk_rows, int64_t groups, int64_t seq,
-    int64_t seq_start, int64_t seq_end) {
+    int reduction, float grad_scale, float logit_scale, int64_t chunk_rows, int64_t groups,
+    int64_t seq, int64_t seq_start, int64_t seq_end) {
   const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
   if (n < 0 || v < 0 || d < 0) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -139,7 +141,7 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
         gemm(s, false, true, m, v, d, 1.f, hc, d, 0, w, d, 0, 0.f, zs.f(), v, 0, 1, tf32 != 0));
     lce_rows_kernel<<<static_cast<unsigned>(m), kThreads, 0, s>>>(
         zs.f(), bias, labels, row_weight, row_grad, grad_seed, count, nll, r0, v, ignore_index,
-        wrap_negative, reduction == 0, grad_scale, want_grad);
+        wrap_negative, reduction == 0, grad_scale, logit_scale, want_grad);
     RETURN_IF_ERR(cudaGetLastError());
     if (dh)
       RETURN_IF_ERR(gemm(s, false, false, m, d, v, 1.f, zs.f(), v, 0, w, d, 0, 0.f, dh + r0 * d, d,

@@ -43,9 +43,10 @@ def fused(h, w, bias, lab, rw=None, rg=None, outs=(1, 1, 1, 1), **attrs):
                      [(nm, F32) if o else None for nm, o in zip(names, outs)], **attrs)
 
 
-def torch_joint_unfused(h, w, bias, lab, grad_scale=1.0):
+def torch_joint_unfused(h, w, bias, lab, grad_scale=1.0, logit_scale=None):
     """The torch-joint decomposition of log_softmax + masked nll (mean over kept tokens) and its
-    backward, as torch 2.13's export writes it (tests/data/make_lce.py)."""
+    backward, as torch 2.13's export writes it (tests/data/make_lce.py); logit_scale: the
+    logits multiplied by it before the loss (and their gradient after), as Cohere's head."""
     n, v = lab.size, w.shape[0]
     b = Builder()
     hn, wn, ln = b.input("H", h), b.input("W", w), b.input("labels", lab)
@@ -54,6 +55,8 @@ def torch_joint_unfused(h, w, bias, lab, grad_scale=1.0):
     z = b.op("MatMul", h2, wt)
     if bias is not None:
         z = b.add(z, b.input("bias", bias))
+    if logit_scale is not None:
+        z = b.mul(z, b.const(logit_scale))
     lp = b.op("LogSoftmax", z, axis=-1)
     ne = b.op("Not", b.op("Equal", ln, b.ints(-100)))
     safe = b.op("Where", ne, ln, b.ints(np.zeros(n, I64)))
@@ -66,6 +69,8 @@ def torch_joint_unfused(h, w, bias, lab, grad_scale=1.0):
     sa = b.op("ScatterElements", b.const(np.zeros((n, v))), idx,
               b.op("Unsqueeze", b.op("Neg", g), b.ints([1])), axis=1, reduction="add")
     dz = b.sub(sa, b.mul(b.op("Exp", lp), b.op("ReduceSum", sa, b.ints([-1]), keepdims=1)))
+    if logit_scale is not None:
+        dz = b.mul(dz, b.const(logit_scale))
     dw = b.op("MatMul", b.op("Transpose", dz, perm=[1, 0]), h2)
     dh = b.op("Reshape", b.op("MatMul", dz, b.op("Transpose", wt, perm=[1, 0])),
               b.ints(list(h.shape)))
@@ -86,6 +91,24 @@ def test_lce_vs_reference_and_torch_joint_unfused(case, with_bias):
     for i, nm in enumerate(["loss", "dH", "dW", "dB"][:3 + with_bias]):
         assert_close(got[i], ref[i], what=f"{nm} vs reference")
         assert_close(got[i], unf[i], what=f"{nm} vs unfused")
+
+
+@pytest.mark.parametrize("case", SHAPES[1:5])
+@pytest.mark.parametrize("logit_scale", [0.25, 2.5])
+def test_lce_logit_scale_is_the_logits_times_a_constant(case, logit_scale):
+    """Granite's logits / logits_scaling, Cohere's logits * logit_scale: the op with logit_scale
+    against the unfused head whose logits (and their gradient) are multiplied by it, and
+    against the reference; the loss differs from the unscaled op's (the scale is not lost)."""
+    shape, d, v, chunk = case
+    h, w, bias, lab = make_case(shape, d, v, seed="scale")
+    got = fused(h, w, bias, lab, chunk_rows=chunk, logit_scale=logit_scale)
+    ref = linear_cross_entropy(h, w, bias, lab, logit_scale=logit_scale)
+    unf, _ = torch_joint_unfused(h, w, bias, lab, logit_scale=logit_scale)
+    for i, nm in enumerate(["loss", "dH", "dW", "dB"]):
+        assert_close(got[i], ref[i], what=f"{nm} vs reference")
+        assert_close(got[i], unf[i], what=f"{nm} vs unfused")
+    plain = linear_cross_entropy(h, w, bias, lab)[0]
+    assert abs(float(got[0]) - float(plain)) > 1e-3 * abs(float(plain))
 
 
 @pytest.mark.parametrize("case", SHAPES[1:4])

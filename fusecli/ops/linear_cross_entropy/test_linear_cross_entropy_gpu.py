@@ -33,6 +33,19 @@ def test_linear_cross_entropy(ndv, with_bias, reduction):
             close(g, r, 2e-4, nm)
 
 
+@pytest.mark.parametrize("logit_scale", [0.25, 2.0])
+def test_linear_cross_entropy_logit_scale(logit_scale):
+    """Granite's / Cohere's logits times a constant (the op's logit_scale)."""
+    n, d, v = 70, 16, 300
+    h, w, bias = rand(n, d), rand(v, d) * 0.5, rand(v)
+    lab = torch.randint(0, v, (n,), device="cuda")
+    lab[16:32] = -100
+    got = linear_cross_entropy(h, w, bias, lab, chunk_rows=16, logit_scale=logit_scale)
+    ref = ref_lce(h, w, bias, lab, logit_scale=logit_scale)
+    for g, r, nm in zip(got, ref, ["loss", "dH", "dW", "dB"]):
+        close(g, r, 2e-4, nm)
+
+
 def test_linear_cross_entropy_row_weight_and_row_grad():
     n, d, v = 50, 8, 40
     h, w = rand(n, d), rand(v, d) * 0.5
