@@ -543,3 +543,47 @@ def with_probabilities_output(m):
         if n.op_type == "Softmax":
             m.graph.output.append(helper.make_tensor_value_info(n.output[0], F, None))
     return m
+
+
+def with_logit_scale(m, family, c=4.0, op="Div"):
+    """A head + cross-entropy export (tests/data/make_lce.py, scripts/make_lce_spellings.py)
+    with its logits multiplied by a constant before the loss, as Granite's `logits /
+    logits_scaling` (op Div, c) or Cohere's `logits * logit_scale` (op Mul, c) are, and the
+    logits' gradient multiplied by the same constant after the loss's backward (the chain rule,
+    as the exporters write it): ort-training, between the head (+ bias) and the Reshape /
+    SoftmaxCrossEntropyLoss, and between SoftmaxCrossEntropyLossGrad (+ its Reshape) and the
+    head's gradients; torch-joint, before LogSoftmax and after the Sub that forms dZ."""
+    import copy
+
+    m = copy.deepcopy(m)
+    g = m.graph
+    nodes = list(g.node)
+    producer = {t: n for n in nodes for t in n.output}
+
+    def readers(t):
+        return [n for n in nodes if t in n.input]
+
+    if family == "ortt":
+        sce = next(n for n in nodes if n.op_type == "SoftmaxCrossEntropyLoss")
+        p = producer.get(sce.input[0])
+        z = p.input[0] if p is not None and p.op_type == "Reshape" else sce.input[0]
+        dl = next(n for n in nodes if n.op_type == "SoftmaxCrossEntropyLossGrad").output[0]
+        r = [n for n in readers(dl) if n.op_type == "Reshape"]
+        dz = r[0].output[0] if r else dl
+    else:
+        lsm = next(n for n in nodes if n.op_type == "LogSoftmax")
+        z = lsm.input[0]
+        exp = next(n for n in readers(lsm.output[0]) if n.op_type == "Exp")
+        pmul = next(n for n in readers(exp.output[0]) if n.op_type == "Mul")
+        dz = next(n for n in readers(pmul.output[0]) if n.op_type == "Sub").output[0]
+    g.initializer.append(numpy_helper.from_array(np.array(c, np.float32), "logit_scale_c"))
+    for t in (z, dz):
+        new = helper.make_node(op, [t, "logit_scale_c"], [f"{t}_scaled"], name=f"{t}_scale")
+        for n in readers(t):
+            n.input[:] = [f"{t}_scaled" if x == t else x for x in n.input]
+        at = nodes.index(producer[t]) + 1 if t in producer else 0
+        nodes.insert(at, new)
+        producer[new.output[0]] = new
+    del g.node[:]
+    g.node.extend(nodes)
+    return m

@@ -55,7 +55,17 @@ EXPECTED = {
     # Hugging Face's own loss (ForCausalLMLoss: labels padded and shifted, logits whole)
     "ortt_lces_hf_llama_loss": "lce_ortt_ii",
     "ortt_lces_hf_gpt2_loss_tied": "lce_ortt_ii",
+    # the logits times a constant before the loss (scripts/corpus/archs.py granite_lm, cohere_lm:
+    # GraniteForCausalLM's logits / logits_scaling, CohereForCausalLM's logits * logit_scale,
+    # exported by scripts/corpus/gen.py with the corpus' ce_lm loss): the op's logit_scale
+    "ortt_lces_granite_lm": "lce_ortt_ii_scaled",
+    "torch_lces_granite_lm": "lce_torch_mean_scaled",
+    "torch_lces_cohere_lm": "lce_torch_mean_scaled",
 }
+# the constant each of those multiplies the logits by (the model code: logits_scaling 4,
+# logit_scale 0.5)
+LOGIT_SCALE = {"ortt_lces_granite_lm": 0.25, "torch_lces_granite_lm": 0.25,
+               "torch_lces_cohere_lm": 0.5}
 
 
 def _lce(fp):
@@ -75,6 +85,10 @@ def test_spelling_fuses_as_the_model_says_and_verifies(name, tmp_path):
         assert ops.count("LinearCrossEntropy") == (2 if rule.endswith("_split") else 1)
         assert not set(ops) & {"LogSoftmax", "ScatterElements", "NegativeLogLikelihoodLoss",
                                "SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossGrad"}
+        lce = next(n for n in m.graph.node if n.op_type == "LinearCrossEntropy")
+        scale = next((helper.get_attribute_value(a) for a in lce.attribute
+                      if a.name == "logit_scale"), 1.0)
+        assert scale == pytest.approx(LOGIT_SCALE.get(name, 1.0))
     else:
         assert "LinearCrossEntropy" not in ops and "LogSoftmax" in ops
     out = tmp_path / "fused.onnx"
@@ -525,12 +539,14 @@ def test_fused_spelling_reads_negative_labels_as_the_original(name, tmp_path):
                          for n in nodes)
     shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in m.graph.input}
     vocab = shapes[nodes[0].input[1]][0]
-    lab_shape = shapes["labels"]
+    # (make_lce_spellings.py names the labels input `labels`, the corpus generator `target`)
+    lab_name = next(n for n in ("labels", "target") if n in shapes)
+    lab_shape = shapes[lab_name]
     lab = np.random.default_rng(36).integers(-vocab, vocab, int(np.prod(lab_shape)))
     lab[:3] = [-vocab, -1, vocab - 1]
     assert ((lab < 0) & (lab != -100)).sum() >= 3
     out = tmp_path / "fused.onnx"
     onnx.save(m, out)
-    np.savez(tmp_path / "feeds.npz", labels=lab.reshape(lab_shape).astype(np.int64))
+    np.savez(tmp_path / "feeds.npz", **{lab_name: lab.reshape(lab_shape).astype(np.int64)})
     report = verify_models(DATA / f"{name}.onnx", out, feeds_file=tmp_path / "feeds.npz")
     assert report.ok and report.max_rel <= 1e-5, report
