@@ -17,8 +17,8 @@
 namespace fusecli {
 namespace {
 
-// attributes: ignore_index, wrap_negative, reduction, grad_scale, logit_scale, chunk_rows,
-// seq_start, seq_end
+// attributes: ignore_index, wrap_negative, reduction, grad_scale, logit_scale, logit_softcap,
+// chunk_rows, seq_start, seq_end
 struct LceKernel : CpuKernel<LceKernel, kLinearCrossEntropy> {
   template <typename TOp>
   LceKernel(const OrtKernelInfo* info, const TOp* op) : CpuKernel(info, op), mm(info) {
@@ -122,6 +122,7 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
         MA row(z + i * V, V);
         if (bp) row += CA(bp, V);
         if (logit_scale != 1.f) row *= logit_scale;
+        if (logit_softcap > 0.f) row = (row / logit_softcap).tanh() * logit_softcap;
         const int64_t g = r0 + i;
         const bool valid = rwp || lp[g] != ignore_index;
         const int64_t t = valid ? class_of(lp[g], V, wrap_negative) : 0;  // checked above
@@ -134,6 +135,12 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
         const float ci = (rgp ? rgp[g] : (valid ? coef : 0.f)) * logit_scale;
         if (ci == 0.f) {
           row.setZero();
+          continue;
+        }
+        if (logit_softcap > 0.f) {  // times the cap's derivative 1 - (Z / cap)^2
+          const float dt = 1.f - (zt / logit_softcap) * (zt / logit_softcap);
+          row = (row - lse).exp() * ci * (1.f - (row / logit_softcap).square());
+          row[t] -= ci * dt;
           continue;
         }
         row = (row - lse).exp() * ci;  // c (softmax - onehot), times logit_scale

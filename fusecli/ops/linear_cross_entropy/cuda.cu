@@ -36,13 +36,17 @@ __global__ void lce_count_kernel(const int64_t* labels, int64_t n, int64_t ignor
 __global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labels, const float* rw,
                                 const float* rg, const float* seed, const float* count, float* nll,
                                 int64_t r0, int64_t v, int64_t ignore_index, int wrap_negative,
-                                int mean, float grad_scale, float logit_scale, int want_grad) {
+                                int mean, float grad_scale, float logit_scale, float softcap,
+                                int want_grad) {
   __shared__ float sh[kThreads];
   const int64_t i = blockIdx.x, g = r0 + i;
   float* row = z + i * v;
   if (bias || logit_scale != 1.f)
     for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
       row[j] = (row[j] + (bias ? bias[j] : 0.f)) * logit_scale;
+  if (softcap > 0.f)
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
+      row[j] = softcap * tanhf(row[j] / softcap);
   __syncthreads();
   const bool valid = rw || labels[g] != ignore_index;
   int64_t t = valid ? labels[g] : 0;
@@ -63,7 +67,9 @@ __global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labe
   // the gradient of the unscaled logits: logit_scale c (softmax - onehot)
   const float c = (rg ? rg[g] : (valid ? sc / (mean ? count[0] : 1.f) : 0.f)) * logit_scale;
   for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
-    row[j] = c == 0.f ? 0.f : c * (expf(row[j] - lse) - (j == t ? 1.f : 0.f));
+    row[j] = c == 0.f ? 0.f
+                      : c * (expf(row[j] - lse) - (j == t ? 1.f : 0.f)) *
+                            (softcap > 0.f ? 1.f - (row[j] / softcap) * (row[j] / softcap) : 1.f);
 }
 
 __global__ void lce_col_add_kernel(const float* z, float* db, int64_t rows, int64_t v) {
@@ -89,8 +95,8 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     void* stream, const float* h, const float* w, const float* bias, const int64_t* labels,
     const float* row_weight, const float* row_grad, const float* grad_seed, float* loss, float* dh,
     float* dw, float* db, int64_t n, int64_t v, int64_t d, int64_t ignore_index, int wrap_negative,
-    int reduction, float grad_scale, float logit_scale, int64_t chunk_rows, int64_t groups,
-    int64_t seq, int64_t seq_start, int64_t seq_end) {
+    int reduction, float grad_scale, float logit_scale, float logit_softcap, int64_t chunk_rows,
+    int64_t groups, int64_t seq, int64_t seq_start, int64_t seq_end) {
   const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
   if (n < 0 || v < 0 || d < 0) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -141,7 +147,7 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
         gemm(s, false, true, m, v, d, 1.f, hc, d, 0, w, d, 0, 0.f, zs.f(), v, 0, 1, tf32 != 0));
     lce_rows_kernel<<<static_cast<unsigned>(m), kThreads, 0, s>>>(
         zs.f(), bias, labels, row_weight, row_grad, grad_seed, count, nll, r0, v, ignore_index,
-        wrap_negative, reduction == 0, grad_scale, logit_scale, want_grad);
+        wrap_negative, reduction == 0, grad_scale, logit_scale, logit_softcap, want_grad);
     RETURN_IF_ERR(cudaGetLastError());
     if (dh)
       RETURN_IF_ERR(gemm(s, false, false, m, d, v, 1.f, zs.f(), v, 0, w, d, 0, 0.f, dh + r0 * d, d,

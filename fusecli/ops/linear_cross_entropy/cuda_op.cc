@@ -6,8 +6,8 @@
 namespace fusecli {
 namespace {
 
-// attributes: ignore_index, wrap_negative, reduction, grad_scale, logit_scale, chunk_rows,
-// seq_start, seq_end
+// attributes: ignore_index, wrap_negative, reduction, grad_scale, logit_scale, logit_softcap,
+// chunk_rows, seq_start, seq_end
 struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
   using CudaKernel::CudaKernel;
   void Compute(Ort::KernelContext& ctx) {
@@ -36,7 +36,7 @@ struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
                    rw.present ? rw.ptr<float>() : nullptr, rg.present ? rg.ptr<float>() : nullptr,
                    seed.present ? seed.ptr<float>() : nullptr, loss, dh, dw, db, N, V, D,
                    ignore_index, wrap_negative ? 1 : 0, reduction == "mean" ? 0 : (none ? 2 : 1),
-                   grad_scale, logit_scale, chunk_rows, G, S, s0, s1),
+                   grad_scale, logit_scale, logit_softcap, chunk_rows, G, S, s0, s1),
                "LinearCrossEntropy");
   }
 };

@@ -9,7 +9,8 @@ from fusecli.ops.gpu import launch
 
 def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ignore_index=-100,
                          reduction="mean", grad_scale=1.0, chunk_rows=0, want=(1, 1, 1, 1),
-                         grad_seed=None, wrap_negative=0, logit_scale=1.0):
+                         grad_seed=None, wrap_negative=0, logit_scale=1.0,
+                         logit_softcap=0.0):
     """(loss, dH, dW, dB), None where not wanted (dB also without a bias); grad_seed: a
     one-element device tensor or None."""
     import torch
@@ -25,20 +26,24 @@ def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ign
            row_weight=row_weight, row_grad=row_grad, grad_seed=grad_seed, loss=loss, dh=dh, dw=dw,
            db=db, n=n, v=v, d=d, ignore_index=ignore_index, wrap_negative=int(wrap_negative),
            reduction={"mean": 0, "sum": 1, "none": 2}[reduction], grad_scale=grad_scale, logit_scale=logit_scale,
+           logit_softcap=logit_softcap,
            chunk_rows=chunk_rows,
            groups=0, seq=0, seq_start=0, seq_end=0)
     return loss, dh, dw, db
 
 
 def ref_lce(h, w, bias, labels, ignore_index=-100, reduction="mean", grad_scale=1.0,
-            logit_scale=1.0):
-    """(loss, dH, dW, dB) with torch autograd in float64 (logits = logit_scale (H W^T + b))."""
+            logit_scale=1.0, logit_softcap=0.0):
+    """(loss, dH, dW, dB) with torch autograd in float64 (logits = logit_scale (H W^T + b),
+    then soft-capped at logit_softcap when > 0)."""
     import torch
 
     hh = h.double().reshape(-1, h.shape[-1]).detach().requires_grad_()
     ww = w.double().detach().requires_grad_()
     bb = None if bias is None else bias.double().detach().requires_grad_()
     z = (hh @ ww.t() + (0 if bb is None else bb)) * logit_scale
+    if logit_softcap > 0:
+        z = torch.tanh(z / logit_softcap) * logit_softcap
     loss = torch.nn.functional.cross_entropy(z, labels, ignore_index=ignore_index,
                                              reduction=reduction)
     (loss * grad_scale).backward()

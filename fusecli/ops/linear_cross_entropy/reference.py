@@ -14,7 +14,8 @@ INT64_MAX = 2 ** 63 - 1
 
 def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad=None,
                          ignore_index=-100, reduction="mean", grad_scale=1.0, grad_seed=None,
-                         wrap_negative=0, seq_start=0, seq_end=INT64_MAX, logit_scale=1.0):
+                         wrap_negative=0, seq_start=0, seq_end=INT64_MAX, logit_scale=1.0,
+                         logit_softcap=0.0):
     """Returns (loss, dH, dW, dB) as the contract defines them (wrap_negative: a label in
     [-V, 0) is the class V + label, ignore_index ignored first; reduction none: loss is each
     row's)."""
@@ -34,6 +35,9 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
     if bias is not None:
         z = z + bias.astype(np.float64)
     z = z * float(logit_scale)
+    cap = float(logit_softcap)
+    if cap > 0:
+        z = cap * np.tanh(z / cap)
     m = z.max(axis=1, keepdims=True) if v else np.zeros((n, 1))
     lse = (m + np.log(np.exp(z - m).sum(axis=1, keepdims=True)))[:, 0]
     valid = lab != ignore_index if row_weight is None else np.ones(n, bool)
@@ -62,6 +66,8 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
     dz = np.exp(z - lse[:, None])
     dz[np.arange(n), safe] -= 1.0
     dz *= np.asarray(c, np.float64)[:, None] * float(logit_scale)  # d/d(H W^T + b)
+    if cap > 0:
+        dz *= 1.0 - (z / cap) ** 2
     f = h.dtype
     dh = (dz @ w.astype(np.float64)).reshape(h.shape).astype(f)
     if sliced:  # dH of the rows not read: 0
@@ -76,10 +82,12 @@ class Reference(OpRun):
 
     def _run(self, h, w, bias=None, labels=None, row_weight=None, row_grad=None, grad_seed=None,
              ignore_index=None, wrap_negative=None, reduction=None, grad_scale=None,
-             logit_scale=None, chunk_rows=None, seq_start=None, seq_end=None):
+             logit_scale=None, logit_softcap=None, chunk_rows=None, seq_start=None,
+             seq_end=None):
         return _fit(self, linear_cross_entropy(
             h, w, bias, labels, row_weight, row_grad,
             -100 if ignore_index is None else ignore_index, reduction or "mean",
             1.0 if grad_scale is None else grad_scale, grad_seed, wrap_negative or 0,
             seq_start or 0, INT64_MAX if seq_end is None else seq_end,
-            1.0 if logit_scale is None else logit_scale))
+            1.0 if logit_scale is None else logit_scale,
+            0.0 if logit_softcap is None else logit_softcap))

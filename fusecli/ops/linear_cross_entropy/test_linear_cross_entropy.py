@@ -43,10 +43,11 @@ def fused(h, w, bias, lab, rw=None, rg=None, outs=(1, 1, 1, 1), **attrs):
                      [(nm, F32) if o else None for nm, o in zip(names, outs)], **attrs)
 
 
-def torch_joint_unfused(h, w, bias, lab, grad_scale=1.0, logit_scale=None):
+def torch_joint_unfused(h, w, bias, lab, grad_scale=1.0, logit_scale=None, logit_softcap=None):
     """The torch-joint decomposition of log_softmax + masked nll (mean over kept tokens) and its
     backward, as torch 2.13's export writes it (tests/data/make_lce.py); logit_scale: the
-    logits multiplied by it before the loss (and their gradient after), as Cohere's head."""
+    logits multiplied by it before the loss (and their gradient after), as Cohere's head;
+    logit_softcap: then soft-capped, c tanh(z / c), as Gemma 2's (the gradient times 1 - t^2)."""
     n, v = lab.size, w.shape[0]
     b = Builder()
     hn, wn, ln = b.input("H", h), b.input("W", w), b.input("labels", lab)
@@ -57,6 +58,9 @@ def torch_joint_unfused(h, w, bias, lab, grad_scale=1.0, logit_scale=None):
         z = b.add(z, b.input("bias", bias))
     if logit_scale is not None:
         z = b.mul(z, b.const(logit_scale))
+    if logit_softcap is not None:
+        t = b.op("Tanh", b.op("Div", z, b.const(logit_softcap)))
+        z = b.mul(t, b.const(logit_softcap))
     lp = b.op("LogSoftmax", z, axis=-1)
     ne = b.op("Not", b.op("Equal", ln, b.ints(-100)))
     safe = b.op("Where", ne, ln, b.ints(np.zeros(n, I64)))
@@ -69,6 +73,8 @@ def torch_joint_unfused(h, w, bias, lab, grad_scale=1.0, logit_scale=None):
     sa = b.op("ScatterElements", b.const(np.zeros((n, v))), idx,
               b.op("Unsqueeze", b.op("Neg", g), b.ints([1])), axis=1, reduction="add")
     dz = b.sub(sa, b.mul(b.op("Exp", lp), b.op("ReduceSum", sa, b.ints([-1]), keepdims=1)))
+    if logit_softcap is not None:
+        dz = b.mul(dz, b.sub(b.const(1.0), b.mul(t, t)))
     if logit_scale is not None:
         dz = b.mul(dz, b.const(logit_scale))
     dw = b.op("MatMul", b.op("Transpose", dz, perm=[1, 0]), h2)
@@ -94,16 +100,21 @@ def test_lce_vs_reference_and_torch_joint_unfused(case, with_bias):
 
 
 @pytest.mark.parametrize("case", SHAPES[1:5])
-@pytest.mark.parametrize("logit_scale", [0.25, 2.5])
-def test_lce_logit_scale_is_the_logits_times_a_constant(case, logit_scale):
-    """Granite's logits / logits_scaling, Cohere's logits * logit_scale: the op with logit_scale
-    against the unfused head whose logits (and their gradient) are multiplied by it, and
-    against the reference; the loss differs from the unscaled op's (the scale is not lost)."""
+@pytest.mark.parametrize("logit_scale,logit_softcap", [(0.25, None), (2.5, None), (None, 1.5),
+                                                       (2.0, 2.5)])
+def test_lce_logit_scale_and_softcap_transform_the_logits(case, logit_scale, logit_softcap):
+    """Granite's logits / logits_scaling, Cohere's logits * logit_scale, Gemma 2's soft cap
+    c tanh(z / c): the op with logit_scale / logit_softcap against the unfused head whose logits
+    (and their gradient) go through them, and against the reference; the loss differs from the
+    plain op's (the transform is not lost)."""
     shape, d, v, chunk = case
     h, w, bias, lab = make_case(shape, d, v, seed="scale")
-    got = fused(h, w, bias, lab, chunk_rows=chunk, logit_scale=logit_scale)
-    ref = linear_cross_entropy(h, w, bias, lab, logit_scale=logit_scale)
-    unf, _ = torch_joint_unfused(h, w, bias, lab, logit_scale=logit_scale)
+    attrs = {k: x for k, x in (("logit_scale", logit_scale), ("logit_softcap", logit_softcap))
+             if x is not None}
+    got = fused(h, w, bias, lab, chunk_rows=chunk, **attrs)
+    ref = linear_cross_entropy(h, w, bias, lab, **attrs)
+    unf, _ = torch_joint_unfused(h, w, bias, lab, logit_scale=logit_scale,
+                                 logit_softcap=logit_softcap)
     for i, nm in enumerate(["loss", "dH", "dW", "dB"]):
         assert_close(got[i], ref[i], what=f"{nm} vs reference")
         assert_close(got[i], unf[i], what=f"{nm} vs unfused")

@@ -33,15 +33,17 @@ def test_linear_cross_entropy(ndv, with_bias, reduction):
             close(g, r, 2e-4, nm)
 
 
-@pytest.mark.parametrize("logit_scale", [0.25, 2.0])
-def test_linear_cross_entropy_logit_scale(logit_scale):
-    """Granite's / Cohere's logits times a constant (the op's logit_scale)."""
+@pytest.mark.parametrize("logit_scale,logit_softcap", [(0.25, 0.0), (2.0, 0.0), (1.0, 1.5)])
+def test_linear_cross_entropy_logit_scale(logit_scale, logit_softcap):
+    """Granite's / Cohere's logits times a constant (the op's logit_scale), Gemma 2's soft cap
+    (logit_softcap)."""
     n, d, v = 70, 16, 300
     h, w, bias = rand(n, d), rand(v, d) * 0.5, rand(v)
     lab = torch.randint(0, v, (n,), device="cuda")
     lab[16:32] = -100
-    got = linear_cross_entropy(h, w, bias, lab, chunk_rows=16, logit_scale=logit_scale)
-    ref = ref_lce(h, w, bias, lab, logit_scale=logit_scale)
+    got = linear_cross_entropy(h, w, bias, lab, chunk_rows=16, logit_scale=logit_scale,
+                               logit_softcap=logit_softcap)
+    ref = ref_lce(h, w, bias, lab, logit_scale=logit_scale, logit_softcap=logit_softcap)
     for g, r, nm in zip(got, ref, ["loss", "dH", "dW", "dB"]):
         close(g, r, 2e-4, nm)
 
