@@ -548,11 +548,13 @@ def with_probabilities_output(m):
 def with_logit_scale(m, family, c=4.0, op="Div"):
     """A head + cross-entropy export (tests/data/make_lce.py, scripts/make_lce_spellings.py)
     with its logits multiplied by a constant before the loss, as Granite's `logits /
-    logits_scaling` (op Div, c) or Cohere's `logits * logit_scale` (op Mul, c) are, and the
-    logits' gradient multiplied by the same constant after the loss's backward (the chain rule,
-    as the exporters write it): ort-training, between the head (+ bias) and the Reshape /
-    SoftmaxCrossEntropyLoss, and between SoftmaxCrossEntropyLossGrad (+ its Reshape) and the
-    head's gradients; torch-joint, before LogSoftmax and after the Sub that forms dZ."""
+    logits_scaling` (op Div, c) or Cohere's `logits * logit_scale` (op Mul, c) are, or
+    soft-capped as Gemma 2's `c * tanh(logits / c)` (op "softcap"), and the logits' gradient
+    through the same after the loss's backward (the chain rule, as the exporters write it:
+    ort-training's TanhGrad, torch-joint's (1 - t * t)): ort-training, between the head
+    (+ bias) and the Reshape / SoftmaxCrossEntropyLoss, and between SoftmaxCrossEntropyLossGrad
+    (+ its Reshape) and the head's gradients; torch-joint, before LogSoftmax and after the Sub
+    that forms dZ."""
     import copy
 
     m = copy.deepcopy(m)
@@ -576,14 +578,31 @@ def with_logit_scale(m, family, c=4.0, op="Div"):
         exp = next(n for n in readers(lsm.output[0]) if n.op_type == "Exp")
         pmul = next(n for n in readers(exp.output[0]) if n.op_type == "Mul")
         dz = next(n for n in readers(pmul.output[0]) if n.op_type == "Sub").output[0]
-    g.initializer.append(numpy_helper.from_array(np.array(c, np.float32), "logit_scale_c"))
-    for t in (z, dz):
-        new = helper.make_node(op, [t, "logit_scale_c"], [f"{t}_scaled"], name=f"{t}_scale")
+    g.initializer.extend([numpy_helper.from_array(np.array(c, np.float32), "logit_scale_c"),
+                          numpy_helper.from_array(np.array(1.0, np.float32), "logit_one")])
+
+    def mk(o, ins, out):
+        return helper.make_node(o, ins, [out], name=out,
+                                domain="com.microsoft" if o == "TanhGrad" else "")
+
+    tanh = f"{z}_cap_tanh"
+    chains = {"fwd": [mk("Div", [z, "logit_scale_c"], f"{z}_cap_in"),
+                      mk("Tanh", [f"{z}_cap_in"], tanh),
+                      mk("Mul", [tanh, "logit_scale_c"], f"{z}_scaled")],
+              "bwd": [mk("Mul", [dz, "logit_scale_c"], f"{dz}_cap_dt")]
+              + ([mk("TanhGrad", [f"{dz}_cap_dt", tanh], f"{dz}_cap_du")] if family == "ortt"
+                 else [mk("Mul", [tanh, tanh], f"{dz}_cap_sq"),
+                       mk("Sub", ["logit_one", f"{dz}_cap_sq"], f"{dz}_cap_der"),
+                       mk("Mul", [f"{dz}_cap_dt", f"{dz}_cap_der"], f"{dz}_cap_du")])
+              + [mk("Div", [f"{dz}_cap_du", "logit_scale_c"], f"{dz}_scaled")]}
+    for key, t in (("fwd", z), ("bwd", dz)):
+        new = (chains[key] if op == "softcap"
+               else [mk(op, [t, "logit_scale_c"], f"{t}_scaled")])
         for n in readers(t):
             n.input[:] = [f"{t}_scaled" if x == t else x for x in n.input]
         at = nodes.index(producer[t]) + 1 if t in producer else 0
-        nodes.insert(at, new)
-        producer[new.output[0]] = new
+        nodes[at:at] = new
+        producer.update({o: n for n in new for o in n.output})
     del g.node[:]
     g.node.extend(nodes)
     return m

@@ -470,3 +470,45 @@ def test_fused_lm_head_trains_like_the_original(case, tmp_path, ortt_python, mon
 @pytest.fixture(scope="module", autouse=True)
 def _library_built():
     library_path()
+
+
+# --- the logits transformed before the loss (rules/lce_*.yaml _scaled, _softcap) -------------
+# Granite's logits / logits_scaling (Div), Cohere's logits * logit_scale (Mul), Gemma 2's soft
+# cap c tanh(z / c), added to exports of each rule's spellings (tests/builders.py
+# with_logit_scale; real exports of all three: tests/test_lce_spellings.py), the one-op and the
+# two-op (_split: the gradient op must apply the transform too) forms: the op carries the
+# constant and the fused graph computes what the original does.
+TRANSFORM_CASES = [
+    ("ortt", None, "lce_untied", "Div"), ("ortt", None, "lce_bias_sum", "softcap"),
+    ("ortt", None, "lce_frozen", "Mul"), ("ortt", "loss", "lce_untied", "softcap"),
+    ("ortt", "input", "lce_bias_sum", "Div"),
+    ("torch", None, "lce_untied", "softcap"), ("torch", None, "lce_bias", "Div"),
+    ("torch", None, "lce_frozen_sum", "softcap"), ("torch", "loss", "lce_bias_sum", "softcap"),
+    ("torch", "loss", "lce_untied", "Mul"),
+    ("torch", None, "lces_reducemean", "softcap"), ("torch", None, "lces_reducesum_const", "Mul"),
+    ("torch", None, "lces_ce_sum", "softcap"), ("torch", None, "lces_hf_llama_items", "Div")]
+
+
+@pytest.mark.parametrize("family,how,name,op", TRANSFORM_CASES)
+def test_lce_fuses_logits_transformed_before_the_loss(family, how, name, op, tmp_path):
+    import builders
+
+    base = (with_run_time_seed(family, how, name) if how
+            else onnx.load(DATA / f"{family}_{name}.onnx"))
+    c = {"Div": 4.0, "Mul": 0.5, "softcap": 3.0}[op]
+    m = builders.with_logit_scale(base, family, c, op)
+    onnx.save(m, tmp_path / "orig.onnx")
+    fp = FusionPass()
+    fp.run(m)
+    rules = [r.rule for r in fp.stats.fusions if r.pattern == "linear_cross_entropy"]
+    assert len(rules) == 1 and ("_softcap" if op == "softcap" else "_scaled") in rules[0]
+    ops = [n for n in m.graph.node if n.op_type == "LinearCrossEntropy"]
+    assert ops and not {n.op_type for n in m.graph.node} & {"Tanh", "TanhGrad", "LogSoftmax"}
+    want = ("logit_softcap", c) if op == "softcap" else (
+        "logit_scale", 1.0 / c if op == "Div" else c)
+    for n in ops:  # both ops of a _split pair
+        got = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        assert got.get(want[0]) == pytest.approx(want[1]), got
+    onnx.save(m, tmp_path / "fused.onnx")
+    report = verify_models(tmp_path / "orig.onnx", tmp_path / "fused.onnx")
+    assert report.ok and report.max_rel <= 1e-5, report

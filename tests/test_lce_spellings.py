@@ -57,15 +57,21 @@ EXPECTED = {
     "ortt_lces_hf_gpt2_loss_tied": "lce_ortt_ii",
     # the logits times a constant before the loss (scripts/corpus/archs.py granite_lm, cohere_lm:
     # GraniteForCausalLM's logits / logits_scaling, CohereForCausalLM's logits * logit_scale,
-    # exported by scripts/corpus/gen.py with the corpus' ce_lm loss): the op's logit_scale
+    # exported by scripts/corpus/gen.py with the corpus' ce_lm loss): the op's logit_scale; or
+    # soft-capped (gemma2_lm: Gemma2ForCausalLM's final_logit_softcapping): its logit_softcap
     "ortt_lces_granite_lm": "lce_ortt_ii_scaled",
     "torch_lces_granite_lm": "lce_torch_mean_scaled",
     "torch_lces_cohere_lm": "lce_torch_mean_scaled",
+    "ortt_lces_gemma2_lm": "lce_ortt_ii_softcap",
+    "torch_lces_gemma2_lm": "lce_torch_mean_softcap",
 }
-# the constant each of those multiplies the logits by (the model code: logits_scaling 4,
-# logit_scale 0.5)
-LOGIT_SCALE = {"ortt_lces_granite_lm": 0.25, "torch_lces_granite_lm": 0.25,
-               "torch_lces_cohere_lm": 0.5}
+# the logits' transform of those (the model code: logits_scaling 4, logit_scale 0.5,
+# final_logit_softcapping 30 by Gemma2Config's default)
+LOGIT_TRANSFORM = {"ortt_lces_granite_lm": ("logit_scale", 0.25),
+                   "torch_lces_granite_lm": ("logit_scale", 0.25),
+                   "torch_lces_cohere_lm": ("logit_scale", 0.5),
+                   "ortt_lces_gemma2_lm": ("logit_softcap", 30.0),
+                   "torch_lces_gemma2_lm": ("logit_softcap", 30.0)}
 
 
 def _lce(fp):
@@ -86,9 +92,11 @@ def test_spelling_fuses_as_the_model_says_and_verifies(name, tmp_path):
         assert not set(ops) & {"LogSoftmax", "ScatterElements", "NegativeLogLikelihoodLoss",
                                "SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossGrad"}
         lce = next(n for n in m.graph.node if n.op_type == "LinearCrossEntropy")
-        scale = next((helper.get_attribute_value(a) for a in lce.attribute
-                      if a.name == "logit_scale"), 1.0)
-        assert scale == pytest.approx(LOGIT_SCALE.get(name, 1.0))
+        attrs = {a.name: helper.get_attribute_value(a) for a in lce.attribute}
+        for attr, default in (("logit_scale", 1.0), ("logit_softcap", 0.0)):
+            want = dict([LOGIT_TRANSFORM[name]]).get(attr, default) if name in \
+                LOGIT_TRANSFORM else default
+            assert attrs.get(attr, default) == pytest.approx(want), (attr, attrs)
     else:
         assert "LinearCrossEntropy" not in ops and "LogSoftmax" in ops
     out = tmp_path / "fused.onnx"

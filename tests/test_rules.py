@@ -210,16 +210,19 @@ for _name in ("torch_lces_reducemean", "torch_lces_reducemean_neg_tied",
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 # the logits times a constant before the loss and their gradient times it after (Granite's
 # logits / logits_scaling, Cohere's logits * logit_scale: the _scaled variants of rules/lce_ortt,
-# lce_torch and lce_torch_loss; real exports: tests/test_lce_spellings.py): each head + loss
-# sample of those rules above with that Div, or Mul, in both places
-_LCE_SCALED = [k for k in SAMPLE_MODELS if k.startswith("lce_") or k in (
+# lce_torch and lce_torch_loss), or soft-capped (Gemma 2's c tanh(z / c): _softcap); real
+# exports: tests/test_lce_spellings.py): each head + loss sample of those rules above with that
+# Div, or Mul, in both places, and with the soft cap
+LCE_TRANSFORMED = [k for k in SAMPLE_MODELS if k.startswith("lce_") or k in (
     "export_torch_lces_reducemean", "export_torch_lces_reducemean_neg_tied",
     "export_torch_lces_reducesum_const", "export_torch_lces_ce_sum",
     "export_torch_lces_hf_llama_items")]
-for _i, _name in enumerate(_LCE_SCALED):
+for _i, _name in enumerate(LCE_TRANSFORMED):
+    _fam = "ortt" if "ortt" in _name else "torch"
     SAMPLE_MODELS[f"{_name}_scaled"] = builders.with_logit_scale(
-        SAMPLE_MODELS[_name], "ortt" if "ortt" in _name else "torch",
-        *((4.0, "Div") if _i % 2 == 0 else (0.5, "Mul")))
+        SAMPLE_MODELS[_name], _fam, *((4.0, "Div") if _i % 2 == 0 else (0.5, "Mul")))
+    SAMPLE_MODELS[f"{_name}_softcap"] = builders.with_logit_scale(
+        SAMPLE_MODELS[_name], _fam, 3.0, "softcap")
 
 
 def _upto(rule_name):
