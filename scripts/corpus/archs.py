@@ -34,8 +34,8 @@ From that dataflow:
     gradient; an activation module reading its output counts there, not in linear_*.
   linear_cross_entropy: 1 when the model's output (or a view of it, the [-1, C] flatten) is the
     output of a Linear-like module (a classification / language-model head), or that output
-    times one Python number (Granite's logits / logits_scaling, Cohere's * logit_scale), and the loss
-    (Arch.loss) reads those logits through its softmax cross-entropy alone (LOSS_READS_LOGITS:
+    transformed by Python numbers alone (Granite's logits / logits_scaling, Cohere's *
+    logit_scale, Gemma 2's soft cap c tanh(z / c)), and the loss (Arch.loss) reads those logits through its softmax cross-entropy alone (LOSS_READS_LOGITS:
     "ce" without label smoothing, the ort-training one; "ce_lm", a language model's loss, in
     both families); a loss that reads the logits again
     counts 0: "custom" (its logit penalty keeps the logits, which the fused op does not
@@ -193,20 +193,25 @@ def loss_key(loss: str, family: str) -> str:
 
 
 def _unscaled(fn) -> list:
-    """The autograd nodes of the tensors (one and its views) that `fn`'s output is a view of a
-    multiple of, by one Python number (Mul / Div with no second tensor: Granite's logits /
-    logits_scaling, Cohere's logits * logit_scale); [] where it is no such multiple."""
-    def is_view(f):
-        return any(v in type(f).__name__ for v in ("View", "Reshape", "Alias"))
+    """The autograd nodes of the tensors that `fn`'s output is computed from elementwise by
+    Python numbers alone, through views: Mul / Div with no second tensor (Granite's logits /
+    logits_scaling, Cohere's logits * logit_scale) and Tanh (Gemma 2's soft cap c tanh(z / c));
+    [] where it is none of those."""
+    def one_input(f):
+        ins = [g for g, _ in f.next_functions if g is not None]
+        return ins[0] if len(ins) == 1 else None
 
-    while fn is not None and is_view(fn):
-        fn = fn.next_functions[0][0]
-    if fn is None or type(fn).__name__ not in ("MulBackward0", "DivBackward0"):
-        return []
-    ins = [f for f, _ in fn.next_functions if f is not None]
-    chain = ins[:1] if len(ins) == 1 else []
-    while chain and is_view(chain[-1]):
-        chain.append(chain[-1].next_functions[0][0])
+    chain, transformed = [], False
+    while fn is not None:
+        name = type(fn).__name__
+        if any(v in name for v in ("View", "Reshape", "Alias")):
+            fn = fn.next_functions[0][0]
+        elif name in ("MulBackward0", "DivBackward0", "TanhBackward0"):
+            fn, transformed = one_input(fn), True
+        else:
+            break
+        if transformed and fn is not None:
+            chain.append(fn)
     return chain
 
 
@@ -298,7 +303,7 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...],
         head = next((mod for mod, root in out_roots if root == id(_root(result))), None)
         if head is None or not _is_linear(head):
             # (the first module returning the output itself is then the model, not a head) the
-            # head's output times a number (Granite's / logits_scaling)
+            # head's output times a number (Granite's / logits_scaling) or soft-capped
             fns = _unscaled(result.grad_fn)
             head = next((mod for mod, f in out_fns if any(f is g for g in fns)), None)
         if head is not None and _is_linear(head) and grad_out.get(id(head), True):
@@ -1602,5 +1607,17 @@ for _a in [
     Arch("tv_resnet18_cls", "torchvision", "torchvision resnet18: avgpool -> flatten -> fc",
          lambda family: __import__("torchvision").models.resnet18(num_classes=NUM_LABELS).train(),
          _image(32), extra=True, loss="ce_lm"),
+]:
+    ARCHS[_a.name] = _a
+
+
+for _a in [
+    Arch("gemma2_lm", "transformers", "Gemma2ForCausalLM: attention logits soft-capped "
+         "(tanh(s / 50) * 50), final logits soft-capped (tanh(z / 30) * 30), sliding window on "
+         "every other layer, pre- and post-norms, lm_head TIED",
+         _lm("Gemma2Config", "Gemma2ForCausalLM", num_key_value_heads=2, head_dim=8,
+             sliding_window=6, **_DEC),
+         _lm_ids, attention=("Gemma2Attention",), input_ranges=_LM_IDS_R, extra=True,
+         loss="ce_lm"),
 ]:
     ARCHS[_a.name] = _a
