@@ -67,7 +67,7 @@ void FlashKernel::Compute(Ort::KernelContext& ctx) {
   float* o = output_or_null<float>(ctx, 0, in.o_shape(), &want_o);
   float* lse = output_or_null<float>(ctx, 1, in.lse_shape(), &want_lse);
   if (in.B == 0 || in.Sq == 0) return;
-  const FlashTiles t{in, scale, k_transposed != 0, fill, fill_kept, bias_first};
+  const FlashTiles t{in, scale, k_transposed != 0, fill, fill_kept, bias_first, softcap};
   const int64_t nqb = flash_blocks(in.Sq, kFlashBq), Dv = in.Dv;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   parallel_for(in.B * nqb, 1, [&](int, int64_t t0, int64_t t1) {

@@ -16,7 +16,8 @@ using namespace fusecli_flash;
 __global__ void flash_fwd_rows(const float* __restrict__ q, const float* __restrict__ k,
                                const float* __restrict__ v, Bias bias, Mask mk,
                                float* __restrict__ o, float* __restrict__ lse, fusecli::KvMap km,
-                               int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int kt) {
+                               int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int kt,
+                               float cap) {
   extern __shared__ float sh[];  // acc [dv], p [kFlashT], red [32]
   float* acc = sh;
   float* p = sh + dv;
@@ -46,7 +47,7 @@ __global__ void flash_fwd_rows(const float* __restrict__ q, const float* __restr
         skipped = true;
         continue;
       }
-      const float s = !in ? -CUDART_INF_F : fj ? fv : score(qr, kc, j, sk, d, kt, scale) + bj;
+      const float s = !in ? -CUDART_INF_F : fj ? fv : score(qr, kc, j, sk, d, kt, scale, cap) + bj;
       const float mn = fmaxf(m, block_reduce(s, red, true));
       if (mn == -CUDART_INF_F) continue;
       const float corr = __expf(m - mn);
@@ -280,7 +281,7 @@ FUSECLI_EXPORT int fusecli_launch_flash_attention(
     const int64_t* bias_strides, float* o, float* lse, int nd, const int64_t* qdims,
     const int64_t* kdims, int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale,
     int k_transposed, int tf32, const uint8_t* mask, const int64_t* mask_strides, float fill,
-    int fill_kept, int bias_first) {
+    int fill_kept, int bias_first, float softcap) {
   fusecli::KvMap km;
   Bias bm;
   Mask mk;
@@ -291,12 +292,13 @@ FUSECLI_EXPORT int fusecli_launch_flash_attention(
   if (rows == 0) return cudaSuccess;
   auto s = static_cast<cudaStream_t>(stream);
   const int dp = dp_bucket(d > dv ? d : dv);
-  if (dp != 0 && flash_tc_enabled() && !mask)  // the tensor-core tiles take no mask
+  // the tensor-core tiles take no mask and no soft cap
+  if (dp != 0 && flash_tc_enabled() && !mask && !(softcap > 0.f))
     return launch_fwd_tc<kF32>(s, dp, q, k, v, bm, o, lse, km, sq, sk, d, dv, scale, k_transposed,
                                tf32 ? 0 : 1);
   const size_t smem = static_cast<size_t>(dv + kFlashT + 32) * sizeof(float);
-  flash_fwd_rows<<<static_cast<unsigned>(rows), kFlashT, smem, s>>>(q, k, v, bm, mk, o, lse, km, sq,
-                                                                    sk, d, dv, scale, k_transposed);
+  flash_fwd_rows<<<static_cast<unsigned>(rows), kFlashT, smem, s>>>(
+      q, k, v, bm, mk, o, lse, km, sq, sk, d, dv, scale, k_transposed, softcap);
   return static_cast<int>(cudaGetLastError());
 }
 

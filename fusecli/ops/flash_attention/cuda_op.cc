@@ -20,7 +20,7 @@ struct FlashKernel
                    in.kmap.q, in.kmap.kv, in.Sq, in.Sk, in.D, in.Dv, scale, k_transposed,
                    static_cast<int>(tf32), in.mask.present ? in.mask.ptr<uint8_t>() : nullptr,
                    in.mask.present ? in.mask_strides.data() : nullptr, fill,
-                   static_cast<int>(fill_kept), static_cast<int>(bias_first)),
+                   static_cast<int>(fill_kept), static_cast<int>(bias_first), softcap),
                "FlashAttention");
   }
 };

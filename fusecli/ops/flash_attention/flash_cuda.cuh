@@ -140,16 +140,22 @@ __device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) 
   return r;
 }
 
-// s = scale * q . k_j (+ bias) for key j of kv item c (K [Sk, D] or [D, Sk]).
+// s = scale * q . k_j for key j of kv item c (K [Sk, D] or [D, Sk]), soft-capped to
+// cap tanh(s / cap) when cap > 0 (the caller adds the bias).
 template <typename T>
 __device__ __forceinline__ float score(const T* q, const T* kc, int64_t j, int64_t sk, int64_t d,
-                                       int kt, float scale) {
+                                       int kt, float scale, float cap = 0.f) {
   float acc = 0.f;
   if (kt)
     for (int64_t x = 0; x < d; ++x) acc += fl_f(q[x]) * fl_f(kc[x * sk + j]);
   else
     for (int64_t x = 0; x < d; ++x) acc += fl_f(q[x]) * fl_f(kc[j * d + x]);
-  return acc * scale;
+  return cap > 0.f ? cap * tanhf(acc * scale / cap) : acc * scale;
+}
+
+// The soft cap's derivative at a capped score sc: 1 - (sc / cap)^2 (1 without a cap).
+__device__ __forceinline__ float cap_grad(float sc, float cap) {
+  return cap > 0.f ? 1.f - (sc / cap) * (sc / cap) : 1.f;
 }
 
 }  // namespace fusecli_flash

@@ -30,6 +30,7 @@ struct FlashTiles {
   const float fill = 0.f;
   const bool fill_kept = true;
   const bool bias_first = false;
+  const float softcap = 0.f;  // > 0: scaled scores c tanh(s / c) before the bias and the mask
 
   // Query item b's mask row i (nullptr without a mask); entry j at [j * mask_col()].
   const uint8_t* mask_row(int64_t b, int64_t i) const {
@@ -88,9 +89,10 @@ struct FlashTiles {
     }
     return true;
   }
-  // S[0:nr, 0:nc] = scale * Q_b[i0:] K_c[j0:]^T (+ bias).
-  void scores(int64_t b, int64_t c, int64_t i0, int64_t nr, int64_t j0, int64_t nc,
-              RowMat& S) const {
+  // S[0:nr, 0:nc] = scale * Q_b[i0:] K_c[j0:]^T (soft-capped) (+ bias); with softcap and
+  // `tanh`, tanh(scale * Q K^T / softcap) there too (the backward's cap derivative).
+  void scores(int64_t b, int64_t c, int64_t i0, int64_t nr, int64_t j0, int64_t nc, RowMat& S,
+              RowMat* tanh = nullptr) const {
     const CMat qb = rows(in.q.ptr<float>(), b, i0, nr, in.D);
     const CMat kb = kblock(c, j0, nc);
     auto s = S.topLeftCorner(nr, nc);
@@ -98,6 +100,15 @@ struct FlashTiles {
       s.noalias() = scale * (qb * kb);
     else
       s.noalias() = scale * (qb * kb.transpose());
+    if (softcap > 0.f) {
+      auto th = (s.array() / softcap).tanh();
+      if (tanh) {
+        tanh->topLeftCorner(nr, nc) = th.matrix();
+        s = softcap * tanh->topLeftCorner(nr, nc);
+      } else {
+        s = (softcap * th).matrix();
+      }
+    }
     const float* bp = in.bias.present ? in.bias.ptr<float>() + in.bias_item(b) : nullptr;
     const int64_t rs = bp ? in.bias_row() : 0, cs = bp ? in.bias_col() : 0;
     if (bp)

@@ -19,10 +19,11 @@ def mask_args(mask, qb, sq, sk):
 
 
 def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, tf32=0, mask=None,
-                    fill=FMIN, fill_kept=1, bias_first=0):
+                    fill=FMIN, fill_kept=1, bias_first=0, softcap=0.0):
     """(O, LSE) for float32, float16 or bfloat16 Q, K, V (and bias) of one type; LSE float32.
-    tf32 (float32 only): one TF32 product per multiply instead of split TF32. mask (float32
-    only): the bool mask with fill / fill_kept / bias_first (the contract's attributes)."""
+    tf32 (float32 only): one TF32 product per multiply instead of split TF32. mask, softcap
+    (float32 only): the bool mask with fill / fill_kept / bias_first, the scores' soft cap (the
+    contract's attributes)."""
     import torch
 
     qb = tuple(q.shape[:-2])
@@ -49,14 +50,14 @@ def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, tf32=0, mask=
                lse=lse, nd=nd, qdims=qd, kdims=kd, sq=sq, sk=sk, d=d, dv=dv, scale=scale,
                k_transposed=k_transposed, tf32=tf32,
                mask=mk, mask_strides=ms, fill=float(fill), fill_kept=int(fill_kept),
-               bias_first=int(bias_first))
+               bias_first=int(bias_first), softcap=float(softcap))
     return o, lse
 
 
 def ref_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, mask=None, fill=FMIN,
-                  fill_kept=1, bias_first=0):
+                  fill_kept=1, bias_first=0, softcap=0.0):
     """(O, LSE) in float64 with K/V repeated over grouped heads (the mask's fill as the
-    contract: in float32, as the graph's Where and Add)."""
+    contract: in float32, as the graph's Where and Add; softcap: c tanh(s / c) first)."""
     import torch
 
     kk = k.transpose(-1, -2) if k_transposed else k
@@ -64,6 +65,8 @@ def ref_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, mask=None, fill
     if rep > 1:
         kk, v = kk.repeat_interleave(rep, -3), v.repeat_interleave(rep, -3)
     s = scale * q.double() @ kk.double().transpose(-1, -2)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     s = masked_scores(s, bias, mask, fill, fill_kept, bias_first)
     return torch.softmax(s, -1) @ v.double(), torch.logsumexp(s, -1)
 

@@ -23,11 +23,11 @@ def filled_positions(mask, shape, fill_kept=1):
 
 
 def flash_scores(q, k, scale=1.0, k_transposed=0, bias=None, mask=None, fill=-3.4028234663852886e38,
-                 fill_kept=1, bias_first=0):
-    """S = scale * Q K^T (+ bias) in float64, [*qbatch, Sq, Sk], with K grouped as the
-    contract says, the mask's filled scores replaced by `fill` (before the bias, or after it
-    with bias_first = 1), in float32 as the graph's Where and Add; returns (S, q batch dims, kv
-    batch dims)."""
+                 fill_kept=1, bias_first=0, softcap=0.0):
+    """S = scale * Q K^T (soft-capped: c tanh(S / c) with softcap c > 0) (+ bias) in float64,
+    [*qbatch, Sq, Sk], with K grouped as the contract says, the mask's filled scores replaced by
+    `fill` (before the bias, or after it with bias_first = 1), in float32 as the graph's Where
+    and Add; returns (S, q batch dims, kv batch dims)."""
     qb, sq, d = q.shape[:-2], q.shape[-2], q.shape[-1]
     sk = k.shape[-1] if k_transposed else k.shape[-2]
     kb = attention_kv_dims(qb, k.shape, sk * d, "K")
@@ -35,6 +35,8 @@ def flash_scores(q, k, scale=1.0, k_transposed=0, bias=None, mask=None, fill=-3.
     k_sd = np.swapaxes(k64, -1, -2) if k_transposed else k64
     s = float(scale) * (q.astype(np.float64).reshape(*qb, sq, d)
                         @ np.swapaxes(_expand(k_sd, qb, kb), -1, -2))
+    if softcap:
+        s = float(softcap) * np.tanh(s / float(softcap))
     if mask is not None and not bias_first:
         s = np.where(filled_positions(mask, s.shape, fill_kept), np.float32(fill),
                      s.astype(np.float32)).astype(np.float64)
@@ -54,9 +56,10 @@ def flash_scores(q, k, scale=1.0, k_transposed=0, bias=None, mask=None, fill=-3.
 
 
 def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, mask=None,
-                    fill=-3.4028234663852886e38, fill_kept=1, bias_first=0):
+                    fill=-3.4028234663852886e38, fill_kept=1, bias_first=0, softcap=0.0):
     """Returns (O, LSE) as the contract defines them."""
-    s, qb, kb = flash_scores(q, k, scale, k_transposed, bias, mask, fill, fill_kept, bias_first)
+    s, qb, kb = flash_scores(q, k, scale, k_transposed, bias, mask, fill, fill_kept, bias_first,
+                             softcap)
     sk, dv = s.shape[-1], v.shape[-1]
     vb = attention_kv_dims(qb, v.shape, sk * dv, "V")
     if tuple(vb) != tuple(kb):
@@ -73,8 +76,8 @@ def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, mask=None,
 class Reference(OpRun):
 
     def _run(self, q, k, v, bias=None, mask=None, scale=1.0, k_transposed=0, fill=None,
-             fill_kept=None, bias_first=None, tf32=0):  # tf32: CUDA only
+             fill_kept=None, bias_first=None, softcap=None, tf32=0):  # tf32: CUDA only
         return _fit(self, flash_attention(
             q, k, v, bias, 1.0 if scale is None else scale, k_transposed or 0, mask,
             -3.4028234663852886e38 if fill is None else fill,
-            1 if fill_kept is None else fill_kept, bias_first or 0))
+            1 if fill_kept is None else fill_kept, bias_first or 0, softcap or 0.0))

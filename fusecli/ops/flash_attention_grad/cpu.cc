@@ -19,13 +19,16 @@ struct FlashGradKernel : CpuKernel<FlashGradKernel, kFlashAttentionGrad> {
 };
 
 struct BwdScratch {
-  RowMat S, dP, acc_k, acc_v;
+  RowMat S, dP, acc_k, acc_v, T;  // T: the tile's tanh with softcap (else empty)
   // tiles no larger than the matrices (short sequences allocate little)
   BwdScratch(const FlashInputs& in, int64_t rows, int64_t dv)
       : S(std::min(kFlashBq, in.Sq), std::min(kFlashBk, in.Sk)),
         dP(std::min(kFlashBq, in.Sq), std::min(kFlashBk, in.Sk)),
         acc_k(rows, in.D),
         acc_v(rows, dv) {}
+  void want_tanh(const FlashInputs& in) {
+    T.resize(std::min(kFlashBq, in.Sq), std::min(kFlashBk, in.Sk));
+  }
 };
 
 struct Bwd {
@@ -40,7 +43,7 @@ struct Bwd {
   void tile(int64_t b, int64_t c, int64_t i0, int64_t nr, int64_t j0, int64_t nc, BwdScratch& w,
             DvFn&& with_p) const {
     const FlashInputs& in = t.in;
-    t.scores(b, c, i0, nr, j0, nc, w.S);
+    t.scores(b, c, i0, nr, j0, nc, w.S, t.softcap > 0.f ? &w.T : nullptr);
     auto s = w.S.topLeftCorner(nr, nc);
     for (int64_t r = 0; r < nr; ++r)
       s.row(r).array() =
@@ -52,6 +55,8 @@ struct Bwd {
     for (int64_t r = 0; r < nr; ++r)
       s.row(r).array() *= dp.row(r).array() - drow[b * in.Sq + i0 + r];
     t.zero_filled(b, i0, nr, j0, nc, w.S);  // Where's gradient: 0 where the mask filled
+    if (t.softcap > 0.f)                    // through the cap: times 1 - tanh^2
+      s.array() *= 1.f - w.T.topLeftCorner(nr, nc).array().square();
   }
 };
 
@@ -72,7 +77,7 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
     if (want_dq) std::fill(dq, dq + in.q.numel(), 0.f);
     return;
   }
-  const FlashTiles t{in, scale, k_transposed != 0, fill, fill_kept, bias_first};
+  const FlashTiles t{in, scale, k_transposed != 0, fill, fill_kept, bias_first, softcap};
   const float* lse = L.ptr<float>();
   const float* dop = dO.ptr<float>();
   const int64_t nqb = flash_blocks(Sq, kFlashBq), nkb = flash_blocks(Sk, kFlashBk);
@@ -119,6 +124,7 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
     std::fill(dq, dq + in.q.numel(), 0.f);
     parallel_for(km.kv_items(), 1, [&](int, int64_t t0, int64_t t1) {
       BwdScratch w(in, std::min(kFlashBk, Sk), Dv);
+      if (softcap > 0.f) w.want_tanh(in);
       for (int64_t c = t0; c < t1; ++c) {
         for (int64_t j0 = 0; j0 < Sk; j0 += kFlashBk) {
           const int64_t nc = std::min(kFlashBk, Sk - j0);
@@ -165,6 +171,7 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
   if (want_dk || want_dv) {  // pass 1: per (kv item, key block), over its group's query blocks
     parallel_for(km.kv_items() * nkb, 1, [&](int, int64_t t0, int64_t t1) {
       BwdScratch w(in, std::min(kFlashBk, Sk), Dv);
+      if (softcap > 0.f) w.want_tanh(in);
       for (int64_t task = t0; task < t1; ++task) {
         const int64_t c = task / nkb, j0 = task % nkb * kFlashBk;
         const int64_t nc = std::min(kFlashBk, Sk - j0);
@@ -201,6 +208,7 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
   // pass 2: per (query item, query block), over the key blocks
   parallel_for(B * nqb, 1, [&](int, int64_t t0, int64_t t1) {
     BwdScratch w(in, std::min(kFlashBq, Sq), 0);
+    if (softcap > 0.f) w.want_tanh(in);
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / nqb, i0 = task % nqb * kFlashBq;
       const int64_t nr = std::min(kFlashBq, Sq - i0);

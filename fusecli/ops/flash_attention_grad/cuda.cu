@@ -20,7 +20,8 @@ __global__ void flash_rows(const T* __restrict__ dO, const T* __restrict__ o,
                            const T* __restrict__ q, const T* __restrict__ k,
                            const float* __restrict__ lse, BiasT<T> bias, Mask mk,
                            float* __restrict__ drow, float* __restrict__ pscale, fusecli::KvMap km,
-                           int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int kt) {
+                           int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int kt,
+                           float cap) {
   __shared__ float red[32];
   const int64_t row = blockIdx.x, b = row / sq, i = row % sq;
   float a = 0.f;
@@ -36,9 +37,10 @@ __global__ void flash_rows(const T* __restrict__ dO, const T* __restrict__ o,
     float sum = 0.f;
     for (int64_t j = threadIdx.x; j < sk; j += blockDim.x) {
       const float bj = bias.p ? bias.at(boff, i, j) : 0.f;
-      sum += __expf((mk.filled(moff, i, j) ? mk.value(bj, bias.p != nullptr)
-                                           : score(q + row * d, kc, j, sk, d, kt, scale) + bj) -
-                    li);
+      sum +=
+          __expf((mk.filled(moff, i, j) ? mk.value(bj, bias.p != nullptr)
+                                        : score(q + row * d, kc, j, sk, d, kt, scale, cap) + bj) -
+                 li);
     }
     ps = 1.f / block_reduce(sum, red, false);
   }
@@ -60,7 +62,7 @@ __global__ void flash_bwd_dq(const float* __restrict__ dO, const float* __restri
                              const float* __restrict__ lse, const float* __restrict__ drow,
                              const float* __restrict__ pscale, Bias bias, Mask mk,
                              float* __restrict__ dq, fusecli::KvMap km, int64_t sq, int64_t sk,
-                             int64_t d, int64_t dv, float scale, int kt) {
+                             int64_t d, int64_t dv, float scale, int kt, float cap) {
   extern __shared__ float sh[];  // acc [d], ds [kFlashT], red [32]
   float* acc = sh;
   float* ds = sh + d;
@@ -83,10 +85,11 @@ __global__ void flash_bwd_dq(const float* __restrict__ dO, const float* __restri
     if ((bias.p || mk.p) && tile_zero(in, fj ? fv : bj, li, red)) continue;
     float g = 0.f;
     if (in && !fj) {  // a filled position's gradient is 0 (Where's)
-      const float pj = __expf(score(qr, kc, j, sk, d, kt, scale) + bj - li) * pscale[row];
+      const float sc = score(qr, kc, j, sk, d, kt, scale, cap);
+      const float pj = __expf(sc + bj - li) * pscale[row];
       float dp = 0.f;
       for (int64_t x = 0; x < dv; ++x) dp += dor[x] * vc[j * dv + x];
-      g = pj * (dp - di);
+      g = pj * (dp - di) * cap_grad(sc, cap);
     }
     __syncthreads();
     ds[threadIdx.x] = g;
@@ -109,7 +112,8 @@ __global__ void flash_bwd_dkv(const float* __restrict__ dO, const float* __restr
                               const float* __restrict__ lse, const float* __restrict__ drow,
                               const float* __restrict__ pscale, Bias bias, Mask mk,
                               float* __restrict__ dk, float* __restrict__ dvo, fusecli::KvMap km,
-                              int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int kt) {
+                              int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int kt,
+                              float cap) {
   extern __shared__ float sh[];  // ak [d], av [dv], p [kFlashT], ds [kFlashT], red [32]
   float* ak = sh;
   float* av = ak + d;
@@ -137,12 +141,12 @@ __global__ void flash_bwd_dkv(const float* __restrict__ dO, const float* __restr
       if ((bias.p || mk.p) && tile_zero(in, fj ? fv : bj, li, red)) continue;
       float pj = 0.f, g2 = 0.f;
       if (in) {
-        pj =
-            __expf((fj ? fv : score(q + row * d, kc, j, sk, d, kt, scale) + bj) - li) * pscale[row];
+        const float sc = fj ? 0.f : score(q + row * d, kc, j, sk, d, kt, scale, cap);
+        pj = __expf((fj ? fv : sc + bj) - li) * pscale[row];
         if (!fj) {  // a filled position's gradient is 0 (Where's); dV still reads its P
           float dp = 0.f;
           for (int64_t x = 0; x < dv; ++x) dp += dO[row * dv + x] * vj[x];
-          g2 = pj * (dp - drow[row]);
+          g2 = pj * (dp - drow[row]) * cap_grad(sc, cap);
         }
       }
       __syncthreads();
@@ -484,7 +488,7 @@ int launch_grad(void* stream, const typename PrecOf<P>::T* dO, const typename Pr
                 int64_t sq, int64_t sk, int64_t d, int64_t dv_dim, float scale, int k_transposed,
                 int split, bool tc, const uint8_t* mask = nullptr,
                 const int64_t* mask_strides = nullptr, float fill = 0.f, int fill_kept = 1,
-                int bias_first = 0) {
+                int bias_first = 0, float softcap = 0.f) {
   using T = typename PrecOf<P>::T;
   fusecli::KvMap km;
   BiasT<T> bm;
@@ -492,7 +496,7 @@ int launch_grad(void* stream, const typename PrecOf<P>::T* dO, const typename Pr
   if (!make_maps(nd, qdims, kdims, bias, bias_strides, &km, &bm) ||
       !make_mask(nd, qdims, mask, mask_strides, fill, fill_kept, bias_first, &mk))
     return cudaErrorInvalidValue;
-  if (mask) tc = false;  // the tensor-core tiles take no mask
+  if (mask || softcap > 0.f) tc = false;  // the tensor-core tiles take no mask, no soft cap
   auto s = static_cast<cudaStream_t>(stream);
   const int64_t rows = km.q_items() * sq, keys = km.kv_items() * sk;
   if (rows == 0 || sk == 0) {
@@ -506,7 +510,7 @@ int launch_grad(void* stream, const typename PrecOf<P>::T* dO, const typename Pr
   float* drow = ws.f();
   float* pscale = drow + rows;
   flash_rows<T><<<static_cast<unsigned>(rows), kFlashT, 0, s>>>(
-      dO, o, q, k, lse, bm, mk, drow, pscale, km, sq, sk, d, dv_dim, scale, k_transposed);
+      dO, o, q, k, lse, bm, mk, drow, pscale, km, sq, sk, d, dv_dim, scale, k_transposed, softcap);
   RETURN_IF_ERR(cudaGetLastError());
   if (tc) {
     const GradArgs<T> a{s,
@@ -534,12 +538,13 @@ int launch_grad(void* stream, const typename PrecOf<P>::T* dO, const typename Pr
   if constexpr (P == kF32) {
     if (dq)
       flash_bwd_dq<<<static_cast<unsigned>(rows), kFlashT, (d + kFlashT + 32) * sizeof(float), s>>>(
-          dO, q, k, v, lse, drow, pscale, bm, mk, dq, km, sq, sk, d, dv_dim, scale, k_transposed);
+          dO, q, k, v, lse, drow, pscale, bm, mk, dq, km, sq, sk, d, dv_dim, scale, k_transposed,
+          softcap);
     if (dk || dv)
       flash_bwd_dkv<<<static_cast<unsigned>(keys), kFlashT,
                       (d + dv_dim + 2 * kFlashT + 32) * sizeof(float), s>>>(
           dO, q, k, v, lse, drow, pscale, bm, mk, dk, dv, km, sq, sk, d, dv_dim, scale,
-          k_transposed);
+          k_transposed, softcap);
     return static_cast<int>(cudaGetLastError());
   }
   return cudaErrorInvalidValue;
@@ -552,11 +557,11 @@ FUSECLI_EXPORT int fusecli_launch_flash_attention_grad(
     const float* lse, const float* bias, const int64_t* bias_strides, float* dq, float* dk,
     float* dv, int nd, const int64_t* qdims, const int64_t* kdims, int64_t sq, int64_t sk,
     int64_t d, int64_t dv_dim, float scale, int k_transposed, int tf32, const uint8_t* mask,
-    const int64_t* mask_strides, float fill, int fill_kept, int bias_first) {
+    const int64_t* mask_strides, float fill, int fill_kept, int bias_first, float softcap) {
   const bool tc = dp_bucket(d > dv_dim ? d : dv_dim) != 0 && flash_tc_enabled() && !mask;
   return launch_grad<kF32>(stream, dO, q, k, v, o, lse, bias, bias_strides, dq, dk, dv, nd, qdims,
                            kdims, sq, sk, d, dv_dim, scale, k_transposed, tf32 ? 0 : 1, tc, mask,
-                           mask_strides, fill, fill_kept, bias_first);
+                           mask_strides, fill, fill_kept, bias_first, softcap);
 }
 
 template <int P>

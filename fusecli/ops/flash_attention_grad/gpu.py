@@ -18,10 +18,10 @@ SHAPES = [(1, 8, 256, 64), (4, 8, 512, 64), (1, 8, 2048, 64), (2, 16, 1024, 128)
 
 def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed=0,
                          want=(1, 1, 1), tf32=0, mask=None, fill=FMIN, fill_kept=1,
-                         bias_first=0):
+                         bias_first=0, softcap=0.0):
     """[dQ, dK, dV] (None where not wanted); float32, float16 or bfloat16 tensors of one type
-    (LSE float32). tf32 (float32 only): one TF32 product per multiply. mask (float32 only): as
-    FlashAttention's."""
+    (LSE float32). tf32 (float32 only): one TF32 product per multiply. mask, softcap (float32
+    only): as FlashAttention's."""
     import torch
 
     qb = tuple(q.shape[:-2])
@@ -47,14 +47,16 @@ def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed
                bias_strides=bs, dq=dq, dk=dk, dv=dvv, nd=nd, qdims=qd, kdims=kd, sq=sq, sk=sk,
                d=d, dv_dim=dv, scale=scale, k_transposed=k_transposed, tf32=tf32,
                mask=mk, mask_strides=ms, fill=float(fill), fill_kept=int(fill_kept),
-               bias_first=int(bias_first))
+               bias_first=int(bias_first), softcap=float(softcap))
     return [dq, dk, dvv]
 
 
-def ref_attention_grad(do, q, k, v, bias=None, scale=1.0, mask=None, fill=FMIN, fill_kept=1):
+def ref_attention_grad(do, q, k, v, bias=None, scale=1.0, mask=None, fill=FMIN, fill_kept=1,
+                       softcap=0.0):
     """(dQ, dK, dV) by torch autograd in float64 (K as [.., Sk, D]; K/V repeated over grouped
     heads, their gradients summed back over each group); with mask: Where(kept, S, fill)
-    [+ bias], whose autograd gradient is Where's (0 at filled positions)."""
+    [+ bias], whose autograd gradient is Where's (0 at filled positions); softcap: the scores
+    c tanh(S / c) first."""
     import torch
 
     qs, ks, vs = (t.double().detach().requires_grad_(True) for t in (q, k, v))
@@ -63,6 +65,8 @@ def ref_attention_grad(do, q, k, v, bias=None, scale=1.0, mask=None, fill=FMIN, 
     if rep > 1:
         kk, vv = ks.repeat_interleave(rep, -3), vs.repeat_interleave(rep, -3)
     s = scale * qs @ kk.transpose(-1, -2)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     if mask is not None:
         kept = mask.bool() if fill_kept else ~mask.bool()
         s = torch.where(kept, s, torch.tensor(fill, dtype=torch.float64, device=s.device))

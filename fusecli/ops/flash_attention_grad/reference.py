@@ -14,9 +14,10 @@ MASKED_ROW = -5e29  # kFlashMaskedRow of the kernels
 
 
 def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed=0, mask=None,
-                         fill=-3.4028234663852886e38, fill_kept=1, bias_first=0):
+                         fill=-3.4028234663852886e38, fill_kept=1, bias_first=0, softcap=0.0):
     """Returns (dQ, dK, dV) as the contract defines them."""
-    s, qb, kb = flash_scores(q, k, scale, k_transposed, bias, mask, fill, fill_kept, bias_first)
+    s, qb, kb = flash_scores(q, k, scale, k_transposed, bias, mask, fill, fill_kept, bias_first,
+                             softcap)
     sq, sk = s.shape[-2:]
     d, dvd = q.shape[-1], v.shape[-1]
     vb = attention_kv_dims(qb, v.shape, sk * dvd, "V")
@@ -34,6 +35,9 @@ def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed
         ds = p * (dp - drow)
         if mask is not None:  # Where's gradient: 0 where the forward filled (NaN too)
             ds = np.where(filled_positions(mask, ds.shape, fill_kept), 0.0, ds)
+        if softcap:  # through the cap: times 1 - tanh^2 of the scaled scores
+            t = flash_scores(q, k, scale, k_transposed, softcap=softcap)[0] / float(softcap)
+            ds = ds * (1.0 - t * t)
         k64 = k.astype(np.float64).reshape(*kb, *k.shape[-2:])
         k_sd = np.swapaxes(k64, -1, -2) if k_transposed else k64
         dq = float(scale) * (ds @ _expand(k_sd, qb, kb))
@@ -48,8 +52,9 @@ def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed
 class Reference(OpRun):
 
     def _run(self, do, q, k, v, o, lse, bias=None, mask=None, scale=1.0, k_transposed=0,
-             fill=None, fill_kept=None, bias_first=None, tf32=0):  # tf32: CUDA only
+             fill=None, fill_kept=None, bias_first=None, softcap=None,
+             tf32=0):  # tf32: CUDA only
         return _fit(self, flash_attention_grad(
             do, q, k, v, o, lse, bias, 1.0 if scale is None else scale, k_transposed or 0, mask,
             -3.4028234663852886e38 if fill is None else fill,
-            1 if fill_kept is None else fill_kept, bias_first or 0))
+            1 if fill_kept is None else fill_kept, bias_first or 0, softcap or 0.0))

@@ -150,3 +150,16 @@ def test_flash_attention_grad_bool_mask(kind, path, monkeypatch):
         close(g.double(), r_, TOL["fp32"], f"d{name}")
     if kind == "padding":
         assert (got[0][0] == 0).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_softcap_forward_and_backward(causal):
+    """Gemma 2's soft-capped scores (softcap: the float32-core kernels, whatever the path)
+    against float64 torch autograd of c tanh(S / c) (+ mask)."""
+    q, k, v, do = rand(2, 4, 70, 32) * 4, rand(2, 4, 90, 32), rand(2, 4, 90, 32), rand(2, 4, 70, 32)
+    bias = _causal(70, 90) if causal else None
+    o, lse = flash_attention(q, k, v, bias, 0.2, softcap=2.0)
+    got = flash_attention_grad(do, q, k, v, o, lse, bias, 0.2, softcap=2.0)
+    ref = ref_attention_grad(do, q, k, v, bias, 0.2, softcap=2.0)
+    for g, r_, name in zip(got, ref, "QKV"):
+        close(g.double(), r_, TOL["fp32"], f"d{name}")
