@@ -606,3 +606,46 @@ def with_logit_scale(m, family, c=4.0, op="Div"):
     del g.node[:]
     g.node.extend(nodes)
     return m
+
+
+def with_attention_softcap(m, family, scores, dscores, c=2.0):
+    """A copy of an attention export with one attention's scaled scores soft-capped, Gemma 2's
+    `c * tanh(scores / c)` (Div, Tanh, Mul) before its mask, and the scores' gradient through
+    the cap (Mul by c; ort-training's TanhGrad, torch-joint's (1 - t * t); Div by c) before the
+    scale's gradient: `scores` is the tensor the scale writes (the forward's scaled scores),
+    `dscores` the one the scale's gradient reads (as a flash rule's match records them)."""
+    import copy
+
+    m = copy.deepcopy(m)
+    g = m.graph
+    nodes = list(g.node)
+    producer = {t: n for n in nodes for t in n.output}
+    cc, one = f"{scores}_softcap_c", f"{scores}_softcap_one"
+    g.initializer.extend([numpy_helper.from_array(np.array(c, np.float32), cc),
+                          numpy_helper.from_array(np.array(1.0, np.float32), one)])
+
+    def mk(o, ins, out):
+        return helper.make_node(o, ins, [out], name=out,
+                                domain="com.microsoft" if o == "TanhGrad" else "")
+
+    tanh = f"{scores}_softcap_t"
+    chains = {scores: [mk("Div", [scores, cc], f"{scores}_softcap_in"),
+                       mk("Tanh", [f"{scores}_softcap_in"], tanh),
+                       mk("Mul", [tanh, cc], f"{scores}_softcap")],
+              dscores: [mk("Mul", [dscores, cc], f"{dscores}_softcap_dt")]
+              + ([mk("TanhGrad", [f"{dscores}_softcap_dt", tanh], f"{dscores}_softcap_du")]
+                 if family == "ortt" else
+                 [mk("Mul", [tanh, tanh], f"{dscores}_softcap_sq"),
+                  mk("Sub", [one, f"{dscores}_softcap_sq"], f"{dscores}_softcap_der"),
+                  mk("Mul", [f"{dscores}_softcap_dt", f"{dscores}_softcap_der"],
+                     f"{dscores}_softcap_du")])
+              + [mk("Div", [f"{dscores}_softcap_du", cc], f"{dscores}_softcap")]}
+    for t, new in chains.items():
+        for n in nodes:
+            n.input[:] = [f"{t}_softcap" if x == t else x for x in n.input]
+        at = nodes.index(producer[t]) + 1 if t in producer else 0
+        nodes[at:at] = new
+        producer.update({o: n for n in new for o in n.output})
+    del g.node[:]
+    g.node.extend(nodes)
+    return m

@@ -260,7 +260,37 @@ def _first_instance(rule):
     return None
 
 
-FIRST = {r.name: _first_instance(r) for r in RULES}
+FIRST = {r.name: _first_instance(r) for r in RULES if not r.name.endswith("_softcap")}
+
+
+def _softcap_sample(rule):
+    """The sample of the flash rule `rule`'s uncapped twin with that match's scores soft-capped
+    (Gemma 2's attention: tests/builders.py with_attention_softcap), or None."""
+    twin = FIRST.get(rule.name[: -len("_softcap")])
+    if twin is None:
+        return None
+    spec = {s.id: s for s in _BY_NAME[rule.name[: -len("_softcap")]].nodes}
+    rec = twin[2]
+    scores = rec.tensors[var_name(spec["fwd_scale"].inputs[0])]
+    if "fwd_scale" in rec.nodes:
+        scores = next(n.output[0] for n in twin[1].graph.node if n.name == rec.nodes["fwd_scale"])
+    dscores = rec.tensors[var_name(spec["bwd_scale"].inputs[0])]
+    if "bwd_scale" not in rec.nodes:  # no scale: the gradient MatMuls read the scores' gradient
+        dscores = rec.tensors[var_name(spec["bwd_scale"].outputs[0])]
+    return builders.with_attention_softcap(
+        twin[1], "ortt" if rule.family == "ort-training" else "torch", scores, dscores)
+
+
+# the soft-capped attention variants (rules/flash_*.yaml _softcap): each on its uncapped twin's
+# sample with the cap added to the matched attention
+for _r in RULES:
+    if _r.name.endswith("_softcap") and _r.pattern == "flash_attention":
+        _m = _softcap_sample(_r)
+        if _m is not None:
+            SAMPLE_MODELS[f"softcap_{_r.name}"] = _m
+            _SAMPLE_OPS[f"softcap_{_r.name}"] = {("" if n.domain == "ai.onnx" else n.domain,
+                                                   n.op_type) for n in _m.graph.node} | _MADE
+FIRST.update({r.name: _first_instance(r) for r in RULES if r.name.endswith("_softcap")})
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
@@ -1235,3 +1265,21 @@ def test_rules_that_start_alike_share_their_dead_ends(monkeypatch):
     assert with_sharing.get("lora_identity_torch_nodx", 0) < calls["lora_identity_torch_nodx"]
     assert a.SerializeToString() == b.SerializeToString()
     assert shared_run.stats.as_dict() == alone_run.stats.as_dict()
+
+
+@pytest.mark.parametrize("name", sorted(k for k in SAMPLE_MODELS if k.startswith("softcap_")))
+def test_softcap_sample_computes_what_the_original_does(name, tmp_path):
+    """Each soft-capped attention sample (every mask kind, grouped K / V, both families) fused
+    by its _softcap rule verifies against its unfused original (the cap before the mask, its
+    derivative in the backward)."""
+    from fusecli.runtime.verify import verify_models
+
+    m = copy.deepcopy(SAMPLE_MODELS[name])
+    onnx.save(m, tmp_path / "orig.onnx")
+    rule = name[len("softcap_"):]
+    assert rule in {f.rule for f in _fusions(m)}
+    onnx.save(m, tmp_path / "fused.onnx")
+    report = verify_models(tmp_path / "orig.onnx", tmp_path / "fused.onnx")
+    # (verify's verdict: each output within its noise floor; the key bias's gradient is ~0 by
+    # the softmax's shift invariance, so a relative error there says nothing)
+    assert report.ok, report
