@@ -545,29 +545,61 @@ def with_probabilities_output(m):
     return m
 
 
+def _cap_nodes(family, x, dx, c, one):
+    """Gemma 2's soft cap on tensor x, c * tanh(x / c) (Div, Tanh, Mul: output x + "_cap"), and
+    its gradient on dx as the exporters write it (Mul by c; ort-training's TanhGrad reading the
+    forward's tanh, torch-joint's (1 - t * t) with `one` a constant 1; Div by c: output
+    dx + "_cap"); c, one: initializer names."""
+    def mk(o, ins, out):
+        return helper.make_node(o, ins, [out], name=out,
+                                domain="com.microsoft" if o == "TanhGrad" else "")
+
+    t, dt, du = f"{x}_cap_t", f"{dx}_cap_dt", f"{dx}_cap_du"
+    fwd = [mk("Div", [x, c], f"{x}_cap_in"), mk("Tanh", [f"{x}_cap_in"], t),
+           mk("Mul", [t, c], f"{x}_cap")]
+    der = ([mk("TanhGrad", [dt, t], du)] if family == "ortt" else
+           [mk("Mul", [t, t], f"{dx}_cap_sq"), mk("Sub", [one, f"{dx}_cap_sq"], f"{dx}_cap_der"),
+            mk("Mul", [dt, f"{dx}_cap_der"], du)])
+    return fwd, [mk("Mul", [dx, c], dt), *der, mk("Div", [du, c], f"{dx}_cap")]
+
+
+def _insert_after(nodes, t, new, out):
+    """Every reader of tensor t in `nodes` reads `out` (the last of `new`) instead, and `new`
+    goes right after t's producer (first without one), keeping the list topologically sorted."""
+    for n in nodes:
+        n.input[:] = [out if x == t else x for x in n.input]
+    at = next((i + 1 for i, n in enumerate(nodes) if t in n.output), 0)
+    nodes[at:at] = new
+
+
+def _with_constants(m, **values):
+    """A copy of m with float scalar initializers name=value added."""
+    import copy
+
+    m = copy.deepcopy(m)
+    m.graph.initializer.extend(numpy_helper.from_array(np.array(v, np.float32), k)
+                               for k, v in values.items())
+    return m
+
+
 def with_logit_scale(m, family, c=4.0, op="Div"):
     """A head + cross-entropy export (tests/data/make_lce.py, scripts/make_lce_spellings.py)
     with its logits multiplied by a constant before the loss, as Granite's `logits /
     logits_scaling` (op Div, c) or Cohere's `logits * logit_scale` (op Mul, c) are, or
-    soft-capped as Gemma 2's `c * tanh(logits / c)` (op "softcap"), and the logits' gradient
-    through the same after the loss's backward (the chain rule, as the exporters write it:
-    ort-training's TanhGrad, torch-joint's (1 - t * t)): ort-training, between the head
-    (+ bias) and the Reshape / SoftmaxCrossEntropyLoss, and between SoftmaxCrossEntropyLossGrad
-    (+ its Reshape) and the head's gradients; torch-joint, before LogSoftmax and after the Sub
-    that forms dZ."""
-    import copy
-
-    m = copy.deepcopy(m)
-    g = m.graph
-    nodes = list(g.node)
-    producer = {t: n for n in nodes for t in n.output}
+    soft-capped as Gemma 2's `c * tanh(logits / c)` (op "softcap", _cap_nodes), and the logits'
+    gradient through the same after the loss's backward (the chain rule, as the exporters write
+    it): ort-training, between the head (+ bias) and the Reshape / SoftmaxCrossEntropyLoss, and
+    between SoftmaxCrossEntropyLossGrad (+ its Reshape) and the head's gradients; torch-joint,
+    before LogSoftmax and after the Sub that forms dZ."""
+    m = _with_constants(m, logit_scale_c=c, logit_one=1.0)
+    nodes = list(m.graph.node)
 
     def readers(t):
         return [n for n in nodes if t in n.input]
 
     if family == "ortt":
         sce = next(n for n in nodes if n.op_type == "SoftmaxCrossEntropyLoss")
-        p = producer.get(sce.input[0])
+        p = next((n for n in nodes if sce.input[0] in n.output), None)
         z = p.input[0] if p is not None and p.op_type == "Reshape" else sce.input[0]
         dl = next(n for n in nodes if n.op_type == "SoftmaxCrossEntropyLossGrad").output[0]
         r = [n for n in readers(dl) if n.op_type == "Reshape"]
@@ -578,74 +610,29 @@ def with_logit_scale(m, family, c=4.0, op="Div"):
         exp = next(n for n in readers(lsm.output[0]) if n.op_type == "Exp")
         pmul = next(n for n in readers(exp.output[0]) if n.op_type == "Mul")
         dz = next(n for n in readers(pmul.output[0]) if n.op_type == "Sub").output[0]
-    g.initializer.extend([numpy_helper.from_array(np.array(c, np.float32), "logit_scale_c"),
-                          numpy_helper.from_array(np.array(1.0, np.float32), "logit_one")])
-
-    def mk(o, ins, out):
-        return helper.make_node(o, ins, [out], name=out,
-                                domain="com.microsoft" if o == "TanhGrad" else "")
-
-    tanh = f"{z}_cap_tanh"
-    chains = {"fwd": [mk("Div", [z, "logit_scale_c"], f"{z}_cap_in"),
-                      mk("Tanh", [f"{z}_cap_in"], tanh),
-                      mk("Mul", [tanh, "logit_scale_c"], f"{z}_scaled")],
-              "bwd": [mk("Mul", [dz, "logit_scale_c"], f"{dz}_cap_dt")]
-              + ([mk("TanhGrad", [f"{dz}_cap_dt", tanh], f"{dz}_cap_du")] if family == "ortt"
-                 else [mk("Mul", [tanh, tanh], f"{dz}_cap_sq"),
-                       mk("Sub", ["logit_one", f"{dz}_cap_sq"], f"{dz}_cap_der"),
-                       mk("Mul", [f"{dz}_cap_dt", f"{dz}_cap_der"], f"{dz}_cap_du")])
-              + [mk("Div", [f"{dz}_cap_du", "logit_scale_c"], f"{dz}_scaled")]}
-    for key, t in (("fwd", z), ("bwd", dz)):
-        new = (chains[key] if op == "softcap"
-               else [mk(op, [t, "logit_scale_c"], f"{t}_scaled")])
-        for n in readers(t):
-            n.input[:] = [f"{t}_scaled" if x == t else x for x in n.input]
-        at = nodes.index(producer[t]) + 1 if t in producer else 0
-        nodes[at:at] = new
-        producer.update({o: n for n in new for o in n.output})
-    del g.node[:]
-    g.node.extend(nodes)
+    if op == "softcap":
+        chains = zip((z, dz), _cap_nodes(family, z, dz, "logit_scale_c", "logit_one"))
+    else:
+        chains = ((t, [helper.make_node(op, [t, "logit_scale_c"], [f"{t}_cap"],
+                                        name=f"{t}_cap")]) for t in (z, dz))
+    for t, new in chains:
+        _insert_after(nodes, t, new, new[-1].output[0])
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
     return m
 
 
 def with_attention_softcap(m, family, scores, dscores, c=2.0):
     """A copy of an attention export with one attention's scaled scores soft-capped, Gemma 2's
-    `c * tanh(scores / c)` (Div, Tanh, Mul) before its mask, and the scores' gradient through
-    the cap (Mul by c; ort-training's TanhGrad, torch-joint's (1 - t * t); Div by c) before the
-    scale's gradient: `scores` is the tensor the scale writes (the forward's scaled scores),
-    `dscores` the one the scale's gradient reads (as a flash rule's match records them)."""
-    import copy
-
-    m = copy.deepcopy(m)
-    g = m.graph
-    nodes = list(g.node)
-    producer = {t: n for n in nodes for t in n.output}
+    `c * tanh(scores / c)` before its mask, and the scores' gradient through the cap before the
+    scale's gradient (_cap_nodes): `scores` is the tensor the scale writes (the forward's scaled
+    scores), `dscores` the one the scale's gradient reads (as a flash rule's match records
+    them)."""
     cc, one = f"{scores}_softcap_c", f"{scores}_softcap_one"
-    g.initializer.extend([numpy_helper.from_array(np.array(c, np.float32), cc),
-                          numpy_helper.from_array(np.array(1.0, np.float32), one)])
-
-    def mk(o, ins, out):
-        return helper.make_node(o, ins, [out], name=out,
-                                domain="com.microsoft" if o == "TanhGrad" else "")
-
-    tanh = f"{scores}_softcap_t"
-    chains = {scores: [mk("Div", [scores, cc], f"{scores}_softcap_in"),
-                       mk("Tanh", [f"{scores}_softcap_in"], tanh),
-                       mk("Mul", [tanh, cc], f"{scores}_softcap")],
-              dscores: [mk("Mul", [dscores, cc], f"{dscores}_softcap_dt")]
-              + ([mk("TanhGrad", [f"{dscores}_softcap_dt", tanh], f"{dscores}_softcap_du")]
-                 if family == "ortt" else
-                 [mk("Mul", [tanh, tanh], f"{dscores}_softcap_sq"),
-                  mk("Sub", [one, f"{dscores}_softcap_sq"], f"{dscores}_softcap_der"),
-                  mk("Mul", [f"{dscores}_softcap_dt", f"{dscores}_softcap_der"],
-                     f"{dscores}_softcap_du")])
-              + [mk("Div", [f"{dscores}_softcap_du", cc], f"{dscores}_softcap")]}
-    for t, new in chains.items():
-        for n in nodes:
-            n.input[:] = [f"{t}_softcap" if x == t else x for x in n.input]
-        at = nodes.index(producer[t]) + 1 if t in producer else 0
-        nodes[at:at] = new
-        producer.update({o: n for n in new for o in n.output})
-    del g.node[:]
-    g.node.extend(nodes)
+    m = _with_constants(m, **{cc: c, one: 1.0})
+    nodes = list(m.graph.node)
+    for t, new in zip((scores, dscores), _cap_nodes(family, scores, dscores, cc, one)):
+        _insert_after(nodes, t, new, new[-1].output[0])
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
     return m

@@ -1464,7 +1464,20 @@ def _lm(config_cls: str, model_cls: str, **cfg) -> Callable[[str], nn.Module]:
 
 _DEC = dict(hidden_size=HID, intermediate_size=FF, num_hidden_layers=LAYERS,
             num_attention_heads=HEADS, max_position_embeddings=32)
+# the GPT-2-style config keys (n_embd ...) at the corpus size
+_GPT2_DEC = dict(n_embd=HID, n_layer=LAYERS, n_head=HEADS, n_inner=FF, n_positions=32)
 NUM_LABELS = 5
+
+
+def _lm_arch(name: str, kind: str, desc: str, masked: bool = False, families=FAMILIES,
+             dec: dict = _DEC, **cfg) -> "Arch":
+    """{kind}ForCausalLM of transformers at the corpus size (`dec`: the config's size keys) with
+    `cfg`, its {kind}Attention, the LM loss; masked: the second sequence padded."""
+    return Arch(name, "transformers", f"{kind}ForCausalLM: {desc}",
+                _lm(f"{kind}Config", f"{kind}ForCausalLM", **dec, **cfg),
+                _lm_ids_mask if masked else _lm_ids, attention=(f"{kind}Attention",),
+                input_ranges=_LM_MASK_R if masked else _LM_IDS_R, extra=True, families=families,
+                loss="ce_lm")
 
 
 def _cls_logits(o):
@@ -1472,94 +1485,50 @@ def _cls_logits(o):
 
 
 for _a in [
-    Arch("mistral_lm", "transformers", "MistralForCausalLM, GQA 4/2, sliding window 6 (< the "
-         "sequence): a sliding-window causal mask, untied lm_head",
-         _lm("MistralConfig", "MistralForCausalLM", num_key_value_heads=2, sliding_window=6,
-             tie_word_embeddings=False, **_DEC),
-         _lm_ids_mask, attention=("MistralAttention",), input_ranges=_LM_MASK_R, extra=True,
-         loss="ce_lm"),
-    Arch("qwen2_lm", "transformers", "Qwen2ForCausalLM, q/k/v bias, GQA 4/2, lm_head TIED",
-         _lm("Qwen2Config", "Qwen2ForCausalLM", num_key_value_heads=2,
-             tie_word_embeddings=True, **_DEC),
-         _lm_ids, attention=("Qwen2Attention",), input_ranges=_LM_IDS_R, extra=True,
-         loss="ce_lm"),
-    Arch("phi_lm", "transformers", "PhiForCausalLM: parallel attention + MLP, partial rotary "
-         "0.5, gelu_new, LayerNorm, lm_head WITH bias",
-         _lm("PhiConfig", "PhiForCausalLM", partial_rotary_factor=0.5, hidden_act="gelu_new",
-             resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, **_DEC),
-         _lm_ids, attention=("PhiAttention",), input_ranges=_LM_IDS_R, extra=True,
-         loss="ce_lm"),
-    Arch("gpt_neox_lm", "transformers", "GPTNeoXForCausalLM: partial rotary 0.25, untied "
-         "embed_out, parallel residual",
-         _lm("GPTNeoXConfig", "GPTNeoXForCausalLM", rotary_pct=0.25, hidden_dropout=0.0,
-             attention_dropout=0.0, tie_word_embeddings=False, **_DEC),
-         _lm_ids_mask, attention=("GPTNeoXAttention",), input_ranges=_LM_MASK_R, extra=True,
-         loss="ce_lm"),
-    Arch("opt_lm", "transformers", "OPTForCausalLM: word_embed_proj_dim 16 (project_in / "
-         "project_out Linears around the decoder), lm_head TIED to the 16-wide embedding",
-         _lm("OPTConfig", "OPTForCausalLM", hidden_size=HID, num_hidden_layers=LAYERS,
-             ffn_dim=FF, num_attention_heads=HEADS, word_embed_proj_dim=16,
-             max_position_embeddings=32, dropout=0.0, attention_dropout=0.0, layerdrop=0.0,
+    _lm_arch("mistral_lm", "Mistral", "GQA 4/2, sliding window 6 (< the sequence): a "
+             "sliding-window causal mask, untied lm_head", masked=True, num_key_value_heads=2,
+             sliding_window=6, tie_word_embeddings=False),
+    _lm_arch("qwen2_lm", "Qwen2", "q/k/v bias, GQA 4/2, lm_head TIED", num_key_value_heads=2,
+             tie_word_embeddings=True),
+    _lm_arch("phi_lm", "Phi", "parallel attention + MLP, partial rotary 0.5, gelu_new, "
+             "LayerNorm, lm_head WITH bias", partial_rotary_factor=0.5, hidden_act="gelu_new",
+             resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0),
+    _lm_arch("gpt_neox_lm", "GPTNeoX", "partial rotary 0.25, untied embed_out, parallel "
+             "residual", masked=True, rotary_pct=0.25, hidden_dropout=0.0, attention_dropout=0.0,
+             tie_word_embeddings=False),
+    _lm_arch("opt_lm", "OPT", "word_embed_proj_dim 16 (project_in / project_out Linears around "
+             "the decoder), lm_head TIED to the 16-wide embedding", masked=True,
+             families=("ort-training",), dec=dict(hidden_size=HID, num_hidden_layers=LAYERS,
+                                                  ffn_dim=FF, num_attention_heads=HEADS,
+                                                  max_position_embeddings=32),
+             word_embed_proj_dim=16, dropout=0.0, attention_dropout=0.0, layerdrop=0.0,
              do_layer_norm_before=True),
-         _lm_ids_mask, attention=("OPTAttention",), input_ranges=_LM_MASK_R, extra=True,
-         families=("ort-training",), loss="ce_lm"),
-    Arch("bloom_lm", "transformers", "BloomForCausalLM: ALiBi, lm_head TIED",
-         _lm("BloomConfig", "BloomForCausalLM", hidden_size=HID, n_layer=LAYERS, n_head=HEADS,
-             hidden_dropout=0.0, attention_dropout=0.0),
-         _lm_ids_mask, attention=("BloomAttention",), input_ranges=_LM_MASK_R, extra=True,
-         loss="ce_lm"),
-    Arch("gemma_lm", "transformers", "GemmaForCausalLM: embeddings * sqrt(hidden), "
-         "(1 + w) RMSNorm, GeGLU-tanh, lm_head TIED",
-         _lm("GemmaConfig", "GemmaForCausalLM", num_key_value_heads=1, head_dim=8,
-             hidden_activation="gelu_pytorch_tanh", **_DEC),
-         _lm_ids, attention=("GemmaAttention",), input_ranges=_LM_IDS_R, extra=True,
-         loss="ce_lm"),
-    Arch("stablelm_lm", "transformers", "StableLmForCausalLM: LayerNorm, partial rotary 0.25, "
-         "untied lm_head",
-         _lm("StableLmConfig", "StableLmForCausalLM", num_key_value_heads=HEADS,
-             partial_rotary_factor=0.25, hidden_dropout=0.0, attention_dropout=0.0, **_DEC),
-         _lm_ids, attention=("StableLmAttention",), input_ranges=_LM_IDS_R, extra=True,
-         loss="ce_lm"),
-    Arch("olmo2_lm", "transformers", "Olmo2ForCausalLM: post-norms, q/k RMSNorm over all heads, "
-         "untied lm_head",
-         _lm("Olmo2Config", "Olmo2ForCausalLM", num_key_value_heads=HEADS,
-             tie_word_embeddings=False, **_DEC),
-         _lm_ids, attention=("Olmo2Attention",), input_ranges=_LM_IDS_R, extra=True,
-         loss="ce_lm"),
-    Arch("gpt_bigcode_lm", "transformers", "GPTBigCodeForCausalLM: multi-query attention, "
-         "lm_head TIED",
-         _lm("GPTBigCodeConfig", "GPTBigCodeForCausalLM", n_embd=HID, n_layer=LAYERS,
-             n_head=HEADS, n_inner=FF, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
-             attn_pdrop=0.0, multi_query=True),
-         _lm_ids_mask, attention=("GPTBigCodeAttention",), input_ranges=_LM_MASK_R, extra=True,
-         loss="ce_lm"),
-    Arch("starcoder2_lm", "transformers", "Starcoder2ForCausalLM: LayerNorm with bias, "
-         "gelu_pytorch_tanh c_fc/c_proj MLP, sliding window 6, lm_head TIED",
-         _lm("Starcoder2Config", "Starcoder2ForCausalLM", num_key_value_heads=2,
-             sliding_window=6, residual_dropout=0.0, embedding_dropout=0.0,
-             attention_dropout=0.0, **_DEC),
-         _lm_ids, attention=("Starcoder2Attention",), input_ranges=_LM_IDS_R, extra=True,
-         loss="ce_lm"),
-    Arch("granite_lm", "transformers", "GraniteForCausalLM: embedding / residual / attention "
-         "multipliers, logits divided by logits_scaling 4, lm_head TIED",
-         _lm("GraniteConfig", "GraniteForCausalLM", num_key_value_heads=2,
+    _lm_arch("bloom_lm", "Bloom", "ALiBi, lm_head TIED", masked=True,
+             dec=dict(hidden_size=HID, n_layer=LAYERS, n_head=HEADS), hidden_dropout=0.0,
+             attention_dropout=0.0),
+    _lm_arch("gemma_lm", "Gemma", "embeddings * sqrt(hidden), (1 + w) RMSNorm, GeGLU-tanh, "
+             "lm_head TIED", num_key_value_heads=1, head_dim=8,
+             hidden_activation="gelu_pytorch_tanh"),
+    _lm_arch("stablelm_lm", "StableLm", "LayerNorm, partial rotary 0.25, untied lm_head",
+             num_key_value_heads=HEADS, partial_rotary_factor=0.25, hidden_dropout=0.0,
+             attention_dropout=0.0),
+    _lm_arch("olmo2_lm", "Olmo2", "post-norms, q/k RMSNorm over all heads, untied lm_head",
+             num_key_value_heads=HEADS, tie_word_embeddings=False),
+    _lm_arch("gpt_bigcode_lm", "GPTBigCode", "multi-query attention, lm_head TIED", masked=True,
+             dec=_GPT2_DEC, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, multi_query=True),
+    _lm_arch("starcoder2_lm", "Starcoder2", "LayerNorm with bias, gelu_pytorch_tanh c_fc/c_proj "
+             "MLP, sliding window 6, lm_head TIED", num_key_value_heads=2, sliding_window=6,
+             residual_dropout=0.0, embedding_dropout=0.0, attention_dropout=0.0),
+    _lm_arch("granite_lm", "Granite", "embedding / residual / attention multipliers, logits "
+             "divided by logits_scaling 4, lm_head TIED", num_key_value_heads=2,
              embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.25,
-             logits_scaling=4.0, **_DEC),
-         _lm_ids, attention=("GraniteAttention",), input_ranges=_LM_IDS_R, extra=True,
-         loss="ce_lm"),
-    Arch("cohere_lm", "transformers", "CohereForCausalLM: parallel block, LayerNorm without "
-         "bias, logits * logit_scale 0.5, lm_head TIED",
-         _lm("CohereConfig", "CohereForCausalLM", num_key_value_heads=HEADS, logit_scale=0.5,
-             **_DEC),
-         _lm_ids, attention=("CohereAttention",), input_ranges=_LM_IDS_R, extra=True,
-         loss="ce_lm"),
-    Arch("codegen_lm", "transformers", "CodeGenForCausalLM: interleaved rotary (rotary_dim 4), "
-         "fused qkv_proj, lm_head WITH bias",
-         _lm("CodeGenConfig", "CodeGenForCausalLM", n_embd=HID, n_layer=LAYERS, n_head=HEADS,
-             n_inner=FF, n_positions=32, n_ctx=32, rotary_dim=4, resid_pdrop=0.0,
-             embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False),
-         _lm_ids, attention=("CodeGenAttention",), input_ranges=_LM_IDS_R, extra=True,
-         families=("ort-training",), loss="ce_lm"),
+             logits_scaling=4.0),
+    _lm_arch("cohere_lm", "Cohere", "parallel block, LayerNorm without bias, logits * "
+             "logit_scale 0.5, lm_head TIED", num_key_value_heads=HEADS, logit_scale=0.5),
+    _lm_arch("codegen_lm", "CodeGen", "interleaved rotary (rotary_dim 4), fused qkv_proj, "
+             "lm_head WITH bias", families=("ort-training",), dec=_GPT2_DEC, n_ctx=32,
+             rotary_dim=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+             tie_word_embeddings=False),
     Arch("bert_cls", "transformers", "BertForSequenceClassification: pooler dense + tanh on "
          "[CLS], classifier Linear(32 -> 5)",
          _hf("BertConfig", "BertForSequenceClassification", pick=_cls_logits,
@@ -1612,12 +1581,9 @@ for _a in [
 
 
 for _a in [
-    Arch("gemma2_lm", "transformers", "Gemma2ForCausalLM: attention logits soft-capped "
-         "(tanh(s / 50) * 50), final logits soft-capped (tanh(z / 30) * 30), sliding window on "
-         "every other layer, pre- and post-norms, lm_head TIED",
-         _lm("Gemma2Config", "Gemma2ForCausalLM", num_key_value_heads=2, head_dim=8,
-             sliding_window=6, **_DEC),
-         _lm_ids, attention=("Gemma2Attention",), input_ranges=_LM_IDS_R, extra=True,
-         loss="ce_lm"),
+    _lm_arch("gemma2_lm", "Gemma2", "attention logits soft-capped (tanh(s / 50) * 50), final "
+             "logits soft-capped (tanh(z / 30) * 30), sliding window on every other layer, pre- "
+             "and post-norms, lm_head TIED", num_key_value_heads=2, head_dim=8,
+             sliding_window=6),
 ]:
     ARCHS[_a.name] = _a
