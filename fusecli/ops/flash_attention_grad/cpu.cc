@@ -21,14 +21,12 @@ struct FlashGradKernel : CpuKernel<FlashGradKernel, kFlashAttentionGrad> {
 struct BwdScratch {
   RowMat S, dP, acc_k, acc_v, T;  // T: the tile's tanh with softcap (else empty)
   // tiles no larger than the matrices (short sequences allocate little)
-  BwdScratch(const FlashInputs& in, int64_t rows, int64_t dv)
+  BwdScratch(const FlashInputs& in, int64_t rows, int64_t dv, bool tanh)
       : S(std::min(kFlashBq, in.Sq), std::min(kFlashBk, in.Sk)),
         dP(std::min(kFlashBq, in.Sq), std::min(kFlashBk, in.Sk)),
         acc_k(rows, in.D),
-        acc_v(rows, dv) {}
-  void want_tanh(const FlashInputs& in) {
-    T.resize(std::min(kFlashBq, in.Sq), std::min(kFlashBk, in.Sk));
-  }
+        acc_v(rows, dv),
+        T(tanh ? S.rows() : 0, tanh ? S.cols() : 0) {}
 };
 
 struct Bwd {
@@ -123,8 +121,7 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
   if (want_dq && km.kv_items() >= 2 * planned_threads(km.kv_items(), 1)) {
     std::fill(dq, dq + in.q.numel(), 0.f);
     parallel_for(km.kv_items(), 1, [&](int, int64_t t0, int64_t t1) {
-      BwdScratch w(in, std::min(kFlashBk, Sk), Dv);
-      if (softcap > 0.f) w.want_tanh(in);
+      BwdScratch w(in, std::min(kFlashBk, Sk), Dv, softcap > 0.f);
       for (int64_t c = t0; c < t1; ++c) {
         for (int64_t j0 = 0; j0 < Sk; j0 += kFlashBk) {
           const int64_t nc = std::min(kFlashBk, Sk - j0);
@@ -170,8 +167,7 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
   }
   if (want_dk || want_dv) {  // pass 1: per (kv item, key block), over its group's query blocks
     parallel_for(km.kv_items() * nkb, 1, [&](int, int64_t t0, int64_t t1) {
-      BwdScratch w(in, std::min(kFlashBk, Sk), Dv);
-      if (softcap > 0.f) w.want_tanh(in);
+      BwdScratch w(in, std::min(kFlashBk, Sk), Dv, softcap > 0.f);
       for (int64_t task = t0; task < t1; ++task) {
         const int64_t c = task / nkb, j0 = task % nkb * kFlashBk;
         const int64_t nc = std::min(kFlashBk, Sk - j0);
@@ -207,8 +203,7 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
   if (!want_dq) return;
   // pass 2: per (query item, query block), over the key blocks
   parallel_for(B * nqb, 1, [&](int, int64_t t0, int64_t t1) {
-    BwdScratch w(in, std::min(kFlashBq, Sq), 0);
-    if (softcap > 0.f) w.want_tanh(in);
+    BwdScratch w(in, std::min(kFlashBq, Sq), 0, softcap > 0.f);
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / nqb, i0 = task % nqb * kFlashBq;
       const int64_t nr = std::min(kFlashBq, Sq - i0);
