@@ -67,11 +67,11 @@ EXPECTED = {
 }
 # the logits' transform of those (the model code: logits_scaling 4, logit_scale 0.5,
 # final_logit_softcapping 30 by Gemma2Config's default)
-LOGIT_TRANSFORM = {"ortt_lces_granite_lm": ("logit_scale", 0.25),
-                   "torch_lces_granite_lm": ("logit_scale", 0.25),
-                   "torch_lces_cohere_lm": ("logit_scale", 0.5),
-                   "ortt_lces_gemma2_lm": ("logit_softcap", 30.0),
-                   "torch_lces_gemma2_lm": ("logit_softcap", 30.0)}
+LOGIT_TRANSFORM = {"ortt_lces_granite_lm": {"logit_scale": 0.25},
+                   "torch_lces_granite_lm": {"logit_scale": 0.25},
+                   "torch_lces_cohere_lm": {"logit_scale": 0.5},
+                   "ortt_lces_gemma2_lm": {"logit_softcap": 30.0},
+                   "torch_lces_gemma2_lm": {"logit_softcap": 30.0}}
 
 
 def _lce(fp):
@@ -94,8 +94,7 @@ def test_spelling_fuses_as_the_model_says_and_verifies(name, tmp_path):
         lce = next(n for n in m.graph.node if n.op_type == "LinearCrossEntropy")
         attrs = {a.name: helper.get_attribute_value(a) for a in lce.attribute}
         for attr, default in (("logit_scale", 1.0), ("logit_softcap", 0.0)):
-            want = dict([LOGIT_TRANSFORM[name]]).get(attr, default) if name in \
-                LOGIT_TRANSFORM else default
+            want = LOGIT_TRANSFORM.get(name, {}).get(attr, default)
             assert attrs.get(attr, default) == pytest.approx(want), (attr, attrs)
     else:
         assert "LinearCrossEntropy" not in ops and "LogSoftmax" in ops

@@ -241,8 +241,11 @@ def _fusions(model, rule=None):
 # (domain, op) of every node a sample has or a rule's replacement can create: a rule one of whose
 # required nodes matches none of them cannot fire on that sample (the search is not run)
 _MADE = {(rep.domain, rep.op) for r in RULES for rep in r.replace.nodes}
-_SAMPLE_OPS = {name: {("" if n.domain == "ai.onnx" else n.domain, n.op_type)
-                      for n in m.graph.node} | _MADE for name, m in SAMPLE_MODELS.items()}
+def _ops_of(m):
+    return {("" if n.domain == "ai.onnx" else n.domain, n.op_type) for n in m.graph.node} | _MADE
+
+
+_SAMPLE_OPS = {name: _ops_of(m) for name, m in SAMPLE_MODELS.items()}
 
 
 def _may_fire(rule, name) -> bool:
@@ -270,13 +273,9 @@ def _softcap_sample(rule):
     if twin is None:
         return None
     spec = {s.id: s for s in _BY_NAME[rule.name[: -len("_softcap")]].nodes}
-    rec = twin[2]
-    scores = rec.tensors[var_name(spec["fwd_scale"].inputs[0])]
-    if "fwd_scale" in rec.nodes:
-        scores = next(n.output[0] for n in twin[1].graph.node if n.name == rec.nodes["fwd_scale"])
-    dscores = rec.tensors[var_name(spec["bwd_scale"].inputs[0])]
-    if "bwd_scale" not in rec.nodes:  # no scale: the gradient MatMuls read the scores' gradient
-        dscores = rec.tensors[var_name(spec["bwd_scale"].outputs[0])]
+    # (an absent scale, a pass-through, binds its input and output to one tensor)
+    scores = twin[2].tensors[var_name(spec["fwd_scale"].outputs[0])]
+    dscores = twin[2].tensors[var_name(spec["bwd_scale"].inputs[0])]
     return builders.with_attention_softcap(
         twin[1], "ortt" if rule.family == "ort-training" else "torch", scores, dscores)
 
@@ -288,8 +287,7 @@ for _r in RULES:
         _m = _softcap_sample(_r)
         if _m is not None:
             SAMPLE_MODELS[f"softcap_{_r.name}"] = _m
-            _SAMPLE_OPS[f"softcap_{_r.name}"] = {("" if n.domain == "ai.onnx" else n.domain,
-                                                   n.op_type) for n in _m.graph.node} | _MADE
+            _SAMPLE_OPS[f"softcap_{_r.name}"] = _ops_of(_m)
 FIRST.update({r.name: _first_instance(r) for r in RULES if r.name.endswith("_softcap")})
 
 

@@ -1,7 +1,7 @@
 // LinearCrossEntropy: CPU kernel. Rows in chunks: Z = Hc W^T (+ b) on onnxruntime's MLAS, the
-// row log-sum-exp (of the logits times logit_scale), loss and dZ = c (softmax - onehot) in place
-// (threads over rows), then dHc = dZ W (MLAS) and dW += dZ^T Hc (Eigen, accumulating; threads over
-// W's rows).
+// row log-sum-exp (of the logits times logit_scale, soft-capped at logit_softcap), loss and dZ = c
+// (softmax - onehot) in place (threads over rows), then dHc = dZ W (MLAS) and dW += dZ^T Hc (Eigen,
+// accumulating; threads over W's rows).
 #include <algorithm>
 #include <cmath>
 #include <limits>

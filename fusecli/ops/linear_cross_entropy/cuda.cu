@@ -1,8 +1,8 @@
 // LinearCrossEntropy: CUDA launcher. Per chunk of rows: Z = Hc W^T (SGEMM), one block per row
-// for the bias and logit_scale, log-sum-exp, nll and dZ = c (softmax - onehot) in place, then dHc =
-// dZ W and dW += dZ^T Hc (SGEMM, beta 1 after the first chunk) and dB += column sums. The token
-// count and the loss are reduced on the device (reduction none: the rows' losses copied out). With
-// seq_start / seq_end the rows read are packed first and their dH put back after.
+// for the bias, logit_scale and logit_softcap, log-sum-exp, nll and dZ = c (softmax - onehot) in
+// place, then dHc = dZ W and dW += dZ^T Hc (SGEMM, beta 1 after the first chunk) and dB += column
+// sums. The token count and the loss are reduced on the device (reduction none: the rows' losses
+// copied out). With seq_start / seq_end the rows read are packed first and their dH put back after.
 #include "cuda_common.cuh"
 
 namespace {
@@ -41,12 +41,11 @@ __global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labe
   __shared__ float sh[kThreads];
   const int64_t i = blockIdx.x, g = r0 + i;
   float* row = z + i * v;
-  if (bias || logit_scale != 1.f)
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
-      row[j] = (row[j] + (bias ? bias[j] : 0.f)) * logit_scale;
-  if (softcap > 0.f)
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
-      row[j] = softcap * tanhf(row[j] / softcap);
+  if (bias || logit_scale != 1.f || softcap > 0.f)  // one pass: bias, scale, soft cap
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+      const float x = (row[j] + (bias ? bias[j] : 0.f)) * logit_scale;
+      row[j] = softcap > 0.f ? softcap * tanhf(x / softcap) : x;
+    }
   __syncthreads();
   const bool valid = rw || labels[g] != ignore_index;
   int64_t t = valid ? labels[g] : 0;

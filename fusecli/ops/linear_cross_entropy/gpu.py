@@ -25,9 +25,8 @@ def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ign
     launch("fusecli_launch_linear_cross_entropy", h=h, w=w, bias=bias, labels=labels,
            row_weight=row_weight, row_grad=row_grad, grad_seed=grad_seed, loss=loss, dh=dh, dw=dw,
            db=db, n=n, v=v, d=d, ignore_index=ignore_index, wrap_negative=int(wrap_negative),
-           reduction={"mean": 0, "sum": 1, "none": 2}[reduction], grad_scale=grad_scale, logit_scale=logit_scale,
-           logit_softcap=logit_softcap,
-           chunk_rows=chunk_rows,
+           reduction={"mean": 0, "sum": 1, "none": 2}[reduction], grad_scale=grad_scale,
+           logit_scale=logit_scale, logit_softcap=logit_softcap, chunk_rows=chunk_rows,
            groups=0, seq=0, seq_start=0, seq_end=0)
     return loss, dh, dw, db
 
