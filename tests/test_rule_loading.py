@@ -13,6 +13,10 @@ def test_shipped_rules_parse_the_same_with_both_loaders():
     assert fast == bounded and len(fast) > 10
     for f in rulefiles._rule_files(rulefiles.DEFAULT_RULES_DIR):
         text = f.read_text()
+        if rulefiles._is_fragment(f):   # a list of variants
+            a, b = rules._yaml(text, str(f), shipped=True), rules._yaml(text, str(f))
+            assert a == b and [v.line for v in a] == [v.line for v in b], f
+            continue
         a = rules._load_yaml(text, str(f), shipped=True)
         b = rules._load_yaml(text, str(f))
         assert a == b and a.key_lines == b.key_lines and a.line == b.line, f
@@ -83,9 +87,9 @@ def _parses(monkeypatch) -> list[str]:
     seen = []
     parse = rulefiles.parse_rules
 
-    def counted(text, source, shipped=False):
+    def counted(text, source, shipped=False, fragments=None):
         seen.append(source)
-        return parse(text, source, shipped)
+        return parse(text, source, shipped, fragments)
 
     monkeypatch.setattr(rulefiles, "parse_rules", counted)
     return seen
@@ -95,7 +99,8 @@ def test_shipped_rules_are_parsed_once_then_read_from_the_cache(tmp_path, monkey
     monkeypatch.setenv("FUSECLI_CACHE_DIR", str(tmp_path / "cache"))
     parsed = _parses(monkeypatch)
     first = rulefiles.load_rules()
-    n_files = len(rulefiles._rule_files(rulefiles.DEFAULT_RULES_DIR))
+    n_files = len([f for f in rulefiles._rule_files(rulefiles.DEFAULT_RULES_DIR)
+                   if not rulefiles._is_fragment(f)])
     assert len(parsed) == n_files
     assert len(list((tmp_path / "cache").glob("rules-*.pickle"))) == 1
     again = rulefiles.load_rules()
@@ -153,3 +158,75 @@ def test_an_unwritable_cache_dir_is_no_error(tmp_path, monkeypatch):
     blocker.write_text("")
     monkeypatch.setenv("FUSECLI_CACHE_DIR", str(blocker / "cache"))  # under a plain file
     assert rulefiles.load_rules() == rulefiles.load_rules([rulefiles.DEFAULT_RULES_DIR])
+
+
+# --- fragments: variant lists several rule files include (rules/_NAME.yaml) ------------------
+
+_RULE = """name: inc_relu${grad}
+pattern: activation_grad
+order: 900
+family: torch-joint
+params: {}
+variants:
+  cross:
+    - [{grad: ""}]
+    - include: %s
+nodes:
+  - {id: le, op: LessOrEqual, inputs: [X, zero], outputs: [M]}
+  - {id: where, op: Where, inputs: [M, zero, dY], outputs: [$dx]}
+tensors: {zero: {const: 0.0, tol: 0}}
+replace: {op: ActivationGrad, inputs: [dY, X], outputs: [$dx], attrs: {activation: relu}}
+"""
+_FRAGMENT = """# the gradient's name
+- {grad: _a, dx: dXa}
+- {grad: _b, dx: dXb}
+"""
+
+
+def test_a_fragment_is_included_as_one_cross_list(tmp_path):
+    """`- include: NAME` in a cross is the list of _NAME.yaml beside the rule file: the same
+    rules as that list written inline, and the fragment itself is no rule."""
+    (tmp_path / "_grads.yaml").write_text(_FRAGMENT)
+    (tmp_path / "r.yaml").write_text(_RULE % "grads")
+    inline = tmp_path / "inline"
+    inline.mkdir()
+    body = "\n".join("      " + line for line in _FRAGMENT.splitlines()[1:])
+    (inline / "r.yaml").write_text(_RULE.replace("    - include: %s", "    -\n" + body))
+    for paths in ([tmp_path], [tmp_path / "r.yaml"]):   # the folder, or the file alone
+        got = rulefiles.load_rules(paths)
+        assert [r.name for r in got] == ["inc_relu_a", "inc_relu_b"]
+        assert [_unlined(r.nodes) for r in got] == [
+            _unlined(r.nodes) for r in rulefiles.load_rules([inline])]
+        assert [r.nodes[-1].outputs for r in got] == [("dXa",), ("dXb",)]
+
+
+def test_shipped_fragments_are_included_by_the_rules_that_name_them():
+    from pathlib import Path
+
+    names: dict[str, list[str]] = {}
+    for r in rulefiles.load_rules(None):
+        names.setdefault(Path(r.source).stem, []).append(r.name)
+    for family, files in (("torch", ("lce_torch", "lce_torch_loss")), ("ortt", ("lce_ortt",))):
+        fragment = rulefiles.DEFAULT_RULES_DIR / f"_lce_logit_transforms_{family}.yaml"
+        assert fragment.exists()
+        for f in files:
+            text = (rulefiles.DEFAULT_RULES_DIR / f"{f}.yaml").read_text()
+            assert f"include: lce_logit_transforms_{family}" in text, f
+            assert any("_scaled" in n for n in names[f]) and any(
+                "_softcap" in n for n in names[f]), names[f]
+
+
+def test_include_errors_are_one_line(tmp_path):
+    """An include without its fragment file, or a fragment that is no list of variants: the
+    rule file is refused in one line (exit 2), naming the problem."""
+    from conftest import run_cli
+
+    (tmp_path / "r.yaml").write_text(_RULE % "nope")
+    res = run_cli("rules", "validate", tmp_path, check_rc=2)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "include: 'nope': no fragment file _nope.yaml beside this rule file" in res.stderr
+    (tmp_path / "_nope.yaml").write_text("grad: _a\n")
+    res = run_cli("rules", "validate", tmp_path, check_rc=2)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "_nope.yaml" in res.stderr and "a fragment file must be a non-empty YAML list" in \
+        res.stderr

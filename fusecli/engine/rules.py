@@ -685,11 +685,24 @@ def _check_dataflow(src, nodes: tuple[NodeSpec, ...], replace: Replacement, tens
             raise RuleError(src, f"replace.new: '{v}' is not written by any fused node", None)
 
 
-def parse_rules(text: str, source: str, shipped: bool = False) -> list[Rule]:
+def parse_rules(text: str, source: str, shipped: bool = False,
+                fragments: dict[str, list] | None = None) -> list[Rule]:
     """Every rule a rule file defines: one, or one per entry of its ``variants``.
-    ``shipped``: one of fusecli's own rule files (parsed with libyaml where available)."""
+    ``shipped``: one of fusecli's own rule files (parsed with libyaml where available);
+    ``fragments``: the variant lists a ``cross`` may include, by name (``parse_fragment``)."""
     raw = _load_yaml(text, source, shipped)
-    return [_build_rule(body, source, text) for body in _expand(raw, source)]
+    return [_build_rule(body, source, text) for body in _expand(raw, source, fragments or {})]
+
+
+def parse_fragment(text: str, source: str, shipped: bool = False) -> list:
+    """A fragment file (``_NAME.yaml`` beside the rule files): one list of variants (mappings
+    parameter -> value) that several rule files' ``variants: {cross: [...]}`` include by name,
+    ``- include: NAME``, so that a spelling they share is written once."""
+    raw = _yaml(text, source, shipped)
+    if not isinstance(raw, list) or not raw or not all(isinstance(v, dict) for v in raw):
+        raise RuleError(source, "a fragment file must be a non-empty YAML list of variants "
+                        "(mappings parameter -> value)", 1)
+    return raw
 
 
 def parse_rule(text: str, source: str) -> Rule:
@@ -700,10 +713,10 @@ def parse_rule(text: str, source: str) -> Rule:
     return rules[0]
 
 
-def _load_yaml(text: str, source: str, shipped: bool = False):
+def _yaml(text: str, source: str, shipped: bool = False):
     loader = _ShippedLoader if shipped and _ShippedLoader is not None else _LineLoader
     try:
-        raw = yaml.load(text, Loader=loader)  # noqa: S506 - SafeLoader subclasses
+        return yaml.load(text, Loader=loader)  # noqa: S506 - SafeLoader subclasses
     except yaml.constructor.ConstructorError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
         raise RuleError(source, f"not allowed in a rule file: {exc.problem} (rules are plain "
@@ -711,6 +724,10 @@ def _load_yaml(text: str, source: str, shipped: bool = False):
     except YAML_ERRORS as exc:
         problem, line = yaml_problem(exc)
         raise RuleError(source, f"not valid YAML: {problem}", line) from None
+
+
+def _load_yaml(text: str, source: str, shipped: bool = False):
+    raw = _yaml(text, source, shipped)
     if raw is None:
         raise RuleError(source, "empty rule file; a rule needs name, pattern, order, nodes, "
                         "replace")
@@ -770,9 +787,12 @@ def _substitute(obj, values: dict, src: str, line, used: set, within: tuple = ()
     return obj
 
 
-def _cross(source: str, lists, line) -> list:
+def _cross(source: str, lists, line, fragments: dict[str, list]) -> list:
     """``variants: {cross: [LIST, LIST, ...]}``: every combination, one entry of each list
-    merged (later lists win on a shared parameter)."""
+    merged (later lists win on a shared parameter). A LIST may be ``{include: NAME}``: the
+    fragment file ``_NAME.yaml`` beside the rule file (``parse_fragment``)."""
+    if isinstance(lists, list):
+        lists = [_included(source, li, line, fragments) for li in lists]
     if not isinstance(lists, list) or not lists or not all(
             isinstance(li, list) and li and all(isinstance(v, dict) for v in li) for li in lists):
         raise RuleError(source, "variants: {cross: [...]} takes a list of non-empty lists of "
@@ -786,6 +806,17 @@ def _cross(source: str, lists, line) -> list:
     return out
 
 
+def _included(source: str, li, line, fragments: dict[str, list]):
+    if not (isinstance(li, dict) and set(li) == {"include"}):
+        return li
+    name = li["include"]
+    if name not in fragments:
+        known = f"; fragments there: {sorted(fragments)}" if fragments else ""
+        raise RuleError(source, f"include: {name!r}: no fragment file _{name}.yaml beside this "
+                        f"rule file{known}", _line(li) or line)
+    return fragments[name]
+
+
 def _product(lengths) -> int:
     n = 1
     for k in lengths:
@@ -795,7 +826,7 @@ def _product(lengths) -> int:
     return n
 
 
-def _expand(raw, source: str) -> list:
+def _expand(raw, source: str, fragments: dict[str, list]) -> list:
     """One rule body per variant: ``params`` (defaults) updated by each ``variants`` entry,
     substituted into everything else."""
     if "params" not in raw and "variants" not in raw:
@@ -803,7 +834,7 @@ def _expand(raw, source: str) -> list:
     params = raw.get("params") or {}
     variants = raw.get("variants", [{}])
     if isinstance(variants, dict) and set(variants) == {"cross"}:
-        variants = _cross(source, variants["cross"], _line(raw, "variants"))
+        variants = _cross(source, variants["cross"], _line(raw, "variants"), fragments)
     if not isinstance(params, dict):
         raise RuleError(source, "params must be a mapping of parameter -> default value",
                         _line(raw, "params"))

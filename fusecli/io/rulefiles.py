@@ -20,7 +20,7 @@ import tempfile
 from importlib.resources import files
 from pathlib import Path
 
-from fusecli.engine.rules import Rule, parse_rules
+from fusecli.engine.rules import Rule, parse_fragment, parse_rules
 from fusecli.errors import RuleError
 from fusecli.io.userfiles import os_reason, read_text
 
@@ -99,7 +99,8 @@ def _store(key: str, rules: list[Rule]) -> None:
 
 
 def _texts(folder_or_file: Path) -> list[tuple[Path, str]]:
-    """(path, text) of each rule file there (bounded reads)."""
+    """(path, text) of each rule file there and of the fragment files beside them (bounded
+    reads)."""
     return [(f, read_text(f, lambda msg, f=f: RuleError(str(f), msg)))
             for f in _rule_files(folder_or_file)]
 
@@ -114,10 +115,20 @@ def _shipped_rules() -> list[Rule]:
     return rules
 
 
+def _is_fragment(path: Path) -> bool:
+    """``_NAME.yaml``: variants that rule files beside it include (engine.rules.parse_fragment),
+    not a rule file."""
+    return path.name.startswith("_")
+
+
 def _rule_files(path: Path) -> list[Path]:
+    """The rule files of a folder (or the one file given) and the fragment files beside them."""
     try:
         if path.is_dir():
             return sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+        if not _is_fragment(path) and path.parent.is_dir():
+            return [path, *sorted(p for p in path.parent.iterdir()
+                                  if p.suffix in (".yaml", ".yml") and _is_fragment(p))]
     except OSError as exc:
         raise RuleError(str(path), f"cannot list the folder: {os_reason(exc)}") from None
     return [path]
@@ -143,8 +154,12 @@ def load_rules(paths=None) -> list[Rule]:
 def _parsed(texts: list[tuple[Path, str]], shipped: bool) -> list[Rule]:
     rules: list[Rule] = []
     seen: dict[str, str] = {}
+    fragments = {f: parse_fragment(text, str(f), shipped) for f, text in texts if _is_fragment(f)}
     for f, text in texts:
-        for rule in parse_rules(text, str(f), shipped):
+        if _is_fragment(f):
+            continue
+        beside = {p.stem[1:]: v for p, v in fragments.items() if p.parent == f.parent}
+        for rule in parse_rules(text, str(f), shipped, beside):
             if rule.name in seen:
                 raise RuleError(str(f), f"rule name '{rule.name}' is also used by "
                                 f"{seen[rule.name]}")
