@@ -1,6 +1,7 @@
 """Regenerates tests/data/{torch,ortt}_lces_*.onnx: the loss spellings of a language-model /
 classifier head + cross-entropy that real exports use (issue 36), for rules/lce_torch_loss.yaml,
-rules/lce_torch_rows.yaml, rules/lce_torch_shift.yaml and rules/lce_ortt_gemm.yaml; counts,
+rules/lce_torch_rows.yaml, rules/lce_torch_shift.yaml, rules/lce_ortt_shift.yaml and
+rules/lce_ortt_gemm.yaml, with and without the logits transformed before the loss; counts,
 verification and guards: tests/test_lce_spellings.py.
 
 torch-joint (build/venv-corpus-torch: torch 2.13, transformers 4.57.6): aot_export_module(
@@ -31,6 +32,11 @@ lm_head tied to wte), with these losses on logits viewed [N, V]:
                                                                                    fuses: 1
   hf_gpt2_mean_tied GPT2LMHeadModel logits (lm_head tied to wte: two gradient outputs),
                     -lp.gather(...).mean()                                         fuses: 1
+  LOSS_T            (TRANSFORMED) the loss LOSS (shift_logits, shift_ce_sum_tied, ce_none_mean,
+                    seqlevel) on the logits transformed between the head and the loss
+                    (TRANSFORMS): T = div (z / 4, Granite's logits / logits_scaling), mul
+                    (z * 0.5, Cohere's logit_scale) or softcap (3 tanh(z / 3), Gemma 2's final
+                    soft cap)                                                       fuses: 1
 ort-training (build/venv-corpus-ortt: onnxruntime-training 1.19.2): torch.onnx.export
 (TorchScript, training, opset 16) + generate_artifacts(loss=CrossEntropyLoss(reduction='mean'
 [, ignore_index=-100])), checked against torch autograd:
@@ -38,12 +44,16 @@ ort-training (build/venv-corpus-ortt: onnxruntime-training 1.19.2): torch.onnx.e
   cls_cnn           Conv + ReLU -> Flatten -> Linear(bias) (Gemm into the loss)    fuses: 1
   cls_mlp_ii        cls_mlp with ignore_index -100 (a label -100 in the batch)     fuses: 1
   cls_matmul        h @ W.t() + b written out (MatMul + Add into the loss)         fuses: 1
+  cls_mlp{,_ii}_{div,softcap}  cls_mlp with its logits divided by a temperature (4) or
+                    soft-capped (3 tanh(z / 3)) before the loss                     fuses: 1
   the tiny decoder computing its own loss (generate_artifacts(loss=None)), labels with -100:
   lm_shift_ce       F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1))
                     (Slice before SoftmaxCrossEntropyLoss, SliceGrad in the backward)  fuses: 1
   lm_shift_ce_tied  the same with the head tied to the embedding (the head's gradient
                     Summed with the embedding's)                                    fuses: 1
   lm_shift_ce_frozen_head  the same with the head frozen (no dW)                   fuses: 1
+  lm_shift_ce_div, lm_shift_ce_tied_softcap, lm_shift_ce_frozen_head_{div,softcap}  those
+                    with the logits transformed before the shift (TRANSFORMS)       fuses: 1
   hf_llama_loss     LlamaForCausalLM(input_ids, labels=y).loss (transformers' ForCausalLMLoss:
                     the labels padded with -100 and shifted, Pad + Slice; the logits whole) fuses: 1
   hf_gpt2_loss_tied GPT2LMHeadModel(input_ids, labels=y).loss, lm_head tied to wte     fuses: 1
@@ -69,17 +79,24 @@ V, D, B, S = 50, 16, 2, 7
 HF_V, HF_S = 64, 6
 
 
+# the logits transformed between the head and the loss, as real LM heads do: Granite's
+# `logits / logits_scaling`, Cohere's `logits * logit_scale`, Gemma 2's final soft cap
+TRANSFORMS = {"": lambda z: z, "div": lambda z: z / 4.0, "mul": lambda z: z * 0.5,
+              "softcap": lambda z: 3.0 * torch.tanh(z / 3.0)}
+
+
 class Net(nn.Module):
-    def __init__(self, tied=False):
+    def __init__(self, tied=False, transform=""):
         super().__init__()
         self.emb = nn.Embedding(V, D)
         self.fc = nn.Linear(D, D)
         self.tied = tied
         self.head = None if tied else nn.Linear(D, V, bias=False)
+        self.transform = TRANSFORMS[transform]
 
     def forward(self, ids):  # logits [B, S, V]
         h = torch.relu(self.fc(self.emb(ids)))
-        return F.linear(h, self.emb.weight) if self.tied else self.head(h)
+        return self.transform(F.linear(h, self.emb.weight) if self.tied else self.head(h))
 
 
 def _lp(z):
@@ -126,6 +143,10 @@ LOSSES = {  # name: (loss on logits [B, S, V] and labels [B, S], tied, labels wi
     "shift_ce_sum_tied": (_shift_ce("sum"), True, True),
     "seqlevel": (_seqlevel, False, True),
 }
+# the same losses on transformed logits: name: (loss, transform)
+TRANSFORMED = {f"{loss}_{t}": (loss, t) for loss, ts in (
+    ("shift_logits", ("div", "softcap")), ("shift_ce_sum_tied", ("mul", "softcap")),
+    ("ce_none_mean", ("mul", "softcap")), ("seqlevel", ("div", "softcap"))) for t in ts}
 WRONG_GRADIENT = {"ce_mean", "shift_ce"}  # torch 2.13's export of F.cross_entropy(reduction='mean')
 
 
@@ -203,8 +224,9 @@ def torch_joint(name):
         ids = torch.randint(0, HF_V, (B, HF_S), generator=g)
         lab = ids.clone()
     else:
-        loss, tied, ignore = LOSSES[name]
-        net = Net(tied)
+        base, transform = TRANSFORMED.get(name, (name, ""))
+        loss, tied, ignore = LOSSES[base]
+        net = Net(tied, transform)
         ids = torch.randint(0, V, (B, S), generator=g)
         lab = torch.randint(0, V, (B, S), generator=g)
         fn = (lambda lf: lambda n, i, y: lf(n(i), y))(loss)
@@ -228,10 +250,11 @@ C = 10
 
 
 class ClsMLP(nn.Module):
-    def __init__(self, matmul=False):
+    def __init__(self, matmul=False, transform=""):
         super().__init__()
         self.fc = nn.Linear(12, 16)
         self.matmul = matmul
+        self.transform = TRANSFORMS[transform]
         if matmul:  # h @ W^T + b written out: MatMul + Add
             self.w = nn.Parameter(torch.randn(C, 16) * 0.3)
             self.b = nn.Parameter(torch.randn(C) * 0.1)
@@ -240,7 +263,7 @@ class ClsMLP(nn.Module):
 
     def forward(self, x):
         h = torch.relu(self.fc(x))
-        return h @ self.w.t() + self.b if self.matmul else self.head(h)
+        return self.transform(h @ self.w.t() + self.b if self.matmul else self.head(h))
 
 
 class ClsCNN(nn.Module):
@@ -258,6 +281,11 @@ ORTT = {  # name: (model, input shape, ignore_index -100)
     "cls_cnn": (ClsCNN, (2, 3, 8, 8), False),
     "cls_mlp_ii": (ClsMLP, (6, 12), True),
     "cls_matmul": (lambda: ClsMLP(matmul=True), (6, 12), False),
+    # the logits divided by a temperature, or soft-capped
+    "cls_mlp_div": (lambda: ClsMLP(transform="div"), (6, 12), False),
+    "cls_mlp_ii_div": (lambda: ClsMLP(transform="div"), (6, 12), True),
+    "cls_mlp_softcap": (lambda: ClsMLP(transform="softcap"), (6, 12), False),
+    "cls_mlp_ii_softcap": (lambda: ClsMLP(transform="softcap"), (6, 12), True),
 }
 
 
@@ -271,17 +299,21 @@ class HFLoss(nn.Module):  # a Hugging Face causal LM computing its own loss from
 
 
 class ShiftLM(nn.Module):  # a causal LM computing its own loss on the shifted logits
-    def __init__(self, tied):
+    def __init__(self, tied, transform=""):
         super().__init__()
-        self.net = Net(tied)
+        self.net = Net(tied, transform)
 
     def forward(self, ids, lab):
         return _shift_ce("mean")(self.net(ids), lab)
 
 
-# name: (tied, head frozen)
-ORTT_LM = {"lm_shift_ce": (False, False), "lm_shift_ce_tied": (True, False),
-           "lm_shift_ce_frozen_head": (False, True)}
+# name: (tied, head frozen, transform)
+ORTT_LM = {"lm_shift_ce": (False, False, ""), "lm_shift_ce_tied": (True, False, ""),
+           "lm_shift_ce_frozen_head": (False, True, ""),
+           "lm_shift_ce_div": (False, False, "div"),
+           "lm_shift_ce_tied_softcap": (True, False, "softcap"),
+           "lm_shift_ce_frozen_head_div": (False, True, "div"),
+           "lm_shift_ce_frozen_head_softcap": (False, True, "softcap")}
 ORTT_HF = {"hf_llama_loss": "llama", "hf_gpt2_loss_tied": "gpt2"}
 
 
@@ -295,8 +327,8 @@ def ortt(name):
         if name in ORTT_HF:
             net, v, s = HFLoss(_hf(ORTT_HF[name])), HF_V, HF_S
         else:
-            tied, frozen = ORTT_LM[name]
-            net, v, s = ShiftLM(tied), V, S
+            tied, frozen, transform = ORTT_LM[name]
+            net, v, s = ShiftLM(tied, transform), V, S
             if frozen:
                 net.net.head.weight.requires_grad_(False)
         x = torch.randint(0, v, (B, s), generator=g)
@@ -352,7 +384,8 @@ def ortt(name):
 
 if __name__ == "__main__":
     fam, only = sys.argv[1], set(sys.argv[2:])
-    names = [*ORTT, *ORTT_LM, *ORTT_HF] if fam == "ort-training" else [*LOSSES, *HF]
+    names = ([*ORTT, *ORTT_LM, *ORTT_HF] if fam == "ort-training" else
+             [*LOSSES, *TRANSFORMED, *HF])
     for name in names:
         if not only or name in only:
             (ortt if fam == "ort-training" else torch_joint)(name)

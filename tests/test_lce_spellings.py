@@ -64,6 +64,25 @@ EXPECTED = {
     "torch_lces_cohere_lm": "lce_torch_mean_scaled",
     "ortt_lces_gemma2_lm": "lce_ortt_ii_softcap",
     "torch_lces_gemma2_lm": "lce_torch_mean_softcap",
+    # the same transforms in the shifted-logits, per-token-loss and classifier spellings (the
+    # tiny models of scripts/make_lce_spellings.py with their logits / 4, * 0.5 or 3 tanh(z / 3)
+    # between the head and the loss: TRANSFORMED, ORTT_LM, ORTT)
+    "torch_lces_shift_logits_div": "lce_torch_shift_gather_scaled_split",
+    "torch_lces_shift_logits_softcap": "lce_torch_shift_gather_softcap_split",
+    "torch_lces_shift_ce_sum_tied_mul": "lce_torch_shift_nllloss_scaled",
+    "torch_lces_shift_ce_sum_tied_softcap": "lce_torch_shift_nllloss_softcap",
+    "torch_lces_ce_none_mean_mul": "lce_torch_rows_nllloss_none_scaled_split",
+    "torch_lces_ce_none_mean_softcap": "lce_torch_rows_nllloss_none_softcap_split",
+    "torch_lces_seqlevel_div": "lce_torch_rows_gather_scaled_split",
+    "torch_lces_seqlevel_softcap": "lce_torch_rows_gather_softcap_split",
+    "ortt_lces_lm_shift_ce_div": "lce_ortt_shift_scaled",
+    "ortt_lces_lm_shift_ce_tied_softcap": "lce_ortt_shift_softcap",
+    "ortt_lces_lm_shift_ce_frozen_head_div": "lce_ortt_shift_frozen_scaled",
+    "ortt_lces_lm_shift_ce_frozen_head_softcap": "lce_ortt_shift_frozen_softcap",
+    "ortt_lces_cls_mlp_div": "lce_ortt_gemm_scaled",
+    "ortt_lces_cls_mlp_ii_div": "lce_ortt_gemm_ii_scaled",
+    "ortt_lces_cls_mlp_softcap": "lce_ortt_gemm_softcap",
+    "ortt_lces_cls_mlp_ii_softcap": "lce_ortt_gemm_ii_softcap",
 }
 # the logits' transform of those (the model code: logits_scaling 4, logit_scale 0.5,
 # final_logit_softcapping 30 by Gemma2Config's default)
@@ -71,7 +90,11 @@ LOGIT_TRANSFORM = {"ortt_lces_granite_lm": {"logit_scale": 0.25},
                    "torch_lces_granite_lm": {"logit_scale": 0.25},
                    "torch_lces_cohere_lm": {"logit_scale": 0.5},
                    "ortt_lces_gemma2_lm": {"logit_softcap": 30.0},
-                   "torch_lces_gemma2_lm": {"logit_softcap": 30.0}}
+                   "torch_lces_gemma2_lm": {"logit_softcap": 30.0},
+                   **{n: {"logit_scale": {"div": 0.25, "mul": 0.5}[n.rsplit("_", 1)[1]]}
+                      for n in EXPECTED if n.endswith(("_div", "_mul"))},
+                   **{n: {"logit_softcap": 3.0} for n in EXPECTED
+                      if n.endswith("_softcap") and "gemma2" not in n}}
 
 
 def _lce(fp):
@@ -91,11 +114,11 @@ def test_spelling_fuses_as_the_model_says_and_verifies(name, tmp_path):
         assert ops.count("LinearCrossEntropy") == (2 if rule.endswith("_split") else 1)
         assert not set(ops) & {"LogSoftmax", "ScatterElements", "NegativeLogLikelihoodLoss",
                                "SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossGrad"}
-        lce = next(n for n in m.graph.node if n.op_type == "LinearCrossEntropy")
-        attrs = {a.name: helper.get_attribute_value(a) for a in lce.attribute}
-        for attr, default in (("logit_scale", 1.0), ("logit_softcap", 0.0)):
-            want = LOGIT_TRANSFORM.get(name, {}).get(attr, default)
-            assert attrs.get(attr, default) == pytest.approx(want), (attr, attrs)
+        for lce in (n for n in m.graph.node if n.op_type == "LinearCrossEntropy"):  # both of _split
+            attrs = {a.name: helper.get_attribute_value(a) for a in lce.attribute}
+            for attr, default in (("logit_scale", 1.0), ("logit_softcap", 0.0)):
+                want = LOGIT_TRANSFORM.get(name, {}).get(attr, default)
+                assert attrs.get(attr, default) == pytest.approx(want), (attr, attrs)
     else:
         assert "LinearCrossEntropy" not in ops and "LogSoftmax" in ops
     out = tmp_path / "fused.onnx"
@@ -179,7 +202,14 @@ def test_fused_head_matches_numpy(spelling, tmp_path):
     np.testing.assert_allclose(got, dw, rtol=1e-4, atol=1e-6)
 
 
-ROWS = ["ce_none_mean", "seqlevel", "shift_logits"]  # the losses the graph reduces itself
+# the losses the graph reduces itself, and on logits transformed before the loss
+ROWS = ["ce_none_mean", "seqlevel", "shift_logits", "ce_none_mean_mul", "ce_none_mean_softcap",
+        "seqlevel_div", "seqlevel_softcap", "shift_logits_div", "shift_logits_softcap"]
+# the model code's logit transforms (make_lce_spellings.TRANSFORMS): f and f' in float64
+TRANSFORM = {"": (lambda z: z, lambda z: np.ones_like(z)),
+             "div": (lambda z: z / 4.0, lambda z: np.full_like(z, 0.25)),
+             "mul": (lambda z: z * 0.5, lambda z: np.full_like(z, 0.5)),
+             "softcap": (lambda z: 3.0 * np.tanh(z / 3.0), lambda z: 1.0 - np.tanh(z / 3.0) ** 2)}
 
 
 def _numpy_rows(params, ids, lab, spelling):
@@ -188,7 +218,11 @@ def _numpy_rows(params, ids, lab, spelling):
     sequence's kept tokens, then the B sequences; shift_logits: the logits of tokens 0..S-2
     against the labels of 1..S-1, the kept ones' mean; shift_ce: the same rows, F.cross_entropy's
     mean with the exported graph's coefficient (1 per kept token: torch 2.13's wrong gradient of
-    the mean); shift_ce_sum_tied: their sum (coefficient 1), the head tied to the embedding."""
+    the mean); shift_ce_sum_tied: their sum (coefficient 1), the head tied to the embedding.
+    A suffix _div, _mul or _softcap: the logits transformed before the loss (TRANSFORM)."""
+    how = next((t for t in ("div", "mul", "softcap") if spelling.endswith("_" + t)), "")
+    spelling = spelling.removesuffix("_" + how) if how else spelling
+    f, df = TRANSFORM[how]
     emb = params["emb.weight"].astype(np.float64)
     x = emb[ids].reshape(-1, D)
     h = np.maximum(x @ params["fc.weight"].T.astype(np.float64) + params["fc.bias"], 0.0)
@@ -196,7 +230,7 @@ def _numpy_rows(params, ids, lab, spelling):
         h = h.reshape(B, S, D)[:, :-1].reshape(-1, D)
         lab = lab[:, 1:]
     w = emb if spelling.endswith("_tied") else params["head.weight"].astype(np.float64)
-    z = h @ w.T
+    z = f(h @ w.T)
     lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
     y = lab.reshape(-1)
     keep = (y != -100).astype(np.float64)
@@ -216,7 +250,7 @@ def _numpy_rows(params, ids, lab, spelling):
         c = (keep.reshape(lab.shape) / (lab.shape[0] * cnt[:, None])).reshape(-1)
     p = np.exp(z - lse[:, None])
     p[np.arange(len(y)), safe] -= 1.0
-    return loss, (c[:, None] * p).T @ h
+    return loss, (c[:, None] * p * df(h @ w.T)).T @ h
 
 
 @pytest.mark.parametrize("spelling", ROWS)
@@ -258,7 +292,8 @@ def test_graph_reduced_losses_match_numpy(spelling, tmp_path):
     np.testing.assert_allclose(res["head.weight_grad"], dw, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("spelling", ["shift_ce", "shift_ce_sum_tied"])
+@pytest.mark.parametrize("spelling", ["shift_ce", "shift_ce_sum_tied", "shift_ce_sum_tied_mul",
+                                      "shift_ce_sum_tied_softcap"])
 def test_shifted_cross_entropy_matches_numpy(spelling, tmp_path):
     """F.cross_entropy on the shifted logits (Hugging Face's older CrossEntropyLoss): one op on
     the hidden states' rows 0..S-2 (seq_start / seq_end), the loss F.cross_entropy's (the kept
@@ -286,7 +321,7 @@ def test_shifted_cross_entropy_matches_numpy(spelling, tmp_path):
     loss, dw = _numpy_rows(feeds, feeds["input_ids"], feeds["labels"], spelling)
     so = ort.SessionOptions()
     so.register_custom_ops_library(library_path())
-    if spelling.endswith("_tied"):  # the fused op's dW alone (tied.py scattered the
+    if "_tied" in spelling:  # the fused op's dW alone (tied.py scattered the
         # embedding's rows into it; read as an output, onnxruntime scatters into a copy)
         m.graph.output.append(helper.make_tensor_value_info(op.output[2], onnx.TensorProto.FLOAT,
                                                             None))
@@ -501,10 +536,13 @@ def test_lead_dims_of_names_its_tensor(tmp_path):
     from fusecli.errors import RuleError
     from fusecli.io import rulefiles
 
-    text = (DATA.parent.parent / "rules" / "lce_torch_shift.yaml").read_text()
+    rules = DATA.parent.parent / "rules"
+    text = (rules / "lce_torch_shift.yaml").read_text()
     bad = text.replace("zview_s: {kind: lead_dims_of, of: H3}", "zview_s: {kind: lead_dims_of}")
     assert bad != text
     (tmp_path / "bad.yaml").write_text(bad)
+    for fragment in rules.glob("_*.yaml"):  # the variants it includes
+        (tmp_path / fragment.name).write_text(fragment.read_text())
     with pytest.raises(RuleError, match="lead_dims_of needs 'of'"):
         rulefiles.load_rules([tmp_path / "bad.yaml"])
 

@@ -206,7 +206,9 @@ def test_shipped_fragments_are_included_by_the_rules_that_name_them():
     names: dict[str, list[str]] = {}
     for r in rulefiles.load_rules(None):
         names.setdefault(Path(r.source).stem, []).append(r.name)
-    for family, files in (("torch", ("lce_torch", "lce_torch_loss")), ("ortt", ("lce_ortt",))):
+    for family, files in (("torch", ("lce_torch", "lce_torch_loss", "lce_torch_shift",
+                                     "lce_torch_rows")),
+                          ("ortt", ("lce_ortt", "lce_ortt_shift", "lce_ortt_gemm"))):
         fragment = rulefiles.DEFAULT_RULES_DIR / f"_lce_logit_transforms_{family}.yaml"
         assert fragment.exists()
         for f in files:

@@ -206,7 +206,16 @@ for _name in ("torch_lces_reducemean", "torch_lces_reducemean_neg_tied",
               "torch_lces_reducesum_const", "torch_lces_ce_sum", "torch_lces_hf_llama_items",
               "torch_lces_ce_none_mean", "torch_lces_seqlevel", "torch_lces_shift_logits",
               "torch_lces_shift_ce_sum_tied", "ortt_lces_cls_mlp", "ortt_lces_cls_mlp_ii",
-              "ortt_lces_lm_shift_ce", "ortt_lces_lm_shift_ce_frozen_head"):
+              "ortt_lces_lm_shift_ce", "ortt_lces_lm_shift_ce_frozen_head",
+              # ... with the logits transformed before the loss (/ 4, * 0.5, 3 tanh(z / 3))
+              "torch_lces_shift_logits_div", "torch_lces_shift_logits_softcap",
+              "torch_lces_shift_ce_sum_tied_mul", "torch_lces_shift_ce_sum_tied_softcap",
+              "torch_lces_ce_none_mean_mul", "torch_lces_ce_none_mean_softcap",
+              "torch_lces_seqlevel_div", "torch_lces_seqlevel_softcap",
+              "ortt_lces_lm_shift_ce_div", "ortt_lces_lm_shift_ce_tied_softcap",
+              "ortt_lces_lm_shift_ce_frozen_head_div", "ortt_lces_lm_shift_ce_frozen_head_softcap",
+              "ortt_lces_cls_mlp_div", "ortt_lces_cls_mlp_ii_div", "ortt_lces_cls_mlp_softcap",
+              "ortt_lces_cls_mlp_ii_softcap"):
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 # the logits times a constant before the loss and their gradient times it after (Granite's
 # logits / logits_scaling, Cohere's logits * logit_scale: the _scaled variants of rules/lce_ortt,
