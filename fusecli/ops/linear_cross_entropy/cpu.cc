@@ -41,6 +41,7 @@ constexpr int64_t kChunkBytes = 32 << 20;  // a chunk's logits: at most 32 MiB (
 void LceKernel::Compute(Ort::KernelContext& ctx) {
   In h = get_input(ctx, 0), w = get_input(ctx, 1), b = get_input(ctx, 2), lab = get_input(ctx, 3);
   In rw = get_input(ctx, 4), rg = get_input(ctx, 5), seed = get_input(ctx, 6);
+  In add_i = get_input(ctx, 7), add_r = get_input(ctx, 8);
   FUSECLI_CHECK(!h.shape.empty() && w.shape.size() == 2,
                 "LinearCrossEntropy: H needs rank >= 1, "
                 "W must be [V, D]");
@@ -64,6 +65,10 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   float* dw = output_or_null<float>(ctx, 2, w.shape, &want_dw);
   float* db = output_or_null<float>(ctx, 3, {V}, &want_db);
   FUSECLI_CHECK(!want_db || b.present, "LinearCrossEntropy: dB is requested but bias is absent");
+  FUSECLI_CHECK(add_i.present == add_r.present && (!add_i.present || want_dw),
+                "LinearCrossEntropy: dw_add_index and dw_add_rows go together, with dW");
+  FUSECLI_CHECK(!add_i.present || add_r.numel() == add_i.numel() * D,
+                "LinearCrossEntropy: dw_add_rows must hold D values per dw_add_index entry");
   if (want_dw) std::fill(dw, dw + V * D, 0.f);
   if (want_db) std::fill(db, db + V, 0.f);
   const float* hp = h.ptr<float>();
@@ -166,6 +171,17 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   if (sliced && want_dh)
     for (int64_t g = 0; g < G; ++g)
       std::copy(dhp + g * (s1 - s0) * D, dhp + (g + 1) * (s1 - s0) * D, dh + (g * S + s0) * D);
+  if (add_i.present) {  // dW[index_k] += rows_k, in order (ScatterND{add})
+    const int64_t* ip = add_i.ptr<int64_t>();
+    const float* rp = add_r.ptr<float>();
+    for (int64_t k = 0; k < add_i.numel(); ++k) {
+      const int64_t t = class_of(ip[k], V, true);
+      FUSECLI_CHECK(t >= 0, "LinearCrossEntropy: a dw_add_index entry is outside [-V, V)");
+      float* dst = dw + t * D;
+      const float* src = rp + k * D;
+      for (int64_t j = 0; j < D; ++j) dst[j] += src[j];
+    }
+  }
 }
 
 }  // namespace

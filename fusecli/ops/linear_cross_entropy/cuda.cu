@@ -79,6 +79,25 @@ __global__ void lce_col_add_kernel(const float* z, float* db, int64_t rows, int6
   db[j] += s;
 }
 
+// dW[index_k] += rows_k, k in order: one thread per column (deterministic, no atomics); an
+// index outside [-v, v) is skipped
+__global__ void lce_dw_add_kernel(const int64_t* idx, const float* rows, int64_t m, int64_t v,
+                                  int64_t d, float* dw) {
+  const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= d) return;
+  for (int64_t k = 0; k < m; ++k) {
+    const int64_t t = idx[k] < 0 ? idx[k] + v : idx[k];
+    if (t >= 0 && t < v) dw[t * d + j] += rows[k * d + j];
+  }
+}
+
+int dw_add(cudaStream_t s, const int64_t* idx, const float* rows, int64_t m, int64_t v, int64_t d,
+           float* dw) {
+  if (!dw || !idx || m <= 0 || d <= 0) return cudaGetLastError();
+  lce_dw_add_kernel<<<static_cast<unsigned>((d + 255) / 256), 256, 0, s>>>(idx, rows, m, v, d, dw);
+  return cudaGetLastError();
+}
+
 __global__ void lce_loss_kernel(const float* nll, int64_t n, const float* count, int use_count,
                                 float* loss) {
   __shared__ float sh[kThreads];
@@ -95,7 +114,8 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     const float* row_weight, const float* row_grad, const float* grad_seed, float* loss, float* dh,
     float* dw, float* db, int64_t n, int64_t v, int64_t d, int64_t ignore_index, int wrap_negative,
     int reduction, float grad_scale, float logit_scale, float logit_softcap, int64_t chunk_rows,
-    int64_t groups, int64_t seq, int64_t seq_start, int64_t seq_end) {
+    int64_t groups, int64_t seq, int64_t seq_start, int64_t seq_end, const int64_t* dw_add_index,
+    const float* dw_add_rows, int64_t dw_add_count) {
   const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
   if (n < 0 || v < 0 || d < 0) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -125,7 +145,7 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
   const bool want_grad = dh || dw || db;
   if (n == 0 || v == 0) {  // (none: n rows of loss 0)
     if (loss) RETURN_IF_ERR(cudaMemsetAsync(loss, 0, (reduction == 2 ? n : 1) * sizeof(float), s));
-    return cudaGetLastError();
+    return dw_add(s, dw_add_index, dw_add_rows, dw_add_count, v, d, dw);
   }
   // 256 MiB of logits by default: fewer chunks re-read and re-write dW less often (each chunk's
   // dW GEMM accumulates into it), and the chunk's GEMMs are large enough for cuBLAS
@@ -171,5 +191,5 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     lce_loss_kernel<<<1, kThreads, 0, s>>>(nll, n, count, reduction == 0, loss);
     RETURN_IF_ERR(cudaGetLastError());
   }
-  return cudaGetLastError();
+  return dw_add(s, dw_add_index, dw_add_rows, dw_add_count, v, d, dw);
 }

@@ -12,7 +12,8 @@ struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
   using CudaKernel::CudaKernel;
   void Compute(Ort::KernelContext& ctx) {
     In h = get_input(ctx, 0), w = get_input(ctx, 1), b = get_input(ctx, 2), lab = get_input(ctx, 3),
-       rw = get_input(ctx, 4), rg = get_input(ctx, 5), seed = get_input(ctx, 6);
+       rw = get_input(ctx, 4), rg = get_input(ctx, 5), seed = get_input(ctx, 6),
+       add_i = get_input(ctx, 7), add_r = get_input(ctx, 8);
     FUSECLI_CHECK(!h.shape.empty() && w.shape.size() == 2 && w.shape[1] == h.shape.back(),
                   "LinearCrossEntropy: H [..., D] and W [V, D] needed");
     const int64_t D = h.shape.back(), V = w.shape[0];
@@ -30,13 +31,19 @@ struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
     float* dw = opt_out<float>(ctx, 2, w.shape);
     float* db = opt_out<float>(ctx, 3, {V});
     FUSECLI_CHECK(!db || b.present, "LinearCrossEntropy: dB is requested but bias is absent");
+    FUSECLI_CHECK(add_i.present == add_r.present && (!add_i.present || dw) &&
+                      (!add_i.present || add_r.numel() == add_i.numel() * D),
+                  "LinearCrossEntropy: dw_add_index and dw_add_rows go together, with dW, D "
+                  "values per index");
     check_cuda(fusecli_launch_linear_cross_entropy(
                    ctx.GetGPUComputeStream(), h.ptr<float>(), w.ptr<float>(),
                    b.present ? b.ptr<float>() : nullptr, lab.ptr<int64_t>(),
                    rw.present ? rw.ptr<float>() : nullptr, rg.present ? rg.ptr<float>() : nullptr,
                    seed.present ? seed.ptr<float>() : nullptr, loss, dh, dw, db, N, V, D,
                    ignore_index, wrap_negative ? 1 : 0, reduction == "mean" ? 0 : (none ? 2 : 1),
-                   grad_scale, logit_scale, logit_softcap, chunk_rows, G, S, s0, s1),
+                   grad_scale, logit_scale, logit_softcap, chunk_rows, G, S, s0, s1,
+                   add_i.present ? add_i.ptr<int64_t>() : nullptr,
+                   add_r.present ? add_r.ptr<float>() : nullptr, add_i.present ? add_i.numel() : 0),
                "LinearCrossEntropy");
   }
 };

@@ -10,9 +10,10 @@ from fusecli.ops.gpu import launch
 def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ignore_index=-100,
                          reduction="mean", grad_scale=1.0, chunk_rows=0, want=(1, 1, 1, 1),
                          grad_seed=None, wrap_negative=0, logit_scale=1.0,
-                         logit_softcap=0.0):
+                         logit_softcap=0.0, dw_add_index=None, dw_add_rows=None):
     """(loss, dH, dW, dB), None where not wanted (dB also without a bias); grad_seed: a
-    one-element device tensor or None."""
+    one-element device tensor or None; dw_add_index [M] int64, dw_add_rows [M, D]: rows added
+    into dW at those classes."""
     import torch
 
     d, v = h.shape[-1], w.shape[0]
@@ -27,7 +28,9 @@ def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ign
            db=db, n=n, v=v, d=d, ignore_index=ignore_index, wrap_negative=int(wrap_negative),
            reduction={"mean": 0, "sum": 1, "none": 2}[reduction], grad_scale=grad_scale,
            logit_scale=logit_scale, logit_softcap=logit_softcap, chunk_rows=chunk_rows,
-           groups=0, seq=0, seq_start=0, seq_end=0)
+           groups=0, seq=0, seq_start=0, seq_end=0, dw_add_index=dw_add_index,
+           dw_add_rows=dw_add_rows,
+           dw_add_count=0 if dw_add_index is None else dw_add_index.numel())
     return loss, dh, dw, db
 
 

@@ -15,7 +15,7 @@ INT64_MAX = 2 ** 63 - 1
 def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad=None,
                          ignore_index=-100, reduction="mean", grad_scale=1.0, grad_seed=None,
                          wrap_negative=0, seq_start=0, seq_end=INT64_MAX, logit_scale=1.0,
-                         logit_softcap=0.0):
+                         logit_softcap=0.0, dw_add_index=None, dw_add_rows=None):
     """Returns (loss, dH, dW, dB) as the contract defines them (wrap_negative: a label in
     [-V, 0) is the class V + label, ignore_index ignored first; reduction none: loss is each
     row's)."""
@@ -74,14 +74,21 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
         dh_full = np.zeros(full.shape, f)
         dh_full[..., int(seq_start):int(seq_end), :] = dh
         dh = dh_full
-    return (np.array(loss, f), dh,
-            (dz.T @ h2).astype(f), None if bias is None else dz.sum(axis=0).astype(f))
+    dw = dz.T @ h2
+    if dw_add_index is not None:  # ScatterND(dW, index, rows){add}
+        idx = np.asarray(dw_add_index).reshape(-1).astype(np.int64)
+        if np.any((idx < -v) | (idx >= v)):
+            raise ValueError("LinearCrossEntropy: a dw_add_index entry is outside [-V, V)")
+        np.add.at(dw, np.where(idx < 0, idx + v, idx),
+                  np.asarray(dw_add_rows, np.float64).reshape(idx.size, d))
+    return (np.array(loss, f), dh, dw.astype(f),
+            None if bias is None else dz.sum(axis=0).astype(f))
 
 
 class Reference(OpRun):
 
     def _run(self, h, w, bias=None, labels=None, row_weight=None, row_grad=None, grad_seed=None,
-             ignore_index=None, wrap_negative=None, reduction=None, grad_scale=None,
+             dw_add_index=None, dw_add_rows=None, ignore_index=None, wrap_negative=None, reduction=None, grad_scale=None,
              logit_scale=None, logit_softcap=None, chunk_rows=None, seq_start=None,
              seq_end=None):
         return _fit(self, linear_cross_entropy(
@@ -90,4 +97,4 @@ class Reference(OpRun):
             1.0 if grad_scale is None else grad_scale, grad_seed, wrap_negative or 0,
             seq_start or 0, INT64_MAX if seq_end is None else seq_end,
             1.0 if logit_scale is None else logit_scale,
-            0.0 if logit_softcap is None else logit_softcap))
+            0.0 if logit_softcap is None else logit_softcap, dw_add_index, dw_add_rows))

@@ -549,3 +549,53 @@ def test_lce_refuses_bad_inputs():
         fused(h, w, None, lab[:5], outs=(1, 0, 0, 0))
     with pytest.raises(Exception, match="W must be"):
         fused(h, w[:, :3], None, lab, outs=(1, 0, 0, 0))
+
+
+# --- dw_add_index / dw_add_rows: a tied embedding's rows added into the op's dW ---------------
+# (ScatterND(dW, index, rows){add} folded into the op: the memory budget's deferred head,
+# fusecli/engine/recompute.py)
+ADD_CASES = [((2, 7), 6, 13, 0, 5), ((3, 37), 8, 11, 16, 40), ((1, 1), 4, 3, 0, 1)]
+
+
+@pytest.mark.parametrize("case", ADD_CASES)
+def test_lce_dw_add_rows_is_scatter_nd_add_into_dw(case):
+    """dW + rows at the classes index (negative ones from the end, repeats summed in order):
+    against the reference and against the op's plain dW scattered by ScatterND{add} on
+    onnxruntime; the other outputs are the op's without them."""
+    shape, d, v, chunk, m = case
+    h, w, bias, lab = make_case(shape, d, v)
+    rng = _rng("lce_add", shape, d, v)
+    idx = rng.integers(-v, v, (m, 1)).astype(I64)
+    idx[-1] = idx[0]                                  # a class twice
+    rows = rand(rng, (m, d))
+    names = [("loss", F32), ("dH", F32), ("dW", F32), ("dB", F32)]
+    ins = [("H", h), ("W", w), ("bias", bias), ("labels", lab), ("row_weight", None),
+           ("row_grad", None), ("grad_seed", None)]
+    got = run_fused("LinearCrossEntropy", ins + [("dw_add_index", idx), ("dw_add_rows", rows)],
+                    names, chunk_rows=chunk)
+    plain = run_fused("LinearCrossEntropy", ins, names, chunk_rows=chunk)
+    b = Builder()
+    (scattered,) = b.run([b.op("ScatterND", b.input("dW", plain[2]), b.input("idx", idx),
+                               b.input("rows", rows), reduction="add")])
+    ref = linear_cross_entropy(h, w, bias, lab, dw_add_index=idx, dw_add_rows=rows)
+    assert_close(got[2], ref[2], what="dW vs reference")
+    assert_close(got[2], scattered, what="dW vs ScatterND{add} of the op's dW")
+    assert not np.allclose(got[2], plain[2])         # the rows did land
+    for k in (0, 1, 3):
+        np.testing.assert_array_equal(got[k], plain[k])
+
+
+def test_lce_dw_add_rows_refuses_what_scatter_nd_refuses():
+    h, w, bias, lab = make_case((1, 6), 4, 7)
+    ins = [("H", h), ("W", w), ("bias", None), ("labels", lab), ("row_weight", None),
+           ("row_grad", None), ("grad_seed", None)]
+    outs = [None, None, ("dW", F32)]
+    rows = np.ones((2, 4), np.float32)
+    with pytest.raises(Exception, match="outside"):
+        run_fused("LinearCrossEntropy", ins + [("dw_add_index", np.array([[1], [7]], I64)),
+                                               ("dw_add_rows", rows)], outs)
+    with pytest.raises(Exception, match="D values"):
+        run_fused("LinearCrossEntropy", ins + [("dw_add_index", np.array([[1], [2]], I64)),
+                                               ("dw_add_rows", rows[:, :3])], outs)
+    with pytest.raises(ValueError, match="outside"):
+        linear_cross_entropy(h, w, None, lab, dw_add_index=np.array([-8]), dw_add_rows=rows[:1])

@@ -48,6 +48,24 @@ def test_linear_cross_entropy_logit_scale(logit_scale, logit_softcap):
         close(g, r, 2e-4, nm)
 
 
+def test_linear_cross_entropy_dw_add_rows():
+    """A tied embedding's rows added into dW by the op (negative classes from the end, a class
+    twice): dW + index_add of the rows, in float64 torch."""
+    n, d, v, m = 70, 16, 300, 40
+    h, w, bias = rand(n, d), rand(v, d) * 0.5, rand(v)
+    lab = torch.randint(0, v, (n,), device="cuda")
+    idx = torch.randint(-v, v, (m,), device="cuda")
+    idx[-1] = idx[0]
+    rows = rand(m, d)
+    got = linear_cross_entropy(h, w, bias, lab, chunk_rows=16, dw_add_index=idx,
+                               dw_add_rows=rows)
+    ref = ref_lce(h, w, bias, lab)
+    dw = ref[2].double().index_add(0, torch.where(idx < 0, idx + v, idx), rows.double())
+    for g, r, nm in zip(got, (ref[0], ref[1], dw.to(ref[2].dtype), ref[3]),
+                        ["loss", "dH", "dW", "dB"]):
+        close(g, r, 2e-4, nm)
+
+
 def test_linear_cross_entropy_row_weight_and_row_grad():
     n, d, v = 50, 8, 40
     h, w = rand(n, d), rand(v, d) * 0.5
