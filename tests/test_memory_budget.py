@@ -665,3 +665,67 @@ def test_cli_feeds_go_with_verify_or_a_measured_budget(tmp_path):
                    "--max-memory", "1MiB", "--estimate-only", "--dim", "batch=2", "--feeds",
                    feeds, check_rc=2)
     assert "--feeds is for --verify and a measured --max-memory" in proc.stderr
+
+
+# --- a tied head's weight gradient written once, at the end (a GEMM recomputed) -----------
+DATA = Path(__file__).parent / "data"
+_HEAD = "gemm LinearCrossEntropy (weight gradient in the backward)"
+
+
+def _fused_data(name: str) -> onnx.ModelProto:
+    return api.optimize(DATA / f"{name}.onnx").model
+
+
+def _lce_nodes(m: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in m.graph.node if n.op_type == "LinearCrossEntropy"]
+
+
+@pytest.mark.parametrize("name", ["torch_lces_shift_ce_sum_tied", "torch_lces_reducemean_neg_tied"])
+def test_tied_head_gradient_is_written_once_at_the_end(name, tmp_path):
+    """torch-joint, head tied to the embedding: the fused op's dW was scattered into the
+    table's gradient output at the end (two [V, D] tables: onnxruntime allocates the output
+    apart); recomputing its logits (a GEMM), the forward op stops writing dW and a copy of it
+    in the scatter's place writes the output, the embedding's rows added by the op. The
+    estimate drops by dW less what the copy keeps saved, the outputs are the fused step's."""
+    from fusecli.runtime.verify import verify_models
+
+    fused = _fused_data(name)
+    (fwd,) = _lce_nodes(fused)
+    dw = fwd.output[2]
+    (scatter,) = [n for n in fused.graph.node if dw in n.input]
+    assert scatter.op_type == "ScatterND" and scatter.output[0] in {
+        o.name for o in fused.graph.output}
+    budgeted = copy.deepcopy(fused)
+    rep = apply_budget(budgeted, 1, strict=False)
+    assert rep.recomputed.get(_HEAD) == 1
+    first, late = _lce_nodes(budgeted)
+    assert first.output[0] and (len(first.output) < 3 or not first.output[2])
+    assert list(late.output) == ["", "", scatter.output[0]]
+    assert list(late.input[-2:]) == list(scatter.input[1:])
+    assert not any(n.op_type == "ScatterND" and n.output[0] == scatter.output[0]
+                   for n in budgeted.graph.node)
+    assert dw not in saved_activations(budgeted.graph) and _topological(budgeted)
+    # a budget the cheaper classes meet leaves the head alone
+    cheap = copy.deepcopy(fused)
+    rep0 = apply_budget(cheap, rep.before - 1, strict=False)
+    assert rep0.met and _HEAD not in rep0.recomputed and len(_lce_nodes(cheap)) == 1
+    onnx.save(fused, tmp_path / "fused.onnx")
+    onnx.save(budgeted, tmp_path / "budgeted.onnx")
+    report = verify_models(tmp_path / "fused.onnx", tmp_path / "budgeted.onnx")
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+@pytest.mark.parametrize("name", ["torch_lces_reducemean", "torch_lces_hf_gpt2_mean_tied",
+                                  "ortt_lces_lm_shift_ce_tied"])
+def test_head_gradient_stays_where_its_table_is_written_once(name):
+    """An untied torch-joint head's dW is the graph output itself (so is a tied one exported
+    with a gradient output per name, GPT2LMHeadModel's lm_head.weight_grad beside
+    wte.weight_grad), and ort-training's tied scatter writes an intermediate (the accumulator
+    reads it; onnxruntime reuses dW's buffer): one table each, nothing to gain, the op is left
+    whole."""
+    fused = _fused_data(name)
+    budgeted = copy.deepcopy(fused)
+    rep = apply_budget(budgeted, 1, strict=False)
+    assert _HEAD not in rep.recomputed
+    assert [list(n.output) for n in _lce_nodes(budgeted)] == [
+        list(n.output) for n in _lce_nodes(fused)]

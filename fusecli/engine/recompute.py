@@ -31,10 +31,24 @@ downstream of it.
 
 The node list stays topologically sorted: duplicates are emitted just before the first node
 that reads them, after their own inputs.
+
+A GEMM too: a tied LM head's weight gradient. The one fused LinearCrossEntropy op computes the
+loss and every gradient in the forward, chunk by chunk; with the head tied to the token
+embedding, tied.py scatters the embedding's rows into its dW at the end of the backward,
+ScatterND(dW, ids, rows){add}, whose output is the table's gradient. Where that is a graph
+output (torch-joint), onnxruntime allocates it apart from the planned intermediates and does
+not reuse dW's buffer for it: two [V, D] tables end the step, dW held from the forward
+(measured on the 12-layer GPT-2-style torch-joint decoder at S 1024: the peak 364.1 MiB, 290.5
+MiB with dW written as the output itself). Deferred, the forward op writes the loss and dH
+(and dB) only, and in the ScatterND's place a copy of it writes the gradient output itself, the
+rows added by the op (its dw_add_index / dw_add_rows inputs): one table. The copy recomputes
+the logits chunk by chunk (one more H W^T GEMM, 2 N D V FLOPs) and reads H, the labels and the
+weights, which stay saved instead.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -44,6 +58,7 @@ from onnx import helper, numpy_helper
 
 from fusecli.engine.saved import _missing_types, _types, forward_nodes, saved_activations, tensor_size
 from fusecli.errors import FuseError
+from fusecli.ops.contracts import FUSED_DOMAIN, load_contracts
 
 ELEMENTWISE, NORM, GEMM = 0, 1, 2
 CLASS_NAMES = {ELEMENTWISE: "elementwise", NORM: "norm", GEMM: "gemm"}
@@ -431,8 +446,9 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
     fwd = forward_nodes(graph, io)
     saved0 = saved_activations(graph, io)
     fwd_tensors = {t for i in fwd for t in nodes[i].output if t}
-    sizes = _Sizes(model, fwd_tensors | {t for i in fwd for t in nodes[i].input if t},
-                   dims, io)
+    sizes = _Sizes(model, fwd_tensors | {t for i in fwd for t in nodes[i].input if t}
+                   | {t for n in nodes if n.op_type == "ScatterND" for t in n.input[1:2]},
+                   dims, io)   # (and the index of a tied embedding's scatter: _tied_scatter)
     nbytes = {t: sizes.bytes(t) for t in fwd_tensors}
     unsized = [t for t in saved0 if nbytes.get(t) is None]
     before = sum(nbytes[t] for t in saved0 if nbytes.get(t) is not None)
@@ -446,6 +462,8 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
                  if any(c not in fwd for c in consumers.get(t, ()))}
     inits = {t.name for t in graph.initializer}
     dropped: set[int] = set()
+    late_dw: set[str] = set()      # tied heads' weight gradients deferred (a GEMM each)
+    late_reads: set[str] = set()   # ... and what their backward copies read
     # norms recomputed elementwise from their input and statistics: the statistics stay saved
     stats = {i for i in fwd if _from_statistics(nodes[i], sizes, bwd_reads)}
     kept = {t for i in stats for t in nodes[i].output[1:] if t}   # and the running stats
@@ -459,9 +477,10 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
 
     def is_saved(t: str) -> bool:
         p = producer.get(t)
-        if p is None or p not in fwd or (p in dropped and t not in kept):
+        if p is None or p not in fwd or (p in dropped and t not in kept) or t in late_dw:
             return False
-        return t in bwd_reads or any(c in dropped for c in consumers.get(t, ()))
+        return (t in bwd_reads or t in late_reads
+                or any(c in dropped for c in consumers.get(t, ())))
 
     def fenceable(i: int, group=frozenset()) -> bool:
         n = nodes[i]
@@ -565,6 +584,18 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
                 return None
         return None
 
+    def head_gain(i: int) -> int | None:
+        """Bytes the estimate drops by when head i's dW is computed in the backward: dW minus
+        the forward tensors its backward copy reads that would become saved; None when it is
+        deferred already or a size is unknown."""
+        dw = nodes[i].output[heads[i].dw]
+        new = {t for t in nodes[i].input if t and producer.get(t) in fwd and not is_saved(t)}
+        if dw in late_dw or any(nbytes.get(t) is None for t in new):
+            return None
+        return nbytes[dw] - sum(nbytes[t] for t in new)
+
+    heads = {i: ports for i in fwd if (ports := _deferrable_head(
+        nodes[i], saved0, outputs, nbytes, consumers, nodes, sizes)) is not None}
     cands = [i for i in fwd if klass(i) is not None
              and not any(t in outputs for t in rewired(i))
              and any(t in saved0 for t in nodes[i].output)]
@@ -581,10 +612,22 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
                 group, g = found
                 cls = max(klass(j) for j in group)
                 scored.append((cls, -g, len(group), i, tuple(sorted(group))))
+        for i in heads:   # the head's logits recomputed: a GEMM
+            g = head_gain(i)
+            if g is not None and g > 0:
+                scored.append((GEMM, -g, 1, i, (i,)))
         scored.sort()
-        for *_, group in scored:
+        for *_, i, group in scored:
             if est <= budget:
                 break
+            if i in heads:
+                g = head_gain(i)
+                if g is not None and g > 0:
+                    late_dw.add(nodes[i].output[heads[i].dw])
+                    late_reads.update(t for t in nodes[i].input if t)
+                    est -= g
+                    changed = True
+                continue
             group = {j for j in group if j not in dropped}
             g = gain(group) if group else None  # earlier drops in this round change it
             g = g - hoisted(group) if g is not None and g > 0 else None
@@ -602,15 +645,116 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
         report.met = False
         report.minimum = est
     _rewrite(model, nodes, fwd, dropped, stats, producer, sizes, inits, report)
+    _defer_head_grads(model, {nodes[i].output[p.dw]: p for i, p in heads.items()
+                              if nodes[i].output[p.dw] in late_dw}, sizes, report)
     report.after = sum(nbytes[t] for t in saved_activations(graph) if nbytes.get(t))
     report.tensors = len(saved0 - saved_activations(graph))
     return report
 
 
-def _rewrite(model, nodes, fwd, dropped, stats, producer, sizes, inits, report) -> None:
+@dataclass(frozen=True)
+class _HeadPorts:
+    """Where a fused op that can write its weight gradient with rows added (its contract's
+    dw_add_index / dw_add_rows inputs) has them: output and input positions."""
+    loss: int
+    dw: int
+    h: int
+    w: int
+    index: int
+    rows: int
+
+
+@functools.cache
+def _head_ports() -> dict[str, _HeadPorts]:
+    """The fused ops whose dW a tied embedding's rows can be added into, by op name: those
+    whose contract has the inputs dw_add_index and dw_add_rows (and H, W; outputs loss, dW)."""
+    found = {}
+    for c in load_contracts().ops.values():
+        ins, outs = [p.name for p in c.inputs], [p.name for p in c.outputs]
+        if {"H", "W", "dw_add_index", "dw_add_rows"} <= set(ins) and {"loss", "dW"} <= set(outs):
+            found[c.name] = _HeadPorts(outs.index("loss"), outs.index("dW"), ins.index("H"),
+                                       ins.index("W"), ins.index("dw_add_index"),
+                                       ins.index("dw_add_rows"))
+    return found
+
+
+def _tied_scatter(dw: str, consumers, nodes, outputs, sizes) -> onnx.NodeProto | None:
+    """The one reader of ``dw`` when it is ScatterND(dw, index [..., 1], rows){add} writing a
+    graph output (tied.py's fold of a tied embedding's gradient), else None."""
+    readers = consumers.get(dw, [])
+    if len(readers) != 1:
+        return None
+    n = nodes[readers[0]]
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    index = sizes.shape(n.input[1]) if len(n.input) == 3 else None
+    ok = (n.op_type == "ScatterND" and (n.domain or "") in ("", "ai.onnx")
+          and attrs.get("reduction") == b"add" and list(n.input).count(dw) == 1
+          and n.input[0] == dw and n.output[0] in outputs and bool(index) and index[-1] == 1)
+    return n if ok else None
+
+
+def _deferrable_head(n: onnx.NodeProto, saved0, outputs, nbytes, consumers, nodes,
+                     sizes) -> _HeadPorts | None:
+    """The ports of a fused head (_head_ports) that writes its loss and its dW in the forward,
+    dW a saved activation of known size whose one reader is a tied embedding's scatter into a
+    graph output (_tied_scatter); else None."""
+    p = _head_ports().get(n.op_type) if n.domain == FUSED_DOMAIN else None
+    if p is None or len(n.output) <= max(p.dw, p.loss) or not n.output[p.loss]:
+        return None
+    dw = n.output[p.dw]
+    ok = (dw in saved0 and nbytes.get(dw) is not None and sizes.rank(n.input[p.h]) is not None
+          and _tied_scatter(dw, consumers, nodes, outputs, sizes) is not None)
+    return p if ok else None
+
+
+def _defer_head_grads(model: onnx.ModelProto, late: dict[str, _HeadPorts], sizes,
+                      report) -> None:
+    """Each head whose dW is in ``late`` (with its op's ports): the forward op stops writing dW;
+    a copy of it in place of the tied scatter that reads dW writes the scatter's output, the
+    scattered rows added by the op (dw_add_index / dw_add_rows), its H read through a fence
+    (module doc: onnxruntime's CSE)."""
     graph = model.graph
+    fresh = _namer(graph, graph.node)
+    for dw, p in sorted(late.items()):
+        nodes = list(graph.node)
+        i = next(k for k, n in enumerate(nodes) if len(n.output) > p.dw and n.output[p.dw] == dw)
+        n = nodes[i]
+        j = next(k for k in range(i + 1, len(nodes)) if dw in nodes[k].input)
+        scatter = nodes[j]
+        d = onnx.NodeProto()
+        d.CopyFrom(n)
+        d.name = fresh(f"{n.name or n.op_type}/weight_gradient")
+        ins = list(d.input) + [""] * (max(p.index, p.rows) + 1 - len(d.input))
+        ins[p.index], ins[p.rows] = scatter.input[1], scatter.input[2]
+        outs = [""] * (p.dw + 1)
+        outs[p.dw] = scatter.output[0]
+        del d.input[:], d.output[:]
+        d.input.extend(ins)
+        d.output.extend(outs)
+        n.output[p.dw] = ""
+        h = n.input[p.h]
+        shape = fresh("fusecli.recompute.head_fence")
+        graph.initializer.append(numpy_helper.from_array(np.zeros(sizes.rank(h), np.int64),
+                                                         shape))
+        d.input[p.h] = fresh(f"{h}.fence")
+        fence = helper.make_node("Reshape", [h, shape], [d.input[p.h]],
+                                 name=fresh(f"{d.name}/fence"))
+        report.fences += 1
+        nodes[j:j + 1] = [fence, d]
+        del graph.node[:]
+        graph.node.extend(nodes)
+        w = sizes.shape(n.input[p.w])
+        report.extra_flops += 2 * _numel(h, sizes) * (w[0] if w else 0)
+        key = f"{CLASS_NAMES[GEMM]} {n.op_type} (weight gradient in the backward)"
+        report.recomputed[key] = report.recomputed.get(key, 0) + 1
+
+
+def _namer(graph: onnx.GraphProto, nodes):
+    """fresh(base): a tensor or node name no node, input, output, value_info or initializer of
+    the graph uses yet (base, else base_2, base_3, ...), taken once returned."""
     taken = {t for n in nodes for t in (*n.input, *n.output)} | {n.name for n in nodes}
-    taken |= {v.name for v in (*graph.input, *graph.output, *graph.value_info)} | inits
+    taken |= {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
+    taken |= {t.name for t in graph.initializer}
 
     def fresh(base: str) -> str:
         name, k = base, 1
@@ -619,6 +763,13 @@ def _rewrite(model, nodes, fwd, dropped, stats, producer, sizes, inits, report) 
             name = f"{base}_{k}"
         taken.add(name)
         return name
+
+    return fresh
+
+
+def _rewrite(model, nodes, fwd, dropped, stats, producer, sizes, inits, report) -> None:
+    graph = model.graph
+    fresh = _namer(graph, nodes)
 
     ren = {t: fresh(f"{t}.recompute") for i in dropped
            for t in nodes[i].output[:1 if i in stats else None] if t}
