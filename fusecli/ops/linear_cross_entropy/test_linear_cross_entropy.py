@@ -118,8 +118,8 @@ def test_lce_logit_scale_and_softcap_transform_the_logits(case, logit_scale, log
     for i, nm in enumerate(["loss", "dH", "dW", "dB"]):
         assert_close(got[i], ref[i], what=f"{nm} vs reference")
         assert_close(got[i], unf[i], what=f"{nm} vs unfused")
-    plain = linear_cross_entropy(h, w, bias, lab)[0]
-    assert abs(float(got[0]) - float(plain)) > 1e-3 * abs(float(plain))
+    plain = linear_cross_entropy(h, w, bias, lab)   # the transform is not lost: dW differs
+    assert not np.allclose(got[2], plain[2], rtol=1e-2, atol=1e-3)
 
 
 @pytest.mark.parametrize("case", SHAPES[1:4])
