@@ -43,13 +43,13 @@ MiB with dW written as the output itself). Deferred, the forward op writes the l
 (and dB) only, and in the ScatterND's place a copy of it writes the gradient output itself, the
 rows added by the op (its dw_add_index / dw_add_rows inputs): one table. The copy recomputes
 the logits chunk by chunk (one more H W^T GEMM, 2 N D V FLOPs) and reads H, the labels and the
-weights, which stay saved instead. It is tried after every GEMM group: per byte of the estimate
-it is the costliest choice (GPT-2's vocabulary at width 384: 39.5 GFLOP for 73.6 MiB, where the
-decoder's 36 recomputable Gemm take 29.3 GFLOP for ~72 MiB), and the estimate overstates what
-it does to the measured peak, which it lowers only where the step's end is the peak (the
-12-layer torch-joint GPT-2-style decoder with the head taken among the GEMM groups instead, by
-its saving: the estimate-only 0.5x step peaked at 402.2 MiB, 1.11x the fused step's time,
-against 372.8 MiB, 1.00x, without it).
+weights, which stay saved instead. It is taken only once no group is left to take (every GEMM
+group comes first): per byte of the estimate it is the costliest choice (GPT-2's vocabulary at
+width 384: 39.5 GFLOP for 73.6 MiB, where the decoder's 36 recomputable Gemm take 29.3 GFLOP
+for ~72 MiB), and the estimate overstates what it does to the measured peak, which it lowers
+only where the step's end is the peak (the 12-layer torch-joint GPT-2-style decoder with the
+head taken among the GEMM groups instead, by its saving: the estimate-only 0.5x step peaked at
+402.2 MiB, 1.11x the fused step's time, against 372.8 MiB, 1.00x, without it).
 """
 
 from __future__ import annotations
@@ -68,7 +68,6 @@ from fusecli.ops.contracts import FUSED_DOMAIN, load_contracts
 
 ELEMENTWISE, NORM, GEMM = 0, 1, 2
 CLASS_NAMES = {ELEMENTWISE: "elementwise", NORM: "norm", GEMM: "gemm"}
-_AFTER_GEMMS = GEMM + 1   # where a tied head's deferred dW sorts (module doc)
 
 _ONNX_ELEMENTWISE = frozenset({
     "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log", "Sigmoid",
@@ -619,22 +618,10 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
                 group, g = found
                 cls = max(klass(j) for j in group)
                 scored.append((cls, -g, len(group), i, tuple(sorted(group))))
-        for i in heads:   # a GEMM, the costliest per byte: after every GEMM group
-            g = head_gain(i)
-            if g is not None and g > 0:
-                scored.append((_AFTER_GEMMS, -g, 1, i, (i,)))
         scored.sort()
-        for *_, i, group in scored:
+        for *_, group in scored:
             if est <= budget:
                 break
-            if i in heads:
-                g = head_gain(i)
-                if g is not None and g > 0:
-                    late_dw.add(nodes[i].output[heads[i].dw])
-                    late_reads.update(t for t in nodes[i].input if t)
-                    est -= g
-                    changed = True
-                continue
             group = {j for j in group if j not in dropped}
             g = gain(group) if group else None  # earlier drops in this round change it
             g = g - hoisted(group) if g is not None and g > 0 else None
@@ -643,6 +630,14 @@ def apply_budget(model: onnx.ModelProto, budget: int, dims: dict[str, int] | Non
             dropped.update(group)
             est -= g
             changed = True
+        # a tied head's dW, a GEMM and the costliest per byte: once no group is left
+        for i in () if changed else sorted(heads, key=lambda i: -(head_gain(i) or 0)):
+            g = head_gain(i)
+            if est > budget and g is not None and g > 0:
+                late_dw.add(nodes[i].output[heads[i].dw])
+                late_reads.update(t for t in nodes[i].input if t)
+                est -= g
+                changed = True
     if est > budget:
         if strict:
             raise FuseError(
