@@ -615,6 +615,12 @@ def with_logit_scale(m, family, c=4.0, op="Div"):
     else:
         chains = ((t, [helper.make_node(op, [t, "logit_scale_c"], [f"{t}_cap"],
                                         name=f"{t}_cap")]) for t in (z, dz))
+    return _spliced(m, nodes, chains)
+
+
+def _spliced(m, nodes, chains):
+    """m with its node list `nodes`, each (tensor, new nodes) of `chains` spliced in after the
+    tensor (_insert_after: its readers read the chain's last output)."""
     for t, new in chains:
         _insert_after(nodes, t, new, new[-1].output[0])
     del m.graph.node[:]
@@ -630,9 +636,5 @@ def with_attention_softcap(m, family, scores, dscores, c=2.0):
     them)."""
     cc, one = f"{scores}_softcap_c", f"{scores}_softcap_one"
     m = _with_constants(m, **{cc: c, one: 1.0})
-    nodes = list(m.graph.node)
-    for t, new in zip((scores, dscores), _cap_nodes(family, scores, dscores, cc, one)):
-        _insert_after(nodes, t, new, new[-1].output[0])
-    del m.graph.node[:]
-    m.graph.node.extend(nodes)
-    return m
+    return _spliced(m, list(m.graph.node),
+                    zip((scores, dscores), _cap_nodes(family, scores, dscores, cc, one)))

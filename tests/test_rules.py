@@ -250,6 +250,8 @@ def _fusions(model, rule=None):
 # (domain, op) of every node a sample has or a rule's replacement can create: a rule one of whose
 # required nodes matches none of them cannot fire on that sample (the search is not run)
 _MADE = {(rep.domain, rep.op) for r in RULES for rep in r.replace.nodes}
+
+
 def _ops_of(m):
     return {("" if n.domain == "ai.onnx" else n.domain, n.op_type) for n in m.graph.node} | _MADE
 

@@ -123,12 +123,14 @@ def _is_fragment(path: Path) -> bool:
 
 def _rule_files(path: Path) -> list[Path]:
     """The rule files of a folder (or the one file given) and the fragment files beside them."""
+    def yaml_files(folder: Path) -> list[Path]:
+        return sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
+
     try:
         if path.is_dir():
-            return sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+            return yaml_files(path)
         if not _is_fragment(path) and path.parent.is_dir():
-            return [path, *sorted(p for p in path.parent.iterdir()
-                                  if p.suffix in (".yaml", ".yml") and _is_fragment(p))]
+            return [path, *(p for p in yaml_files(path.parent) if _is_fragment(p))]
     except OSError as exc:
         raise RuleError(str(path), f"cannot list the folder: {os_reason(exc)}") from None
     return [path]
