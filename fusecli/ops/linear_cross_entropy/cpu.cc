@@ -1,7 +1,7 @@
 // LinearCrossEntropy: CPU kernel. Rows in chunks: Z = Hc W^T (+ b) on onnxruntime's MLAS, the
-// row log-sum-exp (of the logits times logit_scale, soft-capped at logit_softcap), loss and dZ = c
-// (softmax - onehot) in place (threads over rows), then dHc = dZ W (MLAS) and dW += dZ^T Hc (Eigen,
-// accumulating; threads over W's rows).
+// row log-sum-exp (of the logits times logit_scale, soft-capped at logit_softcap), loss, lp_row and
+// dZ = c (softmax - onehot) + a u (1 - V softmax) in place (threads over rows), then dHc = dZ W
+// (MLAS) and dW += dZ^T Hc (Eigen, accumulating; threads over W's rows).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -18,12 +18,14 @@ namespace fusecli {
 namespace {
 
 // attributes: ignore_index, wrap_negative, reduction, grad_scale, logit_scale, logit_softcap,
-// chunk_rows, seq_start, seq_end
+// lp_row_reduce, chunk_rows, seq_start, seq_end
 struct LceKernel : CpuKernel<LceKernel, kLinearCrossEntropy> {
   template <typename TOp>
   LceKernel(const OrtKernelInfo* info, const TOp* op) : CpuKernel(info, op), mm(info) {
     FUSECLI_CHECK(reduction == "mean" || reduction == "sum" || reduction == "none",
                   "LinearCrossEntropy: reduction must be mean, sum or none");
+    FUSECLI_CHECK(lp_row_reduce == "sum" || lp_row_reduce == "mean",
+                  "LinearCrossEntropy: lp_row_reduce must be sum or mean");
   }
   void Compute(Ort::KernelContext& ctx);
   OrtMatMul mm;
@@ -41,7 +43,7 @@ constexpr int64_t kChunkBytes = 32 << 20;  // a chunk's logits: at most 32 MiB (
 void LceKernel::Compute(Ort::KernelContext& ctx) {
   In h = get_input(ctx, 0), w = get_input(ctx, 1), b = get_input(ctx, 2), lab = get_input(ctx, 3);
   In rw = get_input(ctx, 4), rg = get_input(ctx, 5), seed = get_input(ctx, 6);
-  In add_i = get_input(ctx, 7), add_r = get_input(ctx, 8);
+  In add_i = get_input(ctx, 7), add_r = get_input(ctx, 8), ug = get_input(ctx, 9);
   FUSECLI_CHECK(!h.shape.empty() && w.shape.size() == 2,
                 "LinearCrossEntropy: H needs rank >= 1, "
                 "W must be [V, D]");
@@ -54,6 +56,7 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   FUSECLI_CHECK(!b.present || b.numel() == V, "LinearCrossEntropy: bias must be [V]");
   FUSECLI_CHECK(!rw.present || rw.numel() == N, "LinearCrossEntropy: row_weight must be [N]");
   FUSECLI_CHECK(!rg.present || rg.numel() == N, "LinearCrossEntropy: row_grad must be [N]");
+  FUSECLI_CHECK(!ug.present || ug.numel() == N, "LinearCrossEntropy: lp_row_grad must be [N]");
   FUSECLI_CHECK(V > 0 || N == 0, "LinearCrossEntropy: an empty vocabulary");
   FUSECLI_CHECK(!seed.present || seed.numel() == 1,
                 "LinearCrossEntropy: grad_seed must hold one value");
@@ -64,6 +67,11 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   float* dh = output_or_null<float>(ctx, 1, h.shape, &want_dh);
   float* dw = output_or_null<float>(ctx, 2, w.shape, &want_dw);
   float* db = output_or_null<float>(ctx, 3, {V}, &want_db);
+  bool want_lp_row;
+  float* lp_row = output_or_null<float>(ctx, 4, {N}, &want_lp_row);
+  FUSECLI_CHECK(
+      !want_lp_row || lab.shape.size() == 1 || (lab.shape.size() == 2 && lab.shape[1] == 1),
+      "LinearCrossEntropy: lp_row needs labels [N] or [N, 1]");
   FUSECLI_CHECK(!want_db || b.present, "LinearCrossEntropy: dB is requested but bias is absent");
   FUSECLI_CHECK(add_i.present == add_r.present && (!add_i.present || want_dw),
                 "LinearCrossEntropy: dw_add_index and dw_add_rows go together, with dW");
@@ -89,7 +97,11 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   const int64_t* lp = lab.ptr<int64_t>();
   const float* rwp = rw.present ? rw.ptr<float>() : nullptr;
   const float* rgp = rg.present ? rg.ptr<float>() : nullptr;
+  const float* ugp = ug.present ? ug.ptr<float>() : nullptr;
   const bool mean = reduction == "mean";
+  // lp_row's reduction over the classes: a = 1 (sum) or 1 / V (mean)
+  const float row_a =
+      lp_row_reduce == "mean" ? 1.f / static_cast<float>(std::max<int64_t>(V, 1)) : 1.f;
 
   // tokens that count (without row_weight), and the labels' range
   double count = 0.0, wsum = 0.0;
@@ -135,20 +147,26 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
         const float zt = row[t];
         const float lse = mx + std::log((row - mx).exp().sum());
         nll[i] = !valid ? 0.0 : (rwp ? static_cast<double>(rwp[g]) : 1.0) * (lse - zt);
+        if (want_lp_row)  // sum_j (Z_j - lse), times a
+          lp_row[g] =
+              static_cast<float>((row.cast<double>().sum() - static_cast<double>(V) * lse) * row_a);
         if (!want_grad) continue;
-        // the gradient of the unscaled logits H W^T + b: logit_scale c (softmax - onehot)
+        // the gradient of the unscaled logits H W^T + b, times logit_scale: c (softmax - onehot)
+        // + a u (1 - V softmax) = (c - V a u) softmax + a u - c onehot
         const float ci = (rgp ? rgp[g] : (valid ? coef : 0.f)) * logit_scale;
-        if (ci == 0.f) {
+        const float ui = ugp ? ugp[g] * row_a * logit_scale : 0.f;
+        if (ci == 0.f && ui == 0.f) {
           row.setZero();
           continue;
         }
+        const float pc = ci - static_cast<float>(V) * ui;
         if (logit_softcap > 0.f) {  // times the cap's derivative 1 - (Z / cap)^2
           const float dt = 1.f - (zt / logit_softcap) * (zt / logit_softcap);
-          row = (row - lse).exp() * ci * (1.f - (row / logit_softcap).square());
+          row = ((row - lse).exp() * pc + ui) * (1.f - (row / logit_softcap).square());
           row[t] -= ci * dt;
           continue;
         }
-        row = (row - lse).exp() * ci;  // c (softmax - onehot), times logit_scale
+        row = (row - lse).exp() * pc + ui;
         row[t] -= ci;
       }
     });

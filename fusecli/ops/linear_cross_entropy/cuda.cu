@@ -1,8 +1,9 @@
 // LinearCrossEntropy: CUDA launcher. Per chunk of rows: Z = Hc W^T (SGEMM), one block per row
-// for the bias, logit_scale and logit_softcap, log-sum-exp, nll and dZ = c (softmax - onehot) in
-// place, then dHc = dZ W and dW += dZ^T Hc (SGEMM, beta 1 after the first chunk) and dB += column
-// sums. The token count and the loss are reduced on the device (reduction none: the rows' losses
-// copied out). With seq_start / seq_end the rows read are packed first and their dH put back after.
+// for the bias, logit_scale and logit_softcap, log-sum-exp, nll, lp_row and
+// dZ = c (softmax - onehot) + a u (1 - V softmax) in place, then dHc = dZ W and dW += dZ^T Hc
+// (SGEMM, beta 1 after the first chunk) and dB += column sums. The token count and the loss are
+// reduced on the device (reduction none: the rows' losses copied out). With seq_start / seq_end
+// the rows read are packed first and their dH put back after.
 #include "cuda_common.cuh"
 
 namespace {
@@ -37,7 +38,7 @@ __global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labe
                                 const float* rg, const float* seed, const float* count, float* nll,
                                 int64_t r0, int64_t v, int64_t ignore_index, int wrap_negative,
                                 int mean, float grad_scale, float logit_scale, float softcap,
-                                int want_grad) {
+                                int want_grad, const float* ug, float* lp_row, float row_a) {
   __shared__ float sh[kThreads];
   const int64_t i = blockIdx.x, g = r0 + i;
   float* row = z + i * v;
@@ -59,16 +60,26 @@ __global__ void lce_rows_kernel(float* z, const float* bias, const int64_t* labe
   s = block_reduce(s, sh, false);
   const float lse = mx + logf(s);
   const float zt = row[t];
+  if (lp_row) {  // a sum_j (Z_j - lse)
+    float zs = 0.f;
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) zs += row[j] - lse;
+    zs = block_reduce(zs, sh, false);
+    if (threadIdx.x == 0) lp_row[g] = zs * row_a;
+  }
   __syncthreads();
   if (threadIdx.x == 0) nll[g] = valid ? (rw ? rw[g] : 1.f) * (lse - zt) : 0.f;
   if (!want_grad) return;
   const float sc = grad_scale * (seed ? seed[0] : 1.f);
-  // the gradient of the unscaled logits: logit_scale c (softmax - onehot)
+  // the gradient of the unscaled logits, times logit_scale: c (softmax - onehot) + a u (1 - V
+  // softmax)
   const float c = (rg ? rg[g] : (valid ? sc / (mean ? count[0] : 1.f) : 0.f)) * logit_scale;
+  const float u = ug ? ug[g] * row_a * logit_scale : 0.f;
+  const float pc = c - static_cast<float>(v) * u;
   for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
-    row[j] = c == 0.f ? 0.f
-                      : c * (expf(row[j] - lse) - (j == t ? 1.f : 0.f)) *
-                            (softcap > 0.f ? 1.f - (row[j] / softcap) * (row[j] / softcap) : 1.f);
+    row[j] = c == 0.f && u == 0.f
+                 ? 0.f
+                 : (pc * expf(row[j] - lse) + u - (j == t ? c : 0.f)) *
+                       (softcap > 0.f ? 1.f - (row[j] / softcap) * (row[j] / softcap) : 1.f);
 }
 
 __global__ void lce_col_add_kernel(const float* z, float* db, int64_t rows, int64_t v) {
@@ -115,7 +126,8 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     float* dw, float* db, int64_t n, int64_t v, int64_t d, int64_t ignore_index, int wrap_negative,
     int reduction, float grad_scale, float logit_scale, float logit_softcap, int64_t chunk_rows,
     int64_t groups, int64_t seq, int64_t seq_start, int64_t seq_end, const int64_t* dw_add_index,
-    const float* dw_add_rows, int64_t dw_add_count) {
+    const float* dw_add_rows, int64_t dw_add_count, const float* lp_row_grad, float* lp_row,
+    int lp_row_mean) {
   const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
   if (n < 0 || v < 0 || d < 0) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -145,6 +157,7 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
   const bool want_grad = dh || dw || db;
   if (n == 0 || v == 0) {  // (none: n rows of loss 0)
     if (loss) RETURN_IF_ERR(cudaMemsetAsync(loss, 0, (reduction == 2 ? n : 1) * sizeof(float), s));
+    if (lp_row) RETURN_IF_ERR(cudaMemsetAsync(lp_row, 0, n * sizeof(float), s));
     return dw_add(s, dw_add_index, dw_add_rows, dw_add_count, v, d, dw);
   }
   // 256 MiB of logits by default: fewer chunks re-read and re-write dW less often (each chunk's
@@ -166,7 +179,8 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
         gemm(s, false, true, m, v, d, 1.f, hc, d, 0, w, d, 0, 0.f, zs.f(), v, 0, 1, tf32 != 0));
     lce_rows_kernel<<<static_cast<unsigned>(m), kThreads, 0, s>>>(
         zs.f(), bias, labels, row_weight, row_grad, grad_seed, count, nll, r0, v, ignore_index,
-        wrap_negative, reduction == 0, grad_scale, logit_scale, logit_softcap, want_grad);
+        wrap_negative, reduction == 0, grad_scale, logit_scale, logit_softcap, want_grad,
+        lp_row_grad, lp_row, lp_row_mean ? 1.f / static_cast<float>(v) : 1.f);
     RETURN_IF_ERR(cudaGetLastError());
     if (dh)
       RETURN_IF_ERR(gemm(s, false, false, m, d, v, 1.f, zs.f(), v, 0, w, d, 0, 0.f, dh + r0 * d, d,

@@ -10,10 +10,12 @@ from fusecli.ops.gpu import launch
 def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ignore_index=-100,
                          reduction="mean", grad_scale=1.0, chunk_rows=0, want=(1, 1, 1, 1),
                          grad_seed=None, wrap_negative=0, logit_scale=1.0,
-                         logit_softcap=0.0, dw_add_index=None, dw_add_rows=None):
-    """(loss, dH, dW, dB), None where not wanted (dB also without a bias); grad_seed: a
+                         logit_softcap=0.0, dw_add_index=None, dw_add_rows=None,
+                         lp_row_grad=None, lp_row_reduce=None):
+    """(loss, dH, dW, dB[, lp_row]), None where not wanted (dB also without a bias); grad_seed: a
     one-element device tensor or None; dw_add_index [M] int64, dw_add_rows [M, D]: rows added
-    into dW at those classes."""
+    into dW at those classes; lp_row_reduce "sum" / "mean": lp_row is also returned (each row's
+    log-probabilities reduced over the classes), lp_row_grad [N] its gradient."""
     import torch
 
     d, v = h.shape[-1], w.shape[0]
@@ -23,6 +25,7 @@ def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ign
     dh = torch.empty_like(h) if want[1] else None
     dw = torch.empty_like(w) if want[2] else None
     db = torch.empty(v, device=h.device) if want[3] and bias is not None else None
+    lp_row = torch.empty(n, device=h.device) if lp_row_reduce else None
     launch("fusecli_launch_linear_cross_entropy", h=h, w=w, bias=bias, labels=labels,
            row_weight=row_weight, row_grad=row_grad, grad_seed=grad_seed, loss=loss, dh=dh, dw=dw,
            db=db, n=n, v=v, d=d, ignore_index=ignore_index, wrap_negative=int(wrap_negative),
@@ -30,14 +33,15 @@ def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ign
            logit_scale=logit_scale, logit_softcap=logit_softcap, chunk_rows=chunk_rows,
            groups=0, seq=0, seq_start=0, seq_end=0, dw_add_index=dw_add_index,
            dw_add_rows=dw_add_rows,
-           dw_add_count=0 if dw_add_index is None else dw_add_index.numel())
-    return loss, dh, dw, db
+           dw_add_count=0 if dw_add_index is None else dw_add_index.numel(),
+           lp_row_grad=lp_row_grad, lp_row=lp_row, lp_row_mean=int(lp_row_reduce == "mean"))
+    return (loss, dh, dw, db) + ((lp_row,) if lp_row_reduce else ())
 
 
 def ref_lce(h, w, bias, labels, ignore_index=-100, reduction="mean", grad_scale=1.0,
-            logit_scale=1.0, logit_softcap=0.0):
+            logit_scale=1.0, logit_softcap=0.0, label_smoothing=0.0):
     """(loss, dH, dW, dB) with torch autograd in float64 (logits = logit_scale (H W^T + b),
-    then soft-capped at logit_softcap when > 0)."""
+    then soft-capped at logit_softcap when > 0; F.cross_entropy's label_smoothing)."""
     import torch
 
     hh = h.double().reshape(-1, h.shape[-1]).detach().requires_grad_()
@@ -47,7 +51,7 @@ def ref_lce(h, w, bias, labels, ignore_index=-100, reduction="mean", grad_scale=
     if logit_softcap > 0:
         z = torch.tanh(z / logit_softcap) * logit_softcap
     loss = torch.nn.functional.cross_entropy(z, labels, ignore_index=ignore_index,
-                                             reduction=reduction)
+                                             reduction=reduction, label_smoothing=label_smoothing)
     (loss * grad_scale).backward()
     return (loss.detach(), hh.grad.reshape(h.shape), ww.grad,
             None if bb is None else bb.grad)

@@ -15,10 +15,11 @@ INT64_MAX = 2 ** 63 - 1
 def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad=None,
                          ignore_index=-100, reduction="mean", grad_scale=1.0, grad_seed=None,
                          wrap_negative=0, seq_start=0, seq_end=INT64_MAX, logit_scale=1.0,
-                         logit_softcap=0.0, dw_add_index=None, dw_add_rows=None):
-    """Returns (loss, dH, dW, dB) as the contract defines them (wrap_negative: a label in
-    [-V, 0) is the class V + label, ignore_index ignored first; reduction none: loss is each
-    row's)."""
+                         logit_softcap=0.0, dw_add_index=None, dw_add_rows=None,
+                         lp_row_grad=None, lp_row_reduce="sum"):
+    """Returns (loss, dH, dW, dB, lp_row) as the contract defines them (wrap_negative: a label
+    in [-V, 0) is the class V + label, ignore_index ignored first; reduction none: loss is each
+    row's; lp_row [N]: each row's log-probabilities summed or averaged over the classes)."""
     full = h
     sliced = (int(seq_start), int(seq_end)) != (0, INT64_MAX)
     if sliced:  # the rows seq_start:seq_end of every sequence (H [..., S, D])
@@ -63,9 +64,16 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
             loss = rows.reshape(np.shape(labels))
         if row_grad is not None:
             c = row_grad.reshape(-1).astype(np.float64)
-    dz = np.exp(z - lse[:, None])
+    lp = z - lse[:, None]
+    a = 1.0 / v if _s(lp_row_reduce) == "mean" else 1.0
+    lp_row = a * lp.sum(axis=1)  # [N]
+    dz = np.exp(lp)
     dz[np.arange(n), safe] -= 1.0
-    dz *= np.asarray(c, np.float64)[:, None] * float(logit_scale)  # d/d(H W^T + b)
+    dz *= np.asarray(c, np.float64)[:, None]
+    if lp_row_grad is not None:  # a u_i on every log-probability: a u_i (1 - V softmax)
+        u = a * np.asarray(lp_row_grad, np.float64).reshape(-1)[:, None]
+        dz += u * (1.0 - v * np.exp(lp))
+    dz *= float(logit_scale)  # d/d(H W^T + b)
     if cap > 0:
         dz *= 1.0 - (z / cap) ** 2
     f = h.dtype
@@ -82,14 +90,15 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
         np.add.at(dw, np.where(idx < 0, idx + v, idx),
                   np.asarray(dw_add_rows, np.float64).reshape(idx.size, d))
     return (np.array(loss, f), dh, dw.astype(f),
-            None if bias is None else dz.sum(axis=0).astype(f))
+            None if bias is None else dz.sum(axis=0).astype(f), lp_row.astype(f))
 
 
 class Reference(OpRun):
 
     def _run(self, h, w, bias=None, labels=None, row_weight=None, row_grad=None, grad_seed=None,
-             dw_add_index=None, dw_add_rows=None, ignore_index=None, wrap_negative=None, reduction=None, grad_scale=None,
-             logit_scale=None, logit_softcap=None, chunk_rows=None, seq_start=None,
+             dw_add_index=None, dw_add_rows=None, lp_row_grad=None, ignore_index=None,
+             wrap_negative=None, reduction=None, grad_scale=None, logit_scale=None,
+             logit_softcap=None, lp_row_reduce=None, chunk_rows=None, seq_start=None,
              seq_end=None):
         return _fit(self, linear_cross_entropy(
             h, w, bias, labels, row_weight, row_grad,
@@ -97,4 +106,5 @@ class Reference(OpRun):
             1.0 if grad_scale is None else grad_scale, grad_seed, wrap_negative or 0,
             seq_start or 0, INT64_MAX if seq_end is None else seq_end,
             1.0 if logit_scale is None else logit_scale,
-            0.0 if logit_softcap is None else logit_softcap, dw_add_index, dw_add_rows))
+            0.0 if logit_softcap is None else logit_softcap, dw_add_index, dw_add_rows,
+            lp_row_grad, lp_row_reduce or "sum"))

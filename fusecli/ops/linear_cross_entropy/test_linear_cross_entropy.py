@@ -599,3 +599,98 @@ def test_lce_dw_add_rows_refuses_what_scatter_nd_refuses():
                                                ("dw_add_rows", rows[:, :3])], outs)
     with pytest.raises(ValueError, match="outside"):
         linear_cross_entropy(h, w, None, lab, dw_add_index=np.array([-8]), dw_add_rows=rows[:1])
+
+
+def _smoothed_unfused(h, w, bias, lab, eps, reduce, logit_softcap=None):
+    """The written-out label-smoothed loss (gen_torch.cross_entropy: (1 - eps) masked nll mean
+    + eps masked mean of -log_softmax's row mean (reduce "mean") or row sum times 1 / V
+    ("sum", F.cross_entropy's spelling)) and its backward in standard ONNX, with the per-row
+    coefficients the graph computes: (loss, dH, dW, dB) and (mask, g, u, the rows' lp)."""
+    n, v = lab.size, w.shape[0]
+    b = Builder()
+    hn, wn, ln = b.input("H", h), b.input("W", w), b.input("labels", lab)
+    h2 = b.op("Reshape", hn, b.ints([n, h.shape[-1]]))
+    z = b.add(b.op("MatMul", h2, b.op("Transpose", wn, perm=[1, 0])), b.input("bias", bias))
+    if logit_softcap is not None:
+        t = b.op("Tanh", b.op("Div", z, b.const(logit_softcap)))
+        z = b.mul(t, b.const(logit_softcap))
+    lp = b.op("LogSoftmax", z, axis=-1)
+    ne = b.op("Not", b.op("Equal", ln, b.ints(-100)))
+    idx = b.op("Unsqueeze", b.op("Where", ne, ln, b.ints(np.zeros(n, I64))), b.ints([1]))
+    nll = b.op("Neg", b.op("Squeeze", b.op("GatherElements", lp, idx, axis=1), b.ints([1])))
+    mf = b.op("Cast", ne, to=1)
+    cnt = b.op("Cast", b.op("ReduceSum", b.op("Cast", ne, to=7), keepdims=0), to=1)
+    row = b.op("ReduceMean" if reduce == "mean" else "ReduceSum", lp, b.ints([-1]), keepdims=0)
+    a = 1.0 if reduce == "mean" else 1.0 / v
+    smooth = b.op("Div", b.op("ReduceSum", b.mul(b.op("Neg", row), mf), keepdims=0), cnt)
+    loss = b.add(b.mul(b.op("Div", b.op("ReduceSum", b.mul(nll, mf), keepdims=0), cnt),
+                       b.const(1.0 - eps)), b.mul(smooth, b.const(eps * a)))
+    g = b.mul(b.op("Expand", b.op("Div", b.const(1.0 - eps), cnt), b.ints([n])), mf)
+    u = b.op("Neg", b.mul(b.op("Expand", b.op("Div", b.const(eps * a), cnt), b.ints([n])), mf))
+    sa = b.op("ScatterElements", b.const(np.zeros((n, v))), idx,
+              b.op("Unsqueeze", b.op("Neg", g), b.ints([1])), axis=1, reduction="add")
+    su = b.op("Expand", b.op("Unsqueeze", u, b.ints([-1])), b.ints([n, v]))
+    if reduce == "mean":
+        su = b.op("Div", su, b.const(float(v)))
+    sa = b.add(su, sa)
+    dz = b.sub(sa, b.mul(b.op("Exp", lp), b.op("ReduceSum", sa, b.ints([-1]), keepdims=1)))
+    if logit_softcap is not None:
+        dz = b.mul(dz, b.sub(b.const(1.0), b.mul(t, t)))
+    dw = b.op("MatMul", b.op("Transpose", dz, perm=[1, 0]), h2)
+    dh = b.op("Reshape", b.op("MatMul", dz, b.op("Transpose", b.op("Transpose", wn, perm=[1, 0]),
+                                                  perm=[1, 0])), b.ints(list(h.shape)))
+    return b.run([loss, dh, dw, b.op("ReduceSum", dz, b.ints([0]), keepdims=0), mf, g, u, row])
+
+
+@pytest.mark.parametrize("case", SHAPES[1:5])
+@pytest.mark.parametrize("reduce", ["mean", "sum"])
+@pytest.mark.parametrize("logit_softcap", [None, 1.5])
+def test_lce_lp_row_and_its_gradient_are_label_smoothings_term(case, reduce, logit_softcap):
+    """Label smoothing eps: the op's lp_row (each row's log-probabilities reduced over the
+    classes) and lp_row_grad (the loss's gradient with respect to it), with the graph's masking
+    and reductions around them, against the unfused label-smoothed loss and backward, the
+    reference, and F.cross_entropy(label_smoothing=eps)'s formula in float64 NumPy:
+    (1 - eps) nll + eps (lse - mean z), dZ = ((1 - eps) (p - onehot) + eps (p - 1 / V)) / count
+    on the kept rows."""
+    shape, d, v, chunk = case
+    h, w, bias, lab = make_case(shape, d, v, seed="smooth", ignore="some")
+    eps = 0.1
+    attrs = {"logit_softcap": logit_softcap} if logit_softcap else {}
+    loss_u, dh_u, dw_u, db_u, mf, g, u, row_u = _smoothed_unfused(h, w, bias, lab, eps, reduce,
+                                                                   logit_softcap)
+    safe = np.where(lab == -100, 0, lab)
+    ins = [("H", h), ("W", w), ("bias", bias), ("labels", safe), ("row_weight", mf),
+           ("row_grad", g), ("grad_seed", None), ("dw_add_index", None), ("dw_add_rows", None),
+           ("lp_row_grad", u)]
+    names = [("loss", F32), ("dH", F32), ("dW", F32), ("dB", F32), ("lp_row", F32)]
+    got = run_fused("LinearCrossEntropy", ins, names, chunk_rows=chunk, lp_row_reduce=reduce,
+                    **attrs)
+    ref = linear_cross_entropy(h, w, bias, safe, row_weight=mf, row_grad=g, lp_row_grad=u,
+                               lp_row_reduce=reduce, **attrs)
+    for i, nm in enumerate(["loss", "dH", "dW", "dB", "lp_row"]):
+        assert_close(got[i], ref[i], what=f"{nm} vs reference")
+    assert_close(got[4], row_u, what="lp_row vs the unfused row reduction")
+    a = 1.0 if reduce == "mean" else 1.0 / v
+    total = (1 - eps) * got[0] + eps * a * (-(got[4] * mf).sum() / mf.sum())
+    for x, want, nm in [(total, loss_u, "loss"), (got[1], dh_u, "dH"), (got[2], dw_u, "dW"),
+                        (got[3], db_u, "dB")]:
+        assert_close(np.asarray(x, F32), want, what=f"{nm} vs unfused")
+    # F.cross_entropy(z, y, ignore_index=-100, label_smoothing=eps) in float64
+    z = h.reshape(-1, d).astype(np.float64) @ w.T.astype(np.float64) + bias
+    if logit_softcap:
+        t = np.tanh(z / logit_softcap)
+        z = logit_softcap * t
+    keep = lab != -100
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    per = (1 - eps) * (lse - z[np.arange(lab.size), safe]) + eps * (lse - z.mean(1))
+    assert_close(np.float32(total), np.float32(per[keep].mean()), what="loss vs F.cross_entropy")
+    p = np.exp(z - lse[:, None])
+    onehot = np.eye(v)[safe]
+    dz = keep[:, None] * ((1 - eps) * (p - onehot) + eps * (p - 1.0 / v)) / keep.sum()
+    if logit_softcap:
+        dz *= 1 - t * t
+    assert_close(got[2], (dz.T @ h.reshape(-1, d)).astype(F32), what="dW vs F.cross_entropy")
+    if not logit_softcap:  # (capped at 1.5, the softmax is near uniform: p - 1 / V is small)
+        plain = run_fused("LinearCrossEntropy", ins[:6], names[:4], chunk_rows=chunk)
+        # the smoothing did land: dW moves by more than 1% of its largest entry
+        assert np.abs(got[2] - plain[2]).max() > 0.01 * np.abs(plain[2]).max()

@@ -119,3 +119,24 @@ def test_linear_cross_entropy_wrap_negative(rw):
     ref = ref_lce(h, w, bias, wrapped)
     for g, r, nm in zip(got, ref, ["loss", "dH", "dW", "dB"]):
         close(g, r, 2e-4, nm)
+
+
+@pytest.mark.parametrize("lp_row_reduce", ["mean", "sum"])
+def test_linear_cross_entropy_lp_row_is_label_smoothing(lp_row_reduce):
+    """Label smoothing 0.1 as a torch-joint graph feeds the op: row_grad (1 - eps) mask / count,
+    lp_row_grad -eps a mask / count (a = 1 for the rows' mean of log-probabilities, 1 / V for
+    their sum), the loss (1 - eps) loss + eps a mean(-lp_row) over the kept rows: against
+    F.cross_entropy(label_smoothing=0.1) in float64."""
+    n, d, v, eps = 70, 16, 300, 0.1
+    h, w, bias = rand(n, d), rand(v, d) * 0.5, rand(v)
+    lab = torch.randint(0, v, (n,), device="cuda")
+    keep = torch.rand(n, device="cuda") > 0.3
+    mf = keep.float()
+    a = 1.0 if lp_row_reduce == "mean" else 1.0 / v
+    got = linear_cross_entropy(h, w, bias, torch.where(keep, lab, 0), mf,
+                               (1 - eps) * mf / mf.sum(), chunk_rows=16,
+                               lp_row_grad=-eps * a * mf / mf.sum(), lp_row_reduce=lp_row_reduce)
+    ref = ref_lce(h, w, bias, torch.where(keep, lab, -100), label_smoothing=eps)
+    loss = (1 - eps) * got[0] + eps * a * (-(got[4] * mf).sum() / mf.sum())
+    for x, r, nm in zip((loss,) + tuple(got[1:4]), ref, ["loss", "dH", "dW", "dB"]):
+        close(x, r, 2e-4, nm)
