@@ -32,8 +32,14 @@ lm_head tied to wte), with these losses on logits viewed [N, V]:
                                                                                    fuses: 1
   hf_gpt2_mean_tied GPT2LMHeadModel logits (lm_head tied to wte: two gradient outputs),
                     -lp.gather(...).mean()                                         fuses: 1
+  smoothed_masked_{mean,sum}  gen_torch.cross_entropy(z, y, reduction, label_smoothing=0.1):
+                    Hugging Face's masked loss written out, (1 - eps) nll + eps * the mean
+                    over classes of -log_softmax, masked and reduced the same way; _mean_tied:
+                    the tied head                                                  fuses: 1
+  smoothed_ce_{sum,mean}  F.cross_entropy(z, y, reduction, label_smoothing=0.1) (the mean:
+                    torch 2.13's wrong gradient, as ce_mean)                       fuses: 1
   LOSS_T            (TRANSFORMED) the loss LOSS (shift_logits, shift_ce_sum_tied, ce_none_mean,
-                    seqlevel) on the logits transformed between the head and the loss
+                    seqlevel, smoothed_masked_mean) on the logits transformed between the head and the loss
                     (TRANSFORMS): T = div (z / 4, Granite's logits / logits_scaling), mul
                     (z * 0.5, Cohere's logit_scale) or softcap (3 tanh(z / 3), Gemma 2's final
                     soft cap)                                                       fuses: 1
@@ -121,6 +127,21 @@ def _shift_logits(z, y):
     return nll.sum() / mask.sum()
 
 
+EPS = 0.1  # label smoothing
+
+
+def _smoothed_masked(reduction):  # gen_torch.cross_entropy(label_smoothing=EPS), written out
+    from gen_torch import cross_entropy
+
+    return lambda z, y: cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1),
+                                      reduction=reduction, label_smoothing=EPS)
+
+
+def _smoothed_ce(reduction):  # F.cross_entropy(label_smoothing=EPS)
+    return lambda z, y: F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1),
+                                        reduction=reduction, label_smoothing=EPS)
+
+
 def _shift_ce(reduction):  # Hugging Face's older CrossEntropyLoss on the shifted logits
     return lambda z, y: F.cross_entropy(z[:, :-1, :].reshape(-1, z.shape[-1]),
                                         y[:, 1:].reshape(-1), reduction=reduction)
@@ -142,12 +163,18 @@ LOSSES = {  # name: (loss on logits [B, S, V] and labels [B, S], tied, labels wi
     "shift_ce": (_shift_ce("mean"), False, True),
     "shift_ce_sum_tied": (_shift_ce("sum"), True, True),
     "seqlevel": (_seqlevel, False, True),
+    "smoothed_masked_mean": (_smoothed_masked("mean"), False, True),
+    "smoothed_masked_mean_tied": (_smoothed_masked("mean"), True, True),
+    "smoothed_masked_sum": (_smoothed_masked("sum"), False, True),
+    "smoothed_ce_sum": (_smoothed_ce("sum"), False, True),
+    "smoothed_ce_mean": (_smoothed_ce("mean"), False, True),
 }
 # the same losses on transformed logits: name: (loss, transform)
 TRANSFORMED = {f"{loss}_{t}": (loss, t) for loss, ts in (
     ("shift_logits", ("div", "softcap")), ("shift_ce_sum_tied", ("mul", "softcap")),
-    ("ce_none_mean", ("mul", "softcap")), ("seqlevel", ("div", "softcap"))) for t in ts}
-WRONG_GRADIENT = {"ce_mean", "shift_ce"}  # torch 2.13's export of F.cross_entropy(reduction='mean')
+    ("ce_none_mean", ("mul", "softcap")), ("seqlevel", ("div", "softcap")),
+    ("smoothed_masked_mean", ("softcap",))) for t in ts}
+WRONG_GRADIENT = {"ce_mean", "shift_ce", "smoothed_ce_mean"}  # torch 2.13's export of F.cross_entropy(reduction='mean')
 
 
 class Loss(nn.Module):

@@ -618,6 +618,54 @@ def with_logit_scale(m, family, c=4.0, op="Div"):
     return _spliced(m, nodes, chains)
 
 
+def with_label_smoothing(m, reduce="mean", eps=0.1):
+    """A torch-joint head + cross-entropy export with label smoothing eps added to its loss as
+    the exporters write it (rules/lce_torch.yaml _smoothed, rules/lce_torch_loss.yaml
+    _nllloss_smoothed): R = ReduceMean (gen_torch.cross_entropy's `lp.mean(-1)`) or ReduceSum
+    (F.cross_entropy's `lp.sum(-1)`) of the log-probabilities over the classes, and the loss
+    `loss + eps * sum(-R)`; in the backward, R's gradient (the constant -eps per row) added to
+    every class of the log-probabilities' gradient: Expand(Unsqueeze(-eps)) [/ V for the mean]
+    added to the tensor the softmax's backward Sub reads."""
+    from onnx import shape_inference
+
+    lsm = next(n for n in m.graph.node if n.op_type == "LogSoftmax")
+    lp = lsm.output[0]
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in shape_inference.infer_shapes(m).graph.value_info}
+    n, v = shapes[lp]
+    m = _with_constants(m, smooth_eps=eps, smooth_v=float(v))
+    m.graph.initializer.extend([
+        numpy_helper.from_array(np.full(n, -eps, np.float32), "smooth_rg"),
+        numpy_helper.from_array(np.array([-1], np.int64), "smooth_last"),
+        numpy_helper.from_array(np.array([n, v], np.int64), "smooth_nv")])
+    nodes = list(m.graph.node)
+
+    def readers(t):
+        return [x for x in nodes if t in x.input]
+
+    exp = next(x for x in readers(lp) if x.op_type == "Exp")
+    pmul = next(x for x in readers(exp.output[0]) if x.op_type == "Mul")
+    s_one_hot = next(x for x in readers(pmul.output[0]) if x.op_type == "Sub").input[0]
+    loss = next(x for x in nodes if "loss" in x.output)
+    loss.output[:] = ["smooth_nll" if t == "loss" else t for t in loss.output]
+    for x in nodes:
+        x.input[:] = ["smooth_nll" if t == "loss" else t for t in x.input]
+    op = "ReduceMean" if reduce == "mean" else "ReduceSum"
+    fwd = [helper.make_node(op, [lp, "smooth_last"], ["smooth_r"], keepdims=0),
+           helper.make_node("Neg", ["smooth_r"], ["smooth_rn"]),
+           helper.make_node("ReduceSum", ["smooth_rn"], ["smooth_rs"], keepdims=0),
+           helper.make_node("Mul", ["smooth_rs", "smooth_eps"], ["smooth_l"]),
+           helper.make_node("Add", ["smooth_nll", "smooth_l"], ["loss"])]
+    bwd = [helper.make_node("Unsqueeze", ["smooth_rg", "smooth_last"], ["smooth_ru"]),
+           helper.make_node("Expand", ["smooth_ru", "smooth_nv"], ["smooth_re"])]
+    if reduce == "mean":
+        bwd.append(helper.make_node("Div", ["smooth_re", "smooth_v"], ["smooth_rd"]))
+    bwd.append(helper.make_node("Add", [bwd[-1].output[0], s_one_hot], ["smooth_s"]))
+    at = nodes.index(loss) + 1
+    nodes[at:at] = fwd
+    return shape_inference.infer_shapes(_spliced(m, nodes, [(s_one_hot, bwd)]))
+
+
 def _spliced(m, nodes, chains):
     """m with its node list `nodes`, each (tensor, new nodes) of `chains` spliced in after the
     tensor (_insert_after: its readers read the chain's last output)."""

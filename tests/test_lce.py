@@ -3,9 +3,9 @@ the real exports of tests/data/make_lce.py in both families fuse where the model
 (one LM head + loss each; the LoRA-adapted head is left to the LoRA rules: its adapters read the
 logits' gradient) and verify against their originals, also with the loss's incoming gradient
 computed at run time (fed as an input: one op that reads it; computed from the loss: two ops,
-the loss, then the gradients); one negative per guard (the logits read elsewhere, a mean whose
-divisor is not the mask's count, a run-time loss gradient of more than one value, a
-label-smoothed loss); and the ort-training workflow (Module + Optimizer) on fused models with
+the loss, then the gradients), and a label-smoothed loss (the op's lp_row); one negative per
+guard (the logits read elsewhere, a mean whose divisor is not the mask's count, a run-time loss
+gradient of more than one value); and the ort-training workflow (Module + Optimizer) on fused models with
 the original's loss curve, a LoRA-adapted head's adapters included."""
 
 from __future__ import annotations
@@ -204,7 +204,8 @@ def with_run_time_seed(family, how, name="lce_untied", k=0.5, c=0.25):
     run time). onnxruntime-training: `seed` replaces the constant dLoss that
     SoftmaxCrossEntropyLossGrad reads; torch-joint: the per-token coefficient g (the tangent
     over the count, times the mask) is multiplied by `seed` before it enters the one-hot
-    scatter."""
+    scatter (F.cross_entropy's NegativeLogLikelihoodLoss spelling: the tangent t of its
+    coefficient Where(ne, t, 0), which multiplies the scattered one-hot)."""
     m = onnx.load(DATA / f"{family}_{name}.onnx")
     nodes = list(m.graph.node)
     producer = {t: n for n in nodes for t in n.output}
@@ -217,10 +218,18 @@ def with_run_time_seed(family, how, name="lce_untied", k=0.5, c=0.25):
         loss = next(n for n in nodes if n.op_type == "SoftmaxCrossEntropyLoss").output[0]
     else:
         scatter = next(n for n in nodes if n.op_type == "ScatterElements")
-        user = producer[producer[scatter.input[2]].input[0]]     # Neg(g) -> Unsqueeze
-        assert user.op_type == "Neg"
-        new.append(helper.make_node("Mul", [user.input[0], "seed"], ["seed_g"]))
-        user.input[0] = "seed_g"
+        src = producer.get(scatter.input[2])
+        if src is not None and src.op_type == "Unsqueeze":
+            user = producer[src.input[0]]     # Neg(g) -> Unsqueeze
+            assert user.op_type == "Neg"
+            slot = 0
+        else:  # NegativeLogLikelihoodLoss's backward: Mul(scatter, Where(ne, t, 0))
+            mul = next(n for n in nodes if scatter.output[0] in n.input)
+            user = producer[next(t for t in mul.input if t != scatter.output[0])]
+            assert user.op_type == "Where"
+            slot = 1
+        new.append(helper.make_node("Mul", [user.input[slot], "seed"], ["seed_g"]))
+        user.input[slot] = "seed_g"
         loss = m.graph.output[0].name
         assert loss == "loss"
     if how == "input":
@@ -345,16 +354,21 @@ def test_lce_torch_mean_needs_the_mask_count_as_divisor(tmp_path):
     assert report.ok, report
 
 
-def test_lce_torch_not_fused_on_a_label_smoothed_loss(tmp_path):
+def test_lce_torch_fuses_a_label_smoothed_loss(tmp_path):
     """torch_lce_smooth (make_lce.py): lce_untied's loss with label smoothing 0.1 (the corpus's
     torch-joint cross-entropy): its smoothing term, the masked mean over classes of
-    -log_softmax, reads the log-probabilities again, and LinearCrossEntropy computes no
-    smoothing: the head and loss stay as exported, and the rest still fuses and verifies."""
+    -log_softmax, reads the log-probabilities' row mean, which the one fused op writes (lp_row,
+    with its gradient lp_row_grad): no log-probabilities, one-hot or logits left, and the
+    fused graph verifies against the original."""
     m = onnx.load(DATA / "torch_lce_smooth.onnx")
     fused, fp = _fuse(m)
-    assert fused == 0 and not _lce_nodes(m)
-    assert {"LogSoftmax", "GatherElements", "ScatterElements"} <= {n.op_type for n in m.graph.node}
-    assert fp.stats.patterns["linear_relu"].fused == 1  # the model's Linear + ReLU: control
+    (op,) = _lce_nodes(m)
+    assert [r.rule for r in fp.stats.fusions if r.pattern == "linear_cross_entropy"] == [
+        "lce_torch_mean_smoothed"]
+    assert op.output[4] and op.input[9]  # lp_row, lp_row_grad
+    assert not {"LogSoftmax", "GatherElements", "ScatterElements", "Exp"} & {
+        n.op_type for n in m.graph.node}
+    assert fp.stats.patterns["linear_relu"].fused == 1  # the model's Linear + ReLU
     onnx.save(m, tmp_path / "fused.onnx")
     report = verify_models(DATA / "torch_lce_smooth.onnx", tmp_path / "fused.onnx")
     assert report.ok and report.max_rel <= 1e-5, report

@@ -34,11 +34,13 @@ EXPECTED = {
     "torch_lces_reducemean": "lce_torch_reducemean",
     "torch_lces_reducemean_neg_tied": "lce_torch_reducemean_neg",
     "torch_lces_reducesum_const": "lce_torch_reducesum",
-    # (g computed after the Div by 2 reads the loss: the two-op _split)
-    "torch_lces_masked_sum_const": "lce_torch_sum_split",
+    # (g computed in the backward, after the Div by 2 reads the loss, from the constant tangent
+    # and the mask alone: moved before that Div, one op)
+    "torch_lces_masked_sum_const": "lce_torch_sum",
     "torch_lces_ce_sum": "lce_torch_nllloss",
     "torch_lces_ce_mean": "lce_torch_nllloss",
-    "torch_lces_hf_llama_items": "lce_torch_nllloss_split",
+    # (w the same, after the Div by num_items_in_batch reads the loss)
+    "torch_lces_hf_llama_items": "lce_torch_nllloss",
     "torch_lces_hf_gpt2_mean_tied": "lce_torch_reducemean_neg",
     "torch_lces_ce_none_mean": "lce_torch_rows_nllloss_none_split",
     "torch_lces_shift_logits": "lce_torch_shift_gather_split",
@@ -83,7 +85,20 @@ EXPECTED = {
     "ortt_lces_cls_mlp_ii_div": "lce_ortt_gemm_ii_scaled",
     "ortt_lces_cls_mlp_softcap": "lce_ortt_gemm_softcap",
     "ortt_lces_cls_mlp_ii_softcap": "lce_ortt_gemm_ii_softcap",
+    # label smoothing 0.1 (make_lce_spellings.py _smoothed_masked, _smoothed_ce): the
+    # log-probabilities' row mean (written out) or row sum (F.cross_entropy's) is the op's
+    # lp_row; one op (its coefficients, computed in the backward from the count and the mask
+    # alone, are moved before the forward's readers of the loss)
+    "torch_lces_smoothed_masked_mean": "lce_torch_mean_smoothed",
+    "torch_lces_smoothed_masked_mean_tied": "lce_torch_mean_smoothed",
+    "torch_lces_smoothed_masked_sum": "lce_torch_sum_smoothed",
+    "torch_lces_smoothed_ce_sum": "lce_torch_nllloss_smoothed",
+    "torch_lces_smoothed_ce_mean": "lce_torch_nllloss_smoothed",
+    "torch_lces_smoothed_masked_mean_softcap": "lce_torch_mean_softcap_smoothed",
 }
+SMOOTHED = {"torch_lces_smoothed_masked_mean": "mean", "torch_lces_smoothed_masked_mean_tied": "mean",
+            "torch_lces_smoothed_masked_sum": "mean", "torch_lces_smoothed_ce_sum": "sum",
+            "torch_lces_smoothed_ce_mean": "sum", "torch_lces_smoothed_masked_mean_softcap": "mean"}
 # the logits' transform of those (the model code: logits_scaling 4, logit_scale 0.5,
 # final_logit_softcapping 30 by Gemma2Config's default)
 LOGIT_TRANSFORM = {"ortt_lces_granite_lm": {"logit_scale": 0.25},
@@ -119,8 +134,20 @@ def test_spelling_fuses_as_the_model_says_and_verifies(name, tmp_path):
             for attr, default in (("logit_scale", 1.0), ("logit_softcap", 0.0)):
                 want = LOGIT_TRANSFORM.get(name, {}).get(attr, default)
                 assert attrs.get(attr, default) == pytest.approx(want), (attr, attrs)
+            # label smoothing: the op writes the rows' reduction over the classes and reads its
+            # gradient (lp_row, lp_row_grad)
+            smoothed = name in SMOOTHED
+            assert (len(lce.output) == 5 and lce.output[4] != "") == smoothed
+            assert (len(lce.input) == 10 and lce.input[9] != "") == smoothed
+            assert attrs.get("lp_row_reduce", b"sum").decode() == SMOOTHED.get(name, "sum")
     else:
         assert "LinearCrossEntropy" not in ops and "LogSoftmax" in ops
+    # the node list stays topologically sorted (the coefficients a one-op head reads before
+    # the forward's readers of its loss were moved there: rules.md's placement guard)
+    defined = {i.name for i in m.graph.input} | {t.name for t in m.graph.initializer} | {""}
+    for n in m.graph.node:
+        assert set(n.input) <= defined, (n.name, set(n.input) - defined)
+        defined.update(n.output)
     out = tmp_path / "fused.onnx"
     onnx.save(m, out)
     report = verify_models(DATA / f"{name}.onnx", out)
@@ -202,6 +229,35 @@ def test_fused_head_matches_numpy(spelling, tmp_path):
     np.testing.assert_allclose(got, dw, rtol=1e-4, atol=1e-6)
 
 
+def _fused_and_verified(name, tmp_path, seed, ignored):
+    """The export `name` fused by its rule (EXPECTED) and verified against its original on
+    seeded feeds whose labels at each index of `ignored` are -100: (fused model, feeds)."""
+    m = onnx.load(DATA / f"{name}.onnx")
+    orig = tmp_path / "orig.onnx"
+    onnx.save(m, orig)
+    fp = FusionPass()
+    fp.run(m)
+    assert _lce(fp) == [EXPECTED[name]]
+    onnx.save(m, tmp_path / "fused.onnx")
+    feeds = _random_feeds(m, seed)
+    for at in ignored:
+        feeds["labels"][at] = -100
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    report = verify_models(orig, tmp_path / "fused.onnx", feeds_file=tmp_path / "feeds.npz")
+    assert report.ok and report.max_rel <= 1e-5, report
+    return m, feeds
+
+
+def _run(m, feeds) -> dict:
+    """The fused model's outputs by name (onnxruntime with fusecli's library)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(library_path())
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in m.graph.output], sess.run(None, feeds)))
+
+
 # the losses the graph reduces itself, and on logits transformed before the loss
 ROWS = ["ce_none_mean", "seqlevel", "shift_logits", "ce_none_mean_mul", "ce_none_mean_softcap",
         "seqlevel_div", "seqlevel_softcap", "shift_logits_div", "shift_logits_softcap"]
@@ -259,15 +315,8 @@ def test_graph_reduced_losses_match_numpy(spelling, tmp_path):
     none), the other the gradients with the graph's per-token coefficient (computed after the
     forward reads the losses: _split). Verified against the original on onnxruntime and
     against NumPy on labels with ignored tokens."""
-    import onnxruntime as ort
-
-    name = f"torch_lces_{spelling}"
-    m = onnx.load(DATA / f"{name}.onnx")
-    orig = tmp_path / "orig.onnx"
-    onnx.save(m, orig)
-    fp = FusionPass()
-    fp.run(m)
-    assert _lce(fp) == [EXPECTED[name]]
+    m, feeds = _fused_and_verified(f"torch_lces_{spelling}", tmp_path, 5,
+                                   [(0, slice(0, 3)), (1, 5)])
     fused = [n for n in m.graph.node if n.op_type == "LinearCrossEntropy"]
     assert len(fused) == 2
     assert all([a.s for a in n.attribute if a.name == "reduction"] == [b"none"] for n in fused)
@@ -276,17 +325,7 @@ def test_graph_reduced_losses_match_numpy(spelling, tmp_path):
     assert len(fused[0].input) == 4 and fused[0].output[0] and len(fused[0].output) == 1
     assert len(fused[1].input) == 6 and fused[1].output[0] == ""
     assert "LogSoftmax" not in [n.op_type for n in m.graph.node]
-    onnx.save(m, tmp_path / "fused.onnx")
-    feeds = _random_feeds(m, 5)
-    feeds["labels"][0, :3] = -100
-    feeds["labels"][1, 5] = -100
-    np.savez(tmp_path / "feeds.npz", **feeds)
-    report = verify_models(orig, tmp_path / "fused.onnx", feeds_file=tmp_path / "feeds.npz")
-    assert report.ok and report.max_rel <= 1e-5, report
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(library_path())
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    res = dict(zip([o.name for o in m.graph.output], sess.run(None, feeds)))
+    res = _run(m, feeds)
     loss, dw = _numpy_rows(feeds, feeds["input_ids"], feeds["labels"], spelling)
     np.testing.assert_allclose(res["loss"], loss, rtol=1e-5)
     np.testing.assert_allclose(res["head.weight_grad"], dw, rtol=1e-4, atol=1e-6)
@@ -299,36 +338,53 @@ def test_shifted_cross_entropy_matches_numpy(spelling, tmp_path):
     the hidden states' rows 0..S-2 (seq_start / seq_end), the loss F.cross_entropy's (the kept
     tokens' mean, or their sum), the head's gradient that of the graph's per-token coefficient
     (torch 2.13 exports the mean's as 1 per kept token, not 1 / count: the exported graph's)."""
-    import onnxruntime as ort
-
-    name = f"torch_lces_{spelling}"
-    m = onnx.load(DATA / f"{name}.onnx")
-    orig = tmp_path / "orig.onnx"
-    onnx.save(m, orig)
-    fp = FusionPass()
-    fp.run(m)
-    assert _lce(fp) == [EXPECTED[name]]
+    # (label 1, 0 is never read: the shift drops every sequence's first label)
+    m, feeds = _fused_and_verified(f"torch_lces_{spelling}", tmp_path, 7,
+                                   [(0, slice(2, 4)), (1, 0)])
     (op,) = [n for n in m.graph.node if n.op_type == "LinearCrossEntropy"]
     attrs = {a.name: helper.get_attribute_value(a) for a in op.attribute}
     assert (attrs["seq_start"], attrs["seq_end"]) == (0, -1)  # Python's [:-1]
-    onnx.save(m, tmp_path / "fused.onnx")
-    feeds = _random_feeds(m, 7)
-    feeds["labels"][0, 2:4] = -100
-    feeds["labels"][1, 0] = -100  # never read: the shift drops every sequence's first label
-    np.savez(tmp_path / "feeds.npz", **feeds)
-    report = verify_models(orig, tmp_path / "fused.onnx", feeds_file=tmp_path / "feeds.npz")
-    assert report.ok and report.max_rel <= 1e-5, report
     loss, dw = _numpy_rows(feeds, feeds["input_ids"], feeds["labels"], spelling)
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(library_path())
     if "_tied" in spelling:  # the fused op's dW alone (tied.py scattered the
         # embedding's rows into it; read as an output, onnxruntime scatters into a copy)
         m.graph.output.append(helper.make_tensor_value_info(op.output[2], onnx.TensorProto.FLOAT,
                                                             None))
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    res = dict(zip([o.name for o in m.graph.output], sess.run(None, feeds)))
+    res = _run(m, feeds)
     np.testing.assert_allclose(res["loss"], loss, rtol=1e-5)
     np.testing.assert_allclose(res[op.output[2]], dw, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("spelling", ["smoothed_masked_mean", "smoothed_masked_sum",
+                                      "smoothed_ce_sum", "smoothed_ce_mean",
+                                      "smoothed_masked_mean_softcap"])
+def test_label_smoothed_losses_match_numpy(spelling, tmp_path):
+    """Label smoothing eps = 0.1 (the model code: gen_torch.cross_entropy, F.cross_entropy):
+    per kept token (1 - eps) nll + eps (lse - the mean of the logits), their mean or sum; the
+    head's gradient ((1 - eps) (p - onehot) + eps (p - 1 / V)) per kept token over the count
+    (mean) or 1 (sum), from NumPy in float64, with ignored tokens; the fused graph verified
+    against the original. F.cross_entropy's mean: the loss only (torch 2.13 exports its gradient
+    wrong, and the fused graph computes what the export computes: the verify)."""
+    m, feeds = _fused_and_verified(f"torch_lces_{spelling}", tmp_path, 11, [(0, slice(0, 3))])
+    res = _run(m, feeds)
+    eps = 0.1
+    f, df = TRANSFORM["softcap" if spelling.endswith("_softcap") else ""]
+    x = feeds["emb.weight"].astype(np.float64)[feeds["input_ids"]].reshape(-1, D)
+    h = np.maximum(x @ feeds["fc.weight"].T.astype(np.float64) + feeds["fc.bias"], 0.0)
+    pre = h @ feeds["head.weight"].T.astype(np.float64)
+    z = f(pre)
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    y = feeds["labels"].reshape(-1)
+    keep = (y != -100).astype(np.float64)
+    safe = np.where(y == -100, 0, y)
+    per = (1 - eps) * (lse - z[np.arange(len(y)), safe]) + eps * (lse - z.mean(1))
+    denom = keep.sum() if "_mean" in spelling else 1.0
+    np.testing.assert_allclose(res["loss"], (per * keep).sum() / denom, rtol=1e-5)
+    if spelling == "smoothed_ce_mean":
+        return
+    p = np.exp(z - lse[:, None])
+    onehot = np.eye(V)[safe]
+    dz = (keep / denom)[:, None] * ((1 - eps) * (p - onehot) + eps * (p - 1.0 / V)) * df(pre)
+    np.testing.assert_allclose(res["head.weight_grad"], dz.T @ h, rtol=1e-4, atol=1e-6)
 
 
 # --- negatives: one per new guard -----------------------------------------------------------------

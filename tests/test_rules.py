@@ -195,6 +195,9 @@ for _fam, _how, _names in (("ortt", "input", ("untied", "bias_sum", "frozen", "f
     for _name in _names:
         SAMPLE_MODELS[f"lce_{_fam}_{_name}_seed_{_how}"] = with_run_time_seed(
             _fam, _how, f"lce_{_name}")
+# F.cross_entropy's spelling with its coefficient computed from the loss (rules/lce_torch_loss.yaml
+# _nllloss_split)
+SAMPLE_MODELS["lces_torch_ce_sum_seed_loss"] = with_run_time_seed("torch", "loss", "lces_ce_sum")
 # the loss spellings of real exports (scripts/make_lce_spellings.py; counts, verification and
 # guards: tests/test_lce_spellings.py): ReduceMean / ReduceSum of the gathered log-probabilities,
 # F.cross_entropy's NegativeLogLikelihoodLoss (Hugging Face's loss with num_items_in_batch: the
@@ -225,13 +228,21 @@ for _name in ("torch_lces_reducemean", "torch_lces_reducemean_neg_tied",
 LCE_TRANSFORMED = [k for k in SAMPLE_MODELS if k.startswith("lce_") or k in (
     "export_torch_lces_reducemean", "export_torch_lces_reducemean_neg_tied",
     "export_torch_lces_reducesum_const", "export_torch_lces_ce_sum",
-    "export_torch_lces_hf_llama_items")]
+    "export_torch_lces_hf_llama_items", "lces_torch_ce_sum_seed_loss")]
 for _i, _name in enumerate(LCE_TRANSFORMED):
     _fam = "ortt" if "ortt" in _name else "torch"
     SAMPLE_MODELS[f"{_name}_scaled"] = builders.with_logit_scale(
         SAMPLE_MODELS[_name], _fam, *((4.0, "Div") if _i % 2 == 0 else (0.5, "Mul")))
     SAMPLE_MODELS[f"{_name}_softcap"] = builders.with_logit_scale(
         SAMPLE_MODELS[_name], _fam, 3.0, "softcap")
+# label smoothing (rules/lce_torch.yaml _smoothed: the written-out loss's row mean of the
+# log-probabilities; rules/lce_torch_loss.yaml _nllloss_smoothed: F.cross_entropy's row sum;
+# real exports: tests/test_lce_spellings.py): each torch-joint head + loss sample of those
+# rules, with and without its logits transformed, with the smoothing term added
+for _name in [k for k in SAMPLE_MODELS if k.startswith(("lce_torch", "export_torch_lces_ce_sum"))
+              and "_seed_" not in k]:
+    SAMPLE_MODELS[f"{_name}_smoothed"] = builders.with_label_smoothing(
+        SAMPLE_MODELS[_name], "sum" if "lces_ce_sum" in _name else "mean")
 
 
 def _upto(rule_name):

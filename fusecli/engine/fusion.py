@@ -475,6 +475,8 @@ class FusionPass:
                 stats.absorbed[absorbed.fused_node] = absorbed
         for t in m.intermediates:  # outside readers of its type alone (the guard let them)
             index.detach_type_reads(t)
+        for node, key in m.moves:  # outside nodes moved before the fused node's readers
+            node.key = key
         fused = index.add_node(proto, m.key)
         for key, node in m.extra:
             index.add_node(node, key)

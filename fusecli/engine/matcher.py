@@ -21,7 +21,7 @@ from fusecli.engine.constfold import compact
 from fusecli.engine.graph import GNode, GraphIndex
 from fusecli.engine.shapes import fusion_problem
 from fusecli.engine.rules import (COMMUTATIVE_OPS, CONST_FUNCS, WHOLE_CONST_FUNCS, AttrConstraint,
-                                  NodeSpec, Rule, var_name)
+                                  OF_KINDS, NodeSpec, Rule, var_name)
 
 VALUE_KEY = "$value:"  # captures[VALUE_KEY + var]: how var's constant enters (a CONST_FUNCS name)
 
@@ -54,6 +54,9 @@ class Match:
     # the replacement's further fused nodes (replace.then): (key, node) each, in order; tensors
     # of replace.new are named NEW_TENSOR + variable until FusionPass gives them fresh names
     extra: list = field(default_factory=list)
+    # outside nodes moved earlier so that the fused node fits between its inputs and its
+    # outputs' readers (Matcher._hoist): (node, its new key) each, applied with the match
+    moves: list = field(default_factory=list)
 
     @property
     def protos(self) -> list:
@@ -263,6 +266,10 @@ def _kind_check(arr: np.ndarray, kind: str, data_shape) -> tuple[bool, str]:
         ok = ints and flat.size == 1 and (int(flat[0]) == -1 or (
             data_shape is not None and int(flat[0]) == len(data_shape) - 1))
         return ok, "the last axis (-1, or rank-1 of a known shape)"
+    if kind == "new_last_axis":  # Unsqueeze's axes: one axis after its input's last
+        ok = ints and flat.size == 1 and (int(flat[0]) == -1 or (
+            data_shape is not None and int(flat[0]) == len(data_shape)))
+        return ok, "one new last axis (-1, or the rank of a known input)"
     if kind == "second_last_axis":  # a Slice's axis: the sequence axis of [..., S, X]
         ok = ints and flat.size == 1 and (int(flat[0]) == -2 or (
             data_shape is not None and len(data_shape) >= 2
@@ -453,7 +460,7 @@ class _Deps:
                 ts = rule.tensors.get(v)
                 if ts is not None and ts.kind == "index_range":
                     names.update(r for r in (ts.start, ts.count) if isinstance(r, str))
-                if ts is not None and ts.kind == "lead_dims_of":
+                if ts is not None and ts.kind in OF_KINDS:
                     names.add(ts.of)
             self.before.append({v: reach.get(v, 0) & ((1 << i) - 1) for v in names})
         self.everything = (1 << len(specs)) - 1
@@ -821,6 +828,8 @@ class Matcher:
                     ok, detail = self._index_range(value, ts, t2)
                 elif ts.kind == "lead_dims_of":
                     ok, detail = self._lead_dims_of(value, ts, t2)
+                elif ts.kind == "last_dim_of":
+                    ok, detail = self._last_dim_of(value, ts, t2)
                 elif ts.kind == "shape" and value is None and self.g.is_shape_computation(name):
                     ok, detail = True, ""  # a Reshape target of symbolic dims
                 elif ts.kind == "uniform":
@@ -863,6 +872,19 @@ class Matcher:
         return ok, (f"is {arr.reshape(-1)[:6].tolist()}, rule wants the leading dims of "
                     f"{ts.of} ('{other}', " + (f"{list(dims)}" if known else "shape not known")
                     + ") and one more")
+
+    def _last_dim_of(self, value, ts, bound) -> tuple[bool, str]:
+        """kind last_dim_of: one number equal to the last dim of the tensor bound to ``ts.of``
+        (recorded or inferred)."""
+        other = bound.get(ts.of)
+        dims = self.g.shapes.shape(other) if other else None
+        last = dims[-1] if dims and isinstance(dims[-1], int) else None
+        arr = None if value is None else np.asarray(value)
+        ok = (arr is not None and last is not None and arr.size == 1
+              and arr.dtype.kind in "iuf" and float(arr.reshape(-1)[0]) == last)
+        shown = "not a constant" if arr is None else f"{arr.reshape(-1)[:6].tolist()}"
+        return ok, (f"is {shown}, rule wants the last dim of {ts.of} ('{other}', "
+                    + (f"{last}" if last is not None else "not known") + ")")
 
     def _index_range(self, value, ts, bound) -> tuple[bool, str]:
         """kind index_range: [start, start + step, ...] (count of them, any count when None) as
@@ -931,8 +953,10 @@ class Matcher:
         first = min(n.key for n in removed.values())
         keys: list[float] = []
         written: dict[str, float] = {}  # variable -> key of the fused node that writes it
+        moves: list = []
         for rep in reps:
             lo = -math.inf
+            outside = []  # the outside producers of its inputs
             for v in rep.inputs:
                 if v in written:
                     lo = max(lo, written[v])
@@ -941,12 +965,18 @@ class Matcher:
                 p = self.g.producer.get(t) if t else None
                 if p is not None and p.uid not in matched:
                     lo = max(lo, p.key)
+                    outside.append(p)
             hi = math.inf
             for v in rep.outputs:
                 t = tensors.get(v) if v and v not in new else None
                 for c in self.g.consumers.get(t, []) if t else ():
                     if c.uid not in matched:
                         hi = min(hi, c.key)
+            if lo >= hi and not moves and all(w < hi for w in written.values()):
+                moves = self._hoist(outside, hi, matched)
+                if moves:
+                    lo = max([k for _, k in moves] + [p.key for p in outside if p.key < hi]
+                             + [written[v] for v in rep.inputs if v in written])
             if lo < first:
                 key = first
             elif lo < hi:
@@ -970,7 +1000,7 @@ class Matcher:
         inter = sorted({t for n in removed.values() for t in n.outputs
                         if t and (t not in rep_out or t in unread)})
         match = Match(rule, removed, dict(tensors), dict(captures), keys[0], inter,
-                      frozenset(nodes), unread=unread)
+                      frozenset(nodes), unread=unread, moves=moves)
         protos = []
         for rep in reps:
             ins, outs = replacement_ports(match, rep)
@@ -985,6 +1015,44 @@ class Matcher:
             if why:
                 return self._guard(nodes, "shape_mismatch", why)
         return match
+
+    HOIST_LIMIT = 32  # outside nodes _hoist moves at most
+
+    def _hoist(self, producers, hi: float, matched: set) -> list:
+        """An input of a fused node produced after a reader of one of its outputs (a
+        label-smoothed loss's gradient coefficients, computed in the backward from the token
+        count and the mask alone, read by the op at the forward's place): the producers at or
+        after ``hi`` and their own producers there, moved to just before ``hi`` in their order,
+        when none of them is matched (an input computed from the match's own output, a loss
+        scale that reads the loss, cannot move: the split variants take that) and they are at
+        most HOIST_LIMIT; [(node, new key)], or [] when they cannot move. Moving a node earlier
+        keeps every reader after it; its inputs are produced before ``hi`` or moved with it."""
+        todo = [p for p in producers if p.key >= hi]
+        seen: dict[int, GNode] = {}
+        while todo:
+            x = todo.pop()
+            if x.uid in seen:
+                continue
+            if x.uid in matched or len(seen) >= self.HOIST_LIMIT:
+                return []
+            seen[x.uid] = x
+            for t in (*x.inputs, *x.implicit):
+                p = self.g.producer.get(t) if t else None
+                if p is not None and p.uid in matched:
+                    return []  # computed from the match: its fused output comes first
+                if p is not None and p.key >= hi:
+                    todo.append(p)
+        if not seen:
+            return []
+        ordered = sorted(seen.values(), key=lambda n: n.key)
+        floor = max((p.key for x in ordered for t in (*x.inputs, *x.implicit)
+                     if t and (p := self.g.producer.get(t)) is not None and p.uid not in seen),
+                    default=-math.inf)
+        floor = max([floor] + [p.key for p in producers if p.key < hi])
+        if floor == -math.inf:
+            floor = hi - len(ordered) - 2.0
+        step = (hi - floor) / (len(ordered) + 2)
+        return [(x, floor + step * (k + 1)) for k, x in enumerate(ordered)]
 
     def _guard(self, nodes, reason, detail):
         f = Failure(len(nodes), {k: n.name for k, n in nodes.items()}, None, reason, detail)

@@ -49,7 +49,8 @@ _WHOLE_PARAM_RE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
 TENSOR_KINDS = ("constant", "scalar", "leading_axes", "last_axis", "last_dim_index",
                 "flatten_2d", "vector_shape", "large_negative", "halves", "index_range",
                 "pairs_shape", "shape", "uniform", "half_last_dim", "to_last_end",
-                "second_last_axis", "lead_dims_of")
+                "second_last_axis", "lead_dims_of", "last_dim_of", "new_last_axis")
+OF_KINDS = ("lead_dims_of", "last_dim_of")  # kinds that name a bound tensor ('of')
 _RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace",
               "params", "variants"}
 
@@ -161,7 +162,8 @@ class TensorSpec:
     count: object = None
     step: int = 1
     # kind lead_dims_of: a shape vector whose entries but the last are the recorded (or
-    # inferred) dims but the last of the tensor bound to this variable (earlier in the node list)
+    # inferred) dims but the last of the tensor bound to this variable (earlier in the node list);
+    # last_dim_of: one number, that tensor's last dim (a class count V)
     of: str | None = None
 
 
@@ -483,7 +485,7 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
             raise RuleError(src, f"tensor '{name}': expected a mapping with either 'const' "
                             f"(and optional 'tol') or 'kind' (one of {list(TENSOR_KINDS)})", line)
         ranged = spec.get("kind") == "index_range"
-        lead = spec.get("kind") == "lead_dims_of"
+        lead = spec.get("kind") in OF_KINDS
         unknown = set(spec) - {"const", "tol", "kind"} - (
             {"start", "count", "step"} if ranged else {"of"} if lead else set())
         if unknown:
@@ -508,9 +510,9 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
                 continue
             if lead:
                 if not isinstance(spec.get("of"), str):
-                    raise RuleError(src, f"tensor '{name}': lead_dims_of needs 'of': a variable "
-                                    "name", line)
-                out[name] = TensorSpec(kind="lead_dims_of", of=spec["of"])
+                    raise RuleError(src, f"tensor '{name}': {spec['kind']} needs 'of': a "
+                                    "variable name", line)
+                out[name] = TensorSpec(kind=spec["kind"], of=spec["of"])
                 continue
             out[name] = TensorSpec(kind=spec["kind"])
             continue

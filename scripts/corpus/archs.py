@@ -36,11 +36,11 @@ From that dataflow:
     output of a Linear-like module (a classification / language-model head), or that output
     transformed by Python numbers alone (Granite's logits / logits_scaling, Cohere's *
     logit_scale, Gemma 2's soft cap c tanh(z / c)), and the loss (Arch.loss) reads those logits through its softmax cross-entropy alone (LOSS_READS_LOGITS:
-    "ce" without label smoothing, the ort-training one; "ce_lm", a language model's loss, in
-    both families); a loss that reads the logits again
+    "ce", the ort-training one without label smoothing, torch-joint's with it (its smoothing
+    term reads the log-probabilities' row mean, which the fused op writes too); "ce_lm", a
+    language model's loss, in both families); a loss that reads the logits again
     counts 0: "custom" (its logit penalty keeps the logits, which the fused op does not
-    produce), torch-joint's "ce" (its label-smoothing term, which the fused op does not
-    compute), as do MSE and BCE (no softmax cross-entropy).
+    produce), as do MSE and BCE (no softmax cross-entropy).
 A pattern only counts when its backward exists in the training graph: the forward runs with
 autograd on, and a module call counts only when its output requires grad (a module whose
 parameters are all frozen AND whose input needs no gradient has no backward: the first blocks of
@@ -180,11 +180,10 @@ def _root(t: torch.Tensor) -> torch.Tensor:
 CE_LABEL_SMOOTHING = {"ort-training": 0.0, "torch-joint": 0.1}
 # loss_key(Arch.loss, family) -> what the loss does with the model's output besides its softmax
 # cross-entropy (None: no softmax cross-entropy at all); linear_cross_entropy counts where it is
-# "nothing" (LinearCrossEntropy computes no label smoothing: fusecli/ops/linear_cross_entropy)
+# "nothing" (the label-smoothing term reads the log-probabilities' row mean, which
+# LinearCrossEntropy writes: its lp_row, fusecli/ops/linear_cross_entropy)
 LOSS_READS_LOGITS = {"mse": None, "bce": None, "ce": "nothing", "ce_lm": "nothing",
-                     "ce_smoothed": "the label-smoothing term (the mean over classes of "
-                                    "-log_softmax of the logits)",
-                     "custom": "the logit penalty mean(logits^2)"}
+                     "ce_smoothed": "nothing", "custom": "the logit penalty mean(logits^2)"}
 
 
 def loss_key(loss: str, family: str) -> str:
@@ -1340,7 +1339,7 @@ for _a in [
     # corpus's LCE on a transformers model). torch 2.13's joint export of F.cross_entropy
     # computes wrong gradients (shared/notes/training-graphs.md; measured here: max |grad -
     # torch| 3.4, the classifier's gradients ~10x torch's); gen.py now writes the torch-joint
-    # loss out (gen_torch.cross_entropy), with label smoothing, which LinearCrossEntropy lacks
+    # loss out (gen_torch.cross_entropy), with label smoothing (LinearCrossEntropy's lp_row)
     Arch("distilbert_tokens_ce", "transformers", _DISTILBERT_TOKENS + " and trained with "
          "cross-entropy (ignore_index -100 on a third of the labels)", _distilbert_tokens,
          _ids_mask, attention=("MultiHeadSelfAttention", "DistilBertSelfAttention"),

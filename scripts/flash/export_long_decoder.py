@@ -22,6 +22,8 @@ graph through onnxruntime.training.api (scripts/flash/budget_train.py). --loss o
 model computes its own loss from a labels input (transformers' ForCausalLMLoss: labels shifted
 and padded with -100 in the graph), generate_artifacts(loss=None); DIR/ortt_{arch}_ownloss_...
 --loss reducemean (torch): the mean over tokens a ReduceMean; DIR/torch_{arch}_reducemean_...
+--loss smoothed (torch): the written-out loss with label smoothing 0.1 (gen_torch.cross_entropy:
+(1 - eps) nll + eps * the mean over classes of -log_softmax); DIR/torch_{arch}_smoothed_...
 """
 
 from __future__ import annotations
@@ -133,7 +135,7 @@ def _ortt(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path,
 
 
 def _torch(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path,
-           reducemean: bool = False) -> None:
+           loss: str = "block") -> None:
     import numpy as np
     import onnx
 
@@ -143,7 +145,8 @@ def _torch(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path,
 
     vocab = model.config.vocab_size
     labels = torch.randint(0, vocab, ids.reshape(-1).shape)
-    mod = ReduceMeanLoss(Logits(model)) if reducemean else Loss(Logits(model), "mean")
+    mod = (ReduceMeanLoss(Logits(model)) if loss == "reducemean" else
+           Loss(Logits(model), "mean", 0.1 if loss == "smoothed" else 0.0))
     m, values, _ = export_joint(mod, [ids, labels], ["input_ids", "labels"], metadata=False)
     onnx.save(m, dest / f"{name}.onnx")
     np.savez(dest / f"{name}.params.npz", **values)
@@ -156,12 +159,14 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--loss", choices=["block", "own", "reducemean"], default="block",
+    ap.add_argument("--loss", choices=["block", "own", "reducemean", "smoothed"], default="block",
                     help="ortt: 'block' = generate_artifacts' CrossEntropyLoss on the logits; "
                     "'own' = the model's own loss from labels (shift and -100 padding inside "
                     "the graph), written NAME with '_ownloss'; torch: 'block' = Hugging "
                     "Face's loss written out (sum over kept tokens / their count), "
-                    "'reducemean' = a ReduceMean over tokens, NAME with '_reducemean'")
+                    "'reducemean' = a ReduceMean over tokens, NAME with '_reducemean'; "
+                    "'smoothed' = the written-out loss with label smoothing 0.1, NAME with "
+                    "'_smoothed'")
     ap.add_argument("--artifacts", action="store_true",
                     help="ortt: keep the checkpoint and the optimizer model (NAME.artifacts/)")
     a = ap.parse_args()
@@ -169,14 +174,15 @@ def main() -> int:
     model = _config(a.arch, a.seq, a.layers)
     ids = torch.randint(0, VOCAB[a.arch], (1, a.seq))
     a.out.mkdir(parents=True, exist_ok=True)
-    if {"own": "ortt", "reducemean": "torch"}.get(a.loss, a.family) != a.family:
+    if {"own": "ortt", "reducemean": "torch", "smoothed": "torch"}.get(a.loss,
+                                                                       a.family) != a.family:
         ap.error(f"--loss {a.loss} is not a {a.family} spelling here")
-    tag = {"own": "_ownloss", "reducemean": "_reducemean"}.get(a.loss, "")
+    tag = {"own": "_ownloss", "reducemean": "_reducemean", "smoothed": "_smoothed"}.get(a.loss, "")
     name = f"{a.family}_{a.arch}{tag}_long_S{a.seq}"
     if a.family == "ortt":
         _ortt(model, ids, name, a.out, a.artifacts, a.loss == "own")
     else:
-        _torch(model, ids, name, a.out, a.loss == "reducemean")
+        _torch(model, ids, name, a.out, a.loss)
     print(a.out / f"{name}.onnx")
     return 0
 

@@ -19,8 +19,8 @@ Models (vocabulary 50, width 16, batch 2 x 7 tokens; counts from this code: one 
   lce_bias       head with bias, mean (ort-training: no ignore_index): 1
   lce_frozen_sum the head frozen, reduction sum (ort-training: no ignore_index): 1
   lce_smooth     torch-joint only (onnxblock's loss has no smoothing): lce_untied with label
-                 smoothing 0.1: 0 (the smoothing term, the masked mean over classes of
-                 -log_softmax, reads the log-probabilities again; LinearCrossEntropy has none)
+                 smoothing 0.1: 1 (the smoothing term, the masked mean over classes of
+                 -log_softmax, reads the log-probabilities' row mean: LinearCrossEntropy's lp_row)
 (Class weights: onnxblock 1.19.2's CrossEntropyLoss(weight=array) fails on `if self._weight`.)
 Run with the corpus venvs (scripts/corpus/requirements-*.txt), optionally naming models:
   build/venv-corpus-ortt/bin/python tests/data/make_lce.py ort-training [NAME ...]
