@@ -38,6 +38,8 @@ lm_head tied to wte), with these losses on logits viewed [N, V]:
                     the tied head                                                  fuses: 1
   smoothed_ce_{sum,mean}  F.cross_entropy(z, y, reduction, label_smoothing=0.1) (the mean:
                     torch 2.13's wrong gradient, as ce_mean)                       fuses: 1
+  shift_ce_smoothed, shift_ce_sum_tied_smoothed  shift_ce, shift_ce_sum_tied with
+                    label_smoothing=0.1                                            fuses: 1
   LOSS_T            (TRANSFORMED) the loss LOSS (shift_logits, shift_ce_sum_tied, ce_none_mean,
                     seqlevel, smoothed_masked_mean) on the logits transformed between the head and the loss
                     (TRANSFORMS): T = div (z / 4, Granite's logits / logits_scaling), mul
@@ -142,9 +144,10 @@ def _smoothed_ce(reduction):  # F.cross_entropy(label_smoothing=EPS)
                                         reduction=reduction, label_smoothing=EPS)
 
 
-def _shift_ce(reduction):  # Hugging Face's older CrossEntropyLoss on the shifted logits
+def _shift_ce(reduction, label_smoothing=0.0):  # Hugging Face's older loss on the shifted logits
     return lambda z, y: F.cross_entropy(z[:, :-1, :].reshape(-1, z.shape[-1]),
-                                        y[:, 1:].reshape(-1), reduction=reduction)
+                                        y[:, 1:].reshape(-1), reduction=reduction,
+                                        label_smoothing=label_smoothing)
 
 
 LOSSES = {  # name: (loss on logits [B, S, V] and labels [B, S], tied, labels with -100)
@@ -168,13 +171,15 @@ LOSSES = {  # name: (loss on logits [B, S, V] and labels [B, S], tied, labels wi
     "smoothed_masked_sum": (_smoothed_masked("sum"), False, True),
     "smoothed_ce_sum": (_smoothed_ce("sum"), False, True),
     "smoothed_ce_mean": (_smoothed_ce("mean"), False, True),
+    "shift_ce_smoothed": (_shift_ce("mean", EPS), False, True),
+    "shift_ce_sum_tied_smoothed": (_shift_ce("sum", EPS), True, True),
 }
 # the same losses on transformed logits: name: (loss, transform)
 TRANSFORMED = {f"{loss}_{t}": (loss, t) for loss, ts in (
     ("shift_logits", ("div", "softcap")), ("shift_ce_sum_tied", ("mul", "softcap")),
     ("ce_none_mean", ("mul", "softcap")), ("seqlevel", ("div", "softcap")),
     ("smoothed_masked_mean", ("softcap",))) for t in ts}
-WRONG_GRADIENT = {"ce_mean", "shift_ce", "smoothed_ce_mean"}  # torch 2.13's export of F.cross_entropy(reduction='mean')
+WRONG_GRADIENT = {"ce_mean", "shift_ce", "smoothed_ce_mean", "shift_ce_smoothed"}  # torch 2.13's export of F.cross_entropy(reduction='mean')
 
 
 class Loss(nn.Module):

@@ -95,10 +95,12 @@ EXPECTED = {
     "torch_lces_smoothed_ce_sum": "lce_torch_nllloss_smoothed",
     "torch_lces_smoothed_ce_mean": "lce_torch_nllloss_smoothed",
     "torch_lces_smoothed_masked_mean_softcap": "lce_torch_mean_softcap_smoothed",
+    "torch_lces_shift_ce_smoothed": "lce_torch_shift_nllloss_smoothed",
+    "torch_lces_shift_ce_sum_tied_smoothed": "lce_torch_shift_nllloss_smoothed",
 }
-SMOOTHED = {"torch_lces_smoothed_masked_mean": "mean", "torch_lces_smoothed_masked_mean_tied": "mean",
-            "torch_lces_smoothed_masked_sum": "mean", "torch_lces_smoothed_ce_sum": "sum",
-            "torch_lces_smoothed_ce_mean": "sum", "torch_lces_smoothed_masked_mean_softcap": "mean"}
+# the op's lp_row_reduce there: the rows' mean (the written-out loss's lp.mean(-1)) or their
+# sum (F.cross_entropy's)
+SMOOTHED = {n: "sum" if "_ce_" in n else "mean" for n in EXPECTED if "smoothed" in n}
 # the logits' transform of those (the model code: logits_scaling 4, logit_scale 0.5,
 # final_logit_softcapping 30 by Gemma2Config's default)
 LOGIT_TRANSFORM = {"ortt_lces_granite_lm": {"logit_scale": 0.25},
@@ -275,9 +277,13 @@ def _numpy_rows(params, ids, lab, spelling):
     against the labels of 1..S-1, the kept ones' mean; shift_ce: the same rows, F.cross_entropy's
     mean with the exported graph's coefficient (1 per kept token: torch 2.13's wrong gradient of
     the mean); shift_ce_sum_tied: their sum (coefficient 1), the head tied to the embedding.
-    A suffix _div, _mul or _softcap: the logits transformed before the loss (TRANSFORM)."""
+    A suffix _div, _mul or _softcap: the logits transformed before the loss (TRANSFORM);
+    _smoothed: F.cross_entropy's label smoothing 0.1 (each token's (1 - eps) nll + eps (lse -
+    the logits' mean), its logits' gradient softmax - (1 - eps) onehot - eps / V)."""
     how = next((t for t in ("div", "mul", "softcap") if spelling.endswith("_" + t)), "")
     spelling = spelling.removesuffix("_" + how) if how else spelling
+    eps = 0.1 if spelling.endswith("_smoothed") else 0.0
+    spelling = spelling.removesuffix("_smoothed")
     f, df = TRANSFORM[how]
     emb = params["emb.weight"].astype(np.float64)
     x = emb[ids].reshape(-1, D)
@@ -291,7 +297,7 @@ def _numpy_rows(params, ids, lab, spelling):
     y = lab.reshape(-1)
     keep = (y != -100).astype(np.float64)
     safe = np.where(y == -100, 0, y)
-    nll = (lse - z[np.arange(len(y)), safe]) * keep
+    nll = ((1 - eps) * (lse - z[np.arange(len(y)), safe]) + eps * (lse - z.mean(1))) * keep
     if spelling == "ce_none_mean":
         loss, c = nll.sum() / len(y), keep / len(y)
     elif spelling == "shift_logits":
@@ -304,8 +310,8 @@ def _numpy_rows(params, ids, lab, spelling):
         cnt = keep.reshape(lab.shape).sum(1)
         loss = (nll.reshape(lab.shape).sum(1) / cnt).mean()
         c = (keep.reshape(lab.shape) / (lab.shape[0] * cnt[:, None])).reshape(-1)
-    p = np.exp(z - lse[:, None])
-    p[np.arange(len(y)), safe] -= 1.0
+    p = np.exp(z - lse[:, None]) - eps / z.shape[1]
+    p[np.arange(len(y)), safe] -= 1.0 - eps
     return loss, (c[:, None] * p * df(h @ w.T)).T @ h
 
 
@@ -332,7 +338,7 @@ def test_graph_reduced_losses_match_numpy(spelling, tmp_path):
 
 
 @pytest.mark.parametrize("spelling", ["shift_ce", "shift_ce_sum_tied", "shift_ce_sum_tied_mul",
-                                      "shift_ce_sum_tied_softcap"])
+                                      "shift_ce_sum_tied_softcap", "shift_ce_sum_tied_smoothed"])
 def test_shifted_cross_entropy_matches_numpy(spelling, tmp_path):
     """F.cross_entropy on the shifted logits (Hugging Face's older CrossEntropyLoss): one op on
     the hidden states' rows 0..S-2 (seq_start / seq_end), the loss F.cross_entropy's (the kept

@@ -239,10 +239,11 @@ for _i, _name in enumerate(LCE_TRANSFORMED):
 # log-probabilities; rules/lce_torch_loss.yaml _nllloss_smoothed: F.cross_entropy's row sum;
 # real exports: tests/test_lce_spellings.py): each torch-joint head + loss sample of those
 # rules, with and without its logits transformed, with the smoothing term added
-for _name in [k for k in SAMPLE_MODELS if k.startswith(("lce_torch", "export_torch_lces_ce_sum"))
+_F_CROSS_ENTROPY = ("export_torch_lces_ce_sum", "export_torch_lces_shift_ce_sum_tied")
+for _name in [k for k in SAMPLE_MODELS if k.startswith(("lce_torch", *_F_CROSS_ENTROPY))
               and "_seed_" not in k]:
     SAMPLE_MODELS[f"{_name}_smoothed"] = builders.with_label_smoothing(
-        SAMPLE_MODELS[_name], "sum" if "lces_ce_sum" in _name else "mean")
+        SAMPLE_MODELS[_name], "sum" if _name.startswith(_F_CROSS_ENTROPY) else "mean")
 
 
 def _upto(rule_name):
