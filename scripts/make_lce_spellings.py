@@ -40,6 +40,9 @@ lm_head tied to wte), with these losses on logits viewed [N, V]:
                     torch 2.13's wrong gradient, as ce_mean)                       fuses: 1
   shift_ce_smoothed, shift_ce_sum_tied_smoothed  shift_ce, shift_ce_sum_tied with
                     label_smoothing=0.1                                            fuses: 1
+  fbias_LOSS        (FBIASED) the loss LOSS (reducemean, ce_sum, ce_mean,
+                    smoothed_masked_mean) on logits with a frozen bias [1, V] added, as BART's,
+                    mBART's, Marian's and Pegasus's final_logits_bias buffer       fuses: 1
   LOSS_T            (TRANSFORMED) the loss LOSS (shift_logits, shift_ce_sum_tied, ce_none_mean,
                     seqlevel, smoothed_masked_mean) on the logits transformed between the head and the loss
                     (TRANSFORMS): T = div (z / 4, Granite's logits / logits_scaling), mul
@@ -62,6 +65,8 @@ ort-training (build/venv-corpus-ortt: onnxruntime-training 1.19.2): torch.onnx.e
   lm_shift_ce_frozen_head  the same with the head frozen (no dW)                   fuses: 1
   lm_shift_ce_div, lm_shift_ce_tied_softcap, lm_shift_ce_frozen_head_{div,softcap}  those
                     with the logits transformed before the shift (TRANSFORMS)       fuses: 1
+  lm_shift_ce_fbias lm_shift_ce with a frozen bias [1, V] added to the logits (BART's
+                    final_logits_bias; MatMul + Add, no bias gradient)              fuses: 1
   hf_llama_loss     LlamaForCausalLM(input_ids, labels=y).loss (transformers' ForCausalLMLoss:
                     the labels padded with -100 and shifted, Pad + Slice; the logits whole) fuses: 1
   hf_gpt2_loss_tied GPT2LMHeadModel(input_ids, labels=y).loss, lm_head tied to wte     fuses: 1
@@ -94,17 +99,23 @@ TRANSFORMS = {"": lambda z: z, "div": lambda z: z / 4.0, "mul": lambda z: z * 0.
 
 
 class Net(nn.Module):
-    def __init__(self, tied=False, transform=""):
+    def __init__(self, tied=False, transform="", fbias=False):
         super().__init__()
         self.emb = nn.Embedding(V, D)
         self.fc = nn.Linear(D, D)
         self.tied = tied
         self.head = None if tied else nn.Linear(D, V, bias=False)
         self.transform = TRANSFORMS[transform]
+        # BART's (mBART's, Marian's, Pegasus's) final_logits_bias: a frozen buffer [1, V] added
+        # to the head's logits
+        self.fbias = fbias
+        if fbias:
+            self.register_buffer("final_logits_bias", torch.randn(1, V) * 0.5)
 
     def forward(self, ids):  # logits [B, S, V]
         h = torch.relu(self.fc(self.emb(ids)))
-        return self.transform(F.linear(h, self.emb.weight) if self.tied else self.head(h))
+        z = F.linear(h, self.emb.weight) if self.tied else self.head(h)
+        return self.transform(z + self.final_logits_bias if self.fbias else z)
 
 
 def _lp(z):
@@ -174,12 +185,16 @@ LOSSES = {  # name: (loss on logits [B, S, V] and labels [B, S], tied, labels wi
     "shift_ce_smoothed": (_shift_ce("mean", EPS), False, True),
     "shift_ce_sum_tied_smoothed": (_shift_ce("sum", EPS), True, True),
 }
+# the same losses on logits with a frozen bias added (BART's final_logits_bias): name: loss
+FBIASED = {f"fbias_{loss}": loss for loss in ("reducemean", "ce_sum", "ce_mean",
+                                             "smoothed_masked_mean")}
 # the same losses on transformed logits: name: (loss, transform)
 TRANSFORMED = {f"{loss}_{t}": (loss, t) for loss, ts in (
     ("shift_logits", ("div", "softcap")), ("shift_ce_sum_tied", ("mul", "softcap")),
     ("ce_none_mean", ("mul", "softcap")), ("seqlevel", ("div", "softcap")),
     ("smoothed_masked_mean", ("softcap",))) for t in ts}
-WRONG_GRADIENT = {"ce_mean", "shift_ce", "smoothed_ce_mean", "shift_ce_smoothed"}  # torch 2.13's export of F.cross_entropy(reduction='mean')
+WRONG_GRADIENT = {"ce_mean", "shift_ce", "smoothed_ce_mean", "shift_ce_smoothed",
+                  "fbias_ce_mean"}  # torch 2.13's export of F.cross_entropy(reduction='mean')
 
 
 class Loss(nn.Module):
@@ -256,9 +271,9 @@ def torch_joint(name):
         ids = torch.randint(0, HF_V, (B, HF_S), generator=g)
         lab = ids.clone()
     else:
-        base, transform = TRANSFORMED.get(name, (name, ""))
+        base, transform = TRANSFORMED.get(name, (FBIASED.get(name, name), ""))
         loss, tied, ignore = LOSSES[base]
-        net = Net(tied, transform)
+        net = Net(tied, transform, fbias=name in FBIASED)
         ids = torch.randint(0, V, (B, S), generator=g)
         lab = torch.randint(0, V, (B, S), generator=g)
         fn = (lambda lf: lambda n, i, y: lf(n(i), y))(loss)
@@ -331,21 +346,22 @@ class HFLoss(nn.Module):  # a Hugging Face causal LM computing its own loss from
 
 
 class ShiftLM(nn.Module):  # a causal LM computing its own loss on the shifted logits
-    def __init__(self, tied, transform=""):
+    def __init__(self, tied, transform="", fbias=False):
         super().__init__()
-        self.net = Net(tied, transform)
+        self.net = Net(tied, transform, fbias)
 
     def forward(self, ids, lab):
         return _shift_ce("mean")(self.net(ids), lab)
 
 
-# name: (tied, head frozen, transform)
+# name: (tied, head frozen, transform, or "fbias": the logits + a frozen bias [1, V])
 ORTT_LM = {"lm_shift_ce": (False, False, ""), "lm_shift_ce_tied": (True, False, ""),
            "lm_shift_ce_frozen_head": (False, True, ""),
            "lm_shift_ce_div": (False, False, "div"),
            "lm_shift_ce_tied_softcap": (True, False, "softcap"),
            "lm_shift_ce_frozen_head_div": (False, True, "div"),
-           "lm_shift_ce_frozen_head_softcap": (False, True, "softcap")}
+           "lm_shift_ce_frozen_head_softcap": (False, True, "softcap"),
+           "lm_shift_ce_fbias": (False, False, "fbias")}
 ORTT_HF = {"hf_llama_loss": "llama", "hf_gpt2_loss_tied": "gpt2"}
 
 
@@ -360,7 +376,8 @@ def ortt(name):
             net, v, s = HFLoss(_hf(ORTT_HF[name])), HF_V, HF_S
         else:
             tied, frozen, transform = ORTT_LM[name]
-            net, v, s = ShiftLM(tied, transform), V, S
+            fbias = transform == "fbias"  # BART's final_logits_bias, no transform
+            net, v, s = ShiftLM(tied, "" if fbias else transform, fbias), V, S
             if frozen:
                 net.net.head.weight.requires_grad_(False)
         x = torch.randint(0, v, (B, s), generator=g)
@@ -417,7 +434,7 @@ def ortt(name):
 if __name__ == "__main__":
     fam, only = sys.argv[1], set(sys.argv[2:])
     names = ([*ORTT, *ORTT_LM, *ORTT_HF] if fam == "ort-training" else
-             [*LOSSES, *TRANSFORMED, *HF])
+             [*LOSSES, *FBIASED, *TRANSFORMED, *HF])
     for name in names:
         if not only or name in only:
             (ortt if fam == "ort-training" else torch_joint)(name)

@@ -618,6 +618,30 @@ def with_logit_scale(m, family, c=4.0, op="Div"):
     return _spliced(m, nodes, chains)
 
 
+def with_logit_bias(m):
+    """A torch-joint head + cross-entropy export with a frozen bias [1, V] added to the head's
+    logits, as BART's (mBART's, Marian's, Pegasus's) final_logits_bias is (rules/lce_torch.yaml
+    and rules/lce_torch_loss.yaml _fbias): Add(logits, bias) right after the head's MatMul,
+    before any view or transform of the logits; its gradient is the logits' own (no node)."""
+    from onnx import shape_inference
+
+    producer = {t: n for n in m.graph.node for t in n.output}
+    z = next(n for n in m.graph.node if n.op_type == "LogSoftmax").input[0]
+    while producer[z].op_type in ("Reshape", "Mul", "Div", "Tanh"):
+        z = producer[z].input[0]
+    assert producer[z].op_type == "MatMul", producer[z].op_type
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in shape_inference.infer_shapes(m).graph.value_info}
+    rng = np.random.default_rng(0)
+    import copy
+
+    m = copy.deepcopy(m)
+    m.graph.initializer.append(numpy_helper.from_array(
+        (rng.standard_normal((1, shapes[z][-1])) * 0.5).astype(np.float32), "logit_fbias"))
+    add = helper.make_node("Add", [z, "logit_fbias"], [f"{z}_fbias"], name=f"{z}_fbias")
+    return _spliced(m, list(m.graph.node), [(z, [add])])
+
+
 def with_label_smoothing(m, reduce="mean", eps=0.1):
     """A torch-joint head + cross-entropy export with label smoothing eps added to its loss as
     the exporters write it (rules/lce_torch.yaml _smoothed, rules/lce_torch_loss.yaml

@@ -97,6 +97,14 @@ EXPECTED = {
     "torch_lces_smoothed_masked_mean_softcap": "lce_torch_mean_softcap_smoothed",
     "torch_lces_shift_ce_smoothed": "lce_torch_shift_nllloss_smoothed",
     "torch_lces_shift_ce_sum_tied_smoothed": "lce_torch_shift_nllloss_smoothed",
+    # a frozen bias added to the logits (make_lce_spellings.py FBIASED: BART's, mBART's,
+    # Marian's and Pegasus's final_logits_bias buffer): the op's bias input, no dB
+    "torch_lces_fbias_reducemean": "lce_torch_reducemean_fbias",
+    "torch_lces_fbias_ce_sum": "lce_torch_nllloss_fbias",
+    "torch_lces_fbias_ce_mean": "lce_torch_nllloss_fbias",
+    "torch_lces_fbias_smoothed_masked_mean": "lce_torch_mean_fbias_smoothed",
+    # (ort-training: the head's MatMul + Add of the bias, as a bias whose gradient is not taken)
+    "ortt_lces_lm_shift_ce_fbias": "lce_ortt_shift",
 }
 # the op's lp_row_reduce there: the rows' mean (the written-out loss's lp.mean(-1)) or their
 # sum (F.cross_entropy's)
@@ -393,6 +401,35 @@ def test_label_smoothed_losses_match_numpy(spelling, tmp_path):
     np.testing.assert_allclose(res["head.weight_grad"], dz.T @ h, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("spelling,reduce,eps", [("fbias_reducemean", "all", 0.0),
+                                              ("fbias_ce_sum", "sum", 0.0),
+                                              ("fbias_smoothed_masked_mean", "mean", 0.1)])
+def test_frozen_logit_bias_is_the_ops_bias(spelling, reduce, eps, tmp_path):
+    """BART's final_logits_bias (a buffer [1, V] added to the head's logits, fed as a graph
+    input with no gradient output): the one op reads it as its bias and writes no dB; its loss
+    and head gradient against float64 NumPy with the bias in the logits (the mean over every
+    token, the sum or, label-smoothed, the mean over the kept ones)."""
+    ignored = [] if reduce == "all" else [(0, slice(0, 3))]
+    m, feeds = _fused_and_verified(f"torch_lces_{spelling}", tmp_path, 13, ignored)
+    (op,) = [n for n in m.graph.node if n.op_type == "LinearCrossEntropy"]
+    assert op.input[2] == "final_logits_bias" and (len(op.output) < 4 or op.output[3] == "")
+    res = _run(m, feeds)
+    x = feeds["emb.weight"].astype(np.float64)[feeds["input_ids"]].reshape(-1, D)
+    h = np.maximum(x @ feeds["fc.weight"].T.astype(np.float64) + feeds["fc.bias"], 0.0)
+    z = h @ feeds["head.weight"].T.astype(np.float64) + feeds["final_logits_bias"]
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    y = feeds["labels"].reshape(-1)
+    keep = (y != -100).astype(np.float64)
+    safe = np.where(y == -100, 0, y)
+    per = (1 - eps) * (lse - z[np.arange(len(y)), safe]) + eps * (lse - z.mean(1))
+    denom = {"all": len(y), "sum": 1.0, "mean": keep.sum()}[reduce]
+    np.testing.assert_allclose(res["loss"], (per * keep).sum() / denom, rtol=1e-5)
+    p = np.exp(z - lse[:, None]) - eps / V
+    p[np.arange(len(y)), safe] -= 1.0 - eps
+    dw = ((keep / denom)[:, None] * p).T @ h
+    np.testing.assert_allclose(res["head.weight_grad"], dw, rtol=1e-4, atol=1e-6)
+
+
 # --- negatives: one per new guard -----------------------------------------------------------------
 
 def _explained(m, rule):
@@ -657,3 +694,17 @@ def test_fused_spelling_reads_negative_labels_as_the_original(name, tmp_path):
     np.savez(tmp_path / "feeds.npz", **{lab_name: lab.reshape(lab_shape).astype(np.int64)})
     report = verify_models(DATA / f"{name}.onnx", out, feeds_file=tmp_path / "feeds.npz")
     assert report.ok and report.max_rel <= 1e-5, report
+
+
+def test_a_per_token_logit_bias_is_not_the_ops_bias(tmp_path):
+    """The frozen bias added to the logits must be one number per class ([V] or [1, V]: the
+    op's bias): fed as a per-token bias [B, S, V] instead, the fused op could not say it, and
+    the shape guard refuses it."""
+    m = onnx.load(DATA / "torch_lces_fbias_reducemean.onnx")
+    assert FusionPass(only=["lce_torch_reducemean_fbias"]).run(copy.deepcopy(m)) == 1  # control
+    fb = next(i for i in m.graph.input if i.name == "final_logits_bias")
+    fb.CopyFrom(helper.make_tensor_value_info("final_logits_bias", onnx.TensorProto.FLOAT,
+                                              [B, S, V]))
+    miss = _explained(m, "lce_torch_reducemean_fbias")
+    assert miss["reason"] == "shape_mismatch" and "bias" in miss["detail"], miss
+    _not_fused_and_verifies(m, tmp_path, "per-token bias")

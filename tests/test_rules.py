@@ -244,6 +244,14 @@ for _name in [k for k in SAMPLE_MODELS if k.startswith(("lce_torch", *_F_CROSS_E
               and "_seed_" not in k]:
     SAMPLE_MODELS[f"{_name}_smoothed"] = builders.with_label_smoothing(
         SAMPLE_MODELS[_name], "sum" if _name.startswith(_F_CROSS_ENTROPY) else "mean")
+# a frozen bias added to the logits (rules/lce_torch.yaml, lce_torch_loss.yaml _fbias: BART's
+# final_logits_bias; real exports: tests/test_lce_spellings.py): each torch-joint head + loss
+# sample of those rules whose head has no bias, in every variant made above
+_FBIAS_BASES = ("lce_torch_untied", "lce_torch_sum", "export_torch_lces_reducemean",
+                "export_torch_lces_reducesum_const", "export_torch_lces_ce_sum",
+                "lces_torch_ce_sum_seed_loss")
+for _name in [k for k in SAMPLE_MODELS if k.startswith(_FBIAS_BASES) and "shift" not in k]:
+    SAMPLE_MODELS[f"{_name}_fbias"] = builders.with_logit_bias(SAMPLE_MODELS[_name])
 
 
 def _upto(rule_name):
