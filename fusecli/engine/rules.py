@@ -485,9 +485,9 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
             raise RuleError(src, f"tensor '{name}': expected a mapping with either 'const' "
                             f"(and optional 'tol') or 'kind' (one of {list(TENSOR_KINDS)})", line)
         ranged = spec.get("kind") == "index_range"
-        lead = spec.get("kind") in OF_KINDS
+        named = spec.get("kind") in OF_KINDS
         unknown = set(spec) - {"const", "tol", "kind"} - (
-            {"start", "count", "step"} if ranged else {"of"} if lead else set())
+            {"start", "count", "step"} if ranged else {"of"} if named else set())
         if unknown:
             raise RuleError(src, f"tensor '{name}': unknown key(s) {sorted(unknown)}", line)
         if "kind" in spec:
@@ -508,7 +508,7 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
                 out[name] = TensorSpec(kind="index_range", start=spec["start"],
                                        count=spec.get("count"), step=step)
                 continue
-            if lead:
+            if named:
                 if not isinstance(spec.get("of"), str):
                     raise RuleError(src, f"tensor '{name}': {spec['kind']} needs 'of': a "
                                     "variable name", line)
