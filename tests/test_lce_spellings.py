@@ -28,8 +28,11 @@ DATA = Path(__file__).parent / "data"
 # the losses the graph reduces itself (F.cross_entropy(reduction='none').mean(), the mean over
 # every token, ignored ones included; per-sequence masked means, then their mean; the logits
 # sliced before the loss, then Hugging Face's masked mean) are the op's per-token losses
-# (reduction none; the slice: the op's seq_start / seq_end on the hidden states), in two ops
-# (_split: the coefficient is computed after the forward reads the losses)
+# (reduction none; the slice: the op's seq_start / seq_end on the hidden states): one op where
+# the per-token coefficient, computed from the reduction's tangent and the mask, moves before the
+# forward's readers of the losses (rules/lce_torch_rows.yaml, rules/lce_torch_shift.yaml's
+# gather); two (_split) where the coefficient reads the losses themselves (tests/test_rules.py's
+# run-time seed samples)
 EXPECTED = {
     "torch_lces_reducemean": "lce_torch_reducemean",
     "torch_lces_reducemean_neg_tied": "lce_torch_reducemean_neg",
@@ -42,11 +45,11 @@ EXPECTED = {
     # (w the same, after the Div by num_items_in_batch reads the loss)
     "torch_lces_hf_llama_items": "lce_torch_nllloss",
     "torch_lces_hf_gpt2_mean_tied": "lce_torch_reducemean_neg",
-    "torch_lces_ce_none_mean": "lce_torch_rows_nllloss_none_split",
-    "torch_lces_shift_logits": "lce_torch_shift_gather_split",
+    "torch_lces_ce_none_mean": "lce_torch_rows_nllloss_none",
+    "torch_lces_shift_logits": "lce_torch_shift_gather",
     "torch_lces_shift_ce": "lce_torch_shift_nllloss",
     "torch_lces_shift_ce_sum_tied": "lce_torch_shift_nllloss",
-    "torch_lces_seqlevel": "lce_torch_rows_gather_split",
+    "torch_lces_seqlevel": "lce_torch_rows_gather",
     "ortt_lces_cls_mlp": "lce_ortt_gemm",
     "ortt_lces_cls_cnn": "lce_ortt_gemm",
     "ortt_lces_cls_mlp_ii": "lce_ortt_gemm_ii",
@@ -69,14 +72,14 @@ EXPECTED = {
     # the same transforms in the shifted-logits, per-token-loss and classifier spellings (the
     # tiny models of scripts/make_lce_spellings.py with their logits / 4, * 0.5 or 3 tanh(z / 3)
     # between the head and the loss: TRANSFORMED, ORTT_LM, ORTT)
-    "torch_lces_shift_logits_div": "lce_torch_shift_gather_scaled_split",
-    "torch_lces_shift_logits_softcap": "lce_torch_shift_gather_softcap_split",
+    "torch_lces_shift_logits_div": "lce_torch_shift_gather_scaled",
+    "torch_lces_shift_logits_softcap": "lce_torch_shift_gather_softcap",
     "torch_lces_shift_ce_sum_tied_mul": "lce_torch_shift_nllloss_scaled",
     "torch_lces_shift_ce_sum_tied_softcap": "lce_torch_shift_nllloss_softcap",
-    "torch_lces_ce_none_mean_mul": "lce_torch_rows_nllloss_none_scaled_split",
-    "torch_lces_ce_none_mean_softcap": "lce_torch_rows_nllloss_none_softcap_split",
-    "torch_lces_seqlevel_div": "lce_torch_rows_gather_scaled_split",
-    "torch_lces_seqlevel_softcap": "lce_torch_rows_gather_softcap_split",
+    "torch_lces_ce_none_mean_mul": "lce_torch_rows_nllloss_none_scaled",
+    "torch_lces_ce_none_mean_softcap": "lce_torch_rows_nllloss_none_softcap",
+    "torch_lces_seqlevel_div": "lce_torch_rows_gather_scaled",
+    "torch_lces_seqlevel_softcap": "lce_torch_rows_gather_softcap",
     "ortt_lces_lm_shift_ce_div": "lce_ortt_shift_scaled",
     "ortt_lces_lm_shift_ce_tied_softcap": "lce_ortt_shift_softcap",
     "ortt_lces_lm_shift_ce_frozen_head_div": "lce_ortt_shift_frozen_scaled",
@@ -325,19 +328,24 @@ def _numpy_rows(params, ids, lab, spelling):
 
 @pytest.mark.parametrize("spelling", ROWS)
 def test_graph_reduced_losses_match_numpy(spelling, tmp_path):
-    """The losses the graph reduces itself: one op writes the per-token losses (reduction
-    none), the other the gradients with the graph's per-token coefficient (computed after the
-    forward reads the losses: _split). Verified against the original on onnxruntime and
+    """The losses the graph reduces itself: the op writes the per-token losses (reduction
+    none) and the gradients with the graph's per-token coefficient (row_grad): one op where
+    that coefficient's nodes move before the forward's reduction (else, _split, one op the
+    losses, the other the gradients). Verified against the original on onnxruntime and
     against NumPy on labels with ignored tokens."""
-    m, feeds = _fused_and_verified(f"torch_lces_{spelling}", tmp_path, 5,
-                                   [(0, slice(0, 3)), (1, 5)])
+    name = f"torch_lces_{spelling}"
+    m, feeds = _fused_and_verified(name, tmp_path, 5, [(0, slice(0, 3)), (1, 5)])
     fused = [n for n in m.graph.node if n.op_type == "LinearCrossEntropy"]
-    assert len(fused) == 2
     assert all([a.s for a in n.attribute if a.name == "reduction"] == [b"none"] for n in fused)
-    # the loss op writes the per-token losses the graph's own reduction reads; the other, the
-    # gradients from the graph's coefficient (row_grad)
-    assert len(fused[0].input) == 4 and fused[0].output[0] and len(fused[0].output) == 1
-    assert len(fused[1].input) == 6 and fused[1].output[0] == ""
+    if EXPECTED[name].endswith("_split"):
+        # the loss op writes the per-token losses the graph's own reduction reads; the other,
+        # the gradients from the graph's coefficient (row_grad)
+        assert len(fused) == 2
+        assert len(fused[0].input) == 4 and fused[0].output[0] and len(fused[0].output) == 1
+        assert len(fused[1].input) == 6 and fused[1].output[0] == ""
+    else:
+        (op,) = fused
+        assert len(op.input) == 6 and op.output[0] and op.output[1] and op.output[2]
     assert "LogSoftmax" not in [n.op_type for n in m.graph.node]
     res = _run(m, feeds)
     loss, dw = _numpy_rows(feeds, feeds["input_ids"], feeds["labels"], spelling)
@@ -501,7 +509,7 @@ def test_nllloss_coefficient_must_be_zero_on_ignored_tokens(tmp_path):
 
 @pytest.mark.parametrize("fixture,rule", [
     ("torch_lces_ce_sum", "lce_torch_nllloss"),
-    ("torch_lces_ce_none_mean", "lce_torch_rows_nllloss_none_split")])
+    ("torch_lces_ce_none_mean", "lce_torch_rows_nllloss_none")])
 def test_nllloss_ignore_index_must_be_the_compared_one(fixture, rule, tmp_path):
     """NegativeLogLikelihoodLoss{ignore_index} (mean / sum, and reduction none for the
     per-token rule) must be -100, the label the backward's Equal compares with: another
@@ -519,7 +527,7 @@ def test_nllloss_ignore_index_must_be_the_compared_one(fixture, rule, tmp_path):
 def test_ce_none_mean_is_not_the_ops_mean():
     """F.cross_entropy(reduction='none').mean(): the mean over every token, ignored ones
     included, is not the op's mean over the kept ones: lce_torch_nllloss refuses it at the
-    loss's reduction (lce_torch_rows_nllloss_none_split takes it, the ReduceMean kept)."""
+    loss's reduction (lce_torch_rows_nllloss_none takes it, the ReduceMean kept)."""
     m = onnx.load(DATA / "torch_lces_ce_none_mean.onnx")
     miss = _explained(m, "lce_torch_nllloss")
     assert miss["node"] == "nll" and "reduction" in miss["detail"], miss
@@ -529,19 +537,19 @@ def test_rows_scatter_value_must_be_minus_the_coefficient(tmp_path):
     """lce_torch_rows_gather: the scatter adds -g (Unsqueeze(Neg(g))), the op's row_grad g; the
     value without its Neg (+g: the gradient's sign flipped) is refused at the Neg."""
     m = onnx.load(DATA / "torch_lces_seqlevel.onnx")
-    assert FusionPass(only=["lce_torch_rows_gather_split"]).run(copy.deepcopy(m)) == 1  # control
+    assert FusionPass(only=["lce_torch_rows_gather"]).run(copy.deepcopy(m)) == 1  # control
     sc = _node(m, "ScatterElements")
     unsq = _node(m, "Unsqueeze", lambda n: n.output[0] == sc.input[2])
     gneg = _node(m, "Neg", lambda n: n.output[0] == unsq.input[0])
     gneg.op_type = "Identity"
-    miss = _explained(m, "lce_torch_rows_gather_split")
+    miss = _explained(m, "lce_torch_rows_gather")
     assert miss["node"] == "gneg", miss
     _not_fused_and_verifies(m, tmp_path, "rows_sign")
 
 
 def _shift():
     m = onnx.load(DATA / "torch_lces_shift_logits.onnx")
-    assert FusionPass(only=["lce_torch_shift_gather_split"]).run(copy.deepcopy(m)) == 1  # control
+    assert FusionPass(only=["lce_torch_shift_gather"]).run(copy.deepcopy(m)) == 1  # control
     return m
 
 
@@ -574,7 +582,7 @@ def test_shift_logits_view_must_be_the_hidden_states_sequences(tmp_path):
         m.graph.node.append(n)
         if n is dhview:
             m.graph.node.append(back)
-    miss = _explained(m, "lce_torch_shift_gather_split")
+    miss = _explained(m, "lce_torch_shift_gather")
     assert miss["node"] == "zview" and "leading dims of H3" in miss["detail"], (miss["node"], miss["detail"])
     _not_fused_and_verifies(m, tmp_path, "shift_view")
 
@@ -586,7 +594,7 @@ def test_shift_gradient_must_go_back_to_the_sliced_rows(tmp_path):
     m = _shift()
     put = _node(m, "ScatterND")
     put.input[1] = _const(m, "rows_from_1", np.arange(1, S, dtype=np.int64).reshape(-1, 1))
-    miss = _explained(m, "lce_torch_shift_gather_split")
+    miss = _explained(m, "lce_torch_shift_gather")
     assert miss["node"] == "put" and "rows_from_1" in miss["detail"], miss
     _not_fused_and_verifies(m, tmp_path, "shift_indices")
 
@@ -597,7 +605,7 @@ def test_shift_slice_must_be_on_the_sequence_axis():
     m = _shift()
     sl = _node(m, "Slice", lambda n: n.output[0] == "slice_1")
     sl.input[3] = _const(m, "axis_two", np.array([2], np.int64))
-    miss = _explained(m, "lce_torch_shift_gather_split")
+    miss = _explained(m, "lce_torch_shift_gather")
     assert miss["node"] == "zslice" and "axis_two" in miss["detail"], miss
 
 

@@ -198,6 +198,12 @@ for _fam, _how, _names in (("ortt", "input", ("untied", "bias_sum", "frozen", "f
 # F.cross_entropy's spelling with its coefficient computed from the loss (rules/lce_torch_loss.yaml
 # _nllloss_split)
 SAMPLE_MODELS["lces_torch_ce_sum_seed_loss"] = with_run_time_seed("torch", "loss", "lces_ce_sum")
+# ... and the per-token losses' spellings (rules/lce_torch_rows.yaml, lce_torch_shift.yaml's
+# gather: _split; the shifted logits' transforms are on their [B, S, V] view, as exported)
+for _name in ("ce_none_mean", "seqlevel", "shift_logits", "shift_logits_div",
+              "shift_logits_softcap"):
+    SAMPLE_MODELS[f"lces_torch_{_name}_seed_loss"] = with_run_time_seed("torch", "loss",
+                                                                        f"lces_{_name}")
 # the loss spellings of real exports (scripts/make_lce_spellings.py; counts, verification and
 # guards: tests/test_lce_spellings.py): ReduceMean / ReduceSum of the gathered log-probabilities,
 # F.cross_entropy's NegativeLogLikelihoodLoss (Hugging Face's loss with num_items_in_batch: the
@@ -228,7 +234,8 @@ for _name in ("torch_lces_reducemean", "torch_lces_reducemean_neg_tied",
 LCE_TRANSFORMED = [k for k in SAMPLE_MODELS if k.startswith("lce_") or k in (
     "export_torch_lces_reducemean", "export_torch_lces_reducemean_neg_tied",
     "export_torch_lces_reducesum_const", "export_torch_lces_ce_sum",
-    "export_torch_lces_hf_llama_items", "lces_torch_ce_sum_seed_loss")]
+    "export_torch_lces_hf_llama_items", "lces_torch_ce_sum_seed_loss",
+    "lces_torch_ce_none_mean_seed_loss", "lces_torch_seqlevel_seed_loss")]
 for _i, _name in enumerate(LCE_TRANSFORMED):
     _fam = "ortt" if "ortt" in _name else "torch"
     SAMPLE_MODELS[f"{_name}_scaled"] = builders.with_logit_scale(
