@@ -24,6 +24,8 @@ and padded with -100 in the graph), generate_artifacts(loss=None); DIR/ortt_{arc
 --loss reducemean (torch): the mean over tokens a ReduceMean; DIR/torch_{arch}_reducemean_...
 --loss smoothed (torch): the written-out loss with label smoothing 0.1 (gen_torch.cross_entropy:
 (1 - eps) nll + eps * the mean over classes of -log_softmax); DIR/torch_{arch}_smoothed_...
+--loss shift (torch): Hugging Face's older causal-LM loss on the shifted logits written out;
+DIR/torch_{arch}_shift_...
 """
 
 from __future__ import annotations
@@ -76,6 +78,25 @@ class ReduceMeanLoss(torch.nn.Module):
     def forward(self, input_ids, labels):
         lp = torch.log_softmax(self.net(input_ids), -1)
         return ((-lp.gather(1, labels[:, None]).squeeze(1)).mean(),)
+
+
+class ShiftLoss(torch.nn.Module):
+    """(input_ids, labels) -> Hugging Face's older causal-LM loss written out on the shifted
+    logits: log_softmax(logits[:, :-1]) against labels[:, 1:], the -100 mask, the kept tokens'
+    mean (the per-token losses reduced by the graph)."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, input_ids, labels):
+        logits = self.net(input_ids=input_ids).logits
+        lp = torch.log_softmax(logits[:, :-1].reshape(-1, logits.shape[-1]), -1)
+        y = labels.reshape(input_ids.shape)[:, 1:].reshape(-1)
+        mask = y != -100
+        safe = torch.where(mask, y, torch.zeros_like(y))
+        nll = -lp.gather(1, safe[:, None]).squeeze(1) * mask
+        return (nll.sum() / mask.sum(),)
 
 
 class Logits(torch.nn.Module):
@@ -146,6 +167,7 @@ def _torch(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path,
     vocab = model.config.vocab_size
     labels = torch.randint(0, vocab, ids.reshape(-1).shape)
     mod = (ReduceMeanLoss(Logits(model)) if loss == "reducemean" else
+           ShiftLoss(model) if loss == "shift" else
            Loss(Logits(model), "mean", 0.1 if loss == "smoothed" else 0.0))
     m, values, _ = export_joint(mod, [ids, labels], ["input_ids", "labels"], metadata=False)
     onnx.save(m, dest / f"{name}.onnx")
@@ -159,14 +181,16 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--loss", choices=["block", "own", "reducemean", "smoothed"], default="block",
+    ap.add_argument("--loss", choices=["block", "own", "reducemean", "smoothed", "shift"],
+                    default="block",
                     help="ortt: 'block' = generate_artifacts' CrossEntropyLoss on the logits; "
                     "'own' = the model's own loss from labels (shift and -100 padding inside "
                     "the graph), written NAME with '_ownloss'; torch: 'block' = Hugging "
                     "Face's loss written out (sum over kept tokens / their count), "
                     "'reducemean' = a ReduceMean over tokens, NAME with '_reducemean'; "
                     "'smoothed' = the written-out loss with label smoothing 0.1, NAME with "
-                    "'_smoothed'")
+                    "'_smoothed'; 'shift' = Hugging Face's older loss on the shifted logits "
+                    "written out (per-token losses, the kept ones' mean), NAME with '_shift'")
     ap.add_argument("--artifacts", action="store_true",
                     help="ortt: keep the checkpoint and the optimizer model (NAME.artifacts/)")
     a = ap.parse_args()
@@ -174,10 +198,11 @@ def main() -> int:
     model = _config(a.arch, a.seq, a.layers)
     ids = torch.randint(0, VOCAB[a.arch], (1, a.seq))
     a.out.mkdir(parents=True, exist_ok=True)
-    if {"own": "ortt", "reducemean": "torch", "smoothed": "torch"}.get(a.loss,
-                                                                       a.family) != a.family:
+    if {"own": "ortt", "reducemean": "torch", "smoothed": "torch",
+            "shift": "torch"}.get(a.loss, a.family) != a.family:
         ap.error(f"--loss {a.loss} is not a {a.family} spelling here")
-    tag = {"own": "_ownloss", "reducemean": "_reducemean", "smoothed": "_smoothed"}.get(a.loss, "")
+    tag = {"own": "_ownloss", "reducemean": "_reducemean", "smoothed": "_smoothed",
+           "shift": "_shift"}.get(a.loss, "")
     name = f"{a.family}_{a.arch}{tag}_long_S{a.seq}"
     if a.family == "ortt":
         _ortt(model, ids, name, a.out, a.artifacts, a.loss == "own")
