@@ -618,26 +618,31 @@ def with_logit_scale(m, family, c=4.0, op="Div"):
     return _spliced(m, nodes, chains)
 
 
+def _inferred_dims(m) -> dict:
+    """Every intermediate tensor's dims as onnx shape inference gives them."""
+    from onnx import shape_inference
+
+    return {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in shape_inference.infer_shapes(m).graph.value_info}
+
+
 def with_logit_bias(m):
     """A torch-joint head + cross-entropy export with a frozen bias [1, V] added to the head's
     logits, as BART's (mBART's, Marian's, Pegasus's) final_logits_bias is (rules/lce_torch.yaml
     and rules/lce_torch_loss.yaml _fbias): Add(logits, bias) right after the head's MatMul,
     before any view or transform of the logits; its gradient is the logits' own (no node)."""
-    from onnx import shape_inference
+    import copy
 
     producer = {t: n for n in m.graph.node for t in n.output}
     z = next(n for n in m.graph.node if n.op_type == "LogSoftmax").input[0]
     while producer[z].op_type in ("Reshape", "Mul", "Div", "Tanh"):
         z = producer[z].input[0]
     assert producer[z].op_type == "MatMul", producer[z].op_type
-    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-              for v in shape_inference.infer_shapes(m).graph.value_info}
-    rng = np.random.default_rng(0)
-    import copy
-
+    v = _inferred_dims(m)[z][-1]
     m = copy.deepcopy(m)
     m.graph.initializer.append(numpy_helper.from_array(
-        (rng.standard_normal((1, shapes[z][-1])) * 0.5).astype(np.float32), "logit_fbias"))
+        (np.random.default_rng(0).standard_normal((1, v)) * 0.5).astype(np.float32),
+        "logit_fbias"))
     add = helper.make_node("Add", [z, "logit_fbias"], [f"{z}_fbias"], name=f"{z}_fbias")
     return _spliced(m, list(m.graph.node), [(z, [add])])
 
@@ -652,11 +657,8 @@ def with_label_smoothing(m, reduce="mean", eps=0.1):
     added to the tensor the softmax's backward Sub reads."""
     from onnx import shape_inference
 
-    lsm = next(n for n in m.graph.node if n.op_type == "LogSoftmax")
-    lp = lsm.output[0]
-    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-              for v in shape_inference.infer_shapes(m).graph.value_info}
-    n, v = shapes[lp]
+    lp = next(n for n in m.graph.node if n.op_type == "LogSoftmax").output[0]
+    n, v = _inferred_dims(m)[lp]
     m = _with_constants(m, smooth_eps=eps, smooth_v=float(v))
     m.graph.initializer.extend([
         numpy_helper.from_array(np.full(n, -eps, np.float32), "smooth_rg"),

@@ -376,6 +376,31 @@ def test_shifted_cross_entropy_matches_numpy(spelling, tmp_path):
     np.testing.assert_allclose(res[op.output[2]], dw, rtol=1e-4, atol=1e-6)
 
 
+def _numpy_head(feeds, reduce, eps=0.0, transform="", fbias=False):
+    """loss and d loss / d head weight of the tiny decoder (make_lce_spellings.py Net) in
+    float64, from the model code: logits TRANSFORM[transform] of H W^T (+ final_logits_bias
+    with fbias); F.cross_entropy's label smoothing eps, (1 - eps) nll + eps (lse - the logits'
+    mean) per kept token, their mean over every token ("all"), their sum ("sum") or their mean
+    over the kept ones ("mean"); the logits' gradient softmax - (1 - eps) onehot - eps / V."""
+    f, df = TRANSFORM[transform]
+    x = feeds["emb.weight"].astype(np.float64)[feeds["input_ids"]].reshape(-1, D)
+    h = np.maximum(x @ feeds["fc.weight"].T.astype(np.float64) + feeds["fc.bias"], 0.0)
+    pre = h @ feeds["head.weight"].T.astype(np.float64)
+    if fbias:
+        pre = pre + feeds["final_logits_bias"]
+    z = f(pre)
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    y = feeds["labels"].reshape(-1)
+    keep = (y != -100).astype(np.float64)
+    safe = np.where(y == -100, 0, y)
+    per = (1 - eps) * (lse - z[np.arange(len(y)), safe]) + eps * (lse - z.mean(1))
+    denom = {"all": len(y), "sum": 1.0, "mean": keep.sum()}[reduce]
+    p = np.exp(z - lse[:, None]) - eps / V
+    p[np.arange(len(y)), safe] -= 1.0 - eps
+    dz = (keep / denom)[:, None] * p * df(pre)
+    return (per * keep).sum() / denom, dz.T @ h
+
+
 @pytest.mark.parametrize("spelling", ["smoothed_masked_mean", "smoothed_masked_sum",
                                       "smoothed_ce_sum", "smoothed_ce_mean",
                                       "smoothed_masked_mean_softcap"])
@@ -388,25 +413,11 @@ def test_label_smoothed_losses_match_numpy(spelling, tmp_path):
     wrong, and the fused graph computes what the export computes: the verify)."""
     m, feeds = _fused_and_verified(f"torch_lces_{spelling}", tmp_path, 11, [(0, slice(0, 3))])
     res = _run(m, feeds)
-    eps = 0.1
-    f, df = TRANSFORM["softcap" if spelling.endswith("_softcap") else ""]
-    x = feeds["emb.weight"].astype(np.float64)[feeds["input_ids"]].reshape(-1, D)
-    h = np.maximum(x @ feeds["fc.weight"].T.astype(np.float64) + feeds["fc.bias"], 0.0)
-    pre = h @ feeds["head.weight"].T.astype(np.float64)
-    z = f(pre)
-    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
-    y = feeds["labels"].reshape(-1)
-    keep = (y != -100).astype(np.float64)
-    safe = np.where(y == -100, 0, y)
-    per = (1 - eps) * (lse - z[np.arange(len(y)), safe]) + eps * (lse - z.mean(1))
-    denom = keep.sum() if "_mean" in spelling else 1.0
-    np.testing.assert_allclose(res["loss"], (per * keep).sum() / denom, rtol=1e-5)
-    if spelling == "smoothed_ce_mean":
-        return
-    p = np.exp(z - lse[:, None])
-    onehot = np.eye(V)[safe]
-    dz = (keep / denom)[:, None] * ((1 - eps) * (p - onehot) + eps * (p - 1.0 / V)) * df(pre)
-    np.testing.assert_allclose(res["head.weight_grad"], dz.T @ h, rtol=1e-4, atol=1e-6)
+    loss, dw = _numpy_head(feeds, "mean" if "_mean" in spelling else "sum", eps=0.1,
+                           transform="softcap" if spelling.endswith("_softcap") else "")
+    np.testing.assert_allclose(res["loss"], loss, rtol=1e-5)
+    if spelling != "smoothed_ce_mean":
+        np.testing.assert_allclose(res["head.weight_grad"], dw, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("spelling,reduce,eps", [("fbias_reducemean", "all", 0.0),
@@ -422,19 +433,8 @@ def test_frozen_logit_bias_is_the_ops_bias(spelling, reduce, eps, tmp_path):
     (op,) = [n for n in m.graph.node if n.op_type == "LinearCrossEntropy"]
     assert op.input[2] == "final_logits_bias" and (len(op.output) < 4 or op.output[3] == "")
     res = _run(m, feeds)
-    x = feeds["emb.weight"].astype(np.float64)[feeds["input_ids"]].reshape(-1, D)
-    h = np.maximum(x @ feeds["fc.weight"].T.astype(np.float64) + feeds["fc.bias"], 0.0)
-    z = h @ feeds["head.weight"].T.astype(np.float64) + feeds["final_logits_bias"]
-    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
-    y = feeds["labels"].reshape(-1)
-    keep = (y != -100).astype(np.float64)
-    safe = np.where(y == -100, 0, y)
-    per = (1 - eps) * (lse - z[np.arange(len(y)), safe]) + eps * (lse - z.mean(1))
-    denom = {"all": len(y), "sum": 1.0, "mean": keep.sum()}[reduce]
-    np.testing.assert_allclose(res["loss"], (per * keep).sum() / denom, rtol=1e-5)
-    p = np.exp(z - lse[:, None]) - eps / V
-    p[np.arange(len(y)), safe] -= 1.0 - eps
-    dw = ((keep / denom)[:, None] * p).T @ h
+    loss, dw = _numpy_head(feeds, reduce, eps=eps, fbias=True)
+    np.testing.assert_allclose(res["loss"], loss, rtol=1e-5)
     np.testing.assert_allclose(res["head.weight_grad"], dw, rtol=1e-4, atol=1e-6)
 
 

@@ -257,7 +257,7 @@ for _name in [k for k in SAMPLE_MODELS if k.startswith(("lce_torch", *_F_CROSS_E
 _FBIAS_BASES = ("lce_torch_untied", "lce_torch_sum", "export_torch_lces_reducemean",
                 "export_torch_lces_reducesum_const", "export_torch_lces_ce_sum",
                 "lces_torch_ce_sum_seed_loss")
-for _name in [k for k in SAMPLE_MODELS if k.startswith(_FBIAS_BASES) and "shift" not in k]:
+for _name in [k for k in SAMPLE_MODELS if k.startswith(_FBIAS_BASES)]:
     SAMPLE_MODELS[f"{_name}_fbias"] = builders.with_logit_bias(SAMPLE_MODELS[_name])
 
 

@@ -864,8 +864,7 @@ class Matcher:
         if value is None:
             return False, "is not a constant"
         arr = np.asarray(value)
-        other = bound.get(ts.of)
-        dims = self.g.shapes.shape(other) if other else None
+        other, dims = self._of_dims(ts, bound)
         known = dims is not None and all(isinstance(d, int) for d in dims)
         ok = (known and arr.dtype.kind in "iu" and arr.ndim == 1 and arr.size == len(dims)
               and arr.tolist()[:-1] == list(dims[:-1]))
@@ -873,11 +872,15 @@ class Matcher:
                     f"{ts.of} ('{other}', " + (f"{list(dims)}" if known else "shape not known")
                     + ") and one more")
 
+    def _of_dims(self, ts, bound):
+        """(name, recorded or inferred dims or None) of the tensor bound to ``ts.of``."""
+        other = bound.get(ts.of)
+        return other, self.g.shapes.shape(other) if other else None
+
     def _last_dim_of(self, value, ts, bound) -> tuple[bool, str]:
         """kind last_dim_of: one number equal to the last dim of the tensor bound to ``ts.of``
         (recorded or inferred)."""
-        other = bound.get(ts.of)
-        dims = self.g.shapes.shape(other) if other else None
+        other, dims = self._of_dims(ts, bound)
         last = dims[-1] if dims and isinstance(dims[-1], int) else None
         arr = None if value is None else np.asarray(value)
         ok = (arr is not None and last is not None and arr.size == 1
@@ -974,9 +977,8 @@ class Matcher:
                         hi = min(hi, c.key)
             if lo >= hi and not moves and all(w < hi for w in written.values()):
                 moves = self._hoist(outside, hi, matched)
-                if moves:
-                    lo = max([k for _, k in moves] + [p.key for p in outside if p.key < hi]
-                             + [written[v] for v in rep.inputs if v in written])
+                if moves:  # (the moved nodes sit after every other producer of its inputs)
+                    lo = max([moves[-1][1]] + [written[v] for v in rep.inputs if v in written])
             if lo < first:
                 key = first
             elif lo < hi:

@@ -69,9 +69,8 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   float* db = output_or_null<float>(ctx, 3, {V}, &want_db);
   bool want_lp_row;
   float* lp_row = output_or_null<float>(ctx, 4, {N}, &want_lp_row);
-  FUSECLI_CHECK(
-      !want_lp_row || lab.shape.size() == 1 || (lab.shape.size() == 2 && lab.shape[1] == 1),
-      "LinearCrossEntropy: lp_row needs labels [N] or [N, 1]");
+  FUSECLI_CHECK(!want_lp_row || lp_row_labels_ok(lab),
+                "LinearCrossEntropy: lp_row needs labels [N] or [N, 1]");
   FUSECLI_CHECK(!want_db || b.present, "LinearCrossEntropy: dB is requested but bias is absent");
   FUSECLI_CHECK(add_i.present == add_r.present && (!add_i.present || want_dw),
                 "LinearCrossEntropy: dw_add_index and dw_add_rows go together, with dW");

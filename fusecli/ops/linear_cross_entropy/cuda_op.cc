@@ -31,7 +31,7 @@ struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
     float* dw = opt_out<float>(ctx, 2, w.shape);
     float* db = opt_out<float>(ctx, 3, {V});
     float* lp_row = opt_out<float>(ctx, 4, {N});
-    FUSECLI_CHECK(!lp_row || lab.shape.size() == 1 || (lab.shape.size() == 2 && lab.shape[1] == 1),
+    FUSECLI_CHECK(!lp_row || lp_row_labels_ok(lab),
                   "LinearCrossEntropy: lp_row needs labels [N] or [N, 1]");
     FUSECLI_CHECK(lp_row_reduce == "sum" || lp_row_reduce == "mean",
                   "LinearCrossEntropy: lp_row_reduce must be sum or mean");

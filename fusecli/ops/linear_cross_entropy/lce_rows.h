@@ -1,4 +1,5 @@
-// LinearCrossEntropy: which rows of H the op reads (shared by the CPU and CUDA kernels).
+// LinearCrossEntropy: which rows of H the op reads, and the labels lp_row needs (shared by the
+// CPU and CUDA kernels).
 #pragma once
 
 #include <algorithm>
@@ -31,6 +32,11 @@ inline LceRows lce_rows(const In& h, int64_t d, int64_t seq_start, int64_t seq_e
   r.g = r.sliced && s && d ? h.numel() / (s * d) : 0;
   r.n = r.sliced ? r.g * (r.s1 - r.s0) : d ? h.numel() / d : 0;
   return r;
+}
+
+// lp_row is [N]: the labels must be [N] or [N, 1] (a gather's index), as the contract says
+inline bool lp_row_labels_ok(const In& lab) {
+  return lab.shape.size() == 1 || (lab.shape.size() == 2 && lab.shape[1] == 1);
 }
 
 }  // namespace fusecli

@@ -67,12 +67,13 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
     lp = z - lse[:, None]
     a = 1.0 / v if _s(lp_row_reduce) == "mean" else 1.0
     lp_row = a * lp.sum(axis=1)  # [N]
-    dz = np.exp(lp)
+    p = np.exp(lp)
+    dz = p.copy()
     dz[np.arange(n), safe] -= 1.0
     dz *= np.asarray(c, np.float64)[:, None]
     if lp_row_grad is not None:  # a u_i on every log-probability: a u_i (1 - V softmax)
         u = a * np.asarray(lp_row_grad, np.float64).reshape(-1)[:, None]
-        dz += u * (1.0 - v * np.exp(lp))
+        dz += u * (1.0 - v * p)
     dz *= float(logit_scale)  # d/d(H W^T + b)
     if cap > 0:
         dz *= 1.0 - (z / cap) ** 2
