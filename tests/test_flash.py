@@ -200,14 +200,31 @@ def test_flash_ortt_leaves_attention_dropout_to_sdpa():
     assert stats.patterns["sdpa"].fused == 1
 
 
-def test_flash_ortt_refuses_multi_query_gradients_at_the_full_head_count():
-    """K / V broadcast inside the MatMuls: the graph's dK^T / dV are [B, Hq, ...] and summed
-    after; FlashAttentionGrad writes K's shape, so the shape guard refuses and sdpa (which
-    absorbs the head sum) fuses."""
-    fused, stats = _fuse(builders.ortt_attention(kv_heads=1, heads=2))
+def test_flash_ortt_multi_query_gradients_summed_over_the_heads(tmp_path):
+    """K / V broadcast inside the MatMuls (Falcon's multi-query attention): the graph's dK^T /
+    dV are [B, Hq, ...] and summed over the head axis after; the flash rule takes the sums
+    (`broadcast_axes_of`), FlashAttentionGrad writes K's and V's shape."""
+    m = builders.ortt_attention(kv_heads=1, heads=2)
+    fused, stats = _fuse(m)
+    assert stats.patterns["flash_attention"].fused == 1
+    assert stats.patterns["sdpa"].fused == 0
+    assert "ReduceSum" not in _ops(fused)
+    bwd = next(n for n in fused.graph.node if n.op_type == "FlashAttentionGrad")
+    assert list(bwd.output) == ["dQ", "dKt", "dV"]
+    onnx.save(m, tmp_path / "m.onnx")
+    assert_verifies(tmp_path / "m.onnx", fused, stats, tmp_path)
+
+
+def test_flash_and_sdpa_refuse_a_sum_over_other_axes_than_the_broadcast():
+    """The same graph with dK^T's sum over the batch axis instead of the heads (B = Hq, so the
+    shapes still agree): not a broadcast's gradient, so neither rule absorbs it."""
+    m = builders.ortt_attention(kv_heads=1, heads=2, B=2)
+    m.graph.initializer.append(onnx.numpy_helper.from_array(np.array([0], np.int64), "batch"))
+    next(n for n in m.graph.node if n.name == "sum_dk").input[1] = "batch"
+    fused, stats = _fuse(m)
     assert stats.patterns["flash_attention"].fused == 0
-    assert "shape_mismatch" in stats.patterns["flash_attention"].skipped
-    assert stats.patterns["sdpa"].fused == 1
+    assert stats.patterns["sdpa"].fused == 0
+    assert "Softmax" in _ops(fused)
 
 
 # --- numerics: the fused graph against the original in onnxruntime-training ---------------
@@ -231,9 +248,10 @@ def test_flash_ortt_fused_graph_verifies(build, tmp_path):
 # real ort-training exports of grouped / multi-query attention (tests/data/make_gqa.py): the
 # repeat_kv spellings (Expand, repeat_interleave, Tile) feed repeated K^T / V to the MatMuls,
 # which the flash rule takes (their gradients' group sums stay in the graph); K / V broadcast
-# inside the MatMuls is refused (shape guard) and stays with sdpa
+# inside the MatMuls (q viewed [B, kv, g, S, D]) too, with the broadcast sums of their
+# gradients (the ops' grouping: kv item j // g)
 GQA = {"ortt_gqa_expand_kv2": 1, "ortt_gqa_expand_kv1": 1, "ortt_gqa_interleave_kv2": 1,
-       "ortt_gqa_tile_kv2": 1, "ortt_gqa_bcast_kv2": 0, "ortt_gqa_bcast_kv1": 0}
+       "ortt_gqa_tile_kv2": 1, "ortt_gqa_bcast_kv2": 1, "ortt_gqa_bcast_kv1": 1}
 
 
 @pytest.mark.ortt

@@ -147,6 +147,89 @@ def test_where_look_alikes_are_not_flash(family, change):
     assert _fuse(m).get("flash_attention", 0) == 0
 
 
+# --- the architecture sweep's Falcon and MPT spellings (tests/data/make_flash_mask.py) ---------
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+def test_bias_then_masked_fill_fuses_with_bias_first(family, tmp_path):
+    """MPT's order: scores + ALiBi bias, then masked_fill(~(causal & attention_mask), finfo.min):
+    a filled score is the fill alone (bias_first 1), the Where's condition read as bool, the
+    ALiBi bias as the ops' bias; the padding leaves no row fully masked here."""
+    src = DATA / f"{family}_flash_alibi_fill_pad.onnx"
+    m = onnx.load(src)
+    conds = {n.input[0] for n in m.graph.node if n.op_type == "Where"}
+    assert _fuse(m) == EXPECTED
+    for op, imask in (("FlashAttention", 4), ("FlashAttentionGrad", 7)):
+        node = next(n for n in m.graph.node if n.op_type == op)
+        a = _attrs(node)
+        assert (a["bias_first"], a["fill_kept"]) == (1, 0) and a["fill"] == pytest.approx(FMIN)
+        assert node.input[imask] in conds and node.input[imask - 1]
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+def test_bias_then_masked_fill_look_alike_is_not_flash(family):
+    """The same graph with a fill above -1e4 (not a mask: S + bias would differ from the fill):
+    not flash attention."""
+    m = onnx.load(DATA / f"{family}_flash_alibi_fill_pad.onnx")
+    fwd, _ = _where_nodes(m)
+    _fresh_fill(m, fwd, -1.0)
+    assert _fuse(m).get("flash_attention", 0) == 0
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+def test_multi_query_broadcast_by_the_matmuls_fuses_and_verifies(family, tmp_path):
+    """Falcon's multi-query attention: K / V of one head broadcast to the query heads by the
+    matmuls (ort-training: inside MatMul; torch-joint: Expand before the batched views), their
+    gradients summed over the heads after: the ops read K / V of one head, write theirs."""
+    src = DATA / f"{family}_flash_mqa_bias_causal.onnx"
+    m = onnx.load(src)
+    assert _fuse(m) == EXPECTED
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in (*m.graph.value_info, *m.graph.input, *m.graph.output)}
+    bwd = next(n for n in m.graph.node if n.op_type == "FlashAttentionGrad")
+    q, k, v = (shapes.get(t) for t in bwd.input[1:4])
+    assert q[1] == 2 and k[1] == v[1] == 1  # 2 query heads, 1 kv head
+    assert _attrs(bwd)["k_transposed"] == 1
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+# model code -> (flash_attention count, fill_kept per layer, bias_first per layer, K / V of one
+# head): mqa_all's eight spellings (keep, keep_pad, fill, fill_pad, bias, plain, alibi_keep,
+# alibi_fill), alibi_all's two on full heads then two on repeat_kv's groups
+LAYER_SETS = {"mqa_all": (8, [1, 1, 0, 0, None, None, 1, 0], [0, 0, 0, 0, 0, 0, 1, 1], True),
+              "alibi_all": (4, [1, 0, 1, 0], [1, 1, 1, 1], False)}
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+@pytest.mark.parametrize("kind", sorted(LAYER_SETS))
+def test_every_spelling_on_broadcast_and_grouped_kv_fuses_and_verifies(kind, family, tmp_path):
+    src = DATA / f"{family}_flash_{kind}.onnx"
+    m = onnx.load(src)
+    count, kept, first, one_kv = LAYER_SETS[kind]
+    assert _fuse(m) == {"flash_attention": count}
+    fwd = [n for n in m.graph.node if n.op_type == "FlashAttention"]
+    # a node without a Where mask (no bool mask input) has no fill_kept to read (None)
+    got = [(_attrs(n).get("fill_kept", 1) if len(n.input) > 4 and n.input[4] else None,
+            _attrs(n).get("bias_first", 0)) for n in fwd]
+    assert sorted(got, key=str) == sorted(zip(kept, first), key=str)
+    if one_kv:
+        shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+                  for v in (*m.graph.value_info, *m.graph.input)}
+        for n in m.graph.node:
+            if n.op_type == "FlashAttentionGrad":
+                assert shapes[n.input[2]][1] == shapes[n.input[3]][1] == 1
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
 # --- sliding windows (tests/data/make_flash_mask.py, W = 3: mask = (j <= i) & (i - j < W)) ------
 
 # kind -> (a Where on the scores: its condition is the ops' mask, fill finfo.min kept where

@@ -127,8 +127,9 @@ def test_flash_torch_refused_where_p_is_read_elsewhere():
     ("torch_gpt2", None, 2),          # dropout + GPT-2's causal where
     ("torch_t5", "intermediate_consumed_outside", 2),    # learned position bias takes dS
     ("torch_swin", "intermediate_consumed_outside", 3),  # relative-position bias takes dS
-    # K / V broadcast over a 5-D group view (its K^T is an Expand, not the heads' Transpose)
-    ("torch_gqa_bcast_kv2", None, 1),
+    # K / V broadcast over a 5-D group view [B, kv, 1, D, S] against the 4-D query heads
+    # (flash_torch_mqa_* matches; the shape guard refuses K's extra batch dim)
+    ("torch_gqa_bcast_kv2", "shape_mismatch", 1),
     # Tile's grouping (head h uses kv head h % Hkv, not the op's h // g)
     ("torch_gqa_tile_kv2", "shape_mismatch", 1),
 ])

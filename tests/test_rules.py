@@ -86,8 +86,11 @@ for _name in ("frozen_block", "frozen_block_no_q", "frozen_block_no_v", "frozen_
 # padding mask, masked_fill, grouped K / V); and the samples' masked_fill attention returning
 # its probabilities (`_attentions` below), where flash refuses and the sdpa rules that took it
 # before still do
+# K / V of one head broadcast by the matmuls (Falcon's multi-query: flash_torch_mqa_*) in every
+# mask spelling, and MPT's bias-then-mask (`*_mask_where`, `*_mask_masked_fill`) on full heads,
+# repeat_kv's groups and the broadcast
 for _name in ("flash_where_causal", "flash_where_gpt2_pad", "flash_fill_window_ninf",
-              "flash_fill_causal_pad", "flash_gqa_where_all"):
+              "flash_fill_causal_pad", "flash_gqa_where_all", "flash_mqa_all", "flash_alibi_all"):
     for _fam in ("ortt", "torch"):
         SAMPLE_MODELS[f"export_{_fam}_{_name}"] = onnx.load(DATA / f"{_fam}_{_name}.onnx")
 # the frozen-weight variants of every activation the exports lack (dA [+ dB] without dW; the
@@ -146,8 +149,11 @@ for _name in ("ortt_block", "ortt_block_sdpa", "corpus_ortt_timm_vit", "corpus_o
 SAMPLE_MODELS["gqa_torch_bcast"] = onnx.load(DATA / "gqa" / "torch_gqa_bcast_kv2.onnx")
 # repeat_kv without a mask, torch-joint (flash_torch_gqa_plain)
 SAMPLE_MODELS["gqa_torch_expand"] = onnx.load(DATA / "gqa" / "torch_gqa_expand_kv2.onnx")
-# masked_fill with the scale on the scores and an additive bias (MPT's ort-training spelling)
+# masked_fill with the scale on the scores and an additive bias (MPT's ort-training spelling):
+# flash_ortt_mask_masked_fill; returning its attentions, sdpa_ortt_scores_fill
 SAMPLE_MODELS["synthetic_ortt_attention_fill"] = builders.ortt_attention_fill()
+SAMPLE_MODELS["synthetic_ortt_attention_fill_attentions"] = _with_attentions(
+    SAMPLE_MODELS["synthetic_ortt_attention_fill"])
 # a LayerNorm without bias, ort-training: Sub(mean) + SimplifiedLayerNormalization
 SAMPLE_MODELS["synthetic_ortt_layernorm_centred"] = builders.ortt_layernorm_centred()
 # gated MLPs (helper "gated", issue 23): real exports of LlamaMLP / Phi3MLP mirrors in both
@@ -685,17 +691,20 @@ def _read_unsummed_gradients(m):
     return m
 
 
+@pytest.mark.parametrize("op", ["FlashAttentionGrad", "AttentionGrad"])
 @pytest.mark.parametrize("record_backward", [False, True])
-def test_multi_query_attention_fuses_with_the_head_sum_absorbed(record_backward, tmp_path):
+def test_multi_query_attention_fuses_with_the_head_sum_absorbed(record_backward, op, tmp_path):
     """One K/V head broadcast inside the MatMuls: onnxruntime computes dK^T/dV at the full head
-    count and sums them (ReduceSum keepdims=1). The rule binds K/V before the broadcast and
-    dK/dV after the sum; the fused graph computes the same."""
+    count and sums them (ReduceSum keepdims=1). The rule (flash_ortt, or sdpa_ortt with flash
+    skipped) binds K/V before the broadcast and dK/dV after the sum; the fused graph computes
+    the same."""
     from fusecli.runtime.verify import verify_models
 
     m = builders.ortt_attention(kv_heads=1, heads=2, record_backward=record_backward)
     fused = copy.deepcopy(m)
-    assert FusionPass().run(fused) == 1
-    [node] = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
+    skip = ["flash_attention"] if op == "AttentionGrad" else []
+    assert FusionPass(skip=skip).run(fused) == 1
+    [node] = [n for n in fused.graph.node if n.op_type == op]
     assert list(node.output[1:3]) == ["dKt", "dV"]
     assert not {n.op_type for n in fused.graph.node} & {"ReduceSum", "FusedMatMul"}
     src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"

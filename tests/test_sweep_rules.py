@@ -159,18 +159,23 @@ def test_attention_on_3d_view_extra_consumer_of_the_viewed_gradient_is_not_fused
 
 
 # --- sdpa_ortt_scores_fill: masked_fill with the scale on the scores (MPT) ----------------
+# flash_ortt_mask_masked_fill takes the same chain first (bias_first: the ALiBi bias, then the
+# fill); the sdpa rule is checked with flash skipped. via -> (rule, fused backward op, its mask
+# input)
+FILL_RULES = {"sdpa": ("sdpa_ortt_scores_fill", "AttentionGrad", 8),
+              "flash": ("flash_ortt_mask_masked_fill", "FlashAttentionGrad", 7)}
+
 
 def test_scores_fill_fuses_and_verifies(tmp_path):
     m = builders.ortt_attention_fill()
-    fused = copy.deepcopy(m)
-    fp = FusionPass()
-    fp.run(fused)
-    assert [f.rule for f in fp.stats.fusions] == ["sdpa_ortt_scores_fill"]
-    [node] = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
+    node = _fused_verified(m, tmp_path, via="sdpa")
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["scale_q"] == pytest.approx(1 / np.sqrt(3), rel=1e-6)
     assert attrs["scale_k"] == pytest.approx(1 / np.sqrt(3), rel=1e-6)
-    assert_verifies(tmp_path, m, fused)
+    node = _fused_verified(m, tmp_path, via="flash")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["scale"] == pytest.approx(1 / np.sqrt(3), rel=1e-6)
+    assert (attrs["bias_first"], attrs["fill_kept"]) == (1, 0) and node.input[6] == "alibi"
 
 
 @pytest.mark.parametrize("kw,var", [
@@ -181,18 +186,27 @@ def test_scores_fill_fuses_and_verifies(tmp_path):
 ])
 def test_scores_fill_negative_wrong_constant(kw, var):
     m = builders.ortt_attention_fill(**kw)
-    assert _sdpa(copy.deepcopy(m)).fused == 0
+    assert _attention_fused(copy.deepcopy(m)) == 0
     misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_fill"]))
     assert any(x["reason"] == "constant" and f"({var})" in x["detail"] for x in misses), misses
 
 
-def _fused_verified(m, tmp_path, feeds=None):
-    """Fuses m (one AttentionGrad expected), verifies it against m; returns the fused node."""
-    fused = copy.deepcopy(m)
+def _attention_fused(model):
+    """Attentions fused by either pattern (the negatives below are neither's)."""
     fp = FusionPass()
+    fp.run(model)
+    return fp.stats.patterns["sdpa"].fused + fp.stats.patterns["flash_attention"].fused
+
+
+def _fused_verified(m, tmp_path, feeds=None, via="sdpa"):
+    """Fuses m (one attention expected, by FILL_RULES[via]), verifies it against m; returns the
+    fused backward node."""
+    rule, op, _ = FILL_RULES[via]
+    fused = copy.deepcopy(m)
+    fp = FusionPass(skip=["flash_attention"] if via == "sdpa" else [])
     fp.run(fused)
-    assert [f.rule for f in fp.stats.fusions] == ["sdpa_ortt_scores_fill"]
-    [node] = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
+    assert [f.rule for f in fp.stats.fusions] == [rule]
+    [node] = [n for n in fused.graph.node if n.op_type == op]
     src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
     onnx.save(m, src)
     onnx.save(fused, out)
@@ -205,30 +219,32 @@ def _fused_verified(m, tmp_path, feeds=None):
     return node
 
 
-def test_scores_fill_fully_masked_row_fuses_and_verifies(tmp_path):
+@pytest.mark.parametrize("via", sorted(FILL_RULES))
+def test_scores_fill_fully_masked_row_fuses_and_verifies(via, tmp_path):
     # row 0 filled everywhere: P is uniform there (not 0); the op takes the fill mask and
     # zeroes dS there as the absorbed backward Where did (G11)
     mask = np.triu(np.ones((4, 4), bool), 1)[None, None].copy()
     mask[..., 0, :] = True
-    node = _fused_verified(builders.ortt_attention_fill(mask=mask), tmp_path)
+    node = _fused_verified(builders.ortt_attention_fill(mask=mask), tmp_path, via=via)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    assert node.input[8] == "mask" and attrs.get("fill_kept", 0) == 0
+    assert node.input[FILL_RULES[via][2]] == "mask" and attrs.get("fill_kept", 0) == 0
 
 
-def test_scores_fill_run_time_mask_with_a_fully_padded_sequence(tmp_path):
+@pytest.mark.parametrize("via", sorted(FILL_RULES))
+def test_scores_fill_run_time_mask_with_a_fully_padded_sequence(via, tmp_path):
     # a padding mask computed at run time, one sequence fully filled: exact (G11)
     mask = np.zeros((2, 1, 4, 4), bool)
     mask[0, ..., 2:] = True
     mask[1] = True
     node = _fused_verified(builders.ortt_attention_fill(mask=mask, mask_input=True), tmp_path,
-                           {"mask": mask})
-    assert node.input[8] == "mask"
+                           {"mask": mask}, via=via)
+    assert node.input[FILL_RULES[via][2]] == "mask"
 
 
 def test_scores_fill_negative_backward_mask_is_not_the_forward_mask():
     # the backward zeroes where another mask says: no proof that P is 0 there
     m = builders.ortt_attention_fill(bwd_mask="mask_all")
-    assert _sdpa(copy.deepcopy(m)).fused == 0
+    assert _attention_fused(copy.deepcopy(m)) == 0
     misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_fill"]))
     assert any(x["rule"] == "sdpa_ortt_scores_fill" for x in misses), misses
 
@@ -237,7 +253,7 @@ def test_scores_fill_negative_extra_consumer():
     m = builders.ortt_attention_fill()
     m.graph.node.append(helper.make_node("Identity", ["dSb"], ["peek"], name="peek"))
     m.graph.output.append(_vi("peek", None))
-    assert _sdpa(copy.deepcopy(m)).fused == 0
+    assert _attention_fused(copy.deepcopy(m)) == 0
     misses = explain_model(m, FusionPass(only=["sdpa_ortt_scores_fill"]))
     assert any(x["reason"] == "intermediate_consumed_outside" for x in misses), misses
 

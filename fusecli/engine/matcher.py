@@ -830,6 +830,9 @@ class Matcher:
                     ok, detail = self._lead_dims_of(value, ts, t2)
                 elif ts.kind == "last_dim_of":
                     ok, detail = self._last_dim_of(value, ts, t2)
+                elif ts.kind == "broadcast_axes_of":
+                    ok, detail = self._broadcast_axes_of(value, ts, t2,
+                                                         self.g.shapes.shape(actual[0]))
                 elif ts.kind == "shape" and value is None and self.g.is_shape_computation(name):
                     ok, detail = True, ""  # a Reshape target of symbolic dims
                 elif ts.kind == "uniform":
@@ -888,6 +891,25 @@ class Matcher:
         shown = "not a constant" if arr is None else f"{arr.reshape(-1)[:6].tolist()}"
         return ok, (f"is {shown}, rule wants the last dim of {ts.of} ('{other}', "
                     + (f"{last}" if last is not None else "not known") + ")")
+
+    def _broadcast_axes_of(self, value, ts, bound, data) -> tuple[bool, str]:
+        """kind broadcast_axes_of: a reduction's axes that sum a broadcast back to the tensor
+        bound to ``ts.of`` (`data`: the reduced input's recorded or inferred shape): right-aligned,
+        every axis that tensor lacks or has as 1 where the data's is not 1, and no other (an axis
+        where both are 1 may be in or out; a symbolic dim is not 1)."""
+        other, dims = self._of_dims(ts, bound)
+        arr = None if value is None else np.asarray(value)
+        if arr is None or arr.dtype.kind not in "iu" or arr.ndim > 1 or data is None \
+                or dims is None or len(dims) > len(data):
+            return False, (f"is {'not a constant' if arr is None else arr.tolist()}, rule wants "
+                           f"the axes along which {ts.of} ('{other}') is broadcast")
+        n, lead = len(data), len(data) - len(dims)
+        axes = {int(a) % n for a in arr.reshape(-1).tolist()}
+        may = {i for i in range(n) if i < lead or dims[i - lead] == 1}
+        must = {i for i in may if data[i] != 1}
+        ok = must <= axes <= may and len(axes) == arr.size
+        return ok, (f"is {arr.reshape(-1).tolist()}, rule wants the axes along which {ts.of} "
+                    f"('{other}', {list(dims)}) is broadcast to {list(data)}: {sorted(must)}")
 
     def _index_range(self, value, ts, bound) -> tuple[bool, str]:
         """kind index_range: [start, start + step, ...] (count of them, any count when None) as

@@ -49,8 +49,10 @@ _WHOLE_PARAM_RE = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)$")
 TENSOR_KINDS = ("constant", "scalar", "leading_axes", "last_axis", "last_dim_index",
                 "flatten_2d", "vector_shape", "large_negative", "halves", "index_range",
                 "pairs_shape", "shape", "uniform", "half_last_dim", "to_last_end",
-                "second_last_axis", "lead_dims_of", "last_dim_of", "new_last_axis")
-OF_KINDS = ("lead_dims_of", "last_dim_of")  # kinds that name a bound tensor ('of')
+                "second_last_axis", "lead_dims_of", "last_dim_of", "new_last_axis",
+                "broadcast_axes_of")
+# kinds that name a bound tensor ('of')
+OF_KINDS = ("lead_dims_of", "last_dim_of", "broadcast_axes_of")
 _RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace",
               "params", "variants"}
 
@@ -163,7 +165,8 @@ class TensorSpec:
     step: int = 1
     # kind lead_dims_of: a shape vector whose entries but the last are the recorded (or
     # inferred) dims but the last of the tensor bound to this variable (earlier in the node list);
-    # last_dim_of: one number, that tensor's last dim (a class count V)
+    # last_dim_of: one number, that tensor's last dim (a class count V); broadcast_axes_of: a
+    # reduction's axes, exactly the axes along which that tensor was broadcast to the reduced data
     of: str | None = None
 
 

@@ -1469,12 +1469,14 @@ NUM_LABELS = 5
 
 
 def _lm_arch(name: str, kind: str, desc: str, masked: bool = False, families=FAMILIES,
-             dec: dict = _DEC, **cfg) -> "Arch":
+             dec: dict = _DEC, config: str = "", attention: str = "", **cfg) -> "Arch":
     """{kind}ForCausalLM of transformers at the corpus size (`dec`: the config's size keys) with
-    `cfg`, its {kind}Attention, the LM loss; masked: the second sequence padded."""
+    `cfg` (config: its config class where not {kind}Config), its {kind}Attention (or
+    `attention`), the LM loss; masked: the second sequence padded."""
     return Arch(name, "transformers", f"{kind}ForCausalLM: {desc}",
-                _lm(f"{kind}Config", f"{kind}ForCausalLM", **dec, **cfg),
-                _lm_ids_mask if masked else _lm_ids, attention=(f"{kind}Attention",),
+                _lm(config or f"{kind}Config", f"{kind}ForCausalLM", **dec, **cfg),
+                _lm_ids_mask if masked else _lm_ids,
+                attention=(attention or f"{kind}Attention",),
                 input_ranges=_LM_MASK_R if masked else _LM_IDS_R, extra=True, families=families,
                 loss="ce_lm")
 
@@ -1584,5 +1586,97 @@ for _a in [
              "logits soft-capped (tanh(z / 30) * 30), sliding window on every other layer, pre- "
              "and post-norms, lm_head TIED", num_key_value_heads=2, head_dim=8,
              sliding_window=6),
+]:
+    ARCHS[_a.name] = _a
+
+
+# --- heads sweep 2 (2026-12-07): 17 more causal-LM classes and 5 sequence classifiers ----------
+_NODROP = dict(hidden_dropout=0.0, attention_dropout=0.0)
+for _a in [
+    _lm_arch("gpt_neo_lm", "GPTNeo", "global + local (window 4) attention layers, unscaled "
+             "scores, Where causal mask, lm_head TIED", masked=True,
+             dec=dict(hidden_size=HID, num_layers=LAYERS, num_heads=HEADS, intermediate_size=FF,
+                      max_position_embeddings=32),
+             attention_types=[[["global", "local"], 1]], window_size=4, resid_dropout=0.0,
+             embed_dropout=0.0, attention_dropout=0.0, attention="GPTNeoSelfAttention"),
+    _lm_arch("gptj_lm", "GPTJ", "interleaved rotary (rotary_dim 4), parallel block, lm_head "
+             "WITH bias", dec=_GPT2_DEC, rotary_dim=4, resid_pdrop=0.0, embd_pdrop=0.0,
+             attn_pdrop=0.0, tie_word_embeddings=False),
+    _lm_arch("falcon_lm", "Falcon", "parallel attention + MLP, multi-query, lm_head TIED",
+             **_NODROP),
+    _lm_arch("phi3_lm", "Phi3", "fused qkv_proj and gate_up_proj, untied lm_head",
+             resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, pad_token_id=0),
+    _lm_arch("qwen3_lm", "Qwen3", "q/k RMSNorm per head, GQA 4/2, head_dim 8, lm_head TIED",
+             num_key_value_heads=2, head_dim=8, tie_word_embeddings=True),
+    _lm_arch("olmo_lm", "Olmo", "LayerNorm without parameters, untied lm_head",
+             tie_word_embeddings=False),
+    _lm_arch("mpt_lm", "Mpt", "ALiBi, no biases, lm_head TIED", masked=True,
+             dec=dict(d_model=HID, n_heads=HEADS, n_layers=LAYERS, expansion_ratio=2,
+                      max_seq_len=32), resid_pdrop=0.0, emb_pdrop=0.0),
+    _lm_arch("xglm_lm", "XGLM", "sinusoidal positions, embeddings * sqrt(d), lm_head TIED",
+             masked=True, dec=dict(d_model=HID, num_layers=LAYERS, attention_heads=HEADS,
+                                   ffn_dim=FF, max_position_embeddings=32),
+             dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, layerdrop=0.0),
+    _lm_arch("biogpt_lm", "BioGpt", "learned positions, scaled embeddings, lm_head TIED",
+             masked=True, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+             activation_dropout=0.0, layerdrop=0.0),
+    _lm_arch("nemotron_lm", "Nemotron", "LayerNorm1P, relu^2 MLP, partial rotary 0.5, untied "
+             "lm_head", num_key_value_heads=2, head_dim=8, partial_rotary_factor=0.5),
+    _lm_arch("persimmon_lm", "Persimmon", "q/k LayerNorm, relu^2 MLP, partial rotary 0.5, fused "
+             "qkv, untied lm_head", qk_layernorm=True, partial_rotary_factor=0.5,
+             hidden_dropout=0.0, attention_dropout=0.0),
+    _lm_arch("gemma3_lm", "Gemma3", "q/k RMSNorm, local/global rotary bases, sliding window 6, "
+             "pre- and post-norms, lm_head TIED", config="Gemma3TextConfig",
+             num_key_value_heads=2, head_dim=8, sliding_window=6),
+    _lm_arch("glm_lm", "Glm", "interleaved partial rotary 0.5, fused gate_up_proj, q/k/v bias, "
+             "untied lm_head", num_key_value_heads=2, head_dim=8, pad_token_id=0),
+    _lm_arch("helium_lm", "Helium", "Llama-like with GQA 4/2, untied lm_head",
+             num_key_value_heads=2, head_dim=8),
+    _lm_arch("arcee_lm", "Arcee", "relu^2 up/down MLP (no gate), untied lm_head",
+             num_key_value_heads=2, head_dim=8),
+    _lm_arch("exaone4_lm", "Exaone4", "post-norms, q/k RMSNorm, lm_head TIED",
+             num_key_value_heads=2, head_dim=8, tie_word_embeddings=True),
+    _lm_arch("smollm3_lm", "SmolLM3", "NoPE every 4th layer (rope on layer 0 only here), "
+             "lm_head TIED", num_key_value_heads=2, no_rope_layer_interval=2, pad_token_id=0,
+             tie_word_embeddings=True),
+    Arch("llama_seqcls", "transformers", "LlamaForSequenceClassification: score Linear(32 -> 5, "
+         "no bias) on every token, logits of the last non-pad token",
+         _hf("LlamaConfig", "LlamaForSequenceClassification", pick=_cls_logits,
+             num_labels=NUM_LABELS, vocab_size=VOCAB, pad_token_id=0, **_DEC),
+         _ids_mask, attention=("LlamaAttention",), input_ranges=_MASK_R, extra=True,
+         loss="ce_lm"),
+    Arch("gpt2_seqcls", "transformers", "GPT2ForSequenceClassification: score Linear on every "
+         "token, logits of the last non-pad token",
+         _hf("GPT2Config", "GPT2ForSequenceClassification", pick=_cls_logits,
+             num_labels=NUM_LABELS, vocab_size=VOCAB, pad_token_id=0, resid_pdrop=0.0,
+             embd_pdrop=0.0, attn_pdrop=0.0, **_GPT2_DEC),
+         _ids_mask, attention=("GPT2Attention",), input_ranges=_MASK_R, extra=True,
+         loss="ce_lm"),
+    Arch("electra_cls", "transformers", "ElectraForSequenceClassification: dense + gelu + "
+         "out_proj on token 0",
+         _hf("ElectraConfig", "ElectraForSequenceClassification", pick=_cls_logits,
+             num_labels=NUM_LABELS, vocab_size=VOCAB, embedding_size=16, hidden_size=HID,
+             num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
+             max_position_embeddings=16, type_vocab_size=1, hidden_dropout_prob=0.0,
+             attention_probs_dropout_prob=0.0),
+         _ids_mask, attention=("ElectraSelfAttention",), input_ranges=_MASK_R, extra=True,
+         loss="ce_lm"),
+    Arch("albert_cls", "transformers", "AlbertForSequenceClassification: pooler + classifier",
+         _hf("AlbertConfig", "AlbertForSequenceClassification", pick=_cls_logits,
+             num_labels=NUM_LABELS, vocab_size=VOCAB, embedding_size=16, hidden_size=HID,
+             num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
+             max_position_embeddings=16, type_vocab_size=1, hidden_dropout_prob=0.0,
+             attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0),
+         _ids_mask, attention=("AlbertSdpaAttention", "AlbertAttention"), input_ranges=_MASK_R,
+         extra=True, loss="ce_lm"),
+    Arch("deberta_v2_cls", "transformers", "DebertaV2ForSequenceClassification: context pooler "
+         "+ classifier",
+         _hf("DebertaV2Config", "DebertaV2ForSequenceClassification", pick=_cls_logits,
+             num_labels=NUM_LABELS, vocab_size=VOCAB, hidden_size=HID,
+             num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
+             max_position_embeddings=16, type_vocab_size=0, hidden_dropout_prob=0.0,
+             attention_probs_dropout_prob=0.0, pooler_dropout=0.0),
+         _ids_mask, attention=("DisentangledSelfAttention",), input_ranges=_MASK_R, extra=True,
+         loss="ce_lm"),
 ]:
     ARCHS[_a.name] = _a

@@ -5,6 +5,11 @@ training graph of either family (the memory table of issue 22):
                 repeat_kv), 2 layers, SwiGLU FF 1376, vocabulary 32,000, untied LM head
   --arch gpt2   GPT2LMHeadModel, eager attention, n_embd 384, 6 heads, 2 layers, vocabulary
                 50,257, LM head tied to the token embedding, dropout 0
+  --arch falcon FalconForCausalLM, eager attention, hidden 512, 8 heads on ONE kv head
+                (multi-query: K / V broadcast by the matmuls), parallel attention + MLP, 2
+                layers, vocabulary 32,000, LM head tied
+  --arch mpt    MptForCausalLM, hidden 512, 8 heads, ALiBi added to the scores before the
+                causal masked_fill, 2 layers, expansion 4, vocabulary 32,000, LM head tied
   batch 1, sequence --seq; loss = mean cross-entropy of the logits [B*S, V] against random
   labels (every token counts).
 
@@ -46,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # shifted and padded with -100 inside the graph, mean over kept tokens)
 from make_lce_spellings import HFLoss  # noqa: E402
 
-VOCAB = {"llama": 32000, "gpt2": 50257}
+VOCAB = {"llama": 32000, "gpt2": 50257, "falcon": 32000, "mpt": 32000}
 
 
 def _config(arch: str, seq: int, layers: int):
@@ -58,6 +63,18 @@ def _config(arch: str, seq: int, layers: int):
                                        num_attention_heads=8, num_key_value_heads=2,
                                        max_position_embeddings=seq, tie_word_embeddings=False)
         cls = transformers.LlamaForCausalLM
+    elif arch == "falcon":
+        cfg = transformers.FalconConfig(vocab_size=VOCAB[arch], hidden_size=512,
+                                        num_hidden_layers=layers, num_attention_heads=8,
+                                        multi_query=True, parallel_attn=True, alibi=False,
+                                        max_position_embeddings=seq, hidden_dropout=0.0,
+                                        attention_dropout=0.0)
+        cls = transformers.FalconForCausalLM
+    elif arch == "mpt":
+        cfg = transformers.MptConfig(vocab_size=VOCAB[arch], d_model=512, n_heads=8,
+                                     n_layers=layers, expansion_ratio=4, max_seq_len=seq,
+                                     resid_pdrop=0.0, emb_pdrop=0.0)
+        cls = transformers.MptForCausalLM
     else:
         cfg = transformers.GPT2Config(vocab_size=VOCAB[arch], n_embd=384, n_head=6,
                                       n_layer=layers, n_positions=seq, resid_pdrop=0.0,

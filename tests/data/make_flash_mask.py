@@ -30,6 +30,14 @@ spelling of its own:
   finfo.min added to the scores (Hugging Face's 4-D float masks).
 - bias_window_pad: the band bias built at run time, (1 - (window & attention_mask)) * finfo.min,
   added to the scores (fully masked rows as in where_window_pad).
+Two more spellings (the architecture sweep's Falcon and MPT, scripts/corpus/SWEEP.md):
+- alibi_fill_pad: MPT's order, the additive bias first, then the mask: scores * dh**-0.5 +
+  an ALiBi bias (slopes 2^-(8 h / H) times the key position, [1, H, 1, S]), then
+  masked_fill(~(causal & attention_mask), finfo.min) (a filled score is the fill alone: the
+  ops' bias_first 1).
+- mqa_bias_causal: Falcon's multi-query attention: K and V of one head [B, 1, S, dh], broadcast
+  to the query heads by the matmuls (`q @ k.transpose(-1, -2)`, `p @ v`), scores / sqrt(dh) +
+  an additive causal mask (0 / finfo.min); the gradients of K and V are summed over the heads.
 ort-training also exports where_causal, where_window and bias_window_pad with the forward at
 opset 12 (`_opset12`, as older export scripts do: Softmax(axis=3) and com.microsoft
 SoftmaxGrad, docs/rules.md `last_axis`).
@@ -39,6 +47,12 @@ Rule fixtures (tests/test_rules.py's positives), attention only (x + o(attn(x)) 
   heads on 1 kv head), one per Where spelling: Where(causal, S, finfo.min), the same + an
   additive padding mask built at run time, masked_fill(~causal, -inf), the same + the padding
   mask: flash_attention 4.
+- mqa_all: eight attention layers on K / V of one head broadcast by the matmuls (Falcon's
+  multi-query), one per spelling: the four above, an additive causal mask, no mask, and MPT's
+  bias-then-mask (ALiBi + Where(causal & attention_mask, S, finfo.min), ALiBi +
+  masked_fill(~(causal & attention_mask), finfo.min)): flash_attention 8.
+- alibi_all: those two bias-then-mask spellings on full heads, then on repeat_kv's groups:
+  flash_attention 4.
 
 Through the corpus exporters (scripts/corpus/gen.py), each checked against torch autograd.
 Run with the corpus venvs (torch 2.13 + onnxruntime-training 1.19.2, or + onnxscript):
@@ -96,6 +110,18 @@ class WhereBlock(torch.nn.Module):
 
     def attention(self, q, k, v, attention_mask):
         s = q.shape[-2]
+        fmin = torch.finfo(q.dtype).min
+        if self.kind == "alibi_fill_pad":
+            slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / self.h) for h in range(self.h)])
+            alibi = (slopes[:, None] * torch.arange(s, dtype=q.dtype)[None, :]).view(1, self.h, 1, s)
+            w = q @ k.transpose(-2, -1) * self.dh ** -0.5 + alibi
+            keep = self.causal[:, :, :s, :s] & attention_mask[:, None, None, :].bool()
+            return torch.softmax(w.masked_fill(~keep, fmin), dim=-1) @ v
+        if self.kind == "mqa_bias_causal":
+            k, v = k[:, :1], v[:, :1]  # one kv head, broadcast by the matmuls
+            causal = torch.zeros(s, s).masked_fill(~self.causal[0, 0, :s, :s], fmin)
+            w = q @ k.transpose(-1, -2) / self.dh ** 0.5
+            return torch.softmax(w + causal, dim=-1) @ v
         if self.kind.startswith(("where_window", "bias_window")):
             w = q @ k.transpose(-2, -1) / self.dh ** 0.5
             fmin = torch.finfo(w.dtype).min
@@ -140,11 +166,13 @@ class WhereBlock(torch.nn.Module):
 
 
 class AttnLayers(torch.nn.Module):
-    """Attention-only residual layers (d 8, 2 heads of 4), one per spelling (module docstring)."""
+    """Attention-only residual layers (d 8, 2 heads of 4), one per spelling (module docstring).
+    kv: "repeat" (transformers' repeat_kv where kv_heads < heads) or "bcast" (K / V of
+    kv_heads = 1 broadcast to the query heads by the matmuls, Falcon's multi-query)."""
 
-    def __init__(self, spellings, kv_heads=2, d=8, heads=2):
+    def __init__(self, spellings, kv_heads=2, d=8, heads=2, kv="repeat"):
         super().__init__()
-        self.spellings, self.h, self.hk, self.dh = spellings, heads, kv_heads, d // heads
+        self.spellings, self.h, self.hk, self.dh, self.kv = spellings, heads, kv_heads, d // heads, kv
         n = len(spellings)
         self.q = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(n))
         self.k = torch.nn.ModuleList(torch.nn.Linear(d, kv_heads * self.dh) for _ in range(n))
@@ -152,6 +180,9 @@ class AttnLayers(torch.nn.Module):
         self.o = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(n))
         self.register_buffer("causal", torch.tril(torch.ones(S, S, dtype=torch.bool)),
                              persistent=False)
+        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)])
+        self.register_buffer("alibi", (slopes[:, None] * torch.arange(S)[None, :])
+                             .view(1, heads, 1, S), persistent=False)
 
     def forward(self, x, attention_mask):
         b, s, d = x.shape
@@ -161,15 +192,22 @@ class AttnLayers(torch.nn.Module):
             q = self.q[i](x).view(b, s, self.h, self.dh).transpose(1, 2)
             k = self.k[i](x).view(b, s, self.hk, self.dh).transpose(1, 2)
             v = self.v[i](x).view(b, s, self.hk, self.dh).transpose(1, 2)
-            if self.hk != self.h:  # transformers' repeat_kv
+            if self.hk != self.h and self.kv == "repeat":  # transformers' repeat_kv
                 rep = self.h // self.hk
                 k = k[:, :, None].expand(b, self.hk, rep, s, self.dh).reshape(b, self.h, s, self.dh)
                 v = v[:, :, None].expand(b, self.hk, rep, s, self.dh).reshape(b, self.h, s, self.dh)
             causal = self.causal[:s, :s]
             w = q @ k.transpose(-2, -1) / self.dh ** 0.5
-            if sp.startswith("keep"):
+            if sp.startswith("alibi"):  # MPT: the bias, then the mask
+                w = w + self.alibi[..., :s]
+                keep = causal & attention_mask[:, None, None, :].bool()
+                w = (torch.where(keep, w, torch.full([], fmin, dtype=w.dtype))
+                     if sp == "alibi_keep" else w.masked_fill(~keep, fmin))
+            elif sp == "bias":
+                w = w + torch.zeros(s, s).masked_fill(~causal, fmin)
+            elif sp.startswith("keep"):
                 w = torch.where(causal, w, torch.full([], fmin, dtype=w.dtype))
-            else:
+            elif sp.startswith("fill"):
                 w = w.masked_fill(~causal, float("-inf"))
             if sp.endswith("_pad"):
                 w = w + pad
@@ -179,14 +217,33 @@ class AttnLayers(torch.nn.Module):
 
 
 KINDS = ["where_causal", "where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "fill_window_ninf",
-         "gqa_where_all", "where_window", "where_window_pad", "bias_window", "bias_window_pad"]
+         "gqa_where_all", "where_window", "where_window_pad", "bias_window", "bias_window_pad",
+         "alibi_fill_pad", "mqa_bias_causal", "mqa_all", "alibi_all"]
 PADDED = {"where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "gqa_where_all",
-          "where_window_pad", "bias_window_pad"}
+          "where_window_pad", "bias_window_pad", "alibi_fill_pad", "mqa_all", "alibi_all"}
 # kinds whose padding leaves whole windows padded (fully masked query rows)
 WINDOW_PADDED = {"where_window_pad", "bias_window_pad"}
 # ort-training kinds also exported with the forward at opset 12 (`<kind>_opset12`)
 OPSET12 = ["where_causal", "where_window", "bias_window_pad"]
-LAYERS = {"gqa_where_all": lambda: AttnLayers(["keep", "keep_pad", "fill", "fill_pad"], 1)}
+class Stack(torch.nn.Module):
+    """AttnLayers models one after the other on (x, attention_mask)."""
+
+    def __init__(self, *parts):
+        super().__init__()
+        self.parts = torch.nn.ModuleList(parts)
+
+    def forward(self, x, attention_mask):
+        for p in self.parts:
+            x = p(x, attention_mask)
+        return x
+
+
+MQA_ALL = ["keep", "keep_pad", "fill", "fill_pad", "bias", "plain", "alibi_keep", "alibi_fill"]
+LAYERS = {"gqa_where_all": lambda: AttnLayers(["keep", "keep_pad", "fill", "fill_pad"], 1),
+          "mqa_all": lambda: AttnLayers(MQA_ALL, 1, kv="bcast"),
+          # the bias-then-mask spellings on full heads and on repeat_kv's groups
+          "alibi_all": lambda: Stack(AttnLayers(["alibi_keep", "alibi_fill"], 2),
+                                     AttnLayers(["alibi_keep", "alibi_fill"], 1))}
 
 
 def main(family: str, only: list[str]) -> None:
