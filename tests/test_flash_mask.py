@@ -230,6 +230,28 @@ def test_every_spelling_on_broadcast_and_grouped_kv_fuses_and_verifies(kind, fam
     assert report.ok and report.max_rel <= 1e-5, report
 
 
+def test_torchscript_sdpa_spellings_fuse_as_flash_and_verify(tmp_path):
+    """torch's scaled_dot_product_attention exported for ort-training (make_flash_mask.py
+    sdpa_all, model code): is_causal, a bool mask (0 / -inf added, then Where(IsNaN(P), 0, P)
+    before the P V MatMul and on dP: the ops' nan_guard), an additive float mask, no mask:
+    flash_attention 4, one of them guarded; verified."""
+    src = DATA / "ortt_flash_sdpa_all.onnx"
+    m = onnx.load(src)
+    fp = FusionPass()
+    fp.run(m)
+    assert {p: s.fused for p, s in fp.stats.patterns.items() if s.fused} == {"flash_attention": 4}
+    assert sorted(f.rule for f in fp.stats.fusions) == [
+        "flash_ortt_mask", "flash_ortt_mask", "flash_ortt_mask_nanguard", "flash_ortt_plain"]
+    guards = sorted(_attrs(n).get("nan_guard", 0) for n in m.graph.node
+                    if n.op_type in ("FlashAttention", "FlashAttentionGrad"))
+    assert guards == [0] * 6 + [1] * 2
+    assert not [n for n in m.graph.node if n.op_type in ("IsNaN", "Softmax")]
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
 # --- sliding windows (tests/data/make_flash_mask.py, W = 3: mask = (j <= i) & (i - j < W)) ------
 
 # kind -> (a Where on the scores: its condition is the ops' mask, fill finfo.min kept where

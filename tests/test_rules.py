@@ -93,6 +93,9 @@ for _name in ("flash_where_causal", "flash_where_gpt2_pad", "flash_fill_window_n
               "flash_fill_causal_pad", "flash_gqa_where_all", "flash_mqa_all", "flash_alibi_all"):
     for _fam in ("ortt", "torch"):
         SAMPLE_MODELS[f"export_{_fam}_{_name}"] = onnx.load(DATA / f"{_fam}_{_name}.onnx")
+# torch's scaled_dot_product_attention through torch.onnx (ort-training only): a bool mask's NaN
+# guard (flash_ortt_mask_nanguard; returning its attentions, the sdpa rule that took it before)
+SAMPLE_MODELS["export_ortt_flash_sdpa_all"] = onnx.load(DATA / "ortt_flash_sdpa_all.onnx")
 # the frozen-weight variants of every activation the exports lack (dA [+ dB] without dW; the
 # first layer's dB alone, also on GPT-2's 2-D view)
 for _act in ("relu", "gelu", "gelu_fast", "silu", "quick_gelu"):
@@ -154,6 +157,9 @@ SAMPLE_MODELS["gqa_torch_expand"] = onnx.load(DATA / "gqa" / "torch_gqa_expand_k
 SAMPLE_MODELS["synthetic_ortt_attention_fill"] = builders.ortt_attention_fill()
 SAMPLE_MODELS["synthetic_ortt_attention_fill_attentions"] = _with_attentions(
     SAMPLE_MODELS["synthetic_ortt_attention_fill"])
+# TorchScript's sdpa NaN guard returning its attentions: sdpa_ortt_runtime_nanguard
+SAMPLE_MODELS["export_ortt_flash_sdpa_all_attentions"] = _with_attentions(
+    SAMPLE_MODELS["export_ortt_flash_sdpa_all"])
 # a LayerNorm without bias, ort-training: Sub(mean) + SimplifiedLayerNormalization
 SAMPLE_MODELS["synthetic_ortt_layernorm_centred"] = builders.ortt_layernorm_centred()
 # gated MLPs (helper "gated", issue 23): real exports of LlamaMLP / Phi3MLP mirrors in both

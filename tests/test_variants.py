@@ -468,25 +468,27 @@ def test_sdpa_fill_and_keep_bind_the_backward_wheres_mask(name, rule, kept):
         assert len(node.input) > 8 and fwd_masks == {node.input[8]}, (node.input, fwd_masks)
 
 
-def test_sdpa_nan_guard_reproduces_fully_masked_rows(tmp_path):
+@pytest.mark.parametrize("rule,op", [("sdpa_ortt_runtime_nanguard", "AttentionGrad"),
+                                     ("flash_ortt_mask_nanguard", "FlashAttentionGrad")])
+def test_sdpa_nan_guard_reproduces_fully_masked_rows(rule, op, tmp_path):
     """F.scaled_dot_product_attention (TorchScript, ort-training) guards fully masked rows with
     Where(IsNaN(P), 0, P). ortt_phi_sdpa computes its additive mask at run time (causal +
-    padding); both layers fuse with nan_guard=1. With key 0 of the first sequence padded, its
-    first query row sees no key: the original's softmax is NaN there, the guard zeroes that row
-    before V and SoftmaxGrad keeps the NaN in the score gradient. The fused graph has NaN in
+    padding); both layers fuse with nan_guard=1, by the flash rule (FlashAttention + Grad) or,
+    with it left out, by the sdpa rule (AttentionGrad). With key 0 of the first sequence padded,
+    its first query row sees no key: the original's softmax is NaN there, the guard zeroes that
+    row before V and SoftmaxGrad keeps the NaN in the score gradient. The fused graph has NaN in
     exactly the same output elements and the same finite values everywhere else."""
     from fusecli.runtime.feeds import make_feeds
     from fusecli.runtime.library import library_path
     from fusecli.runtime.verify import manifest_entry_for, pick_runtime, run_in_runtime
 
-    rule = "sdpa_ortt_runtime_nanguard"
     path = CORPUS / "ortt_phi_sdpa.onnx"
     model = _sample("ortt_phi_sdpa")
     fused = copy.deepcopy(model)
-    fp = FusionPass()
+    fp = FusionPass(rules=NO_FLASH if op == "AttentionGrad" else RULES)
     fp.run(fused)
     assert fp.stats.rules[rule].fused == 2
-    attn = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
+    attn = [n for n in fused.graph.node if n.op_type == op]
     assert [helper.get_attribute_value(a) for n in attn for a in n.attribute
             if a.name == "nan_guard"] == [1, 1]
     feeds = make_feeds(model, manifest_entry_for(path))

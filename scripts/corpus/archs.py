@@ -345,9 +345,9 @@ class Arch:
 
 
 FLASH_NOTE = ("flash_attention = those attention calls, forward and backward as one (eager "
-              "attention or a mask-free F.scaled_dot_product_attention, no attention-probability "
-              "dropout, no learned bias reading dS, an additive or Where / masked_fill bool mask or "
-              "none, P not an output), "
+              "attention or F.scaled_dot_product_attention (a bool mask's NaN guard absorbed), "
+              "no attention-probability dropout, no learned bias reading dS, an additive or "
+              "Where / masked_fill bool mask or none, P not an output), "
               "which leaves sdpa 0")
 
 
@@ -633,10 +633,10 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          "activation"),
     # --- attention through F.scaled_dot_product_attention ------------------------------------
     _decoder("llama_sdpa", "Llama", 2, "2 KV heads (GQA), RMSNorm, SwiGLU MLP, " + _SDPA
-             + ", no padding mask (is_causal)", families=_ORTT, attn="sdpa"),
+             + ", no padding mask (is_causal)", families=_ORTT, attn="sdpa", flash=True),
     _decoder("llama_sdpa_pad", "Llama", 2, "2 KV heads (GQA via repeat_kv), RMSNorm, SwiGLU "
              "MLP, " + _SDPA + ", padding mask (a 4-D mask passed to SDPA)", inputs=_ids_mask,
-             families=_ORTT, attn="sdpa"),
+             families=_ORTT, attn="sdpa", flash=True),
     Arch("phi_sdpa", "transformers",
          "PhiModel (causal decoder, parallel attention + MLP), 2 layers, hidden 32, 4 heads, "
          "partial rotary 0.5, gelu_new MLP, " + _SDPA + ", padding mask",
@@ -648,7 +648,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          # feeds: no padding. A random 0/1 mask can hide every key of a query row (key 0
          # padded); SDPA's NaN guard zeroes that row forward, but the original ort-training
          # graph's SoftmaxGrad then computes NaN gradients, and verify cannot judge
-         input_ranges={"input_ids": [0, VOCAB], "attention_mask": [1, 2]},
+         input_ranges={"input_ids": [0, VOCAB], "attention_mask": [1, 2]}, flash=True,
          count_notes="layernorm 3 = per layer input_layernorm + final_layernorm; sdpa 2 = one "
          "PhiAttention per layer; linear_gelu 2 = mlp.fc1 -> NewGELUActivation per layer; rope 4 "
          "= q and k through apply_rotary_pos_emb in each PhiAttention (2 per layer)"),

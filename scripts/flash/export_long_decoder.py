@@ -54,7 +54,7 @@ from make_lce_spellings import HFLoss  # noqa: E402
 VOCAB = {"llama": 32000, "gpt2": 50257, "falcon": 32000, "mpt": 32000}
 
 
-def _config(arch: str, seq: int, layers: int):
+def _config(arch: str, seq: int, layers: int, attn: str = "eager"):
     import transformers
 
     if arch == "llama":
@@ -80,7 +80,7 @@ def _config(arch: str, seq: int, layers: int):
                                       n_layer=layers, n_positions=seq, resid_pdrop=0.0,
                                       embd_pdrop=0.0, attn_pdrop=0.0)
         cls = transformers.GPT2LMHeadModel
-    cfg._attn_implementation = "eager"
+    cfg._attn_implementation = attn
     return cls(cfg).train()
 
 
@@ -208,11 +208,18 @@ def main() -> int:
                     "'smoothed' = the written-out loss with label smoothing 0.1, NAME with "
                     "'_smoothed'; 'shift' = Hugging Face's older loss on the shifted logits "
                     "written out (per-token losses, the kept ones' mean), NAME with '_shift'")
+    ap.add_argument("--attn", choices=["eager", "sdpa"], default="eager",
+                    help="transformers' attention implementation: 'eager' (explicit softmax) "
+                    "or 'sdpa' (torch's scaled_dot_product_attention, transformers' default; "
+                    "ortt only: torch-joint cannot export its backward), NAME with '_sdpa'")
     ap.add_argument("--artifacts", action="store_true",
                     help="ortt: keep the checkpoint and the optimizer model (NAME.artifacts/)")
     a = ap.parse_args()
     torch.manual_seed(0)
-    model = _config(a.arch, a.seq, a.layers)
+    if a.attn == "sdpa" and a.family != "ortt":
+        ap.error("--attn sdpa: torch 2.13's dynamo exporter has no decomposition of sdpa's "
+                 "backward; use --family ortt")
+    model = _config(a.arch, a.seq, a.layers, a.attn)
     ids = torch.randint(0, VOCAB[a.arch], (1, a.seq))
     a.out.mkdir(parents=True, exist_ok=True)
     if {"own": "ortt", "reducemean": "torch", "smoothed": "torch",
@@ -220,7 +227,7 @@ def main() -> int:
         ap.error(f"--loss {a.loss} is not a {a.family} spelling here")
     tag = {"own": "_ownloss", "reducemean": "_reducemean", "smoothed": "_smoothed",
            "shift": "_shift"}.get(a.loss, "")
-    name = f"{a.family}_{a.arch}{tag}_long_S{a.seq}"
+    name = f"{a.family}_{a.arch}{tag}{'_sdpa' if a.attn == 'sdpa' else ''}_long_S{a.seq}"
     if a.family == "ortt":
         _ortt(model, ids, name, a.out, a.artifacts, a.loss == "own")
     else:

@@ -53,6 +53,13 @@ Rule fixtures (tests/test_rules.py's positives), attention only (x + o(attn(x)) 
   masked_fill(~(causal & attention_mask), finfo.min)): flash_attention 8.
 - alibi_all: those two bias-then-mask spellings on full heads, then on repeat_kv's groups:
   flash_attention 4.
+- sdpa_all (ort-training only: torch 2.13's dynamo exporter has no decomposition of sdpa's
+  backward): four layers of torch.nn.functional.scaled_dot_product_attention, transformers'
+  default attention, which torch.onnx writes out with the NaN guard Where(IsNaN(P), 0, P):
+  is_causal=True, a bool mask (causal & attention_mask) | the diagonal (no row fully masked: there
+  the export's own gradients are NaN, which gen.py refuses; the kernels' NaN rows are tested in
+  fusecli/ops/flash_attention/test_nan_guard.py), the additive padding mask, no mask:
+  flash_attention 4.
 
 Through the corpus exporters (scripts/corpus/gen.py), each checked against torch autograd.
 Run with the corpus venvs (torch 2.13 + onnxruntime-training 1.19.2, or + onnxscript):
@@ -67,6 +74,7 @@ import types
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "scripts" / "corpus"))
@@ -180,6 +188,7 @@ class AttnLayers(torch.nn.Module):
         self.o = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(n))
         self.register_buffer("causal", torch.tril(torch.ones(S, S, dtype=torch.bool)),
                              persistent=False)
+        self.register_buffer("diag", torch.eye(S, dtype=torch.bool), persistent=False)
         slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)])
         self.register_buffer("alibi", (slopes[:, None] * torch.arange(S)[None, :])
                              .view(1, heads, 1, S), persistent=False)
@@ -197,6 +206,17 @@ class AttnLayers(torch.nn.Module):
                 k = k[:, :, None].expand(b, self.hk, rep, s, self.dh).reshape(b, self.h, s, self.dh)
                 v = v[:, :, None].expand(b, self.hk, rep, s, self.dh).reshape(b, self.h, s, self.dh)
             causal = self.causal[:s, :s]
+            if sp.startswith("sdpa"):  # torch's fused attention (transformers' default)
+                # (the diagonal kept: a fully masked row's NaN softmax makes the export's
+                # gradients NaN, which gen.py's check against torch refuses)
+                keep = (causal & attention_mask[:, None, None, :].bool()) | self.diag[:s, :s]
+                a = (F.scaled_dot_product_attention(q, k, v, is_causal=True) if sp == "sdpa_causal"
+                     else F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+                     if sp == "sdpa_bool" else
+                     F.scaled_dot_product_attention(q, k, v, attn_mask=pad)
+                     if sp == "sdpa_float" else F.scaled_dot_product_attention(q, k, v))
+                x = x + self.o[i](a.transpose(1, 2).reshape(b, s, d))
+                continue
             w = q @ k.transpose(-2, -1) / self.dh ** 0.5
             if sp.startswith("alibi"):  # MPT: the bias, then the mask
                 w = w + self.alibi[..., :s]
@@ -218,9 +238,10 @@ class AttnLayers(torch.nn.Module):
 
 KINDS = ["where_causal", "where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "fill_window_ninf",
          "gqa_where_all", "where_window", "where_window_pad", "bias_window", "bias_window_pad",
-         "alibi_fill_pad", "mqa_bias_causal", "mqa_all", "alibi_all"]
+         "alibi_fill_pad", "mqa_bias_causal", "mqa_all", "alibi_all", "sdpa_all"]
 PADDED = {"where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "gqa_where_all",
-          "where_window_pad", "bias_window_pad", "alibi_fill_pad", "mqa_all", "alibi_all"}
+          "where_window_pad", "bias_window_pad", "alibi_fill_pad", "mqa_all", "alibi_all",
+          "sdpa_all"}
 # kinds whose padding leaves whole windows padded (fully masked query rows)
 WINDOW_PADDED = {"where_window_pad", "bias_window_pad"}
 # ort-training kinds also exported with the forward at opset 12 (`<kind>_opset12`)
@@ -242,6 +263,7 @@ MQA_ALL = ["keep", "keep_pad", "fill", "fill_pad", "bias", "plain", "alibi_keep"
 LAYERS = {"gqa_where_all": lambda: AttnLayers(["keep", "keep_pad", "fill", "fill_pad"], 1),
           "mqa_all": lambda: AttnLayers(MQA_ALL, 1, kv="bcast"),
           # the bias-then-mask spellings on full heads and on repeat_kv's groups
+          "sdpa_all": lambda: AttnLayers(["sdpa_causal", "sdpa_bool", "sdpa_float", "sdpa_none"]),
           "alibi_all": lambda: Stack(AttnLayers(["alibi_keep", "alibi_fill"], 2),
                                      AttnLayers(["alibi_keep", "alibi_fill"], 1))}
 

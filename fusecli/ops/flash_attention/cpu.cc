@@ -70,6 +70,7 @@ void FlashKernel::Compute(Ort::KernelContext& ctx) {
   const FlashTiles t{in, scale, k_transposed != 0, fill, fill_kept, bias_first, softcap};
   const int64_t nqb = flash_blocks(in.Sq, kFlashBq), Dv = in.Dv;
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
   parallel_for(in.B * nqb, 1, [&](int, int64_t t0, int64_t t1) {
     FwdScratch w(std::min(kFlashBq, in.Sq), std::min(kFlashBk, in.Sk), Dv);
     for (int64_t task = t0; task < t1; ++task) {
@@ -80,14 +81,19 @@ void FlashKernel::Compute(Ort::KernelContext& ctx) {
       for (int64_t r = 0; r < nr; ++r) {
         const int64_t row = b * in.Sq + i0 + r;
         const bool empty = !(w.l[r] > 0.f);  // every score -inf: Softmax gives NaN
+        const float lv = empty ? nan : w.m[r] + std::log(w.l[r]);
+        // nan_guard: a row whose softmax is NaN gets P = 0 (O = 0), LSE +inf (contract)
+        const bool guarded = nan_guard && !std::isfinite(lv);
         if (want_o) {
           Eigen::Map<Eigen::RowVectorXf> orow(o + row * Dv, Dv);
-          if (empty)
+          if (guarded)
+            orow.setZero();
+          else if (empty)
             orow.setConstant(nan);
           else
             orow = w.acc.row(r) * (1.f / w.l[r]);
         }
-        if (want_lse) lse[row] = empty ? nan : w.m[r] + std::log(w.l[r]);
+        if (want_lse) lse[row] = guarded ? kInf : lv;
       }
     }
   });

@@ -17,7 +17,7 @@ __global__ void flash_fwd_rows(const float* __restrict__ q, const float* __restr
                                const float* __restrict__ v, Bias bias, Mask mk,
                                float* __restrict__ o, float* __restrict__ lse, fusecli::KvMap km,
                                int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int kt,
-                               float cap) {
+                               float cap, int nan_guard) {
   extern __shared__ float sh[];  // acc [dv], p [kFlashT], red [32]
   float* acc = sh;
   float* p = sh + dv;
@@ -66,9 +66,11 @@ __global__ void flash_fwd_rows(const float* __restrict__ q, const float* __restr
     if (!skipped || m > kMaskedRow) break;
   }
   const bool empty = !(l > 0.f);
+  const float lv = empty ? CUDART_NAN_F : m + logf(l);
+  const bool guarded = nan_guard && !isfinite(lv);  // P = 0 (O = 0), LSE +inf: the contract
   for (int64_t x = threadIdx.x; x < dv; x += blockDim.x)
-    o[row * dv + x] = empty ? CUDART_NAN_F : acc[x] / l;
-  if (lse && threadIdx.x == 0) lse[row] = empty ? CUDART_NAN_F : m + logf(l);
+    o[row * dv + x] = guarded ? 0.f : empty ? CUDART_NAN_F : acc[x] / l;
+  if (lse && threadIdx.x == 0) lse[row] = guarded ? CUDART_INF_F : lv;
 }
 
 template <int P, int DP> struct FwdCfg {
@@ -281,7 +283,7 @@ FUSECLI_EXPORT int fusecli_launch_flash_attention(
     const int64_t* bias_strides, float* o, float* lse, int nd, const int64_t* qdims,
     const int64_t* kdims, int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale,
     int k_transposed, int tf32, const uint8_t* mask, const int64_t* mask_strides, float fill,
-    int fill_kept, int bias_first, float softcap) {
+    int fill_kept, int bias_first, float softcap, int nan_guard) {
   fusecli::KvMap km;
   Bias bm;
   Mask mk;
@@ -292,13 +294,13 @@ FUSECLI_EXPORT int fusecli_launch_flash_attention(
   if (rows == 0) return cudaSuccess;
   auto s = static_cast<cudaStream_t>(stream);
   const int dp = dp_bucket(d > dv ? d : dv);
-  // the tensor-core tiles take no mask and no soft cap
-  if (dp != 0 && flash_tc_enabled() && !mask && !(softcap > 0.f))
+  // the tensor-core tiles take no mask, no soft cap and no NaN guard
+  if (dp != 0 && flash_tc_enabled() && !mask && !(softcap > 0.f) && !nan_guard)
     return launch_fwd_tc<kF32>(s, dp, q, k, v, bm, o, lse, km, sq, sk, d, dv, scale, k_transposed,
                                tf32 ? 0 : 1);
   const size_t smem = static_cast<size_t>(dv + kFlashT + 32) * sizeof(float);
   flash_fwd_rows<<<static_cast<unsigned>(rows), kFlashT, smem, s>>>(
-      q, k, v, bm, mk, o, lse, km, sq, sk, d, dv, scale, k_transposed, softcap);
+      q, k, v, bm, mk, o, lse, km, sq, sk, d, dv, scale, k_transposed, softcap, nan_guard);
   return static_cast<int>(cudaGetLastError());
 }
 

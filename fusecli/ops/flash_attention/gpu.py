@@ -19,11 +19,11 @@ def mask_args(mask, qb, sq, sk):
 
 
 def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, tf32=0, mask=None,
-                    fill=FMIN, fill_kept=1, bias_first=0, softcap=0.0):
+                    fill=FMIN, fill_kept=1, bias_first=0, softcap=0.0, nan_guard=0):
     """(O, LSE) for float32, float16 or bfloat16 Q, K, V (and bias) of one type; LSE float32.
     tf32 (float32 only): one TF32 product per multiply instead of split TF32. mask, softcap
     (float32 only): the bool mask with fill / fill_kept / bias_first, the scores' soft cap (the
-    contract's attributes)."""
+    contract's attributes); nan_guard (float32 only): as the contract's."""
     import torch
 
     qb = tuple(q.shape[:-2])
@@ -50,7 +50,7 @@ def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, tf32=0, mask=
                lse=lse, nd=nd, qdims=qd, kdims=kd, sq=sq, sk=sk, d=d, dv=dv, scale=scale,
                k_transposed=k_transposed, tf32=tf32,
                mask=mk, mask_strides=ms, fill=float(fill), fill_kept=int(fill_kept),
-               bias_first=int(bias_first), softcap=float(softcap))
+               bias_first=int(bias_first), softcap=float(softcap), nan_guard=int(nan_guard))
     return o, lse
 
 

@@ -56,7 +56,8 @@ def flash_scores(q, k, scale=1.0, k_transposed=0, bias=None, mask=None, fill=-3.
 
 
 def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, mask=None,
-                    fill=-3.4028234663852886e38, fill_kept=1, bias_first=0, softcap=0.0):
+                    fill=-3.4028234663852886e38, fill_kept=1, bias_first=0, softcap=0.0,
+                    nan_guard=0):
     """Returns (O, LSE) as the contract defines them."""
     s, qb, kb = flash_scores(q, k, scale, k_transposed, bias, mask, fill, fill_kept, bias_first,
                              softcap)
@@ -70,14 +71,20 @@ def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, mask=None,
         lsum = e.sum(axis=-1, keepdims=True)
         o = (e / lsum) @ _expand(v.astype(np.float64).reshape(*vb, sk, dv), qb, vb)
         lse = (m + np.log(lsum))[..., 0]
+    if nan_guard:  # a row whose softmax is NaN: P = 0 (O = 0), LSE +inf
+        guarded = ~np.isfinite(lse)
+        o = np.where(guarded[..., None], 0.0, o)
+        lse = np.where(guarded, np.inf, lse)
     return o.astype(q.dtype), lse.astype(np.float32)
 
 
 class Reference(OpRun):
 
     def _run(self, q, k, v, bias=None, mask=None, scale=1.0, k_transposed=0, fill=None,
-             fill_kept=None, bias_first=None, softcap=None, tf32=0):  # tf32: CUDA only
+             fill_kept=None, bias_first=None, softcap=None, tf32=0,  # tf32: CUDA only
+             nan_guard=None):
         return _fit(self, flash_attention(
             q, k, v, bias, 1.0 if scale is None else scale, k_transposed or 0, mask,
             -3.4028234663852886e38 if fill is None else fill,
-            1 if fill_kept is None else fill_kept, bias_first or 0, softcap or 0.0))
+            1 if fill_kept is None else fill_kept, bias_first or 0, softcap or 0.0,
+            nan_guard or 0))

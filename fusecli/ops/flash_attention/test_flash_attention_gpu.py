@@ -168,3 +168,32 @@ def test_flash_attention_bool_mask(kind, fill_kept, path, monkeypatch):
         assert torch.isfinite(o[1]).all()
     else:
         close(o.double(), ro, TOL["fp32"], "O (-inf fill)")
+
+
+def test_nan_guard_zeroes_whole_masked_rows_and_their_gradients_are_nan():
+    """nan_guard (TorchScript's sdpa NaN guard) on the float32 cores: against the NumPy
+    reference (fusecli/ops/flash_attention/test_nan_guard.py's oracle), rows 0..2 of batch 0
+    fully -inf (O 0, LSE +inf, dQ / dK NaN as the original's, dV finite)."""
+    import numpy as np
+
+    from fusecli.ops.flash_attention.reference import flash_attention as ref_fwd
+    from fusecli.ops.flash_attention_grad.gpu import flash_attention_grad
+    from fusecli.ops.flash_attention_grad.reference import flash_attention_grad as ref_bwd
+
+    q, k, v, do = (rand(2, 2, 70, 16) for _ in range(4))
+    keep = torch.ones(2, 1, 70, 70, dtype=torch.bool, device="cuda").tril()
+    keep[0, ..., :3] = False
+    bias = torch.zeros(2, 1, 70, 70, device="cuda").masked_fill(~keep, float("-inf"))
+    o, lse = flash_attention(q, k, v, bias, 0.25, nan_guard=1)
+    grads = flash_attention_grad(do, q, k, v, o, lse, bias, 0.25, nan_guard=1)
+    h = [t.cpu().numpy() for t in (q, k, v, do, bias)]
+    ro, rl = ref_fwd(*h[:3], h[4], 0.25, nan_guard=1)
+    assert np.isposinf(lse.cpu().numpy()).sum() == 2 * 3 and np.isposinf(rl).sum() == 2 * 3
+    close(o.double(), torch.from_numpy(ro).double().cuda(), TOL["fp32"], "O")
+    for g, r, nm in zip(grads, ref_bwd(h[3], *h[:3], ro, rl, h[4], 0.25, nan_guard=1),
+                        ("dQ", "dK", "dV")):
+        g = g.cpu().numpy()
+        assert (np.isnan(g) == np.isnan(r)).all(), nm
+        fin = ~np.isnan(r)
+        close(torch.from_numpy(g[fin]).double(), torch.from_numpy(r[fin]).double(),
+              TOL["fp32"], nm)

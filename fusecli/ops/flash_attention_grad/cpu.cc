@@ -99,6 +99,10 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
             Eigen::Map<const Eigen::ArrayXf>(dop + row * Dv, Dv)
                 .cwiseProduct(Eigen::Map<const Eigen::ArrayXf>(O.ptr<float>() + row * Dv, Dv))
                 .sum();
+        // nan_guard: a guarded row (LSE +inf) has P = 0 and, as SoftmaxGrad on the original's
+        // NaN P row, a NaN dS: P (dP - NaN)
+        if (nan_guard && lse[row] == std::numeric_limits<float>::infinity())
+          drow[row] = std::numeric_limits<float>::quiet_NaN();
         if (!(lse[row] > kFlashMaskedRow) || !std::isfinite(lse[row])) can_skip[task] = 0;
         if (std::isfinite(lse[row]) && !(lse[row] > kFlashMaskedRow)) {
           double sum = 0.0;

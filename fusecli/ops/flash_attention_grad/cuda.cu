@@ -12,16 +12,17 @@ namespace {
 
 using namespace fusecli_flash;
 
-// Per query row (one block each): drow = dO_row . O_row, and pscale = 1, or for a row with a
-// finite LSE <= kMaskedRow (every score masked by a finfo.min-like bias: S = LSE in float32)
-// 1 / rowsum(exp(S - LSE)), the original's uniform softmax.
+// Per query row (one block each): drow = dO_row . O_row (NaN for a row nan_guard guarded), and
+// pscale = 1, or for a row with a finite LSE <= kMaskedRow (every score masked by a
+// finfo.min-like bias: S = LSE in float32) 1 / rowsum(exp(S - LSE)), the original's uniform
+// softmax.
 template <typename T>
 __global__ void flash_rows(const T* __restrict__ dO, const T* __restrict__ o,
                            const T* __restrict__ q, const T* __restrict__ k,
                            const float* __restrict__ lse, BiasT<T> bias, Mask mk,
                            float* __restrict__ drow, float* __restrict__ pscale, fusecli::KvMap km,
                            int64_t sq, int64_t sk, int64_t d, int64_t dv, float scale, int kt,
-                           float cap) {
+                           float cap, int nan_guard) {
   __shared__ float red[32];
   const int64_t row = blockIdx.x, b = row / sq, i = row % sq;
   float a = 0.f;
@@ -45,7 +46,8 @@ __global__ void flash_rows(const T* __restrict__ dO, const T* __restrict__ o,
     ps = 1.f / block_reduce(sum, red, false);
   }
   if (threadIdx.x == 0) {
-    drow[row] = a;
+    // nan_guard: a guarded row (LSE +inf) has P = 0 and a NaN dS, P (dP - NaN): the contract
+    drow[row] = nan_guard && li == CUDART_INF_F ? CUDART_NAN_F : a;
     pscale[row] = ps;
   }
 }
@@ -488,7 +490,7 @@ int launch_grad(void* stream, const typename PrecOf<P>::T* dO, const typename Pr
                 int64_t sq, int64_t sk, int64_t d, int64_t dv_dim, float scale, int k_transposed,
                 int split, bool tc, const uint8_t* mask = nullptr,
                 const int64_t* mask_strides = nullptr, float fill = 0.f, int fill_kept = 1,
-                int bias_first = 0, float softcap = 0.f) {
+                int bias_first = 0, float softcap = 0.f, int nan_guard = 0) {
   using T = typename PrecOf<P>::T;
   fusecli::KvMap km;
   BiasT<T> bm;
@@ -510,7 +512,8 @@ int launch_grad(void* stream, const typename PrecOf<P>::T* dO, const typename Pr
   float* drow = ws.f();
   float* pscale = drow + rows;
   flash_rows<T><<<static_cast<unsigned>(rows), kFlashT, 0, s>>>(
-      dO, o, q, k, lse, bm, mk, drow, pscale, km, sq, sk, d, dv_dim, scale, k_transposed, softcap);
+      dO, o, q, k, lse, bm, mk, drow, pscale, km, sq, sk, d, dv_dim, scale, k_transposed, softcap,
+      nan_guard);
   RETURN_IF_ERR(cudaGetLastError());
   if (tc) {
     const GradArgs<T> a{s,
@@ -557,11 +560,13 @@ FUSECLI_EXPORT int fusecli_launch_flash_attention_grad(
     const float* lse, const float* bias, const int64_t* bias_strides, float* dq, float* dk,
     float* dv, int nd, const int64_t* qdims, const int64_t* kdims, int64_t sq, int64_t sk,
     int64_t d, int64_t dv_dim, float scale, int k_transposed, int tf32, const uint8_t* mask,
-    const int64_t* mask_strides, float fill, int fill_kept, int bias_first, float softcap) {
-  const bool tc = dp_bucket(d > dv_dim ? d : dv_dim) != 0 && flash_tc_enabled() && !mask;
+    const int64_t* mask_strides, float fill, int fill_kept, int bias_first, float softcap,
+    int nan_guard) {
+  const bool tc =
+      dp_bucket(d > dv_dim ? d : dv_dim) != 0 && flash_tc_enabled() && !mask && !nan_guard;
   return launch_grad<kF32>(stream, dO, q, k, v, o, lse, bias, bias_strides, dq, dk, dv, nd, qdims,
                            kdims, sq, sk, d, dv_dim, scale, k_transposed, tf32 ? 0 : 1, tc, mask,
-                           mask_strides, fill, fill_kept, bias_first, softcap);
+                           mask_strides, fill, fill_kept, bias_first, softcap, nan_guard);
 }
 
 template <int P>

@@ -18,16 +18,17 @@ struct FlashGradKernel : CudaKernel<FlashGradKernel, kFlashAttentionGrad> {
     float* dq = opt_out<float>(ctx, 0, in.q.shape);
     float* dk = opt_out<float>(ctx, 1, in.k.shape);
     float* dv = opt_out<float>(ctx, 2, in.v.shape);
-    check_cuda(fusecli_launch_flash_attention_grad(
-                   ctx.GetGPUComputeStream(), dO.ptr<float>(), in.q.ptr<float>(), in.k.ptr<float>(),
-                   in.v.ptr<float>(), O.ptr<float>(), L.ptr<float>(),
-                   in.bias.present ? in.bias.ptr<float>() : nullptr,
-                   in.bias.present ? in.bias_strides.data() : nullptr, dq, dk, dv, in.kmap.nd,
-                   in.kmap.q, in.kmap.kv, in.Sq, in.Sk, in.D, in.Dv, scale, k_transposed,
-                   static_cast<int>(tf32), in.mask.present ? in.mask.ptr<uint8_t>() : nullptr,
-                   in.mask.present ? in.mask_strides.data() : nullptr, fill,
-                   static_cast<int>(fill_kept), static_cast<int>(bias_first), softcap),
-               "FlashAttentionGrad");
+    check_cuda(
+        fusecli_launch_flash_attention_grad(
+            ctx.GetGPUComputeStream(), dO.ptr<float>(), in.q.ptr<float>(), in.k.ptr<float>(),
+            in.v.ptr<float>(), O.ptr<float>(), L.ptr<float>(),
+            in.bias.present ? in.bias.ptr<float>() : nullptr,
+            in.bias.present ? in.bias_strides.data() : nullptr, dq, dk, dv, in.kmap.nd, in.kmap.q,
+            in.kmap.kv, in.Sq, in.Sk, in.D, in.Dv, scale, k_transposed, static_cast<int>(tf32),
+            in.mask.present ? in.mask.ptr<uint8_t>() : nullptr,
+            in.mask.present ? in.mask_strides.data() : nullptr, fill, static_cast<int>(fill_kept),
+            static_cast<int>(bias_first), softcap, static_cast<int>(nan_guard)),
+        "FlashAttentionGrad");
   }
 };
 

@@ -18,10 +18,10 @@ SHAPES = [(1, 8, 256, 64), (4, 8, 512, 64), (1, 8, 2048, 64), (2, 16, 1024, 128)
 
 def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed=0,
                          want=(1, 1, 1), tf32=0, mask=None, fill=FMIN, fill_kept=1,
-                         bias_first=0, softcap=0.0):
+                         bias_first=0, softcap=0.0, nan_guard=0):
     """[dQ, dK, dV] (None where not wanted); float32, float16 or bfloat16 tensors of one type
     (LSE float32). tf32 (float32 only): one TF32 product per multiply. mask, softcap (float32
-    only): as FlashAttention's."""
+    only), nan_guard (float32 only): as FlashAttention's."""
     import torch
 
     qb = tuple(q.shape[:-2])
@@ -47,7 +47,7 @@ def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed
                bias_strides=bs, dq=dq, dk=dk, dv=dvv, nd=nd, qdims=qd, kdims=kd, sq=sq, sk=sk,
                d=d, dv_dim=dv, scale=scale, k_transposed=k_transposed, tf32=tf32,
                mask=mk, mask_strides=ms, fill=float(fill), fill_kept=int(fill_kept),
-               bias_first=int(bias_first), softcap=float(softcap))
+               bias_first=int(bias_first), softcap=float(softcap), nan_guard=int(nan_guard))
     return [dq, dk, dvv]
 
 

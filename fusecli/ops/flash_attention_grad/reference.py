@@ -14,7 +14,8 @@ MASKED_ROW = -5e29  # kFlashMaskedRow of the kernels
 
 
 def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed=0, mask=None,
-                         fill=-3.4028234663852886e38, fill_kept=1, bias_first=0, softcap=0.0):
+                         fill=-3.4028234663852886e38, fill_kept=1, bias_first=0, softcap=0.0,
+                         nan_guard=0):
     """Returns (dQ, dK, dV) as the contract defines them."""
     s, qb, kb = flash_scores(q, k, scale, k_transposed, bias, mask, fill, fill_kept, bias_first,
                              softcap)
@@ -29,6 +30,8 @@ def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed
         p = np.where(masked, p / np.where(masked, p.sum(-1, keepdims=True), 1.0), p)
         do64 = do.astype(np.float64).reshape(*qb, sq, dvd)
         drow = (do64 * o.astype(np.float64).reshape(*qb, sq, dvd)).sum(-1, keepdims=True)
+        if nan_guard:  # a guarded row (LSE +inf): P = 0 there, its dS NaN
+            drow = np.where(lse64 == np.inf, np.nan, drow)
         dv = _group_sum(np.swapaxes(p, -1, -2) @ do64, qb, vb)
         dp = do64 @ np.swapaxes(_expand(v.astype(np.float64).reshape(*vb, sk, dvd), qb, vb),
                                 -1, -2)
@@ -53,8 +56,9 @@ class Reference(OpRun):
 
     def _run(self, do, q, k, v, o, lse, bias=None, mask=None, scale=1.0, k_transposed=0,
              fill=None, fill_kept=None, bias_first=None, softcap=None,
-             tf32=0):  # tf32: CUDA only
+             tf32=0, nan_guard=None):  # tf32: CUDA only
         return _fit(self, flash_attention_grad(
             do, q, k, v, o, lse, bias, 1.0 if scale is None else scale, k_transposed or 0, mask,
             -3.4028234663852886e38 if fill is None else fill,
-            1 if fill_kept is None else fill_kept, bias_first or 0, softcap or 0.0))
+            1 if fill_kept is None else fill_kept, bias_first or 0, softcap or 0.0,
+            nan_guard or 0))
