@@ -1592,6 +1592,21 @@ for _a in [
 
 # --- heads sweep 2 (2026-12-07): 17 more causal-LM classes and 5 sequence classifiers ----------
 _NODROP = dict(hidden_dropout=0.0, attention_dropout=0.0)
+# a BERT-style encoder's config keys at the corpus size, without dropout
+_ENC = dict(hidden_size=HID, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+            intermediate_size=FF, max_position_embeddings=16, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0)
+
+
+def _seqcls_arch(name: str, kind: str, desc: str, attention: str, **cfg) -> "Arch":
+    """{kind}ForSequenceClassification of transformers (5 labels) with `cfg`, the padded
+    inputs, the classifier's cross-entropy (ce_lm: no label smoothing)."""
+    return Arch(name, "transformers", f"{kind}ForSequenceClassification: {desc}",
+                _hf(f"{kind}Config", f"{kind}ForSequenceClassification", pick=_cls_logits,
+                    num_labels=NUM_LABELS, vocab_size=VOCAB, **cfg),
+                _ids_mask, attention=(attention,), input_ranges=_MASK_R, extra=True,
+                loss="ce_lm")
+
 for _a in [
     _lm_arch("gpt_neo_lm", "GPTNeo", "global + local (window 4) attention layers, unscaled "
              "scores, Where causal mask, lm_head TIED", masked=True,
@@ -1639,44 +1654,16 @@ for _a in [
     _lm_arch("smollm3_lm", "SmolLM3", "NoPE every 4th layer (rope on layer 0 only here), "
              "lm_head TIED", num_key_value_heads=2, no_rope_layer_interval=2, pad_token_id=0,
              tie_word_embeddings=True),
-    Arch("llama_seqcls", "transformers", "LlamaForSequenceClassification: score Linear(32 -> 5, "
-         "no bias) on every token, logits of the last non-pad token",
-         _hf("LlamaConfig", "LlamaForSequenceClassification", pick=_cls_logits,
-             num_labels=NUM_LABELS, vocab_size=VOCAB, pad_token_id=0, **_DEC),
-         _ids_mask, attention=("LlamaAttention",), input_ranges=_MASK_R, extra=True,
-         loss="ce_lm"),
-    Arch("gpt2_seqcls", "transformers", "GPT2ForSequenceClassification: score Linear on every "
-         "token, logits of the last non-pad token",
-         _hf("GPT2Config", "GPT2ForSequenceClassification", pick=_cls_logits,
-             num_labels=NUM_LABELS, vocab_size=VOCAB, pad_token_id=0, resid_pdrop=0.0,
-             embd_pdrop=0.0, attn_pdrop=0.0, **_GPT2_DEC),
-         _ids_mask, attention=("GPT2Attention",), input_ranges=_MASK_R, extra=True,
-         loss="ce_lm"),
-    Arch("electra_cls", "transformers", "ElectraForSequenceClassification: dense + gelu + "
-         "out_proj on token 0",
-         _hf("ElectraConfig", "ElectraForSequenceClassification", pick=_cls_logits,
-             num_labels=NUM_LABELS, vocab_size=VOCAB, embedding_size=16, hidden_size=HID,
-             num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
-             max_position_embeddings=16, type_vocab_size=1, hidden_dropout_prob=0.0,
-             attention_probs_dropout_prob=0.0),
-         _ids_mask, attention=("ElectraSelfAttention",), input_ranges=_MASK_R, extra=True,
-         loss="ce_lm"),
-    Arch("albert_cls", "transformers", "AlbertForSequenceClassification: pooler + classifier",
-         _hf("AlbertConfig", "AlbertForSequenceClassification", pick=_cls_logits,
-             num_labels=NUM_LABELS, vocab_size=VOCAB, embedding_size=16, hidden_size=HID,
-             num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
-             max_position_embeddings=16, type_vocab_size=1, hidden_dropout_prob=0.0,
-             attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0),
-         _ids_mask, attention=("AlbertSdpaAttention", "AlbertAttention"), input_ranges=_MASK_R,
-         extra=True, loss="ce_lm"),
-    Arch("deberta_v2_cls", "transformers", "DebertaV2ForSequenceClassification: context pooler "
-         "+ classifier",
-         _hf("DebertaV2Config", "DebertaV2ForSequenceClassification", pick=_cls_logits,
-             num_labels=NUM_LABELS, vocab_size=VOCAB, hidden_size=HID,
-             num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
-             max_position_embeddings=16, type_vocab_size=0, hidden_dropout_prob=0.0,
-             attention_probs_dropout_prob=0.0, pooler_dropout=0.0),
-         _ids_mask, attention=("DisentangledSelfAttention",), input_ranges=_MASK_R, extra=True,
-         loss="ce_lm"),
+    _seqcls_arch("llama_seqcls", "Llama", "score Linear(32 -> 5, no bias) on every token, "
+                 "logits of the last non-pad token", "LlamaAttention", pad_token_id=0, **_DEC),
+    _seqcls_arch("gpt2_seqcls", "GPT2", "score Linear on every token, logits of the last "
+                 "non-pad token", "GPT2Attention", pad_token_id=0, resid_pdrop=0.0,
+                 embd_pdrop=0.0, attn_pdrop=0.0, **_GPT2_DEC),
+    _seqcls_arch("electra_cls", "Electra", "dense + gelu + out_proj on token 0",
+                 "ElectraSelfAttention", embedding_size=16, type_vocab_size=1, **_ENC),
+    _seqcls_arch("albert_cls", "Albert", "pooler + classifier", "AlbertAttention",
+                 embedding_size=16, type_vocab_size=1, classifier_dropout_prob=0.0, **_ENC),
+    _seqcls_arch("deberta_v2_cls", "DebertaV2", "context pooler + classifier",
+                 "DisentangledSelfAttention", type_vocab_size=0, pooler_dropout=0.0, **_ENC),
 ]:
     ARCHS[_a.name] = _a

@@ -64,13 +64,14 @@ def make_inputs(rng, shape, k_transposed):
     return q, k, v, do
 
 
-def fused_pair(q, k, v, do, bias, scale, k_transposed):
-    """FlashAttention -> FlashAttentionGrad in one onnxruntime session: O, LSE, dQ, dK, dV."""
+def fused_pair(q, k, v, do, bias, scale, k_transposed, **extra):
+    """FlashAttention -> FlashAttentionGrad in one onnxruntime session: O, LSE, dQ, dK, dV
+    (extra: more attributes of both nodes)."""
     feeds = {"Q": q, "K": k, "V": v, "dO": do}
     if bias is not None:
         feeds["bias"] = bias
     bn = "bias" if bias is not None else ""
-    attrs = dict(scale=float(scale), k_transposed=k_transposed)
+    attrs = dict(scale=float(scale), k_transposed=k_transposed, **extra)
     nodes = [helper.make_node("FlashAttention", ["Q", "K", "V", bn], ["O", "LSE"], domain=DOMAIN,
                               **attrs),
              helper.make_node("FlashAttentionGrad", ["dO", "Q", "K", "V", "O", "LSE", bn],

@@ -8,14 +8,13 @@ and without such rows (the guard changes nothing)."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
-from onnx import helper
 
 from fusecli.ops.flash_attention.reference import flash_attention
+from fusecli.ops.flash_attention.test_flash_attention import fused_pair
 from fusecli.ops.flash_attention_grad.reference import flash_attention_grad
 # (_built: the autouse fixture that fails clearly when the library is not built)
-from kernel_helpers import DOMAIN, Builder, _built, _rng, assert_close, ort_session, rand  # noqa: F401
+from kernel_helpers import Builder, _built, _rng, assert_close, rand  # noqa: F401
 
 SCALE = 0.5
 # (batch, heads, Sq = Sk, D): one tile, and several query / key tiles (64 x 128)
@@ -33,23 +32,6 @@ def _bias(kind, b, s):
     elif kind == "all_padded":
         keep[0] = False
     return np.where(keep, 0.0, -np.inf).astype(np.float32)
-
-
-def fused(q, k, v, do, bias):
-    attrs = dict(scale=SCALE, nan_guard=1)
-    nodes = [helper.make_node("FlashAttention", ["Q", "K", "V", "bias"], ["O", "LSE"],
-                              domain=DOMAIN, **attrs),
-             helper.make_node("FlashAttentionGrad", ["dO", "Q", "K", "V", "O", "LSE", "bias"],
-                              ["dQ", "dK", "dV"], domain=DOMAIN, **attrs)]
-    feeds = {"Q": q, "K": k, "V": v, "dO": do, "bias": bias}
-    ins = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, list(a.shape))
-           for n, a in feeds.items()]
-    names = ["O", "LSE", "dQ", "dK", "dV"]
-    outs = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names]
-    model = helper.make_model(helper.make_graph(nodes, "flash", ins, outs),
-                              opset_imports=[helper.make_opsetid("", 17),
-                                             helper.make_opsetid(DOMAIN, 1)], ir_version=9)
-    return ort_session(model).run(names, feeds)
 
 
 def unfused(q, k, v, do, bias):
@@ -82,7 +64,7 @@ def test_nan_guard_vs_reference_and_unfused(shape, kind):
     rng = _rng("flash-nan-guard", shape, kind)
     q, k, v, do = (rand(rng, (bsz, h, s, d)) for _ in range(4))
     bias = _bias(kind, bsz, s)
-    o, lse, dq, dk, dv = fused(q, k, v, do, bias)
+    o, lse, dq, dk, dv = fused_pair(q, k, v, do, bias, SCALE, 0, nan_guard=1)
     ro, rlse = flash_attention(q, k, v, bias, SCALE, nan_guard=1)
     assert_close(o, ro, what="O vs reference")
     # LSE: +inf on the guarded rows (compared apart: an inf would widen assert_close's tolerance)
