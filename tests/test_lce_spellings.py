@@ -281,6 +281,26 @@ TRANSFORM = {"": (lambda z: z, lambda z: np.ones_like(z)),
              "softcap": (lambda z: 3.0 * np.tanh(z / 3.0), lambda z: 1.0 - np.tanh(z / 3.0) ** 2)}
 
 
+def _hidden(params, ids):
+    """The tiny decoder's hidden states before its head (make_lce_spellings.py Net), float64:
+    relu(fc(emb(ids))), [B * S, D]."""
+    x = params["emb.weight"].astype(np.float64)[ids].reshape(-1, D)
+    return np.maximum(x @ params["fc.weight"].T.astype(np.float64) + params["fc.bias"], 0.0)
+
+
+def _token_ce(z, y, eps):
+    """Per token of the logits z [N, V] against the labels y [N] (-100: ignored), float64:
+    F.cross_entropy's loss with label smoothing eps, (1 - eps) nll + eps (lse - the logits'
+    mean), its gradient in z, softmax - (1 - eps) onehot - eps / V, and the kept tokens (1 / 0)."""
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    keep = (y != -100).astype(np.float64)
+    safe = np.where(y == -100, 0, y)
+    per = (1 - eps) * (lse - z[np.arange(len(y)), safe]) + eps * (lse - z.mean(1))
+    p = np.exp(z - lse[:, None]) - eps / z.shape[1]
+    p[np.arange(len(y)), safe] -= 1.0 - eps
+    return per, p, keep
+
+
 def _numpy_rows(params, ids, lab, spelling):
     """loss and d loss / d head weight of the model code's per-token reductions (float64):
     ce_none_mean sums the kept tokens' losses over all N tokens; seqlevel averages each
@@ -296,19 +316,14 @@ def _numpy_rows(params, ids, lab, spelling):
     eps = 0.1 if spelling.endswith("_smoothed") else 0.0
     spelling = spelling.removesuffix("_smoothed")
     f, df = TRANSFORM[how]
-    emb = params["emb.weight"].astype(np.float64)
-    x = emb[ids].reshape(-1, D)
-    h = np.maximum(x @ params["fc.weight"].T.astype(np.float64) + params["fc.bias"], 0.0)
+    h = _hidden(params, ids)
     if spelling.startswith("shift"):
         h = h.reshape(B, S, D)[:, :-1].reshape(-1, D)
         lab = lab[:, 1:]
-    w = emb if spelling.endswith("_tied") else params["head.weight"].astype(np.float64)
-    z = f(h @ w.T)
-    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    w = params["emb.weight" if spelling.endswith("_tied") else "head.weight"].astype(np.float64)
     y = lab.reshape(-1)
-    keep = (y != -100).astype(np.float64)
-    safe = np.where(y == -100, 0, y)
-    nll = ((1 - eps) * (lse - z[np.arange(len(y)), safe]) + eps * (lse - z.mean(1))) * keep
+    per, p, keep = _token_ce(f(h @ w.T), y, eps)
+    nll = per * keep
     if spelling == "ce_none_mean":
         loss, c = nll.sum() / len(y), keep / len(y)
     elif spelling == "shift_logits":
@@ -321,8 +336,6 @@ def _numpy_rows(params, ids, lab, spelling):
         cnt = keep.reshape(lab.shape).sum(1)
         loss = (nll.reshape(lab.shape).sum(1) / cnt).mean()
         c = (keep.reshape(lab.shape) / (lab.shape[0] * cnt[:, None])).reshape(-1)
-    p = np.exp(z - lse[:, None]) - eps / z.shape[1]
-    p[np.arange(len(y)), safe] -= 1.0 - eps
     return loss, (c[:, None] * p * df(h @ w.T)).T @ h
 
 
@@ -383,20 +396,13 @@ def _numpy_head(feeds, reduce, eps=0.0, transform="", fbias=False):
     mean) per kept token, their mean over every token ("all"), their sum ("sum") or their mean
     over the kept ones ("mean"); the logits' gradient softmax - (1 - eps) onehot - eps / V."""
     f, df = TRANSFORM[transform]
-    x = feeds["emb.weight"].astype(np.float64)[feeds["input_ids"]].reshape(-1, D)
-    h = np.maximum(x @ feeds["fc.weight"].T.astype(np.float64) + feeds["fc.bias"], 0.0)
+    h = _hidden(feeds, feeds["input_ids"])
     pre = h @ feeds["head.weight"].T.astype(np.float64)
     if fbias:
         pre = pre + feeds["final_logits_bias"]
-    z = f(pre)
-    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
     y = feeds["labels"].reshape(-1)
-    keep = (y != -100).astype(np.float64)
-    safe = np.where(y == -100, 0, y)
-    per = (1 - eps) * (lse - z[np.arange(len(y)), safe]) + eps * (lse - z.mean(1))
+    per, p, keep = _token_ce(f(pre), y, eps)
     denom = {"all": len(y), "sum": 1.0, "mean": keep.sum()}[reduce]
-    p = np.exp(z - lse[:, None]) - eps / V
-    p[np.arange(len(y)), safe] -= 1.0 - eps
     dz = (keep / denom)[:, None] * p * df(pre)
     return (per * keep).sum() / denom, dz.T @ h
 

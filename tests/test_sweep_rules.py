@@ -115,10 +115,14 @@ def _vi(name, shape):
     return helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape)
 
 
-def _sdpa(model):
+def _patterns(model):
     fp = FusionPass()
     fp.run(model)
-    return fp.stats.patterns["sdpa"]
+    return fp.stats.patterns
+
+
+def _sdpa(model):
+    return _patterns(model)["sdpa"]
 
 
 def test_attention_on_3d_view_fuses_and_verifies(tmp_path):
@@ -193,9 +197,8 @@ def test_scores_fill_negative_wrong_constant(kw, var):
 
 def _attention_fused(model):
     """Attentions fused by either pattern (the negatives below are neither's)."""
-    fp = FusionPass()
-    fp.run(model)
-    return fp.stats.patterns["sdpa"].fused + fp.stats.patterns["flash_attention"].fused
+    p = _patterns(model)
+    return p["sdpa"].fused + p["flash_attention"].fused
 
 
 def _fused_verified(m, tmp_path, feeds=None, via="sdpa"):

@@ -49,7 +49,7 @@ import gen  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # (input_ids, labels) -> a Hugging Face causal LM's own loss (ForCausalLMLoss: the labels
 # shifted and padded with -100 inside the graph, mean over kept tokens)
-from make_lce_spellings import HFLoss  # noqa: E402
+from make_lce_spellings import HFLoss, _shift_logits  # noqa: E402
 
 VOCAB = {"llama": 32000, "gpt2": 50257, "falcon": 32000, "mpt": 32000}
 
@@ -99,21 +99,17 @@ class ReduceMeanLoss(torch.nn.Module):
 
 class ShiftLoss(torch.nn.Module):
     """(input_ids, labels) -> Hugging Face's older causal-LM loss written out on the shifted
-    logits: log_softmax(logits[:, :-1]) against labels[:, 1:], the -100 mask, the kept tokens'
-    mean (the per-token losses reduced by the graph)."""
+    logits (make_lce_spellings.py's shift_logits): log_softmax(logits[:, :-1]) against
+    labels[:, 1:], the -100 mask, the kept tokens' mean (the per-token losses reduced by the
+    graph)."""
 
     def __init__(self, net: torch.nn.Module) -> None:
         super().__init__()
         self.net = net
 
     def forward(self, input_ids, labels):
-        logits = self.net(input_ids=input_ids).logits
-        lp = torch.log_softmax(logits[:, :-1].reshape(-1, logits.shape[-1]), -1)
-        y = labels.reshape(input_ids.shape)[:, 1:].reshape(-1)
-        mask = y != -100
-        safe = torch.where(mask, y, torch.zeros_like(y))
-        nll = -lp.gather(1, safe[:, None]).squeeze(1) * mask
-        return (nll.sum() / mask.sum(),)
+        return (_shift_logits(self.net(input_ids=input_ids).logits,
+                              labels.reshape(input_ids.shape)),)
 
 
 class Logits(torch.nn.Module):

@@ -70,7 +70,7 @@ void FlashKernel::Compute(Ort::KernelContext& ctx) {
   const FlashTiles t{in, scale, k_transposed != 0, fill, fill_kept, bias_first, softcap};
   const int64_t nqb = flash_blocks(in.Sq, kFlashBq), Dv = in.Dv;
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  const float kInf = std::numeric_limits<float>::infinity();
+  const float inf = std::numeric_limits<float>::infinity();
   parallel_for(in.B * nqb, 1, [&](int, int64_t t0, int64_t t1) {
     FwdScratch w(std::min(kFlashBq, in.Sq), std::min(kFlashBk, in.Sk), Dv);
     for (int64_t task = t0; task < t1; ++task) {
@@ -93,7 +93,7 @@ void FlashKernel::Compute(Ort::KernelContext& ctx) {
           else
             orow = w.acc.row(r) * (1.f / w.l[r]);
         }
-        if (want_lse) lse[row] = guarded ? kInf : lv;
+        if (want_lse) lse[row] = guarded ? inf : lv;
       }
     }
   });

@@ -85,6 +85,7 @@ def test_nan_guard_vs_reference_and_unfused(shape, kind):
 
 def test_without_nan_guard_a_masked_row_is_nan():
     """The guard is what zeroes those rows: without it O is NaN there, as Softmax gives."""
-    q, k, v = (rand(_rng("flash-nan-guard-off"), (2, 2, 9, 4)) for _ in range(3))
+    rng = _rng("flash-nan-guard-off")
+    q, k, v = (rand(rng, (2, 2, 9, 4)) for _ in range(3))
     o, lse = flash_attention(q, k, v, _bias("left_pad", 2, 9), SCALE)
     assert np.isnan(o[0, :, :3]).all() and np.isfinite(o[1]).all()

@@ -14,7 +14,7 @@ from fusecli.ops.flash_attention_grad.shapes import input_problem as bwd_problem
 # (_built: the autouse fixture that fails clearly when the library is not built)
 from kernel_helpers import DOMAIN, _built, ort_session  # noqa: F401
 
-# (Q, K, V, mask, k_transposed) -> refused?
+# case -> (Q, K, V, mask shapes, k_transposed, refused)
 CASES = {
     "mha": ([2, 4, 5, 3], [2, 4, 5, 3], [2, 4, 5, 3], None, 0, False),
     "multi_query_kt": ([2, 4, 5, 3], [2, 1, 3, 5], [2, 1, 5, 3], None, 1, False),
