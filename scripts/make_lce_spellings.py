@@ -32,6 +32,12 @@ lm_head tied to wte), with these losses on logits viewed [N, V]:
                                                                                    fuses: 1
   hf_gpt2_mean_tied GPT2LMHeadModel logits (lm_head tied to wte: two gradient outputs),
                     -lp.gather(...).mean()                                         fuses: 1
+  hf_llama_seqcls   LlamaForSequenceClassification(input_ids, labels=y).loss (5 classes, pad
+                    token 0, the first sequence padded): the score Linear on every token, the
+                    loss F.cross_entropy on the logits of each sequence's last non-pad token
+                    (GatherND; torch 2.13's wrong mean gradient, as ce_mean)        fuses: 1
+  hf_gpt2_seqcls_masked  GPT2ForSequenceClassification's pooled logits, Hugging Face's
+                    written-out masked mean                                         fuses: 1
   smoothed_masked_{mean,sum}  gen_torch.cross_entropy(z, y, reduction, label_smoothing=0.1):
                     Hugging Face's masked loss written out, (1 - eps) nll + eps * the mean
                     over classes of -log_softmax, masked and reduced the same way; _mean_tied:
@@ -89,7 +95,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 sys.path.insert(0, str(ROOT / "scripts" / "samples"))
 V, D, B, S = 50, 16, 2, 7
-HF_V, HF_S = 64, 6
+HF_V, HF_S, HF_C = 64, 6, 5
 
 
 # the logits transformed between the head and the loss, as real LM heads do: Granite's
@@ -194,7 +200,7 @@ TRANSFORMED = {f"{loss}_{t}": (loss, t) for loss, ts in (
     ("ce_none_mean", ("mul", "softcap")), ("seqlevel", ("div", "softcap")),
     ("smoothed_masked_mean", ("softcap",))) for t in ts}
 WRONG_GRADIENT = {"ce_mean", "shift_ce", "smoothed_ce_mean", "shift_ce_smoothed",
-                  "fbias_ce_mean"}  # torch 2.13's export of F.cross_entropy(reduction='mean')
+                  "fbias_ce_mean", "hf_llama_seqcls"}  # torch 2.13's export of F.cross_entropy(reduction='mean')
 
 
 class Loss(nn.Module):
@@ -206,7 +212,7 @@ class Loss(nn.Module):
         return (self.fn(self.net, ids, lab),)
 
 
-def _hf(arch):
+def _hf(arch, seqcls=False):
     # torchvision 0.28.0 is a CUDA build: with CPU torch its import (by transformers) needs
     # these schemas declared first (scripts/corpus/archs.py)
     if not hasattr(_hf, "keep"):
@@ -217,14 +223,17 @@ def _hf(arch):
         _hf.keep = lib
     import transformers as tf
 
+    # (a sequence classifier: the score Linear on every token, the logits of each sequence's last
+    # token before the first pad, token 0)
+    cls = dict(num_labels=HF_C, pad_token_id=0) if seqcls else {}
     if arch == "llama":
-        return tf.LlamaForCausalLM(tf.LlamaConfig(
-            vocab_size=HF_V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16,
-            attn_implementation="eager"))
-    return tf.GPT2LMHeadModel(tf.GPT2Config(
+        return (tf.LlamaForSequenceClassification if seqcls else tf.LlamaForCausalLM)(
+            tf.LlamaConfig(vocab_size=HF_V, hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                           max_position_embeddings=16, attn_implementation="eager", **cls))
+    return (tf.GPT2ForSequenceClassification if seqcls else tf.GPT2LMHeadModel)(tf.GPT2Config(
         vocab_size=HF_V, n_embd=16, n_layer=1, n_head=2, n_positions=16,
-        attn_implementation="eager", resid_pdrop=0, embd_pdrop=0, attn_pdrop=0))
+        attn_implementation="eager", resid_pdrop=0, embd_pdrop=0, attn_pdrop=0, **cls))
 
 
 def _hf_items(net, ids, lab):
@@ -235,7 +244,21 @@ def _hf_mean(net, ids, lab):
     return -_lp(net(input_ids=ids).logits).gather(1, lab.reshape(-1, 1)).mean()
 
 
-HF = {"hf_llama_items": ("llama", _hf_items, True), "hf_gpt2_mean_tied": ("gpt2", _hf_mean, False)}
+# (the padding's attention mask computed in the graph from the pad token; the model's own loss is
+# F.cross_entropy on the pooled logits, the mean: ForSequenceClassificationLoss is not passed
+# num_items_in_batch)
+def _hf_cls(net, ids, lab):
+    return net(input_ids=ids, attention_mask=(ids != 0).long(), labels=lab).loss
+
+
+def _hf_cls_masked(net, ids, lab):  # Hugging Face's written-out masked mean, on the pooled logits
+    nll, mask = _masked_nll(net(input_ids=ids, attention_mask=(ids != 0).long()).logits, lab)
+    return nll.sum() / mask.sum()
+
+
+HF = {"hf_llama_items": ("llama", _hf_items, True), "hf_gpt2_mean_tied": ("gpt2", _hf_mean, False),
+      "hf_llama_seqcls": ("llama", _hf_cls, False),
+      "hf_gpt2_seqcls_masked": ("gpt2", _hf_cls_masked, False)}
 
 
 def _check(m, net, mod, feeds, args):
@@ -267,9 +290,13 @@ def torch_joint(name):
     g = torch.Generator().manual_seed(1)
     if name in HF:
         arch, fn, ignore = HF[name]
-        net = _hf(arch)
+        net = _hf(arch, "seqcls" in name)
         ids = torch.randint(0, HF_V, (B, HF_S), generator=g)
         lab = ids.clone()
+        if "seqcls" in name:  # classes; the first sequence padded after 4 tokens
+            ids = torch.randint(1, HF_V, (B, HF_S), generator=g)
+            ids[0, 4:] = 0
+            lab = torch.randint(0, HF_C, (B,), generator=g)
     else:
         base, transform = TRANSFORMED.get(name, (FBIASED.get(name, name), ""))
         loss, tied, ignore = LOSSES[base]

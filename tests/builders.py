@@ -702,6 +702,39 @@ def _spliced(m, nodes, chains):
     return m
 
 
+def with_pooled_logits(m, z, dz):
+    """A copy of a torch-joint head + cross-entropy export whose loss reads one row of the head's
+    logits per sequence, as a sequence classifier's last-token pooling is exported
+    (rules/_lce_pool_torch.yaml): the [N, V] logits z viewed [N, 1, V] (N sequences of one
+    token, so the loss and its labels are unchanged), GatherND at Concat(arange(N), Unsqueeze(
+    pos)) with pos a new int64 input [N] (fed 0), and the logits' gradient dz ScatterND'd into
+    zeros of the view and flattened back before the head's GEMMs."""
+    import copy
+
+    n, v = _inferred_dims(m)[z]
+    m = copy.deepcopy(m)
+    m.graph.input.append(helper.make_tensor_value_info("pool_pos", TensorProto.INT64, [n]))
+    m.graph.initializer.extend([
+        numpy_helper.from_array(np.arange(n, dtype=np.int64).reshape(n, 1), "pool_arange"),
+        numpy_helper.from_array(np.array([n, 1, v], np.int64), "pool_view"),
+        numpy_helper.from_array(np.array([n, v], np.int64), "pool_flat"),
+        numpy_helper.from_array(np.array([1], np.int64), "pool_axis"),
+        numpy_helper.from_array(np.zeros((n, 1, v), np.float32), "pool_zeros")])
+
+    def mk(op, ins, out, **attrs):
+        return helper.make_node(op, ins, [out], name=out, **attrs)
+
+    fwd = [mk("Reshape", [z, "pool_view"], "pool_z3"),
+           mk("Unsqueeze", ["pool_pos", "pool_axis"], "pool_pos_u"),
+           mk("Concat", ["pool_arange", "pool_pos_u"], "pool_idx", axis=-1),
+           mk("GatherND", ["pool_z3", "pool_idx"], "pool_z")]
+    bwd = [mk("ScatterND", ["pool_zeros", "pool_idx", dz], "pool_dz3", reduction="add"),
+           mk("Reshape", ["pool_dz3", "pool_flat"], "pool_dz")]
+    from onnx import shape_inference
+
+    return shape_inference.infer_shapes(_spliced(m, list(m.graph.node), [(z, fwd), (dz, bwd)]))
+
+
 def with_attention_softcap(m, family, scores, dscores, c=2.0):
     """A copy of an attention export with one attention's scaled scores soft-capped, Gemma 2's
     `c * tanh(scores / c)` before its mask, and the scores' gradient through the cap before the

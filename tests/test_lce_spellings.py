@@ -108,7 +108,14 @@ EXPECTED = {
     "torch_lces_fbias_smoothed_masked_mean": "lce_torch_mean_fbias_smoothed",
     # (ort-training: the head's MatMul + Add of the bias, as a bias whose gradient is not taken)
     "ortt_lces_lm_shift_ce_fbias": "lce_ortt_shift",
+    # sequence classifiers pooling each sequence's last non-pad token after the score Linear
+    # (make_lce_spellings.py hf_*_seqcls: Llama's own loss, F.cross_entropy; GPT-2's pooled
+    # logits with the written-out masked mean): the op's seq_index (rules/_lce_pool_torch.yaml)
+    "torch_lces_hf_llama_seqcls": "lce_torch_nllloss_pooled",
+    "torch_lces_hf_gpt2_seqcls_masked": "lce_torch_mean_pooled",
 }
+# the pooled ones: the op reads one row per sequence at the positions the graph computes
+POOLED = {n for n, rule in EXPECTED.items() if rule and "_pooled" in rule}
 # the op's lp_row_reduce there: the rows' mean (the written-out loss's lp.mean(-1)) or their
 # sum (F.cross_entropy's)
 SMOOTHED = {n: "sum" if "_ce_" in n else "mean" for n in EXPECTED if "smoothed" in n}
@@ -151,7 +158,8 @@ def test_spelling_fuses_as_the_model_says_and_verifies(name, tmp_path):
             # gradient (lp_row, lp_row_grad)
             smoothed = name in SMOOTHED
             assert (len(lce.output) == 5 and lce.output[4] != "") == smoothed
-            assert (len(lce.input) == 10 and lce.input[9] != "") == smoothed
+            assert (len(lce.input) >= 10 and lce.input[9] != "") == smoothed
+            assert (len(lce.input) == 11 and lce.input[10] != "") == (name in POOLED)
             assert attrs.get("lp_row_reduce", b"sum").decode() == SMOOTHED.get(name, "sum")
     else:
         assert "LinearCrossEntropy" not in ops and "LogSoftmax" in ops
@@ -660,6 +668,41 @@ def test_lead_dims_of_names_its_tensor(tmp_path):
         rulefiles.load_rules([tmp_path / "bad.yaml"])
 
 
+def test_pooled_view_must_have_as_many_sequences_as_the_arange(tmp_path):
+    """The pooled logits' view [B, S, V] must have as many sequences B as the GatherND's
+    arange counts: with the view made [3, 4, V] (12 rows, the arange still 0, 1), the op's S =
+    N / 2 would read other rows than the gather. Refused at the arange (index_range `of`)."""
+    m = onnx.load(DATA / "torch_lces_hf_gpt2_seqcls_masked.onnx")
+    view = _node(m, "GatherND", lambda n: n.output[0] == "val_239").input[0]
+    reshape = _node(m, "Reshape", lambda n: n.output[0] == view)
+    reshape.input[1] = _const(m, "view_3_4", np.array([3, 4, 5], np.int64))
+    for vi in m.graph.value_info:
+        if vi.name == view:
+            vi.CopyFrom(helper.make_tensor_value_info(view, onnx.TensorProto.FLOAT, [3, 4, 5]))
+    miss = _explained(m, "lce_torch_mean_pooled")
+    assert miss["node"] == "pool_idx" and "garange" in miss["detail"], miss
+    fp = FusionPass()
+    fp.run(m)
+    assert not _lce(fp) and "LinearCrossEntropy" not in {n.op_type for n in m.graph.node}
+
+
+def test_index_range_of_replaces_the_count(tmp_path):
+    """An index_range with both `of` (the count: that tensor's first dim) and `count` is
+    refused when the rule file is read."""
+    from fusecli.errors import RuleError
+    from fusecli.io import rulefiles
+
+    rules = DATA.parent.parent / "rules"
+    for fragment in rules.glob("_*.yaml"):
+        text = fragment.read_text()
+        if fragment.name == "_lce_pool_torch.yaml":
+            text = text.replace("start: 0, of: Zg3}", "start: 0, of: Zg3, count: 2}")
+        (tmp_path / fragment.name).write_text(text)
+    (tmp_path / "lce_torch.yaml").write_text((rules / "lce_torch.yaml").read_text())
+    with pytest.raises(RuleError, match="'of' .* replaces 'count'"):
+        rulefiles.load_rules([tmp_path / "lce_torch.yaml"])
+
+
 def test_scaled_classifier_gemm_is_not_a_linear(tmp_path):
     """lce_ortt_gemm: the head Gemm with alpha 0.5 computes 0.5 H W^T + b, not the op's
     logits: refused at the attribute."""
@@ -701,8 +744,9 @@ def test_fused_spelling_reads_negative_labels_as_the_original(name, tmp_path):
     lab_name = next(n for n in ("labels", "target") if n in shapes)
     lab_shape = shapes[lab_name]
     lab = np.random.default_rng(36).integers(-vocab, vocab, int(np.prod(lab_shape)))
-    lab[:3] = [-vocab, -1, vocab - 1]
-    assert ((lab < 0) & (lab != -100)).sum() >= 3
+    k = min(3, lab.size)  # (a sequence classifier: one label per sequence)
+    lab[:k] = [-vocab, -1, vocab - 1][:k]
+    assert ((lab < 0) & (lab != -100)).sum() >= min(2, k)
     out = tmp_path / "fused.onnx"
     onnx.save(m, out)
     np.savez(tmp_path / "feeds.npz", **{lab_name: lab.reshape(lab_shape).astype(np.int64)})

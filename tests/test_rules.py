@@ -313,7 +313,8 @@ def _first_instance(rule):
     return None
 
 
-FIRST = {r.name: _first_instance(r) for r in RULES if not r.name.endswith("_softcap")}
+FIRST = {r.name: _first_instance(r) for r in RULES
+         if not r.name.endswith("_softcap") and "_pooled" not in r.name}
 
 
 def _softcap_sample(rule):
@@ -339,6 +340,16 @@ for _r in RULES:
             SAMPLE_MODELS[f"softcap_{_r.name}"] = _m
             _SAMPLE_OPS[f"softcap_{_r.name}"] = _ops_of(_m)
 FIRST.update({r.name: _first_instance(r) for r in RULES if r.name.endswith("_softcap")})
+# the pooled classifier heads (rules/_lce_pool_torch.yaml): each on its unpooled twin's sample
+# with that match's logits pooled one row per sequence (real exports of Llama's and GPT-2's
+# sequence classifiers: tests/test_lce_spellings.py)
+for _r in RULES:
+    _twin = FIRST.get(_r.name.replace("_pooled", "")) if "_pooled" in _r.name else None
+    if _twin is not None:
+        SAMPLE_MODELS[f"pooled_{_r.name}"] = builders.with_pooled_logits(
+            _twin[1], _twin[2].tensors["Z"], _twin[2].tensors["dZ"])
+        _SAMPLE_OPS[f"pooled_{_r.name}"] = _ops_of(SAMPLE_MODELS[f"pooled_{_r.name}"])
+FIRST.update({r.name: _first_instance(r) for r in RULES if "_pooled" in r.name})
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
@@ -1114,6 +1125,27 @@ def test_a_parameter_may_use_parameters_of_another_cross_list():
     with pytest.raises(RuleError, match=re.escape("parameter 'grad' uses itself (through "
                                                   "grad -> grad_op -> grad)")):
         parse_rules(looped, "<nested>")
+
+
+def test_exclude_drops_the_combinations_it_names():
+    """`variants: {cross: [...], exclude: [...]}` drops every combination that sets each
+    parameter of one exclude mapping to its value; one that drops nothing, or drops all, is
+    refused in one line."""
+    from fusecli.errors import RuleError
+    from fusecli.engine.rules import parse_rules
+
+    def names(exclude):
+        text = _NESTED_RULE.replace("act: silu}\n", f"act: silu}}\n  exclude: {exclude}\n")
+        return sorted(r.name for r in parse_rules(text, "<nested>"))
+
+    assert names("[{kind: gelu, sfx: _ms}]") == ["t_gelu", "t_relu", "t_relu_ms"]
+    assert names("[{sfx: _ms}]") == ["t_gelu", "t_relu"]
+    with pytest.raises(RuleError, match="matches no combination"):
+        names("[{kind: silu}]")
+    with pytest.raises(RuleError, match="drops every combination"):
+        names("[{sfx: ''}, {sfx: _ms}]")
+    with pytest.raises(RuleError, match="non-empty mappings"):
+        names("[{}]")
 
 
 @pytest.mark.parametrize("variants,message", [

@@ -914,7 +914,7 @@ class Matcher:
     def _index_range(self, value, ts, bound) -> tuple[bool, str]:
         """kind index_range: [start, start + step, ...] (count of them, any count when None) as
         [count] or [count, 1] integers; start / count literals or the values of bound
-        one-element integer constants."""
+        one-element integer constants; with ``of``, count is the first dim of that tensor."""
         if value is None:
             return False, "is not a constant"
         want = []
@@ -929,6 +929,12 @@ class Matcher:
                 ref = int(v.reshape(-1)[0])
             want.append(ref)
         start, count = want
+        if ts.of is not None:  # the count is the first dim of the tensor bound to `of`
+            other, dims = self._of_dims(ts, bound)
+            if not dims or not isinstance(dims[0], int):
+                return False, (f"rule wants as many indices as the first dim of {ts.of} "
+                               f"('{other}'), which is not known")
+            count = dims[0]
         arr = np.asarray(value)
         flat = arr.reshape(-1)
         n = flat.size if count is None else count

@@ -159,7 +159,8 @@ class TensorSpec:
     kind: str | None = None          # one of TENSOR_KINDS
     # kind index_range: integers start, start + step, ..., count of them; start and count each
     # an int or the name of a variable bound (earlier in the node list) to a one-element integer
-    # constant; count None: any count; step an int (default 1)
+    # constant; count None: any count (or, with `of`, the first dim of the tensor bound to that
+    # variable); step an int (default 1)
     start: object = None
     count: object = None
     step: int = 1
@@ -490,7 +491,7 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
         ranged = spec.get("kind") == "index_range"
         named = spec.get("kind") in OF_KINDS
         unknown = set(spec) - {"const", "tol", "kind"} - (
-            {"start", "count", "step"} if ranged else {"of"} if named else set())
+            {"start", "count", "step", "of"} if ranged else {"of"} if named else set())
         if unknown:
             raise RuleError(src, f"tensor '{name}': unknown key(s) {sorted(unknown)}", line)
         if "kind" in spec:
@@ -508,8 +509,12 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
                 if isinstance(step, bool) or not isinstance(step, int) or step < 1:
                     raise RuleError(src, f"tensor '{name}': index_range 'step' must be a "
                                     "positive integer", line)
+                if "of" in spec and (not isinstance(spec["of"], str) or "count" in spec):
+                    raise RuleError(src, f"tensor '{name}': index_range 'of' (a variable name: "
+                                    "the count is that tensor's first dim) replaces 'count'",
+                                    line)
                 out[name] = TensorSpec(kind="index_range", start=spec["start"],
-                                       count=spec.get("count"), step=step)
+                                       count=spec.get("count"), step=step, of=spec.get("of"))
                 continue
             if named:
                 if not isinstance(spec.get("of"), str):
@@ -811,6 +816,24 @@ def _cross(source: str, lists, line, fragments: dict[str, list]) -> list:
     return out
 
 
+def _excluded(source: str, combos: list, exclude, line) -> list:
+    """``variants: {cross: [...], exclude: [MAPPING, ...]}``: the combinations that set every
+    parameter of an exclude mapping to its value are dropped (a spelling that no model writes
+    with another one); a mapping that drops none is an error (a misspelt parameter)."""
+    if not isinstance(exclude, list) or not all(isinstance(e, dict) and e for e in exclude):
+        raise RuleError(source, "variants: exclude takes a list of non-empty mappings "
+                        "parameter -> value", line)
+    for e in exclude:
+        if not any(all(k in c and c[k] == v for k, v in e.items()) for c in combos):
+            raise RuleError(source, f"variants: exclude {dict(e)} matches no combination of "
+                            "the cross", line)
+    out = [c for c in combos
+           if not any(all(k in c and c[k] == v for k, v in e.items()) for e in exclude)]
+    if not out:
+        raise RuleError(source, "variants: exclude drops every combination", line)
+    return out
+
+
 def _included(source: str, li, line, fragments: dict[str, list]):
     if not (isinstance(li, dict) and set(li) == {"include"}):
         return li
@@ -838,8 +861,10 @@ def _expand(raw, source: str, fragments: dict[str, list]) -> list:
         return [raw]
     params = raw.get("params") or {}
     variants = raw.get("variants", [{}])
-    if isinstance(variants, dict) and set(variants) == {"cross"}:
-        variants = _cross(source, variants["cross"], _line(raw, "variants"), fragments)
+    if isinstance(variants, dict) and set(variants) in ({"cross"}, {"cross", "exclude"}):
+        variants = _excluded(source, _cross(source, variants["cross"], _line(raw, "variants"),
+                                            fragments), variants.get("exclude", []),
+                             _line(variants, "exclude") or _line(raw, "variants"))
     if not isinstance(params, dict):
         raise RuleError(source, "params must be a mapping of parameter -> default value",
                         _line(raw, "params"))

@@ -35,7 +35,8 @@ From that dataflow:
   linear_cross_entropy: 1 when the model's output (or a view of it, the [-1, C] flatten) is the
     output of a Linear-like module (a classification / language-model head), or that output
     transformed by Python numbers alone (Granite's logits / logits_scaling, Cohere's *
-    logit_scale, Gemma 2's soft cap c tanh(z / c)), and the loss (Arch.loss) reads those logits through its softmax cross-entropy alone (LOSS_READS_LOGITS:
+    logit_scale, Gemma 2's soft cap c tanh(z / c)) or its rows picked by an index (a sequence
+    classifier's last non-pad token per sequence), and the loss (Arch.loss) reads those logits through its softmax cross-entropy alone (LOSS_READS_LOGITS:
     "ce", the ort-training one without label smoothing, torch-joint's with it (its smoothing
     term reads the log-probabilities' row mean, which the fused op writes too); "ce_lm", a
     language model's loss, in both families); a loss that reads the logits again
@@ -194,8 +195,10 @@ def loss_key(loss: str, family: str) -> str:
 def _unscaled(fn) -> list:
     """The autograd nodes of the tensors that `fn`'s output is computed from elementwise by
     Python numbers alone, through views: Mul / Div with no second tensor (Granite's logits /
-    logits_scaling, Cohere's logits * logit_scale) and Tanh (Gemma 2's soft cap c tanh(z / c));
-    [] where it is none of those."""
+    logits_scaling, Cohere's logits * logit_scale) and Tanh (Gemma 2's soft cap c tanh(z / c)),
+    or by picking rows with an index (a sequence classifier's logits[arange(B), last non-pad
+    token], rules/_lce_pool_torch.yaml; torch-joint: onnxruntime-training runs no int64 ArgMax,
+    so those classifiers do not export there); [] where it is none of those."""
     def one_input(f):
         ins = [g for g, _ in f.next_functions if g is not None]
         return ins[0] if len(ins) == 1 else None
@@ -205,7 +208,7 @@ def _unscaled(fn) -> list:
         name = type(fn).__name__
         if any(v in name for v in ("View", "Reshape", "Alias")):
             fn = fn.next_functions[0][0]
-        elif name in ("MulBackward0", "DivBackward0", "TanhBackward0"):
+        elif name in ("MulBackward0", "DivBackward0", "TanhBackward0", "IndexBackward0"):
             fn, transformed = one_input(fn), True
         else:
             break

@@ -44,14 +44,25 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   In h = get_input(ctx, 0), w = get_input(ctx, 1), b = get_input(ctx, 2), lab = get_input(ctx, 3);
   In rw = get_input(ctx, 4), rg = get_input(ctx, 5), seed = get_input(ctx, 6);
   In add_i = get_input(ctx, 7), add_r = get_input(ctx, 8), ug = get_input(ctx, 9);
+  In sidx = get_input(ctx, 10);
   FUSECLI_CHECK(!h.shape.empty() && w.shape.size() == 2,
                 "LinearCrossEntropy: H needs rank >= 1, "
                 "W must be [V, D]");
   const int64_t D = h.shape.back(), V = w.shape[0];
   FUSECLI_CHECK(w.shape[1] == D, "LinearCrossEntropy: W must be [V, D] with H's last dim D");
-  const LceRows rows = lce_rows(h, D, seq_start, seq_end);
-  const bool sliced = rows.sliced;
-  const int64_t S = rows.s, s0 = rows.s0, s1 = rows.s1, G = rows.g, N = rows.n;
+  const LceRows rows = lce_rows(h, D, seq_start, seq_end, sidx);
+  const bool sliced = rows.sliced || rows.indexed;  // the rows read are packed first
+  const int64_t S = rows.s, G = rows.g, N = rows.n, L = rows.s1 - rows.s0;
+  // sliced: the first row read of each sequence (rows.s0, or its seq_index entry), L rows from it
+  std::vector<int64_t> first(static_cast<size_t>(sliced ? G : 0), rows.s0);
+  if (rows.indexed) {
+    const int64_t* ip = sidx.ptr<int64_t>();
+    for (int64_t g = 0; g < G; ++g) {
+      FUSECLI_CHECK(ip[g] >= -S && ip[g] < S,
+                    "LinearCrossEntropy: a seq_index entry is outside [-S, S) of its sequence");
+      first[g] = ip[g] < 0 ? ip[g] + S : ip[g];
+    }
+  }
   FUSECLI_CHECK(lab.numel() == N, "LinearCrossEntropy: labels must have one entry per row of H");
   FUSECLI_CHECK(!b.present || b.numel() == V, "LinearCrossEntropy: bias must be [V]");
   FUSECLI_CHECK(!rw.present || rw.numel() == N, "LinearCrossEntropy: row_weight must be [N]");
@@ -83,7 +94,8 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   if (sliced) {
     hsel.resize(static_cast<size_t>(N * D));
     for (int64_t g = 0; g < G; ++g)
-      std::copy(hp + (g * S + s0) * D, hp + (g * S + s1) * D, hsel.data() + g * (s1 - s0) * D);
+      std::copy(hp + (g * S + first[g]) * D, hp + (g * S + first[g] + L) * D,
+                hsel.data() + g * L * D);
     hp = hsel.data();
     if (want_dh) {
       std::fill(dh, dh + h.numel(), 0.f);
@@ -187,7 +199,7 @@ void LceKernel::Compute(Ort::KernelContext& ctx) {
   if (want_loss && !none) *loss = static_cast<float>(total / denom);
   if (sliced && want_dh)
     for (int64_t g = 0; g < G; ++g)
-      std::copy(dhp + g * (s1 - s0) * D, dhp + (g + 1) * (s1 - s0) * D, dh + (g * S + s0) * D);
+      std::copy(dhp + g * L * D, dhp + (g + 1) * L * D, dh + (g * S + first[g]) * D);
   if (add_i.present) {  // dW[index_k] += rows_k, in order (ScatterND{add})
     const int64_t* ip = add_i.ptr<int64_t>();
     const float* rp = add_r.ptr<float>();

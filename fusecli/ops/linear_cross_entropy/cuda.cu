@@ -3,7 +3,8 @@
 // dZ = c (softmax - onehot) + a u (1 - V softmax) in place, then dHc = dZ W and dW += dZ^T Hc
 // (SGEMM, beta 1 after the first chunk) and dB += column sums. The token count and the loss are
 // reduced on the device (reduction none: the rows' losses copied out). With seq_start / seq_end
-// the rows read are packed first and their dH put back after.
+// the rows read are packed first and their dH put back after (so with seq_index: one row of
+// each sequence).
 #include "cuda_common.cuh"
 
 namespace {
@@ -109,6 +110,19 @@ int dw_add(cudaStream_t s, const int64_t* idx, const float* rows, int64_t m, int
   return cudaGetLastError();
 }
 
+// seq_index: group g's row seq_index[g] of H [groups, seq, d] gathered into packed row g
+// (h -> hp), or packed row g of dH scattered back to it (dp -> dfull); an index in [-seq, 0)
+// counts from the end, one outside [-seq, seq) reads a zero row and writes nothing
+__global__ void lce_index_rows_kernel(const int64_t* index, int64_t seq, int64_t d, const float* h,
+                                      float* hp, const float* dp, float* dfull) {
+  const int64_t g = blockIdx.y, j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= d) return;
+  const int64_t t = index[g] < 0 ? index[g] + seq : index[g];
+  const bool ok = t >= 0 && t < seq;
+  if (hp) hp[g * d + j] = ok ? h[(g * seq + t) * d + j] : 0.f;
+  if (dfull && ok) dfull[(g * seq + t) * d + j] = dp[g * d + j];
+}
+
 __global__ void lce_loss_kernel(const float* nll, int64_t n, const float* count, int use_count,
                                 float* loss) {
   __shared__ float sh[kThreads];
@@ -127,15 +141,16 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     int reduction, float grad_scale, float logit_scale, float logit_softcap, int64_t chunk_rows,
     int64_t groups, int64_t seq, int64_t seq_start, int64_t seq_end, const int64_t* dw_add_index,
     const float* dw_add_rows, int64_t dw_add_count, const float* lp_row_grad, float* lp_row,
-    int lp_row_mean) {
+    int lp_row_mean, const int64_t* seq_index) {
   const int tf32 = 0;  // TF32 not exposed yet: strict float32 GEMMs
   if (n < 0 || v < 0 || d < 0) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  // seq > 0: H and dH [groups, seq, d], the rows seq_start .. seq_end - 1 of each group read
-  // (packed into scratch); dH 0 in the others
+  // seq > 0: H and dH [groups, seq, d], the rows seq_start .. seq_end - 1 of each group read,
+  // or with seq_index its row of each group (packed into scratch); dH 0 in the others
   const int64_t used = seq_end - seq_start;
   if (seq > 0) {
-    if (seq_start < 0 || used < 0 || seq_end > seq || groups < 0 || n != groups * used)
+    if (seq_start < 0 || used < 0 || seq_end > seq || groups < 0 || n != groups * used ||
+        (seq_index && used != 1))
       return cudaErrorInvalidValue;
     if (dh) RETURN_IF_ERR(cudaMemsetAsync(dh, 0, groups * seq * d * sizeof(float), s));
   }
@@ -144,8 +159,15 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
   if (seq > 0 && n > 0 && d > 0) {
     const size_t row = static_cast<size_t>(d) * sizeof(float);
     RETURN_IF_ERR(hs.alloc(static_cast<size_t>(n) * row));
-    RETURN_IF_ERR(cudaMemcpy2DAsync(hs.f(), used * row, h + seq_start * d, seq * row, used * row,
-                                    groups, cudaMemcpyDeviceToDevice, s));
+    if (seq_index) {
+      lce_index_rows_kernel<<<dim3(static_cast<unsigned>((d + 255) / 256),
+                                   static_cast<unsigned>(groups)), 256, 0, s>>>(
+          seq_index, seq, d, h, hs.f(), nullptr, nullptr);
+      RETURN_IF_ERR(cudaGetLastError());
+    } else {
+      RETURN_IF_ERR(cudaMemcpy2DAsync(hs.f(), used * row, h + seq_start * d, seq * row,
+                                      used * row, groups, cudaMemcpyDeviceToDevice, s));
+    }
     h = hs.f();
     if (dh) {
       RETURN_IF_ERR(dhs.alloc(static_cast<size_t>(n) * row));
@@ -193,7 +215,12 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
       RETURN_IF_ERR(cudaGetLastError());
     }
   }
-  if (dh && dh != dh_full) {  // the rows read back into their place
+  if (dh && dh != dh_full && seq_index) {  // the rows read back into their place
+    lce_index_rows_kernel<<<dim3(static_cast<unsigned>((d + 255) / 256),
+                                 static_cast<unsigned>(groups)), 256, 0, s>>>(
+        seq_index, seq, d, nullptr, nullptr, dh, dh_full);
+    RETURN_IF_ERR(cudaGetLastError());
+  } else if (dh && dh != dh_full) {
     const size_t row = static_cast<size_t>(d) * sizeof(float);
     RETURN_IF_ERR(cudaMemcpy2DAsync(dh_full + seq_start * d, seq * row, dh, used * row, used * row,
                                     groups, cudaMemcpyDeviceToDevice, s));

@@ -13,11 +13,12 @@ struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
   void Compute(Ort::KernelContext& ctx) {
     In h = get_input(ctx, 0), w = get_input(ctx, 1), b = get_input(ctx, 2), lab = get_input(ctx, 3),
        rw = get_input(ctx, 4), rg = get_input(ctx, 5), seed = get_input(ctx, 6),
-       add_i = get_input(ctx, 7), add_r = get_input(ctx, 8), ug = get_input(ctx, 9);
+       add_i = get_input(ctx, 7), add_r = get_input(ctx, 8), ug = get_input(ctx, 9),
+       sidx = get_input(ctx, 10);
     FUSECLI_CHECK(!h.shape.empty() && w.shape.size() == 2 && w.shape[1] == h.shape.back(),
                   "LinearCrossEntropy: H [..., D] and W [V, D] needed");
     const int64_t D = h.shape.back(), V = w.shape[0];
-    const LceRows rows = lce_rows(h, D, seq_start, seq_end);
+    const LceRows rows = lce_rows(h, D, seq_start, seq_end, sidx);
     const int64_t S = rows.s, s0 = rows.s0, s1 = rows.s1, G = rows.g, N = rows.n;
     FUSECLI_CHECK(lab.numel() == N && (!b.present || b.numel() == V) &&
                       (!rw.present || rw.numel() == N) && (!rg.present || rg.numel() == N) &&
@@ -49,7 +50,8 @@ struct LceKernel : CudaKernel<LceKernel, kLinearCrossEntropy> {
                    grad_scale, logit_scale, logit_softcap, chunk_rows, G, S, s0, s1,
                    add_i.present ? add_i.ptr<int64_t>() : nullptr,
                    add_r.present ? add_r.ptr<float>() : nullptr, add_i.present ? add_i.numel() : 0,
-                   ug.present ? ug.ptr<float>() : nullptr, lp_row, lp_row_reduce == "mean" ? 1 : 0),
+                   ug.present ? ug.ptr<float>() : nullptr, lp_row, lp_row_reduce == "mean" ? 1 : 0,
+                   sidx.present ? sidx.ptr<int64_t>() : nullptr),
                "LinearCrossEntropy");
   }
 };

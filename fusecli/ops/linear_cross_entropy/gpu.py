@@ -11,15 +11,18 @@ def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ign
                          reduction="mean", grad_scale=1.0, chunk_rows=0, want=(1, 1, 1, 1),
                          grad_seed=None, wrap_negative=0, logit_scale=1.0,
                          logit_softcap=0.0, dw_add_index=None, dw_add_rows=None,
-                         lp_row_grad=None, lp_row_reduce=None):
+                         lp_row_grad=None, lp_row_reduce=None, seq_index=None):
     """(loss, dH, dW, dB[, lp_row]), None where not wanted (dB also without a bias); grad_seed: a
     one-element device tensor or None; dw_add_index [M] int64, dw_add_rows [M, D]: rows added
     into dW at those classes; lp_row_reduce "sum" / "mean": lp_row is also returned (each row's
-    log-probabilities reduced over the classes), lp_row_grad [N] its gradient."""
+    log-probabilities reduced over the classes), lp_row_grad [N] its gradient; seq_index [G]
+    int64: H's rows as G sequences, the op reading row seq_index[g] of each (labels [G])."""
     import torch
 
     d, v = h.shape[-1], w.shape[0]
-    n = h.numel() // d
+    rows = h.numel() // d
+    g = 0 if seq_index is None else seq_index.numel()
+    n = g if seq_index is not None else rows
     loss = (torch.empty(labels.shape if reduction == "none" else (), device=h.device)
             if want[0] else None)
     dh = torch.empty_like(h) if want[1] else None
@@ -31,10 +34,12 @@ def linear_cross_entropy(h, w, bias, labels, row_weight=None, row_grad=None, ign
            db=db, n=n, v=v, d=d, ignore_index=ignore_index, wrap_negative=int(wrap_negative),
            reduction={"mean": 0, "sum": 1, "none": 2}[reduction], grad_scale=grad_scale,
            logit_scale=logit_scale, logit_softcap=logit_softcap, chunk_rows=chunk_rows,
-           groups=0, seq=0, seq_start=0, seq_end=0, dw_add_index=dw_add_index,
+           groups=g, seq=rows // g if g else 0, seq_start=0, seq_end=1 if g else 0,
+           dw_add_index=dw_add_index,
            dw_add_rows=dw_add_rows,
            dw_add_count=0 if dw_add_index is None else dw_add_index.numel(),
-           lp_row_grad=lp_row_grad, lp_row=lp_row, lp_row_mean=int(lp_row_reduce == "mean"))
+           lp_row_grad=lp_row_grad, lp_row=lp_row, lp_row_mean=int(lp_row_reduce == "mean"),
+           seq_index=seq_index)
     return (loss, dh, dw, db) + ((lp_row,) if lp_row_reduce else ())
 
 

@@ -16,16 +16,25 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
                          ignore_index=-100, reduction="mean", grad_scale=1.0, grad_seed=None,
                          wrap_negative=0, seq_start=0, seq_end=INT64_MAX, logit_scale=1.0,
                          logit_softcap=0.0, dw_add_index=None, dw_add_rows=None,
-                         lp_row_grad=None, lp_row_reduce="sum"):
+                         lp_row_grad=None, lp_row_reduce="sum", seq_index=None):
     """Returns (loss, dH, dW, dB, lp_row) as the contract defines them (wrap_negative: a label
     in [-V, 0) is the class V + label, ignore_index ignored first; reduction none: loss is each
-    row's; lp_row [N]: each row's log-probabilities summed or averaged over the classes)."""
+    row's; lp_row [N]: each row's log-probabilities summed or averaged over the classes;
+    seq_index [G]: row seq_index_g of each of H's G sequences of rows / G rows)."""
     full = h
     sliced = (int(seq_start), int(seq_end)) != (0, INT64_MAX)
     if sliced:  # the rows seq_start:seq_end of every sequence (H [..., S, D])
         if h.ndim < 3:
             raise ValueError("LinearCrossEntropy: seq_start / seq_end need H [..., S, D]")
         h = h[..., int(seq_start):int(seq_end), :]
+    if seq_index is not None:  # row seq_index_g of sequence g (H's rows as [G, S, D])
+        pos = np.asarray(seq_index).reshape(-1).astype(np.int64)
+        seqs = full.reshape(pos.size, -1, full.shape[-1])
+        s = seqs.shape[1]
+        if sliced or np.any((pos < -s) | (pos >= s)):
+            raise ValueError("LinearCrossEntropy: a seq_index entry is outside [-S, S)")
+        pos = np.where(pos < 0, pos + s, pos)
+        h = seqs[np.arange(pos.size), pos]
     d = h.shape[-1]
     h2 = h.astype(np.float64).reshape(-1, d)
     n, v = h2.shape[0], w.shape[0]
@@ -83,6 +92,10 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
         dh_full = np.zeros(full.shape, f)
         dh_full[..., int(seq_start):int(seq_end), :] = dh
         dh = dh_full
+    elif seq_index is not None:
+        dh_full = np.zeros(seqs.shape, f)
+        dh_full[np.arange(pos.size), pos] = dh
+        dh = dh_full.reshape(full.shape)
     dw = dz.T @ h2
     if dw_add_index is not None:  # ScatterND(dW, index, rows){add}
         idx = np.asarray(dw_add_index).reshape(-1).astype(np.int64)
@@ -97,7 +110,8 @@ def linear_cross_entropy(h, w, bias=None, labels=None, row_weight=None, row_grad
 class Reference(OpRun):
 
     def _run(self, h, w, bias=None, labels=None, row_weight=None, row_grad=None, grad_seed=None,
-             dw_add_index=None, dw_add_rows=None, lp_row_grad=None, ignore_index=None,
+             dw_add_index=None, dw_add_rows=None, lp_row_grad=None, seq_index=None,
+             ignore_index=None,
              wrap_negative=None, reduction=None, grad_scale=None, logit_scale=None,
              logit_softcap=None, lp_row_reduce=None, chunk_rows=None, seq_start=None,
              seq_end=None):
@@ -108,4 +122,4 @@ class Reference(OpRun):
             seq_start or 0, INT64_MAX if seq_end is None else seq_end,
             1.0 if logit_scale is None else logit_scale,
             0.0 if logit_softcap is None else logit_softcap, dw_add_index, dw_add_rows,
-            lp_row_grad, lp_row_reduce or "sum"))
+            lp_row_grad, lp_row_reduce or "sum", seq_index))

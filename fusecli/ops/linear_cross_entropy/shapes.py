@@ -27,7 +27,16 @@ def input_problem(attrs, ins):
         return f"LinearCrossEntropy: bias {show(bias)} is not [V] of W {show(w)}"
     start, end = int(attrs.get("seq_start", 0)), int(attrs.get("seq_end", INT64_MAX))
     rows = numel(h[:-1]) if h else None
-    if (start, end) != (0, INT64_MAX):  # the rows start:end of each sequence (H [..., S, D])
+    index = ins[10] if len(ins) > 10 else None
+    if index is not None:  # one row of each of G sequences (H's rows split in G)
+        if (start, end) != (0, INT64_MAX):
+            return "LinearCrossEntropy: seq_index does not combine with seq_start / seq_end"
+        g = numel(index)
+        if g is not None and rows is not None and ((rows % g or not rows) if g else rows):
+            return (f"LinearCrossEntropy: seq_index {show(index)} does not split the {rows} "
+                    f"rows of H {show(h)} into sequences of equal length")
+        rows = g
+    elif (start, end) != (0, INT64_MAX):  # the rows start:end of each sequence (H [..., S, D])
         if h is not None and len(h) < 3:
             return f"LinearCrossEntropy: seq_start / seq_end need H [..., S, D], not {show(h)}"
         s = h[-2] if h else None

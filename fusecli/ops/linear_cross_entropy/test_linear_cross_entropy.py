@@ -13,6 +13,7 @@ import pytest
 from onnx import helper
 
 from fusecli.ops.linear_cross_entropy.reference import NO_IGNORE, linear_cross_entropy
+from fusecli.ops.linear_cross_entropy.shapes import input_problem
 # (_built: the autouse fixture that fails clearly when the library is not built)
 from kernel_helpers import (DOMAIN, F32, Builder, _built, _rng, assert_close, ort_session,  # noqa: F401
                             rand, run_fused, run_in_ortt)
@@ -43,19 +44,27 @@ def fused(h, w, bias, lab, rw=None, rg=None, outs=(1, 1, 1, 1), **attrs):
                      [(nm, F32) if o else None for nm, o in zip(names, outs)], **attrs)
 
 
-def torch_joint_unfused(h, w, bias, lab, grad_scale=1.0, logit_scale=None, logit_softcap=None):
+def torch_joint_unfused(h, w, bias, lab, grad_scale=1.0, logit_scale=None, logit_softcap=None,
+                        pool=None):
     """The torch-joint decomposition of log_softmax + masked nll (mean over kept tokens) and its
     backward, as torch 2.13's export writes it (tests/data/make_lce.py); logit_scale: the
     logits multiplied by it before the loss (and their gradient after), as Cohere's head;
-    logit_softcap: then soft-capped, c tanh(z / c), as Gemma 2's (the gradient times 1 - t^2)."""
+    logit_softcap: then soft-capped, c tanh(z / c), as Gemma 2's (the gradient times 1 - t^2);
+    pool: G positions, the loss on logits[arange(G), pool] of the logits as [G, S, V] (a
+    sequence classifier's last-token pooling: GatherND, its gradient ScatterND into zeros)."""
     n, v = lab.size, w.shape[0]
+    rows = h.size // h.shape[-1]
     b = Builder()
     hn, wn, ln = b.input("H", h), b.input("W", w), b.input("labels", lab)
-    h2 = b.op("Reshape", hn, b.ints([n, h.shape[-1]]))
+    h2 = b.op("Reshape", hn, b.ints([rows, h.shape[-1]]))
     wt = b.op("Transpose", wn, perm=[1, 0])
     z = b.op("MatMul", h2, wt)
     if bias is not None:
         z = b.add(z, b.input("bias", bias))
+    if pool is not None:
+        gidx = b.op("Concat", b.ints(np.arange(n).reshape(n, 1)),
+                    b.op("Unsqueeze", b.input("pos", pool), b.ints([1])), axis=-1)
+        z = b.op("GatherND", b.op("Reshape", z, b.ints([n, rows // n, v])), gidx)
     if logit_scale is not None:
         z = b.mul(z, b.const(logit_scale))
     if logit_softcap is not None:
@@ -77,6 +86,9 @@ def torch_joint_unfused(h, w, bias, lab, grad_scale=1.0, logit_scale=None, logit
         dz = b.mul(dz, b.sub(b.const(1.0), b.mul(t, t)))
     if logit_scale is not None:
         dz = b.mul(dz, b.const(logit_scale))
+    if pool is not None:
+        dz = b.op("Reshape", b.op("ScatterND", b.const(np.zeros((n, rows // n, v))), gidx, dz,
+                                  reduction="add"), b.ints([rows, v]))
     dw = b.op("MatMul", b.op("Transpose", dz, perm=[1, 0]), h2)
     dh = b.op("Reshape", b.op("MatMul", dz, b.op("Transpose", wt, perm=[1, 0])),
               b.ints(list(h.shape)))
@@ -396,6 +408,78 @@ def test_lce_seq_window_is_the_op_on_the_sliced_rows(case, reduction):
         want = want_dh if i == 1 else plain[i]
         assert_close(got[i], want, what=f"{nm} vs the op on the sliced rows")
         assert_close(got[i], ref[i], what=f"{nm} vs reference")
+
+
+# (H's rows as [G, S], D, V, chunk_rows, positions): the last token, a negative index, the
+# first, across one-row chunks, one sequence
+POOL_CASES = [((2, 7), 6, 5, 0, [6, 3]), ((3, 9), 8, 29, 1, [-1, 0, 4]),
+              ((4, 5), 4, 3, 2, [2, -5, 4, 1]), ((1, 12), 6, 7, 0, [11])]
+
+
+@pytest.mark.parametrize("case", POOL_CASES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_lce_seq_index_is_the_loss_on_each_sequences_pooled_row(case, with_bias):
+    """seq_index: the head on every token, the loss on logits[arange(G), index] (a
+    sequence classifier's last non-pad token): against the reference, the op on the gathered
+    rows (dH put back into zeros) and the unfused GatherND / ScatterND spelling on
+    onnxruntime."""
+    (g, s), d, v, chunk, pos = case
+    rng = _rng("lce_pool", g, s, d, v)
+    h, w = rand(rng, (g * s, d)), rand(rng, (v, d), scale=0.5)
+    bias = rand(rng, (v,)) if with_bias else None
+    lab = rng.integers(0, v, g).astype(I64)
+    lab[1::3] = -100
+    pos = np.array(pos, I64)
+    outs = (1, 1, 1, with_bias)
+    got = run_fused("LinearCrossEntropy",
+                    [("H", h), ("W", w), ("bias", bias), ("labels", lab)] + [(k, None) for k in (
+                        "row_weight", "row_grad", "grad_seed", "dw_add_index", "dw_add_rows",
+                        "lp_row_grad")] + [("seq_index", pos)],
+                    [(nm, F32) if o else None for nm, o in zip(["loss", "dH", "dW", "dB"], outs)],
+                    chunk_rows=chunk)
+    picked = h.reshape(g, s, d)[np.arange(g), pos]
+    plain = fused(picked, w, bias, lab, outs=outs, chunk_rows=chunk)
+    ref = linear_cross_entropy(h, w, bias, lab, seq_index=pos)
+    unf, _ = torch_joint_unfused(h, w, bias, lab, pool=pos)
+    want_dh = np.zeros((g, s, d), np.float32)
+    want_dh[np.arange(g), pos] = plain[1]
+    assert got[1].shape == h.shape and np.count_nonzero(np.abs(got[1]).sum(1)) <= g
+    for i, nm in enumerate(["loss", "dH", "dW", "dB"][:3 + with_bias]):
+        want = want_dh.reshape(h.shape) if i == 1 else plain[i]
+        assert_close(got[i], want, what=f"{nm} vs the op on the pooled rows")
+        assert_close(got[i], ref[i], what=f"{nm} vs reference")
+        assert_close(got[i], unf[i], what=f"{nm} vs the unfused GatherND spelling")
+
+
+def test_lce_seq_index_refuses_what_gather_nd_refuses():
+    """An index outside [-S, S), G not splitting H's rows, or seq_index with seq_start: one
+    line each."""
+    rng = _rng("lce_pool_bad")
+    h, w, lab = rand(rng, (12, 4)), rand(rng, (5, 4)), np.array([1, 2], I64)
+
+    def run(pos, **attrs):
+        return run_fused("LinearCrossEntropy",
+                         [("H", h), ("W", w), ("bias", None), ("labels", lab[:len(pos)])]
+                         + [(k, None) for k in ("row_weight", "row_grad", "grad_seed",
+                                                "dw_add_index", "dw_add_rows", "lp_row_grad")]
+                         + [("seq_index", np.array(pos, I64))], [("loss", F32)], **attrs)
+    run([5, -6])                                      # S = 6: both ends are rows
+    with pytest.raises(Exception, match="outside"):
+        run([6, 0])
+    with pytest.raises(Exception, match="outside"):
+        run([0, -7])
+    with pytest.raises(Exception, match="equal length"):
+        run([0, 1, 2, 3, 4])
+    with pytest.raises(Exception, match="does not combine"):
+        run([0, 1], seq_start=1)
+    # the shape guard (shapes.py) refuses the shapes the kernel refuses, before a fusion
+    ins = [[12, 4], [5, 4], None, [2]] + [None] * 6
+    assert input_problem({}, ins + [[2]]) is None
+    assert "equal length" in input_problem({}, [[12, 4], [5, 4], None, [5]] + [None] * 6 + [[5]])
+    assert "does not combine" in input_problem({"seq_start": 1}, ins + [[2]])
+    assert "labels" in input_problem({}, ins + [[3]])
+    with pytest.raises(ValueError, match="outside"):
+        linear_cross_entropy(h, w, None, lab, seq_index=np.array([6, 0]))
 
 
 def test_lce_seq_window_needs_a_sequence_axis():

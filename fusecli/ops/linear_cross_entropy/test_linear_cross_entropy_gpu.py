@@ -140,3 +140,22 @@ def test_linear_cross_entropy_lp_row_is_label_smoothing(lp_row_reduce):
     loss = (1 - eps) * got[0] + eps * a * (-(got[4] * mf).sum() / mf.sum())
     for x, r, nm in zip((loss,) + tuple(got[1:4]), ref, ["loss", "dH", "dW", "dB"]):
         close(x, r, 2e-4, nm)
+
+
+@pytest.mark.parametrize("gs", [(3, 40), (70, 9), (1, 300)])
+def test_linear_cross_entropy_seq_index_pools_one_row_per_sequence(gs):
+    """A sequence classifier's last-token pooling (rules/_lce_pool_torch.yaml): H's rows as G
+    sequences of S, the op reading row seq_index[g] of each (a negative one from the end):
+    the op on those rows, dH 0 elsewhere, against float64 torch on the gathered rows."""
+    g, s = gs
+    d, v = 16, 5
+    h, w = rand(g * s, d), rand(v, d) * 0.5
+    pos = torch.randint(-s, s, (g,), device="cuda")
+    lab = torch.randint(0, v, (g,), device="cuda")
+    got = linear_cross_entropy(h, w, None, lab, chunk_rows=16, seq_index=pos)
+    rows = torch.arange(g, device="cuda") * s + torch.where(pos < 0, pos + s, pos)
+    ref = ref_lce(h[rows], w, None, lab)
+    dh = torch.zeros_like(h, dtype=ref[1].dtype)
+    dh[rows] = ref[1]
+    for x, r, nm in zip(got[:3], (ref[0], dh, ref[2]), ["loss", "dH", "dW"]):
+        close(x, r, 2e-4, nm)
