@@ -160,13 +160,13 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     const size_t row = static_cast<size_t>(d) * sizeof(float);
     RETURN_IF_ERR(hs.alloc(static_cast<size_t>(n) * row));
     if (seq_index) {
-      lce_index_rows_kernel<<<dim3(static_cast<unsigned>((d + 255) / 256),
-                                   static_cast<unsigned>(groups)), 256, 0, s>>>(
+      lce_index_rows_kernel<<<
+          dim3(static_cast<unsigned>((d + 255) / 256), static_cast<unsigned>(groups)), 256, 0, s>>>(
           seq_index, seq, d, h, hs.f(), nullptr, nullptr);
       RETURN_IF_ERR(cudaGetLastError());
     } else {
-      RETURN_IF_ERR(cudaMemcpy2DAsync(hs.f(), used * row, h + seq_start * d, seq * row,
-                                      used * row, groups, cudaMemcpyDeviceToDevice, s));
+      RETURN_IF_ERR(cudaMemcpy2DAsync(hs.f(), used * row, h + seq_start * d, seq * row, used * row,
+                                      groups, cudaMemcpyDeviceToDevice, s));
     }
     h = hs.f();
     if (dh) {
@@ -216,8 +216,8 @@ FUSECLI_EXPORT int fusecli_launch_linear_cross_entropy(
     }
   }
   if (dh && dh != dh_full && seq_index) {  // the rows read back into their place
-    lce_index_rows_kernel<<<dim3(static_cast<unsigned>((d + 255) / 256),
-                                 static_cast<unsigned>(groups)), 256, 0, s>>>(
+    lce_index_rows_kernel<<<
+        dim3(static_cast<unsigned>((d + 255) / 256), static_cast<unsigned>(groups)), 256, 0, s>>>(
         seq_index, seq, d, nullptr, nullptr, dh, dh_full);
     RETURN_IF_ERR(cudaGetLastError());
   } else if (dh && dh != dh_full) {
