@@ -252,6 +252,35 @@ def test_torchscript_sdpa_spellings_fuse_as_flash_and_verify(tmp_path):
     assert report.ok and report.max_rel <= 1e-5, report
 
 
+def test_torch_math_sdpa_spellings_fuse_as_flash_and_verify(tmp_path):
+    """torch's scaled_dot_product_attention in a torch-joint graph, exported under
+    SDPBackend.MATH (make_flash_mask.py sdpa_math_all, model code): the scale's square root on
+    Q and K^T, the mask added, _safe_softmax's Where(all(S == -inf), 0, P) (the ops' nan_guard
+    2): is_causal, a bool mask, a float mask and none on full heads; a bool mask, a float mask
+    and none on repeat_kv's groups (the Mul after the transpose absorbed into the ops' scale)
+    and on one kv head broadcast by sdpa: flash_attention 10; verified."""
+    src = DATA / "torch_flash_sdpa_math_all.onnx"
+    m = onnx.load(src)
+    fp = FusionPass()
+    fp.run(m)
+    assert {p: s.fused for p, s in fp.stats.patterns.items() if s.fused} == {"flash_attention": 10}
+    assert sorted(f.rule for f in fp.stats.fusions) == sorted(
+        ["flash_torch_mask_safe"] * 3 + ["flash_torch_plain_safe"]
+        + [f"flash_torch_{kv}_{b}_safe" for kv in ("gqa", "mqa") for b in ("mask", "mask", "plain")])
+    fwd = [n for n in m.graph.node if n.op_type == "FlashAttention"]
+    assert sorted(_attrs(n)["nan_guard"] for n in m.graph.node
+                  if n.op_type in ("FlashAttention", "FlashAttentionGrad")) == [2] * 20
+    # the scale: 1 where the ops read the scaled Q and K^T; 1 / sqrt(d) = sqrt(d)^-0.5 twice
+    # (Q's share outside, K^T's absorbed) on repeat_kv's groups, whose K the ops read unscaled
+    assert sorted(round(_attrs(n).get("scale", 1.0), 6) for n in fwd) == [
+        round(4 ** -0.25, 6)] * 3 + [1.0] * 7
+    assert not [n for n in m.graph.node if n.op_type in ("ReduceMin", "Softmax")]
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
 # --- sliding windows (tests/data/make_flash_mask.py, W = 3: mask = (j <= i) & (i - j < W)) ------
 
 # kind -> (a Where on the scores: its condition is the ops' mask, fill finfo.min kept where

@@ -96,6 +96,10 @@ for _name in ("flash_where_causal", "flash_where_gpt2_pad", "flash_fill_window_n
 # torch's scaled_dot_product_attention through torch.onnx (ort-training only): a bool mask's NaN
 # guard (flash_ortt_mask_nanguard; returning its attentions, the sdpa rule that took it before)
 SAMPLE_MODELS["export_ortt_flash_sdpa_all"] = onnx.load(DATA / "ortt_flash_sdpa_all.onnx")
+# ... and in a torch-joint graph, exported under SDPBackend.MATH: _safe_softmax's guard
+# (flash_torch{,_gqa,_mqa}_{mask,plain}_safe)
+SAMPLE_MODELS["export_torch_flash_sdpa_math_all"] = onnx.load(
+    DATA / "torch_flash_sdpa_math_all.onnx")
 # the frozen-weight variants of every activation the exports lack (dA [+ dB] without dW; the
 # first layer's dB alone, also on GPT-2's 2-D view)
 for _act in ("relu", "gelu", "gelu_fast", "silu", "quick_gelu"):

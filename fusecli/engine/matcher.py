@@ -357,11 +357,16 @@ def const_matches(value: np.ndarray | None, want, tol: float, kind: str | None =
         arr = compact(value).astype(np.float64)
         if arr.size == 0:
             return False, "is an empty constant"
-        ok = bool(np.all(np.abs(arr - target) <= tol + tol * abs(float(target))))
+        with np.errstate(invalid="ignore"):  # (an infinity matches only itself)
+            ok = bool(np.all((arr == target)
+                             | (np.abs(arr - target) <= tol + tol * abs(float(target)))))
     else:
         arr = value.astype(np.float64) if value.size == target.size else compact(value)
-        ok = arr.size == target.size and bool(
-            np.all(np.abs(arr.reshape(-1) - target.reshape(-1)) <= tol + tol * np.abs(target)))
+        with np.errstate(invalid="ignore"):
+            ok = arr.size == target.size and bool(np.all(
+                (arr.reshape(-1) == target.reshape(-1))
+                | (np.abs(arr.reshape(-1) - target.reshape(-1))
+                   <= tol + tol * np.abs(target.reshape(-1)))))
     if ok:
         return True, ""
     shown = arr.reshape(-1)[:4].tolist()
@@ -384,7 +389,7 @@ def replacement_attrs(index: GraphIndex, m: Match, rep=None) -> dict:
     """The fused node's attributes: literals, captured attributes, ``if_matched`` choices and
     values of scalar constants (as the matched op spelling enters them, e.g. the reciprocal of
     a Div's divisor, then the rule's ``fn``; the rule's ``default`` when the constant's optional
-    node is absent)."""
+    node is absent; ``times``: multiplied by a second one's value, 1 when its node is absent)."""
     attrs = {}
     for name, spec in (rep or m.rule.replace).attrs.items():
         if spec[0] == "literal":
@@ -399,6 +404,8 @@ def replacement_attrs(index: GraphIndex, m: Match, rep=None) -> dict:
             attrs[name] = int(spec[3]) if v is None else int(np.asarray(v).reshape(-1)[0])
         else:
             attrs[name] = _const_attr(index, m, spec[1], spec[2], spec[3])
+            if spec[4] is not None:  # times: another scalar constant's value (1 when absent)
+                attrs[name] *= _const_attr(index, m, spec[4], "identity", 1.0)
     return attrs
 
 

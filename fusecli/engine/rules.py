@@ -177,7 +177,7 @@ class Replacement:
     domain: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    attrs: dict  # name -> ("literal", v) | ("attr", cap) | ("const", var, fn, default)
+    attrs: dict  # name -> ("literal", v) | ("attr", cap) | ("const", var, fn, default, times)
     #                   | ("if_matched", node_id, then, else)
     # further fused nodes (`replace.then`), each placed after the producers of its inputs (a
     # forward op at the forward's position, its backward op at the backward's); only on the
@@ -606,9 +606,14 @@ def _parse_replace(src, raw, captures, const_vars, top: bool = True) -> Replacem
                 attrs[name] = ("attr", value["attr"])
             elif "const" in value:
                 fn = value.get("fn", "identity")
-                if set(value) - {"const", "fn", "default"}:
+                if set(value) - {"const", "fn", "default", "times"}:
                     raise RuleError(src, f"replace.attrs.{name}: write {{const: VAR, fn: FN, "
-                                    "default: NUMBER}", aline)
+                                    "default: NUMBER[, times: VAR]}", aline)
+                times = value.get("times")
+                if times is not None and (not isinstance(times, str) or times not in const_vars
+                                          or const_vars[times] == "uniform"):
+                    raise RuleError(src, f"replace.attrs.{name}: times {times!r} is not a "
+                                    "tensor with a 'const' or scalar constraint", aline)
                 if not isinstance(value["const"], str) or value["const"] not in const_vars:
                     raise RuleError(src, f"replace.attrs.{name}: {value['const']!r} is not a "
                                     "tensor with a 'const' constraint", aline)
@@ -623,7 +628,7 @@ def _parse_replace(src, raw, captures, const_vars, top: bool = True) -> Replacem
                                             or not isinstance(default, (int, float))):
                     raise RuleError(src, f"replace.attrs.{name}: default must be a number (the "
                                     "value when the constant's optional node is absent)", aline)
-                attrs[name] = ("const", value["const"], fn, default)
+                attrs[name] = ("const", value["const"], fn, default, times)
             else:
                 raise RuleError(src, f"replace.attrs.{name}: use a literal, {{attr: NAME}}, "
                                 "{const: VAR, fn: FN, default: N} or {if_matched: NODE_ID, then: V, else: V}",

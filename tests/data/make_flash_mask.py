@@ -53,6 +53,12 @@ Rule fixtures (tests/test_rules.py's positives), attention only (x + o(attn(x)) 
   masked_fill(~(causal & attention_mask), finfo.min)): flash_attention 8.
 - alibi_all: those two bias-then-mask spellings on full heads, then on repeat_kv's groups:
   flash_attention 4.
+- sdpa_math_all (torch-joint only): sdpa_all's four layers, exported under SDPBackend.MATH
+  (torch 2.13's dynamo exporter decomposes only the math backend's backward on CPU: how
+  transformers' default attention exports there), which writes the scale's square root onto
+  Q and K^T and torch's _safe_softmax guard Where(all(S == -inf), 0, P); then a bool mask, a
+  float mask and none on repeat_kv's groups (1 kv head of 2) and on one kv head that sdpa
+  broadcasts itself: flash_attention 10.
 - sdpa_all (ort-training only: torch 2.13's dynamo exporter has no decomposition of sdpa's
   backward): four layers of torch.nn.functional.scaled_dot_product_attention, transformers'
   default attention, which torch.onnx writes out with the NaN guard Where(IsNaN(P), 0, P):
@@ -75,6 +81,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from contextlib import nullcontext
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "scripts" / "corpus"))
@@ -238,10 +246,14 @@ class AttnLayers(torch.nn.Module):
 
 KINDS = ["where_causal", "where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "fill_window_ninf",
          "gqa_where_all", "where_window", "where_window_pad", "bias_window", "bias_window_pad",
-         "alibi_fill_pad", "mqa_bias_causal", "mqa_all", "alibi_all", "sdpa_all"]
+         "alibi_fill_pad", "mqa_bias_causal", "mqa_all", "alibi_all", "sdpa_all", "sdpa_math_all"]
 PADDED = {"where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "gqa_where_all",
           "where_window_pad", "bias_window_pad", "alibi_fill_pad", "mqa_all", "alibi_all",
-          "sdpa_all"}
+          "sdpa_all", "sdpa_math_all"}
+# torch-joint only: exported under SDPBackend.MATH (the only sdpa backend whose backward torch
+# 2.13's exporter decomposes on CPU)
+TORCH_ONLY = {"sdpa_math_all"}
+ORTT_ONLY = {"sdpa_all"}
 # kinds whose padding leaves whole windows padded (fully masked query rows)
 WINDOW_PADDED = {"where_window_pad", "bias_window_pad"}
 # ort-training kinds also exported with the forward at opset 12 (`<kind>_opset12`)
@@ -264,6 +276,12 @@ LAYERS = {"gqa_where_all": lambda: AttnLayers(["keep", "keep_pad", "fill", "fill
           "mqa_all": lambda: AttnLayers(MQA_ALL, 1, kv="bcast"),
           # the bias-then-mask spellings on full heads and on repeat_kv's groups
           "sdpa_all": lambda: AttnLayers(["sdpa_causal", "sdpa_bool", "sdpa_float", "sdpa_none"]),
+          # the same four on full heads, then a bool mask, a float mask and none on repeat_kv's
+          # groups and on one kv head broadcast by sdpa itself
+          "sdpa_math_all": lambda: Stack(
+              AttnLayers(["sdpa_causal", "sdpa_bool", "sdpa_float", "sdpa_none"]),
+              AttnLayers(["sdpa_bool", "sdpa_float", "sdpa_none"], 1),
+              AttnLayers(["sdpa_bool", "sdpa_float", "sdpa_none"], 1, kv="bcast")),
           "alibi_all": lambda: Stack(AttnLayers(["alibi_keep", "alibi_fill"], 2),
                                      AttnLayers(["alibi_keep", "alibi_fill"], 1))}
 
@@ -273,7 +291,8 @@ def main(family: str, only: list[str]) -> None:
     builder = gen.build_ortt if family == "ort-training" else gen.build_torch
     styles = KINDS + ([f"{k}_opset12" for k in OPSET12] if family == "ort-training" else [])
     for style in styles:
-        if only and style not in only:
+        if (only and style not in only) or style in (
+                ORTT_ONLY if family == "torch-joint" else TORCH_ONLY):
             continue
         kind = style.removesuffix("_opset12")
         kw = {"opset": 12} if style.endswith("_opset12") else {}
@@ -292,7 +311,8 @@ def main(family: str, only: list[str]) -> None:
             ranges["attention_mask"] = [0, 2]
         arch = types.SimpleNamespace(library="torch", input_ranges=ranges)
         name = f"{prefix}_flash_{style}"
-        with tempfile.TemporaryDirectory() as td:
+        with tempfile.TemporaryDirectory() as td, (
+                sdpa_kernel([SDPBackend.MATH]) if kind in TORCH_ONLY else nullcontext()):
             model = (LAYERS[kind]() if kind in LAYERS else WhereBlock(kind)).train()
             res = builder(arch, model, inputs, name, Path(td), True, **kw)
             shutil.copy(Path(td) / f"{name}.onnx", HERE / f"{name}.onnx")

@@ -82,8 +82,9 @@ void FlashKernel::Compute(Ort::KernelContext& ctx) {
         const int64_t row = b * in.Sq + i0 + r;
         const bool empty = !(w.l[r] > 0.f);  // every score -inf: Softmax gives NaN
         const float lv = empty ? nan : w.m[r] + std::log(w.l[r]);
-        // nan_guard: a row whose softmax is NaN gets P = 0 (O = 0), LSE +inf (contract)
-        const bool guarded = nan_guard && !std::isfinite(lv);
+        // nan_guard: a row whose softmax is NaN (2: whose every score is -inf) gets P = 0
+        // (O = 0), LSE +inf (contract)
+        const bool guarded = nan_guard == 2 ? w.m[r] == -inf : nan_guard && !std::isfinite(lv);
         if (want_o) {
           Eigen::Map<Eigen::RowVectorXf> orow(o + row * Dv, Dv);
           if (guarded)

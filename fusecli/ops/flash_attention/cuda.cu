@@ -67,7 +67,8 @@ __global__ void flash_fwd_rows(const float* __restrict__ q, const float* __restr
   }
   const bool empty = !(l > 0.f);
   const float lv = empty ? CUDART_NAN_F : m + logf(l);
-  const bool guarded = nan_guard && !isfinite(lv);  // P = 0 (O = 0), LSE +inf: the contract
+  // P = 0 (O = 0), LSE +inf: the contract (2: only a row whose every score is -inf)
+  const bool guarded = nan_guard == 2 ? m == -CUDART_INF_F : nan_guard && !isfinite(lv);
   for (int64_t x = threadIdx.x; x < dv; x += blockDim.x)
     o[row * dv + x] = guarded ? 0.f : empty ? CUDART_NAN_F : acc[x] / l;
   if (lse && threadIdx.x == 0) lse[row] = guarded ? CUDART_INF_F : lv;

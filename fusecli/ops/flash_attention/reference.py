@@ -71,8 +71,8 @@ def flash_attention(q, k, v, bias=None, scale=1.0, k_transposed=0, mask=None,
         lsum = e.sum(axis=-1, keepdims=True)
         o = (e / lsum) @ _expand(v.astype(np.float64).reshape(*vb, sk, dv), qb, vb)
         lse = (m + np.log(lsum))[..., 0]
-    if nan_guard:  # a row whose softmax is NaN: P = 0 (O = 0), LSE +inf
-        guarded = ~np.isfinite(lse)
+    if nan_guard:  # a row whose softmax is NaN (2: all -inf): P = 0 (O = 0), LSE +inf
+        guarded = np.all(s == -np.inf, axis=-1) if int(nan_guard) == 2 else ~np.isfinite(lse)
         o = np.where(guarded[..., None], 0.0, o)
         lse = np.where(guarded, np.inf, lse)
     return o.astype(q.dtype), lse.astype(np.float32)

@@ -170,10 +170,12 @@ def test_flash_attention_bool_mask(kind, fill_kept, path, monkeypatch):
         close(o.double(), ro, TOL["fp32"], "O (-inf fill)")
 
 
-def test_nan_guard_zeroes_whole_masked_rows_and_their_gradients_are_nan():
-    """nan_guard (TorchScript's sdpa NaN guard) on the float32 cores: against the NumPy
-    reference (fusecli/ops/flash_attention/test_nan_guard.py's oracle), rows 0..2 of batch 0
-    fully -inf (O 0, LSE +inf, dQ / dK NaN as the original's, dV finite)."""
+@pytest.mark.parametrize("guard", [1, 2])
+def test_nan_guard_zeroes_whole_masked_rows_and_their_gradients_are_nan(guard):
+    """nan_guard (1: TorchScript's sdpa NaN guard; 2: torch's _safe_softmax) on the float32
+    cores: against the NumPy reference (fusecli/ops/flash_attention/test_nan_guard.py's oracle),
+    rows 0..2 of batch 0 fully -inf (O 0, LSE +inf, dQ / dK NaN as the original's with 1, 0 with
+    2; dV finite)."""
     import numpy as np
 
     from fusecli.ops.flash_attention.reference import flash_attention as ref_fwd
@@ -184,13 +186,13 @@ def test_nan_guard_zeroes_whole_masked_rows_and_their_gradients_are_nan():
     keep = torch.ones(2, 1, 70, 70, dtype=torch.bool, device="cuda").tril()
     keep[0, ..., :3] = False
     bias = torch.zeros(2, 1, 70, 70, device="cuda").masked_fill(~keep, float("-inf"))
-    o, lse = flash_attention(q, k, v, bias, 0.25, nan_guard=1)
-    grads = flash_attention_grad(do, q, k, v, o, lse, bias, 0.25, nan_guard=1)
+    o, lse = flash_attention(q, k, v, bias, 0.25, nan_guard=guard)
+    grads = flash_attention_grad(do, q, k, v, o, lse, bias, 0.25, nan_guard=guard)
     h = [t.cpu().numpy() for t in (q, k, v, do, bias)]
-    ro, rl = ref_fwd(*h[:3], h[4], 0.25, nan_guard=1)
+    ro, rl = ref_fwd(*h[:3], h[4], 0.25, nan_guard=guard)
     assert np.isposinf(lse.cpu().numpy()).sum() == 2 * 3 and np.isposinf(rl).sum() == 2 * 3
     close(o.double(), torch.from_numpy(ro).double().cuda(), TOL["fp32"], "O")
-    for g, r, nm in zip(grads, ref_bwd(h[3], *h[:3], ro, rl, h[4], 0.25, nan_guard=1),
+    for g, r, nm in zip(grads, ref_bwd(h[3], *h[:3], ro, rl, h[4], 0.25, nan_guard=guard),
                         ("dQ", "dK", "dV")):
         g = g.cpu().numpy()
         assert (np.isnan(g) == np.isnan(r)).all(), nm

@@ -89,3 +89,54 @@ def test_without_nan_guard_a_masked_row_is_nan():
     q, k, v = (rand(rng, (2, 2, 9, 4)) for _ in range(3))
     o, lse = flash_attention(q, k, v, _bias("left_pad", 2, 9), SCALE)
     assert np.isnan(o[0, :, :3]).all() and np.isfinite(o[1]).all()
+
+
+def unfused_safe(q, k, v, do, bias):
+    """torch's math scaled_dot_product_attention in a joint graph (_safe_softmax): P =
+    Softmax(S), Pg = Where(all(S == -inf) per row, 0, P), O = Pg V; backward dPg = dO V^T, dS =
+    Pg dPg - Pg rowsum(Pg dPg) (torch's softmax backward on the guarded output), dQ = scale dS
+    K, dK = scale dS^T Q, dV = Pg^T dO."""
+    b = Builder()
+    qn, kn, vn, don, bn = (b.input(n, a) for n, a in
+                           (("Q", q), ("K", k), ("V", v), ("dO", do), ("bias", bias)))
+    perm = [0, 1, 3, 2]
+    s = b.add(b.mul(b.op("MatMul", qn, b.op("Transpose", kn, perm=perm)), b.const(SCALE)), bn)
+    p = b.op("Softmax", s, axis=-1)
+    ninf = b.op("Cast", b.op("Equal", s, b.const(-np.inf)), to=7)
+    every = b.op("Cast", b.op("ReduceMin", ninf, b.ints([-1]), keepdims=1), to=9)
+    pg = b.op("Where", every, b.const(0.0), p)
+    o = b.op("MatMul", pg, vn)
+    dp = b.op("MatMul", don, b.op("Transpose", vn, perm=perm))
+    pd = b.op("Mul", dp, pg)
+    ds = b.op("Sub", pd, b.op("Mul", pg, b.op("ReduceSum", pd, b.ints([-1]), keepdims=1)))
+    dq = b.mul(b.op("MatMul", ds, kn), b.const(SCALE))
+    dk = b.mul(b.op("MatMul", b.op("Transpose", ds, perm=perm), qn), b.const(SCALE))
+    dv = b.op("MatMul", b.op("Transpose", pg, perm=perm), don)
+    return b.run([o, dq, dk, dv])
+
+
+@pytest.mark.parametrize("kind", ["causal", "left_pad", "all_padded"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_safe_softmax_guard_vs_reference_and_unfused(shape, kind):
+    """nan_guard 2 (torch's _safe_softmax): a row whose scores are all -inf gets O = 0 and a
+    zero score gradient (not NaN: the softmax backward runs on the guarded zero row)."""
+    bsz, h, s, d = shape
+    rng = _rng("flash-safe-softmax", shape, kind)
+    q, k, v, do = (rand(rng, (bsz, h, s, d)) for _ in range(4))
+    bias = _bias(kind, bsz, s)
+    o, lse, dq, dk, dv = fused_pair(q, k, v, do, bias, SCALE, 0, nan_guard=2)
+    ro, rlse = flash_attention(q, k, v, bias, SCALE, nan_guard=2)
+    assert_close(o, ro, what="O vs reference")
+    np.testing.assert_array_equal(np.isposinf(lse), np.isposinf(rlse))
+    fin = np.isfinite(rlse)
+    assert_close(lse[fin], rlse[fin], what="LSE vs reference")
+    for g, r, nm in zip((dq, dk, dv), flash_attention_grad(do, q, k, v, o, lse, bias, SCALE,
+                                                           nan_guard=2), "dQ dK dV".split()):
+        assert_close(g, r, what=f"{nm} vs reference")
+    for g, r, nm in zip((o, dq, dk, dv), unfused_safe(q, k, v, do, bias), "O dQ dK dV".split()):
+        assert_close(g, r, what=f"{nm} vs the unfused graph")
+    guarded = kind != "causal"
+    assert np.isinf(lse).any() == guarded
+    assert all(np.isfinite(t).all() for t in (o, dq, dk, dv))
+    if kind == "all_padded":  # batch 0 entirely guarded: nothing flows from it
+        assert not o[0].any() and not dq[0].any()

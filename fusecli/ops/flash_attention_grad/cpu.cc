@@ -99,9 +99,10 @@ void FlashGradKernel::Compute(Ort::KernelContext& ctx) {
             Eigen::Map<const Eigen::ArrayXf>(dop + row * Dv, Dv)
                 .cwiseProduct(Eigen::Map<const Eigen::ArrayXf>(O.ptr<float>() + row * Dv, Dv))
                 .sum();
-        // nan_guard: a guarded row (LSE +inf) has P = 0 and, as SoftmaxGrad on the original's
-        // NaN P row, a NaN dS: P (dP - NaN)
-        if (nan_guard && lse[row] == std::numeric_limits<float>::infinity())
+        // nan_guard 1: a guarded row (LSE +inf) has P = 0 and, as SoftmaxGrad on the
+        // original's NaN P row, a NaN dS: P (dP - NaN); 2 (torch's _safe_softmax): P = 0 and
+        // O = 0 there, so drow = 0 and dS = 0, as the softmax backward on its zero row
+        if (nan_guard == 1 && lse[row] == std::numeric_limits<float>::infinity())
           drow[row] = std::numeric_limits<float>::quiet_NaN();
         if (!(lse[row] > kFlashMaskedRow) || !std::isfinite(lse[row])) can_skip[task] = 0;
         if (std::isfinite(lse[row]) && !(lse[row] > kFlashMaskedRow)) {

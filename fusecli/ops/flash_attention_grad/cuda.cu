@@ -46,8 +46,9 @@ __global__ void flash_rows(const T* __restrict__ dO, const T* __restrict__ o,
     ps = 1.f / block_reduce(sum, red, false);
   }
   if (threadIdx.x == 0) {
-    // nan_guard: a guarded row (LSE +inf) has P = 0 and a NaN dS, P (dP - NaN): the contract
-    drow[row] = nan_guard && li == CUDART_INF_F ? CUDART_NAN_F : a;
+    // nan_guard 1: a guarded row (LSE +inf) has P = 0 and a NaN dS, P (dP - NaN); 2: P = 0 and
+    // O = 0 there, so dS = 0 (the contract)
+    drow[row] = nan_guard == 1 && li == CUDART_INF_F ? CUDART_NAN_F : a;
     pscale[row] = ps;
   }
 }

@@ -30,7 +30,7 @@ def flash_attention_grad(do, q, k, v, o, lse, bias=None, scale=1.0, k_transposed
         p = np.where(masked, p / np.where(masked, p.sum(-1, keepdims=True), 1.0), p)
         do64 = do.astype(np.float64).reshape(*qb, sq, dvd)
         drow = (do64 * o.astype(np.float64).reshape(*qb, sq, dvd)).sum(-1, keepdims=True)
-        if nan_guard:  # a guarded row (LSE +inf): P = 0 there, its dS NaN
+        if int(nan_guard) == 1:  # a guarded row (LSE +inf): P = 0 there, its dS NaN (2: 0)
             drow = np.where(lse64 == np.inf, np.nan, drow)
         dv = _group_sum(np.swapaxes(p, -1, -2) @ do64, qb, vb)
         dp = do64 @ np.swapaxes(_expand(v.astype(np.float64).reshape(*vb, sk, dvd), qb, vb),
