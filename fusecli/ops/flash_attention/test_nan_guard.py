@@ -1,9 +1,11 @@
-"""FlashAttention / FlashAttentionGrad with nan_guard (TorchScript's scaled_dot_product_attention:
-Softmax -> Where(IsNaN(P), 0, P) -> MatMul with V, and the same Where on dP before SoftmaxGrad):
-the CPU kernels against the NumPy reference and against that unfused chain in standard ONNX
-on onnxruntime, with additive -inf masks that leave whole rows masked (their softmax is NaN:
-O = 0 there, dV untouched, dQ / dK NaN as the original's SoftmaxGrad on the NaN row gives),
-and without such rows (the guard changes nothing)."""
+"""FlashAttention / FlashAttentionGrad with nan_guard 1 (TorchScript's scaled_dot_product_attention:
+Softmax -> Where(IsNaN(P), 0, P) -> MatMul with V, and the same Where on dP before SoftmaxGrad)
+and 2 (torch's math scaled_dot_product_attention in a joint graph: _safe_softmax's
+Where(all(S == -inf), 0, P), read by the P V MatMul and the softmax backward): the CPU kernels
+against the NumPy reference and against that unfused chain in standard ONNX on onnxruntime,
+with additive -inf masks that leave whole rows masked (O = 0 there, dV untouched; dQ / dK NaN
+as the original's SoftmaxGrad on the NaN row gives with 1, zero with 2), and without such rows
+(the guard changes nothing)."""
 
 from __future__ import annotations
 
@@ -34,53 +36,69 @@ def _bias(kind, b, s):
     return np.where(keep, 0.0, -np.inf).astype(np.float32)
 
 
-def unfused(q, k, v, do, bias):
-    """The original chain: S = MatMul(Q, K^T) * scale + bias, P = Softmax(S), Pg = Where(IsNaN(P),
-    0, P), O = Pg V; backward dPg = dO V^T, dP = Where(IsNaN(P), 0, dPg), dS = P (dP - rowsum(dP
-    P)) (SoftmaxGrad on the unguarded P), dQ = scale dS K, dK = scale dS^T Q, dV = Pg^T dO."""
+def unfused(q, k, v, do, bias, guard):
+    """The original chain: S = MatMul(Q, K^T) * scale + bias, P = Softmax(S), then
+    guard 1 (TorchScript's sdpa): Pg = Where(IsNaN(P), 0, P), O = Pg V; backward dPg = dO V^T,
+    dP = Where(IsNaN(P), 0, dPg), dS = P (dP - rowsum(dP P)) (SoftmaxGrad on the unguarded P);
+    guard 2 (torch's math sdpa in a joint graph, _safe_softmax): Pg = Where(all(S == -inf) per
+    row, 0, P), O = Pg V; backward dP = dO V^T, dS = Pg (dP - rowsum(dP Pg)) (torch's softmax
+    backward on the guarded output); then dQ = scale dS K, dK = scale dS^T Q, dV = Pg^T dO."""
     b = Builder()
     qn, kn, vn, don, bn = (b.input(n, a) for n, a in
                            (("Q", q), ("K", k), ("V", v), ("dO", do), ("bias", bias)))
     perm = [0, 1, 3, 2]
     s = b.add(b.mul(b.op("MatMul", qn, b.op("Transpose", kn, perm=perm)), b.const(SCALE)), bn)
     p = b.op("Softmax", s, axis=-1)
-    nan = b.op("IsNaN", p)
     zero = b.const(0.0)
-    pg = b.op("Where", nan, zero, p)
+    dp = b.op("MatMul", don, b.op("Transpose", vn, perm=perm))
+    if guard == 1:
+        nan = b.op("IsNaN", p)
+        pg = b.op("Where", nan, zero, p)
+        dp, p_bwd = b.op("Where", nan, zero, dp), p
+    else:
+        ninf = b.op("Cast", b.op("Equal", s, b.const(-np.inf)), to=7)
+        every = b.op("Cast", b.op("ReduceMin", ninf, b.ints([-1]), keepdims=1), to=9)
+        pg = p_bwd = b.op("Where", every, zero, p)
     o = b.op("MatMul", pg, vn)
-    dp = b.op("Where", nan, zero, b.op("MatMul", don, b.op("Transpose", vn, perm=perm)))
-    pd = b.op("Mul", dp, p)
-    ds = b.op("Sub", pd, b.op("Mul", p, b.op("ReduceSum", pd, b.ints([-1]), keepdims=1)))
+    pd = b.op("Mul", dp, p_bwd)
+    ds = b.op("Sub", pd, b.op("Mul", p_bwd, b.op("ReduceSum", pd, b.ints([-1]), keepdims=1)))
     dq = b.mul(b.op("MatMul", ds, kn), b.const(SCALE))
     dk = b.mul(b.op("MatMul", b.op("Transpose", ds, perm=perm), qn), b.const(SCALE))
     dv = b.op("MatMul", b.op("Transpose", pg, perm=perm), don)
     return b.run([o, dq, dk, dv])
 
 
+@pytest.mark.parametrize("guard", [1, 2])
 @pytest.mark.parametrize("kind", ["causal", "left_pad", "all_padded"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_nan_guard_vs_reference_and_unfused(shape, kind):
+def test_nan_guard_vs_reference_and_unfused(shape, kind, guard):
+    """nan_guard 1: the rows the guard zeroes (O 0, LSE +inf) exist exactly where the mask
+    masks whole rows, and the original's NaN gradients are reproduced (dV stays finite: P is 0
+    there); 2: the same rows, with zero gradients (nothing flows from a guarded row)."""
     bsz, h, s, d = shape
-    rng = _rng("flash-nan-guard", shape, kind)
+    rng = _rng("flash-nan-guard", shape, kind, guard)
     q, k, v, do = (rand(rng, (bsz, h, s, d)) for _ in range(4))
     bias = _bias(kind, bsz, s)
-    o, lse, dq, dk, dv = fused_pair(q, k, v, do, bias, SCALE, 0, nan_guard=1)
-    ro, rlse = flash_attention(q, k, v, bias, SCALE, nan_guard=1)
+    o, lse, dq, dk, dv = fused_pair(q, k, v, do, bias, SCALE, 0, nan_guard=guard)
+    ro, rlse = flash_attention(q, k, v, bias, SCALE, nan_guard=guard)
     assert_close(o, ro, what="O vs reference")
     # LSE: +inf on the guarded rows (compared apart: an inf would widen assert_close's tolerance)
     np.testing.assert_array_equal(np.isposinf(lse), np.isposinf(rlse))
     fin = np.isfinite(rlse)
     assert_close(lse[fin], rlse[fin], what="LSE vs reference")
     for g, r, nm in zip((dq, dk, dv), flash_attention_grad(do, q, k, v, o, lse, bias, SCALE,
-                                                           nan_guard=1), "dQ dK dV".split()):
+                                                           nan_guard=guard), "dQ dK dV".split()):
         assert_close(g, r, what=f"{nm} vs reference")
-    for g, r, nm in zip((o, dq, dk, dv), unfused(q, k, v, do, bias), "O dQ dK dV".split()):
+    for g, r, nm in zip((o, dq, dk, dv), unfused(q, k, v, do, bias, guard), "O dQ dK dV".split()):
         assert_close(g, r, what=f"{nm} vs the unfused graph")
     guarded = kind != "causal"
-    # the rows the guard zeroes exist exactly where the mask masks whole rows: O 0, LSE +inf,
-    # and the original's NaN gradients are reproduced (dV stays finite: P is 0 there)
-    assert np.isinf(lse).any() == guarded and np.isnan(dq).any() == guarded
+    assert np.isinf(lse).any() == guarded
+    assert np.isnan(dq).any() == (guarded and guard == 1)
     assert np.isfinite(o).all() and np.isfinite(dv).all()
+    if guard == 2:
+        assert np.isfinite(dq).all() and np.isfinite(dk).all()
+        if kind == "all_padded":  # batch 0 entirely guarded: nothing flows from it
+            assert not o[0].any() and not dq[0].any()
 
 
 def test_without_nan_guard_a_masked_row_is_nan():
@@ -90,53 +108,3 @@ def test_without_nan_guard_a_masked_row_is_nan():
     o, lse = flash_attention(q, k, v, _bias("left_pad", 2, 9), SCALE)
     assert np.isnan(o[0, :, :3]).all() and np.isfinite(o[1]).all()
 
-
-def unfused_safe(q, k, v, do, bias):
-    """torch's math scaled_dot_product_attention in a joint graph (_safe_softmax): P =
-    Softmax(S), Pg = Where(all(S == -inf) per row, 0, P), O = Pg V; backward dPg = dO V^T, dS =
-    Pg dPg - Pg rowsum(Pg dPg) (torch's softmax backward on the guarded output), dQ = scale dS
-    K, dK = scale dS^T Q, dV = Pg^T dO."""
-    b = Builder()
-    qn, kn, vn, don, bn = (b.input(n, a) for n, a in
-                           (("Q", q), ("K", k), ("V", v), ("dO", do), ("bias", bias)))
-    perm = [0, 1, 3, 2]
-    s = b.add(b.mul(b.op("MatMul", qn, b.op("Transpose", kn, perm=perm)), b.const(SCALE)), bn)
-    p = b.op("Softmax", s, axis=-1)
-    ninf = b.op("Cast", b.op("Equal", s, b.const(-np.inf)), to=7)
-    every = b.op("Cast", b.op("ReduceMin", ninf, b.ints([-1]), keepdims=1), to=9)
-    pg = b.op("Where", every, b.const(0.0), p)
-    o = b.op("MatMul", pg, vn)
-    dp = b.op("MatMul", don, b.op("Transpose", vn, perm=perm))
-    pd = b.op("Mul", dp, pg)
-    ds = b.op("Sub", pd, b.op("Mul", pg, b.op("ReduceSum", pd, b.ints([-1]), keepdims=1)))
-    dq = b.mul(b.op("MatMul", ds, kn), b.const(SCALE))
-    dk = b.mul(b.op("MatMul", b.op("Transpose", ds, perm=perm), qn), b.const(SCALE))
-    dv = b.op("MatMul", b.op("Transpose", pg, perm=perm), don)
-    return b.run([o, dq, dk, dv])
-
-
-@pytest.mark.parametrize("kind", ["causal", "left_pad", "all_padded"])
-@pytest.mark.parametrize("shape", SHAPES)
-def test_safe_softmax_guard_vs_reference_and_unfused(shape, kind):
-    """nan_guard 2 (torch's _safe_softmax): a row whose scores are all -inf gets O = 0 and a
-    zero score gradient (not NaN: the softmax backward runs on the guarded zero row)."""
-    bsz, h, s, d = shape
-    rng = _rng("flash-safe-softmax", shape, kind)
-    q, k, v, do = (rand(rng, (bsz, h, s, d)) for _ in range(4))
-    bias = _bias(kind, bsz, s)
-    o, lse, dq, dk, dv = fused_pair(q, k, v, do, bias, SCALE, 0, nan_guard=2)
-    ro, rlse = flash_attention(q, k, v, bias, SCALE, nan_guard=2)
-    assert_close(o, ro, what="O vs reference")
-    np.testing.assert_array_equal(np.isposinf(lse), np.isposinf(rlse))
-    fin = np.isfinite(rlse)
-    assert_close(lse[fin], rlse[fin], what="LSE vs reference")
-    for g, r, nm in zip((dq, dk, dv), flash_attention_grad(do, q, k, v, o, lse, bias, SCALE,
-                                                           nan_guard=2), "dQ dK dV".split()):
-        assert_close(g, r, what=f"{nm} vs reference")
-    for g, r, nm in zip((o, dq, dk, dv), unfused_safe(q, k, v, do, bias), "O dQ dK dV".split()):
-        assert_close(g, r, what=f"{nm} vs the unfused graph")
-    guarded = kind != "causal"
-    assert np.isinf(lse).any() == guarded
-    assert all(np.isfinite(t).all() for t in (o, dq, dk, dv))
-    if kind == "all_padded":  # batch 0 entirely guarded: nothing flows from it
-        assert not o[0].any() and not dq[0].any()
