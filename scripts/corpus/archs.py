@@ -636,9 +636,11 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          "activation"),
     # --- attention through F.scaled_dot_product_attention ------------------------------------
     _decoder("llama_sdpa", "Llama", 2, "2 KV heads (GQA), RMSNorm, SwiGLU MLP, " + _SDPA
-             + ", no padding mask (is_causal)", families=_ORTT, attn="sdpa", flash=True),
+             + ", no padding mask (is_causal)", attn="sdpa", flash=True),
     _decoder("llama_sdpa_pad", "Llama", 2, "2 KV heads (GQA via repeat_kv), RMSNorm, SwiGLU "
              "MLP, " + _SDPA + ", padding mask (a 4-D mask passed to SDPA)", inputs=_ids_mask,
+             # (torch-joint: transformers' mask check needs a data-dependent value, which the
+             # dynamo exporter refuses: _local_scalar_dense)
              families=_ORTT, attn="sdpa", flash=True),
     Arch("phi_sdpa", "transformers",
          "PhiModel (causal decoder, parallel attention + MLP), 2 layers, hidden 32, 4 heads, "
@@ -647,7 +649,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
              intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
              max_position_embeddings=16, partial_rotary_factor=0.5, resid_pdrop=0.0,
              embd_pdrop=0.0, attention_dropout=0.0, hidden_act="gelu_new"),
-         _ids_mask, attention=("PhiAttention",), families=_ORTT,
+         _ids_mask, attention=("PhiAttention",), families=_ORTT,  # (torch-joint: as llama_sdpa_pad)
          # feeds: no padding. A random 0/1 mask can hide every key of a query row (key 0
          # padded); SDPA's NaN guard zeroes that row forward, but the original ort-training
          # graph's SoftmaxGrad then computes NaN gradients, and verify cannot judge

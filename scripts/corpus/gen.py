@@ -4,7 +4,8 @@ ort-training (build/venv-corpus-ortt): torch.onnx.export (TorchScript, training 
 no constant folding, fixed shapes) then onnxruntime.training generate_artifacts(the Arch's loss,
 AdamW); training_model.onnx is kept as corpus/ortt_<arch>.onnx.
 torch-joint (build/venv-corpus-torch): aot_export_module(trace_joint=True) of (model, its loss),
-then torch.onnx.export(dynamo=True); inputs/outputs renamed like samples/ (parameter names,
+then torch.onnx.export(dynamo=True), F.scaled_dot_product_attention under SDPBackend.MATH (the
+backend whose backward torch 2.13 decomposes on CPU); inputs/outputs renamed like samples/ (parameter names,
 'loss', '<param>_grad'); node metadata dropped; corpus/torch_<arch>.onnx.
 Parameter values go to corpus/<graph>.params.npz keyed by graph input name; one JSON fragment per
 graph goes to build/corpus/ (finish.py merges them into corpus/manifest.yaml).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from contextlib import nullcontext
 import io
 import json
 import sys
@@ -27,6 +29,7 @@ import numpy as np
 import onnx
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -391,7 +394,10 @@ def main(argv: list[str]) -> int:
         if family not in arch.families:
             continue
         try:
-            build(family, arch)
+            # torch-joint: F.scaled_dot_product_attention through the math backend, the one whose
+            # backward torch 2.13's dynamo exporter decomposes on CPU (eager attention calls none)
+            with (sdpa_kernel([SDPBackend.MATH]) if family == "torch-joint" else nullcontext()):
+                build(family, arch)
         except Exception as exc:  # noqa: BLE001 - report every architecture, fail at the end
             import traceback
 

@@ -7,20 +7,18 @@ a user who does not set it exports), as `ARCH_sdpa`, each counted as flash atten
 (Arch.flash: its attention calls are fusable, archs.FLASH_NOTE), then runs gen.py on them.
 torch-joint exports under SDPBackend.MATH: torch 2.13's dynamo exporter has no decomposition of
 the CPU flash kernel's backward (aten._scaled_dot_product_flash_attention_for_cpu_backward), so
-the math backend is the one a torch-joint graph of sdpa attention can be exported with.
-ort-training (torch.onnx, TorchScript) writes sdpa out itself.
+the math backend is the one a torch-joint graph of sdpa attention can be exported with (gen.py
+exports every torch-joint graph under it). ort-training (torch.onnx, TorchScript) writes sdpa
+out itself.
 
 Run with the corpus venvs (scripts/corpus/SWEEP.md, "Default-attention sweep"):
 build/venv-corpus-torch/bin/python scripts/corpus/gen_sdpa.py --out build/sdpa torch-joint llama_lm
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
 from pathlib import Path
-
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -45,10 +43,7 @@ def main(argv: list[str]) -> int:
         a = archs.ARCHS[n]
         archs.ARCHS[f"{n}_sdpa"] = dataclasses.replace(a, name=f"{n}_sdpa", build=_sdpa(a.build),
                                                       flash=True)
-    backend = (sdpa_kernel([SDPBackend.MATH]) if family == "torch-joint"
-               else contextlib.nullcontext())
-    with backend:
-        return gen.main(["--out", out, family, *[f"{n}_sdpa" for n in names]])
+    return gen.main(["--out", out, family, *[f"{n}_sdpa" for n in names]])
 
 
 if __name__ == "__main__":
