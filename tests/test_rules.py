@@ -1131,6 +1131,22 @@ def test_a_parameter_may_use_parameters_of_another_cross_list():
         parse_rules(looped, "<nested>")
 
 
+def test_times_multiplies_a_second_constant_into_an_attribute():
+    """`{const: c, fn: reciprocal, default: 1.0, times: kf}` (rules/flash_torch.yaml's scale):
+    1 / c times kf's value, each 1 when its optional node is absent; a `times` that names no
+    constant tensor is refused when the rule is read."""
+    from fusecli.errors import RuleError
+    from fusecli.engine.rules import parse_rules
+
+    rule = next(r for r in RULES if r.name == "flash_torch_gqa_mask")
+    assert rule.replace.attrs["scale"] == ("const", "c", "reciprocal", 1.0, "kf")
+    text = Path(rule.source).read_text()  # (flash_torch.yaml includes no fragment)
+    assert "k_fold_scale: kf" in text
+    text = text.replace("k_fold_scale: kf", "k_fold_scale: nope")
+    with pytest.raises(RuleError, match="times 'nope' is not a tensor"):
+        parse_rules(text, rule.source)
+
+
 def test_exclude_drops_the_combinations_it_names():
     """`variants: {cross: [...], exclude: [...]}` drops every combination that sets each
     parameter of one exclude mapping to its value; one that drops nothing, or drops all, is
