@@ -34,7 +34,9 @@ GUARD_FIXTURE_RULES = ("rope_ortt", "rope_ortt_symbolic", "rope_torch",
                        "rope_interleaved_torch",
                        # (fixtures and guards: tests/test_rope_spellings.py)
                        "rope_ortt_slices", "rope_ortt_interleaved",
-                       "rope_ortt_interleaved_attr_axes", "rope_split_torch")
+                       "rope_ortt_interleaved_attr_axes", "rope_split_torch",
+                       "rope_cos_hi_torch", "rope_cos_lo_torch", "rope_interleaved_cos_hi_torch",
+                       "rope_interleaved_cos_lo_torch")
 
 # rope fusions from the model code (make_rope.py): Q and K rotated once each
 EXPECTED = {"half": 2, "partial": 2, "inputs": 2, "interleaved": 2, "bad_concat": 0,

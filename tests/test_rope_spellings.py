@@ -1,9 +1,11 @@
 """Rotary-embedding spellings beyond make_rope.py's Llama layer (tests/data/make_rope_spellings.py:
 real exports of transformers' Llama / GPT-NeoX (partial) / GPT-J (interleaved, full and partial)
-apply_rotary_pos_emb and of rotate-half written with chunk / split, in both families, ort-training
-also with the forward exported at opset 12).
+apply_rotary_pos_emb, RoFormer's apply_rotary_position_embeddings (interleaved; Q and K, or Q, K
+and V) and of rotate-half written with chunk / split, in both families, ort-training also with
+the forward exported at opset 12).
 
-- Each export fuses as many rotations as the model code has (Q and K: 2; the look-alikes 0), with
+- Each export fuses as many rotations as the model code has (Q and K: 2; RoFormer's
+  rotary_value: 3; the look-alikes 0), with
   the rule of its spelling, and verifies against its original.
 - Each fused rotation's dX equals the original's dX (the unfused subgraph's output) and the NumPy
   reference on the dY, cos and sin of that run.
@@ -40,10 +42,16 @@ DATA = Path(__file__).parent / "data"
 ORTT = {"llama": "rope_ortt", "neox_partial": "rope_ortt", "gptj": "rope_ortt_interleaved",
         "gptj_partial": "rope_ortt_interleaved", "chunk": "rope_ortt", "split": "rope_ortt",
         "llama_opset12": "rope_ortt_slices", "neox_partial_opset12": "rope_ortt_slices",
-        "gptj_opset12": "rope_ortt_interleaved_attr_axes"}
+        "gptj_opset12": "rope_ortt_interleaved_attr_axes", "roformer": "rope_ortt_interleaved",
+        "roformer_value": "rope_ortt_interleaved", "sin_first": "rope_ortt",
+        "sin_first_hi": "rope_ortt", "gptj_sin_first": "rope_ortt_interleaved"}
 TORCH = {"llama": "rope_torch", "neox_partial": "rope_torch", "gptj": "rope_interleaved_torch",
          "gptj_partial": "rope_interleaved_torch", "chunk": "rope_split_torch",
-         "split": "rope_split_torch"}
+         "split": "rope_split_torch", "roformer": "rope_interleaved_cos_lo_torch",
+         "roformer_value": "rope_interleaved_cos_lo_torch", "sin_first": "rope_cos_hi_torch",
+         "sin_first_hi": "rope_cos_lo_torch", "gptj_sin_first": "rope_interleaved_cos_hi_torch"}
+# rotations per export where not Q and K (make_rope_spellings.py: RoFormer's rotary_value)
+ROTATIONS = {"roformer_value": 3}
 LOOK_ALIKES = ["gptj_swapped", "gptj_perm", "bad_slice", "bad_concat"]
 POSITIVE = [("ortt", s) for s in ORTT] + [("torch", s) for s in TORCH]
 CASES = POSITIVE + [(f, s) for f in ("ortt", "torch") for s in LOOK_ALIKES] + [
@@ -65,7 +73,7 @@ def test_exports_fuse_as_the_model_code_says_and_verify(fam, style, tmp_path):
     fp.run(m)
     rule = _rule_of(fam, style)
     ropes = [f for f in fp.stats.fusions if f.pattern == "rope"]
-    assert len(ropes) == (2 if rule else 0), [f.rule for f in ropes]
+    assert len(ropes) == (ROTATIONS.get(style, 2) if rule else 0), [f.rule for f in ropes]
     assert {f.rule for f in ropes} == ({rule} if rule else set())
     if rule is None:
         return
@@ -99,7 +107,7 @@ def test_fused_rotation_equals_the_unfused_subgraph_and_the_reference(fam, style
     fp = FusionPass()
     fp.run(fused)
     recs = [f for f in fp.stats.fusions if f.pattern == "rope"]
-    assert len(recs) == 2
+    assert len(recs) == ROTATIONS.get(style, 2)
     ports = [[r.tensors[v] for v in ("dY", "cos", "sin", "dX")] for r in recs]
     feeds = make_feeds(m, seed=3)
     orig = _run(_with_outputs(m, [t for p in ports for t in p]), tmp_path, "orig", feeds)
@@ -175,6 +183,18 @@ def _concat_swapped(m, rec):
     cat.input[0], cat.input[1] = cat.input[1], cat.input[0]
 
 
+def _sum_half_twice(m, rec):
+    """dX's last Add reads the half its first Add already summed, in place of the other."""
+    add = _node_of(m, rec, "add_x")
+    swap = {rec.tensors["s1"]: rec.tensors["s2"], rec.tensors["s2"]: rec.tensors["s1"]}
+    for i, t in enumerate(add.input):
+        if t in swap:
+            add.input[i] = swap[t]
+
+
+# (the half no Add reads any more leaves the rule no candidate for its Add)
+_SUM_GUARDS = [("sum_reads_one_half_twice", _sum_half_twice, {"no_candidate"}),
+               ("sin_not_forward", _sin_not_forward, {"dataflow"})]
 _ALL4 = ("fwd_lo", "fwd_hi", "bpad_lo", "bpad_hi")
 GUARDS = {
     # (fixture, rule): [(case, mutation, explain reasons)]
@@ -204,6 +224,11 @@ GUARDS = {
         ("upper_half_not_to_end", _slice_mut(("sl_b", "ends", [7])), {"constant"}),
         ("halves_put_back_swapped", _concat_swapped, {"dataflow"}),
         ("sin_not_forward", _sin_not_forward, {"dataflow"})],
+    # dX's terms summed in the other orders (X * cos written last)
+    ("torch", "sin_first", "rope_cos_hi_torch"): _SUM_GUARDS,
+    ("torch", "sin_first_hi", "rope_cos_lo_torch"): _SUM_GUARDS,
+    ("torch", "gptj_sin_first", "rope_interleaved_cos_hi_torch"): _SUM_GUARDS,
+    ("torch", "roformer", "rope_interleaved_cos_lo_torch"): _SUM_GUARDS,
 }
 
 

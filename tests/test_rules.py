@@ -183,8 +183,10 @@ SAMPLE_MODELS["rope_ortt_half_symbolic"] = onnx.load(DATA / "ortt_rope_half_symb
 # shapes), GPT-J's rotate_every_two at opset 16 and 12 (Squeeze / Unsqueeze axes as an input or
 # an attribute); torch-joint rotate-half written with chunk (Split forward, Slice + Concat
 # backward)
+# and torch-joint's dX summed in the other orders (X * cos last: rot(x) * sin + x * cos, RoFormer)
 for _name in ("ortt_rope_sp_llama_opset12", "ortt_rope_sp_gptj", "ortt_rope_sp_gptj_opset12",
-              "torch_rope_sp_chunk"):
+              "torch_rope_sp_chunk", "torch_rope_sp_sin_first", "torch_rope_sp_sin_first_hi",
+              "torch_rope_sp_gptj_sin_first", "torch_rope_sp_roformer"):
     SAMPLE_MODELS[f"rope_sp_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
 # Conv + BN + ReLU6 / SiLU / hardswish (two spellings), ort-training exports of MobileNet-style
 # blocks (tests/data/make_conv_act.py; counts and look-alikes in tests/test_conv_act.py)

@@ -13,6 +13,16 @@ library's own functions where transformers 4.57 has them:
   gptj_partial the same with rotary_dim 4 of 8 (GPTJAttention's k_rot / k_pass)        2
   chunk        rotate-half written x1, x2 = x.chunk(2, dim=-1)                         2
   split        rotate-half written torch.split(x, x.shape[-1] // 2, dim=-1)            2
+  sin_first    Llama's rotate_half with the sum written rotate_half(x) * sin + x * cos
+               (torch-joint sums dX's terms in another order)                        2
+  sin_first_hi the same with rotate-half written cat((-x[..., h:], x[..., :h]), -1) (the
+               high half sliced first: dX's terms in a third order)                  2
+  gptj_sin_first GPT-J's rotate_every_two with the sum written so                      2
+  roformer     transformers' RoFormerSelfAttention.apply_rotary_position_embeddings: the
+               pairs rotated as GPT-J's, stack((-x[..., 1::2], x[..., ::2]), -1) reshaped, on
+               [b, h, s, d], cos / sin from RoFormerSinusoidalPositionalEmbedding stacked
+               pairwise (an encoder's rotary; torch-joint sums dX's terms in another order)  2
+  roformer_value the same with rotary_value (V rotated too)                            3
   look-alikes (not rotations the op computes; 0 each):
   gptj_swapped   stack((x2, -x1), -1).flatten(-2): the pairs rotated the other way
   gptj_perm      stack((-x2, x1), -2).flatten(-2): the even / odd halves concatenated
@@ -47,6 +57,7 @@ import gen  # noqa: E402  (first: it sets transformers up as the corpus does)
 from transformers.models.gpt_neox import modeling_gpt_neox as neox  # noqa: E402
 from transformers.models.gptj import modeling_gptj as gptj  # noqa: E402
 from transformers.models.llama import modeling_llama as llama  # noqa: E402
+from transformers.models.roformer import modeling_roformer as roformer  # noqa: E402
 
 B, S, D, H = 2, 4, 16, 2
 HD = D // H
@@ -66,6 +77,11 @@ def rotate_half_at_3(x):
     return torch.cat((-x[..., 3:], x[..., :3]), dim=-1)
 
 
+def rotate_half_hi_first(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
 def not_a_rotation(x):
     h = x.shape[-1] // 2
     return torch.cat((x[..., :h], -x[..., h:]), dim=-1)
@@ -83,9 +99,12 @@ def every_two_perm(x):
 
 HALF_BY = {"chunk": rotate_half_chunk, "split": rotate_half_split, "bad_slice": rotate_half_at_3,
            "bad_concat": not_a_rotation}
-EVERY_TWO_BY = {"gptj_swapped": every_two_swapped, "gptj_perm": every_two_perm}
+EVERY_TWO_BY = {"gptj_swapped": every_two_swapped, "gptj_perm": every_two_perm,
+                "gptj_sin_first": gptj.rotate_every_two}
 # rotations from the model code: Q and K, once each (the look-alikes: none)
 EXPECTED = {"llama": 2, "neox_partial": 2, "gptj": 2, "gptj_partial": 2, "chunk": 2, "split": 2,
+            "sin_first": 2, "sin_first_hi": 2, "gptj_sin_first": 2, "roformer": 2,
+            "roformer_value": 3,
             "gptj_swapped": 0, "gptj_perm": 0, "bad_slice": 0, "bad_concat": 0}
 OPSET12 = ["llama", "neox_partial", "gptj", "bad_slice", "bad_concat"]
 
@@ -102,6 +121,8 @@ class Attention(nn.Module):
                              persistent=False)
         inv_freq = 1.0 / (10000.0 ** (torch.arange(0, self.rot, 2).float() / self.rot))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.sinusoidal = roformer.RoFormerSinusoidalPositionalEmbedding(16, HD)
+        self.sinusoidal._init_weight()  # as RoFormerPreTrainedModel does: a frozen table
 
     def gptj_rope(self, q, k, position_ids):
         """GPTJAttention.forward's rotary part on q, k [b, s, h, d]."""
@@ -116,6 +137,8 @@ class Attention(nn.Module):
                 return gptj.apply_rotary_pos_emb(t, sin, cos)
             s2 = torch.repeat_interleave(sin[:, :, None, :], 2, 3)
             c2 = torch.repeat_interleave(cos[:, :, None, :], 2, 3)
+            if self.style == "gptj_sin_first":
+                return fn(t) * s2 + t * c2
             return t * c2 + fn(t) * s2
 
         if self.rot < HD:
@@ -135,7 +158,15 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, S, H, HD)
         k = self.k_proj(x).view(B, S, H, HD)
         v = self.v_proj(x).view(B, S, H, HD).transpose(1, 2)
-        if self.style.startswith("gptj"):
+        if self.style.startswith("roformer"):  # RoFormerSelfAttention on [b, h, s, d]
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            pos = self.sinusoidal(torch.Size([B, S]))[None, None, :, :]
+            rotate = roformer.RoFormerSelfAttention.apply_rotary_position_embeddings
+            if self.style == "roformer_value":
+                q, k, v = rotate(pos, q, k, v)
+            else:
+                q, k = rotate(pos, q, k)
+        elif self.style.startswith("gptj"):
             q, k = self.gptj_rope(q, k, position_ids)
             q, k = q.transpose(1, 2), k.transpose(1, 2)
         else:
@@ -143,6 +174,10 @@ class Attention(nn.Module):
             cos, sin = self.cos_sin(position_ids)
             if self.style == "llama":
                 q, k = llama.apply_rotary_pos_emb(q, k, cos, sin)
+            elif self.style.startswith("sin_first"):
+                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+                rot = llama.rotate_half if self.style == "sin_first" else rotate_half_hi_first
+                q, k = rot(q) * sin + q * cos, rot(k) * sin + k * cos
             elif self.style == "neox_partial":
                 q, k = neox.apply_rotary_pos_emb(q, k, cos, sin)
             else:
