@@ -57,6 +57,10 @@ EXPORTS = {"torch_gelu_new": {"linear_gelu_tanh_torch": 1},
            "torch_quick_gelu": {"linear_quick_gelu_torch": 1},
            "torch_silu_product": {"linear_silu_torch": 1},
            "torch_bloom_gelu": {"linear_gelu_tanh_torch": 1},
+           # erf-GELU written out as a function (tests/data/make_gelu_written.py: ESM's `gelu`,
+           # x * 0.5 * (1 + erf(x / sqrt 2))), both families
+           "torch_gelu_erf_written": {"linear_gelu_torch": 1},
+           "ortt_gelu_erf_written": {"linear_gelu_ortt_matmul": 1},
            # nn.LayerNorm(bias=False) (tests/data/make_torch_layernorm_nobias.py): no dBeta
            "torch_layernorm_nobias": {"layernorm_torch": 1},
            # nn.LayerNorm(elementwise_affine=False): no dY * gamma, no dGamma, no dBeta
@@ -1222,6 +1226,16 @@ def test_real_exports_fuse_and_verify(name, tmp_path):
     onnx.save(m, out)
     report = verify_models(DATA / f"{name}.onnx", out)
     assert report.ok and report.max_rel <= 1e-5, report
+
+
+def test_erf_gelu_written_with_another_constant_is_no_gelu():
+    """Megatron-LM's erf_gelu divides by 1.41421, not sqrt 2: a different function from the
+    GELU ActivationGrad computes, so it stays unfused and explain names the constant."""
+    m = onnx.load(DATA / "torch_gelu_erf_megatron.onnx")
+    assert FusionPass().run(copy.deepcopy(m)) == 0
+    rule = _BY_NAME["act_gelu_erf_written_grad_torch"]
+    [miss] = explain_model(m, FusionPass(rules=[rule]))
+    assert miss["reason"] == "constant" and "(c_s)" in miss["detail"], miss
 
 
 # --- kind: shape (a Reshape target of symbolic dims, issue 21) ----------------------------------
