@@ -139,7 +139,7 @@ def _act_kind(m: nn.Module) -> str | None:
 
 # LayerNorms that are no nn.LayerNorm: OLMo's parameter-free F.layer_norm(x, shape, None, None),
 # Cohere's hand-written mean/variance LayerNorm with a weight and no bias
-LAYERNORM_MODULES = ("OlmoLayerNorm", "CohereLayerNorm")
+LAYERNORM_MODULES = ("OlmoLayerNorm", "CohereLayerNorm", "Cohere2LayerNorm")
 
 
 def _is_linear(m: nn.Module) -> bool:
@@ -217,6 +217,12 @@ def _unscaled(fn) -> list:
     return chain
 
 
+# rotary embeddings whose class name does not end in RotaryEmbedding (each rotates Q and K):
+# RoFormer's sinusoidal table, and attention modules that rotate inside (GPT-J's and CodeGen's
+# rotate_every_two on their own sin / cos table)
+ROTARY_MODULES = ("RoFormerSinusoidalPositionalEmbedding", "GPTJAttention", "CodeGenAttention")
+
+
 def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...],
                   loss: str = "mse") -> dict[str, int]:
     """Pattern counts from the model's own dataflow (see the module docstring). A tensor is
@@ -266,7 +272,8 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...],
     counts = dict.fromkeys(PATTERN_KEYS, 0)
     # gated MLPs and rotary embeddings (helper "gated", issue 23)
     gated_act = {id(a): _act_kind(a) for m in model.modules() if (a := _gated_act(m)) is not None}
-    rotary = any(type(m).__name__.endswith("RotaryEmbedding") for m in model.modules())
+    rotary = any(type(m).__name__.endswith("RotaryEmbedding") or type(m).__name__ in
+                 ROTARY_MODULES for m in model.modules())
     act_inputs = {ins[0] for mod, ins, _ in calls if type(mod) in CONV_BN_ACT and ins}
     for mod, ins, out in calls:
         if not grad_out.get(id(mod), True):
@@ -1670,5 +1677,109 @@ for _a in [
                  embedding_size=16, type_vocab_size=1, classifier_dropout_prob=0.0, **_ENC),
     _seqcls_arch("deberta_v2_cls", "DebertaV2", "context pooler + classifier",
                  "DisentangledSelfAttention", type_vocab_size=0, pooler_dropout=0.0, **_ENC),
+]:
+    ARCHS[_a.name] = _a
+
+
+# --- rotary sweep (2026-12-07): decoders and encoders of 2025 releases whose rotary embedding,
+# attention or head no earlier sweep has (MLA, sinks, interleaved halves, encoders with rotary) --
+for _a in [
+    _lm_arch("glm4_lm", "Glm4", "interleaved partial rotary 0.5, post-norms, fused gate_up_proj, "
+             "untied lm_head", num_key_value_heads=2, head_dim=8, pad_token_id=0),
+    _lm_arch("ernie4_5_lm", "Ernie4_5", "rotary on interleaved pairs with repeat_interleave'd "
+             "cos / sin, lm_head TIED", num_key_value_heads=2, head_dim=8, pad_token_id=0),
+    _lm_arch("hunyuan_dense_lm", "HunYuanDenseV1", "q/k RMSNorm after rotary, GQA 4/2, lm_head "
+             "TIED", num_key_value_heads=2, head_dim=8, pad_token_id=0),
+    _lm_arch("seed_oss_lm", "SeedOss", "q/k/v bias, GQA 4/2, untied lm_head",
+             num_key_value_heads=2, head_dim=8, pad_token_id=0, attention_dropout=0.0,
+             residual_dropout=0.0),
+    _lm_arch("deepseek_v3_lm", "DeepseekV3", "multi-head latent attention (q / kv low-rank, "
+             "rotary on a split of q and on one shared k head, interleaved), dense MLPs, untied "
+             "lm_head", num_key_value_heads=HEADS, q_lora_rank=16, kv_lora_rank=16,
+             qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, first_k_dense_replace=LAYERS,
+             n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, pad_token_id=0),
+    _lm_arch("apertus_lm", "Apertus", "xIELU MLP (no gate), q/k RMSNorm, untied lm_head",
+             num_key_value_heads=2, head_dim=8, pad_token_id=0),
+    _lm_arch("cohere2_lm", "Cohere2", "sliding / global layers, interleaved rotary, LayerNorm, "
+             "logit_scale, lm_head TIED", masked=True, num_key_value_heads=2, head_dim=8,
+             sliding_window=6, pad_token_id=0),
+    _lm_arch("ministral_lm", "Ministral", "sliding-window layers, GQA 4/2, untied lm_head",
+             masked=True, num_key_value_heads=2, head_dim=8, sliding_window=6, pad_token_id=0),
+    _lm_arch("olmo3_lm", "Olmo3", "sliding / full layers, q/k RMSNorm over all heads, "
+             "post-norms, untied lm_head", masked=True, num_key_value_heads=2,
+             sliding_window=6, pad_token_id=0),
+    _seqcls_arch("roformer_cls", "RoFormer", "encoder, interleaved sinusoidal rotary on q and "
+                 "k, pooled token 0", "RoFormerSelfAttention", embedding_size=HID, **_ENC),
+    _seqcls_arch("esm_cls", "Esm", "pre-LN encoder, rotary (rotate_half) on q and k, "
+                 "classifier on token 0", "EsmSelfAttention", position_embedding_type="rotary",
+                 pad_token_id=1, mask_token_id=2, token_dropout=False, **_ENC),
+]:
+    ARCHS[_a.name] = _a
+
+
+def _esm_fixed(build: Callable[[str], nn.Module]) -> Callable[[str], nn.Module]:
+    """ESM as it exports: the contact-prediction head, which the classifier never calls, frozen
+    (TorchScript drops its unused parameters), and the rotary tables recomputed on every call
+    (the module caches them from the first run, derive_counts', and aot_export would read that
+    run's tensors)."""
+    def b(family: str) -> nn.Module:
+        net = build(family)
+        net.net.esm.contact_head.requires_grad_(False)
+        for m in net.modules():
+            if type(m).__name__ == "RotaryEmbedding":
+                m.register_forward_pre_hook(lambda mod, args: setattr(mod, "_seq_len_cached", None))
+        return net
+    return b
+
+
+ARCHS["esm_cls"] = dataclasses.replace(ARCHS["esm_cls"], build=_esm_fixed(ARCHS["esm_cls"].build))
+
+for _a in [
+    _lm_arch("qwen2_moe_lm", "Qwen2Moe", "sparse MoE MLPs (4 experts, top-2) + a shared expert, "
+             "q/k/v bias, untied lm_head", num_key_value_heads=2, moe_intermediate_size=16,
+             shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+             pad_token_id=0),
+    _lm_arch("qwen3_moe_lm", "Qwen3Moe", "q/k RMSNorm, sparse MoE MLPs (4 experts, top-2), "
+             "untied lm_head", num_key_value_heads=2, head_dim=8, moe_intermediate_size=16,
+             num_experts=4, num_experts_per_tok=2, pad_token_id=0),
+    _lm_arch("olmoe_lm", "Olmoe", "q/k RMSNorm over all heads, sparse MoE MLPs (4 experts, "
+             "top-2), untied lm_head", num_key_value_heads=HEADS, num_experts=4,
+             num_experts_per_tok=2, pad_token_id=0),
+    _lm_arch("granitemoe_lm", "GraniteMoe", "sparse MoE MLPs (4 experts, top-2), scaled "
+             "embeddings / residuals / logits, lm_head TIED", num_key_value_heads=2,
+             num_local_experts=4, num_experts_per_tok=2, pad_token_id=0),
+    _lm_arch("gpt_oss_lm", "GptOss", "attention sinks, sliding / full layers, clamped SwiGLU "
+             "experts (4, top-2), untied lm_head", masked=True, num_key_value_heads=2,
+             head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=6,
+             pad_token_id=0),
+    _seqcls_arch("xlm_roberta_cls", "XLMRoberta", "RoBERTa encoder, dense + tanh + out_proj "
+                 "on token 0", "XLMRobertaSelfAttention", pad_token_id=1, type_vocab_size=1,
+                 **_ENC),
+    _seqcls_arch("mpnet_cls", "MPNet", "relative-position bias shared by the layers, "
+                 "dense + tanh + out_proj", "MPNetSelfAttention", pad_token_id=1,
+                 **{k: v for k, v in _ENC.items() if k != "max_position_embeddings"},
+                 max_position_embeddings=32),
+    _seqcls_arch("mobilebert_cls", "MobileBert", "bottlenecks, NoNorm (elementwise affine, no "
+                 "statistics), 4 FFNs per layer, pooler + classifier", "MobileBertSelfAttention",
+                 embedding_size=16, intra_bottleneck_size=16, true_hidden_size=16,
+                 num_feedforward_networks=2, type_vocab_size=1, classifier_dropout=0.0,
+                 **{k: v for k, v in _ENC.items() if k != "intermediate_size"},
+                 intermediate_size=FF),
+    _seqcls_arch("data2vec_text_cls", "Data2VecText", "RoBERTa-style encoder, dense + tanh + "
+                 "out_proj", "Data2VecTextSelfAttention", pad_token_id=1, type_vocab_size=1,
+                 **_ENC),
+    Arch("deit_cls", "transformers", "DeiTForImageClassification: ViT-style, classifier on "
+         "token 0", _frozen_patch(_hf("DeiTConfig", "DeiTForImageClassification",
+                                      pick=_cls_logits, num_labels=NUM_LABELS, hidden_size=HID,
+                                      num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                      intermediate_size=FF, image_size=8, patch_size=4,
+                                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+                                  "net.deit.embeddings.patch_embeddings.projection"),
+         _image(8), attention=("DeiTSelfAttention",), extra=True, loss="ce_lm"),
+    Arch("convnextv2_cls", "transformers", "ConvNextV2ForImageClassification: GRN, pooled "
+         "LayerNorm, classifier Linear",
+         _hf("ConvNextV2Config", "ConvNextV2ForImageClassification", pick=_cls_logits,
+             num_labels=NUM_LABELS, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2),
+         _image(16), extra=True, loss="ce_lm"),
 ]:
     ARCHS[_a.name] = _a

@@ -1,6 +1,6 @@
 """Generate corpus training graphs of one family: `gen.py ort-training|torch-joint [ARCH ...]`.
 
-ort-training (build/venv-corpus-ortt): torch.onnx.export (TorchScript, training mode, opset 16,
+ort-training (build/venv-corpus-ortt): torch.onnx.export (TorchScript, training mode, opset 16 or `--opset N`,
 no constant folding, fixed shapes) then onnxruntime.training generate_artifacts(the Arch's loss,
 AdamW); training_model.onnx is kept as corpus/ortt_<arch>.onnx.
 torch-joint (build/venv-corpus-torch): aot_export_module(trace_joint=True) of (model, its loss),
@@ -43,6 +43,7 @@ ROOT = HERE.parents[1]
 CORPUS = ROOT / "corpus"
 FRAGS = ROOT / "build" / "corpus"
 PREFIX = {"ort-training": "ortt", "torch-joint": "torch"}
+OPSET = 16  # the ort-training forward's ONNX opset (gen.py --opset N: an exporter setting sweep)
 RANDOM_OPS = {"Dropout", "RandomUniform", "RandomUniformLike", "RandomNormal",
               "RandomNormalLike", "Bernoulli", "BitmaskDropout"}
 
@@ -319,7 +320,8 @@ def build(family: str, arch: Arch) -> None:
                                                 loss_key(arch.loss, family)))
     dynamic = ({k: {0: "batch", 1: "sequence"} for k, v in inputs.items() if v.dim() >= 2}
                if arch.symbolic else None)
-    builder = functools.partial(build_ortt if family == "ort-training" else
+    builder = functools.partial(functools.partial(build_ortt, opset=OPSET)
+                                if family == "ort-training" else
                                 functools.partial(build_torch, optimize=arch.optimize),
                                 dynamic=dynamic, loss=arch.loss)
     if arch.dropout:
@@ -381,9 +383,12 @@ def main(argv: list[str]) -> int:
         for n in argv[1:]:
             build_raw(int(n), ROOT / "build" / "corpus-scale")
         return 0
-    global CORPUS, FRAGS
+    global CORPUS, FRAGS, OPSET
     if argv[:1] == ["--out"]:  # gen.py --out DIR FAMILY [ARCH ...]: graphs and fragments in DIR
         CORPUS = FRAGS = ROOT / argv[1]
+        argv = argv[2:]
+    if argv[:1] == ["--opset"]:  # ... --opset N ort-training [ARCH ...]: the forward's opset
+        OPSET = int(argv[1])
         argv = argv[2:]
     family, names = argv[0], argv[1:]
     CORPUS.mkdir(parents=True, exist_ok=True)
