@@ -49,6 +49,15 @@ lm_head tied to wte), with these losses on logits viewed [N, V]:
   fbias_LOSS        (FBIASED) the loss LOSS (reducemean, ce_sum, ce_mean,
                     smoothed_masked_mean) on logits with a frozen bias [1, V] added, as BART's,
                     mBART's, Marian's and Pegasus's final_logits_bias buffer       fuses: 1
+  LOSS_frozen_head  (FROZEN) the loss LOSS (reducemean, reducesum_const, masked_sum_const,
+                    ce_sum, ce_none_mean, shift_logits, shift_ce, seqlevel, smoothed_ce_sum,
+                    smoothed_masked_mean; shift_logits / shift_ce also with _div / _mul /
+                    _softcap) under a frozen head: no dW, dH only                  fuses: 1
+  hf_llama_items_frozen_head, hf_gpt2_mean_tied_frozen_head  (FROZEN_HEAD) hf_llama_items,
+                    hf_gpt2_mean_tied with lm_head frozen (the tied one: the embedding too)
+                                                                                   fuses: 1
+  hf_llama_items_lora  (LORA) hf_llama_items under peft LoRA r 4 on q_proj / v_proj (every
+                    base parameter frozen, the head included; needs peft)         fuses: 1
   LOSS_T            (TRANSFORMED) the loss LOSS (shift_logits, shift_ce_sum_tied, ce_none_mean,
                     seqlevel, smoothed_masked_mean) on the logits transformed between the head and the loss
                     (TRANSFORMS): T = div (z / 4, Granite's logits / logits_scaling), mul
@@ -194,13 +203,22 @@ LOSSES = {  # name: (loss on logits [B, S, V] and labels [B, S], tied, labels wi
 # the same losses on logits with a frozen bias added (BART's final_logits_bias): name: loss
 FBIASED = {f"fbias_{loss}": loss for loss in ("reducemean", "ce_sum", "ce_mean",
                                              "smoothed_masked_mean")}
+# the same losses under a frozen head (LoRA fine-tuning, frozen embeddings: no dW), some with
+# the logits transformed: name: (loss, transform)
+FROZEN = {**{f"{loss}_frozen_head": (loss, "") for loss in (
+    "reducemean", "reducesum_const", "masked_sum_const", "ce_sum", "ce_none_mean",
+    "shift_logits", "shift_ce", "seqlevel", "smoothed_ce_sum", "smoothed_masked_mean")},
+    **{f"{loss}_frozen_head_{t}": (loss, t) for loss, ts in (
+        ("shift_logits", ("div", "softcap")), ("shift_ce", ("mul", "softcap")))
+       for t in ts}}
 # the same losses on transformed logits: name: (loss, transform)
 TRANSFORMED = {f"{loss}_{t}": (loss, t) for loss, ts in (
     ("shift_logits", ("div", "softcap")), ("shift_ce_sum_tied", ("mul", "softcap")),
     ("ce_none_mean", ("mul", "softcap")), ("seqlevel", ("div", "softcap")),
     ("smoothed_masked_mean", ("softcap",))) for t in ts}
 WRONG_GRADIENT = {"ce_mean", "shift_ce", "smoothed_ce_mean", "shift_ce_smoothed",
-                  "fbias_ce_mean", "hf_llama_seqcls"}  # torch 2.13's export of F.cross_entropy(reduction='mean')
+                  "fbias_ce_mean", "hf_llama_seqcls", "shift_ce_frozen_head",
+                  "shift_ce_frozen_head_mul", "shift_ce_frozen_head_softcap"}  # torch 2.13's export of F.cross_entropy(reduction='mean')
 
 
 class Loss(nn.Module):
@@ -258,7 +276,14 @@ def _hf_cls_masked(net, ids, lab):  # Hugging Face's written-out masked mean, on
 
 HF = {"hf_llama_items": ("llama", _hf_items, True), "hf_gpt2_mean_tied": ("gpt2", _hf_mean, False),
       "hf_llama_seqcls": ("llama", _hf_cls, False),
-      "hf_gpt2_seqcls_masked": ("gpt2", _hf_cls_masked, False)}
+      "hf_gpt2_seqcls_masked": ("gpt2", _hf_cls_masked, False),
+      "hf_llama_items_frozen_head": ("llama", _hf_items, True),
+      "hf_gpt2_mean_tied_frozen_head": ("gpt2", _hf_mean, False),
+      "hf_llama_items_lora": ("llama", _hf_items, True)}
+# the head frozen (frozen embeddings under a tied head, or the head alone): no dW, dH only
+FROZEN_HEAD = {"hf_llama_items_frozen_head", "hf_gpt2_mean_tied_frozen_head"}
+# peft LoRA (r 4 on q_proj / v_proj): every base parameter frozen, the head included
+LORA = {"hf_llama_items_lora"}
 
 
 def _check(m, net, mod, feeds, args):
@@ -291,6 +316,14 @@ def torch_joint(name):
     if name in HF:
         arch, fn, ignore = HF[name]
         net = _hf(arch, "seqcls" in name)
+        if name in FROZEN_HEAD:
+            net.lm_head.requires_grad_(False)
+        if name in LORA:
+            from peft import LoraConfig, get_peft_model
+
+            net = get_peft_model(net, LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                 target_modules=["q_proj", "v_proj"]))
+            net = net.base_model.model.train()
         ids = torch.randint(0, HF_V, (B, HF_S), generator=g)
         lab = ids.clone()
         if "seqcls" in name:  # classes; the first sequence padded after 4 tokens
@@ -298,9 +331,11 @@ def torch_joint(name):
             ids[0, 4:] = 0
             lab = torch.randint(0, HF_C, (B,), generator=g)
     else:
-        base, transform = TRANSFORMED.get(name, (FBIASED.get(name, name), ""))
+        base, transform = TRANSFORMED.get(name, FROZEN.get(name, (FBIASED.get(name, name), "")))
         loss, tied, ignore = LOSSES[base]
         net = Net(tied, transform, fbias=name in FBIASED)
+        if name in FROZEN:
+            net.head.requires_grad_(False)
         ids = torch.randint(0, V, (B, S), generator=g)
         lab = torch.randint(0, V, (B, S), generator=g)
         fn = (lambda lf: lambda n, i, y: lf(n(i), y))(loss)
@@ -461,7 +496,7 @@ def ortt(name):
 if __name__ == "__main__":
     fam, only = sys.argv[1], set(sys.argv[2:])
     names = ([*ORTT, *ORTT_LM, *ORTT_HF] if fam == "ort-training" else
-             [*LOSSES, *FBIASED, *TRANSFORMED, *HF])
+             [*LOSSES, *FBIASED, *FROZEN, *TRANSFORMED, *HF])
     for name in names:
         if not only or name in only:
             (ortt if fam == "ort-training" else torch_joint)(name)

@@ -113,7 +113,29 @@ EXPECTED = {
     # logits with the written-out masked mean): the op's seq_index (rules/_lce_pool_torch.yaml)
     "torch_lces_hf_llama_seqcls": "lce_torch_nllloss_pooled",
     "torch_lces_hf_gpt2_seqcls_masked": "lce_torch_mean_pooled",
+    # the head frozen (make_lce_spellings.py FROZEN, FROZEN_HEAD, LORA: LoRA fine-tuning, frozen
+    # embeddings under a tied head): torch exports its product on the 3-D hidden states, then
+    # flattened, and dH viewed back; no dW (the op writes dH only)
+    "torch_lces_reducemean_frozen_head": "lce_torch_reducemean_frozen_3d",
+    "torch_lces_reducesum_const_frozen_head": "lce_torch_reducesum_frozen_3d",
+    "torch_lces_masked_sum_const_frozen_head": "lce_torch_sum_frozen_3d",
+    "torch_lces_ce_sum_frozen_head": "lce_torch_nllloss_frozen_3d",
+    "torch_lces_ce_none_mean_frozen_head": "lce_torch_rows_nllloss_none_frozen_3d",
+    "torch_lces_shift_logits_frozen_head": "lce_torch_shift_gather_frozen_3d",
+    "torch_lces_shift_ce_frozen_head": "lce_torch_shift_nllloss_frozen_3d",
+    "torch_lces_seqlevel_frozen_head": "lce_torch_rows_gather_frozen_3d",
+    "torch_lces_smoothed_ce_sum_frozen_head": "lce_torch_nllloss_smoothed_frozen_3d",
+    "torch_lces_smoothed_masked_mean_frozen_head": "lce_torch_mean_frozen_3d_smoothed",
+    "torch_lces_hf_llama_items_frozen_head": "lce_torch_nllloss_frozen_3d",
+    "torch_lces_hf_gpt2_mean_tied_frozen_head": "lce_torch_reducemean_neg_frozen_3d",
+    "torch_lces_hf_llama_items_lora": "lce_torch_nllloss_frozen_3d",
+    "torch_lces_shift_logits_frozen_head_div": "lce_torch_shift_gather_frozen_3d_scaled",
+    "torch_lces_shift_logits_frozen_head_softcap": "lce_torch_shift_gather_frozen_3d_softcap",
+    "torch_lces_shift_ce_frozen_head_mul": "lce_torch_shift_nllloss_frozen_3d_scaled",
+    "torch_lces_shift_ce_frozen_head_softcap": "lce_torch_shift_nllloss_frozen_3d_softcap",
 }
+# the frozen heads: the op writes no dW
+FROZEN = {n for n, rule in EXPECTED.items() if rule and "_frozen" in rule}
 # the pooled ones: the op reads one row per sequence at the positions the graph computes
 POOLED = {n for n, rule in EXPECTED.items() if rule and "_pooled" in rule}
 # the op's lp_row_reduce there: the rows' mean (the written-out loss's lp.mean(-1)) or their
@@ -161,6 +183,7 @@ def test_spelling_fuses_as_the_model_says_and_verifies(name, tmp_path):
             assert (len(lce.input) >= 10 and lce.input[9] != "") == smoothed
             assert (len(lce.input) == 11 and lce.input[10] != "") == (name in POOLED)
             assert attrs.get("lp_row_reduce", b"sum").decode() == SMOOTHED.get(name, "sum")
+            assert (len(lce.output) > 2 and lce.output[2] != "") == (name not in FROZEN)
     else:
         assert "LinearCrossEntropy" not in ops and "LogSoftmax" in ops
     # the node list stays topologically sorted (the coefficients a one-op head reads before
@@ -310,7 +333,8 @@ def _token_ce(z, y, eps):
 
 
 def _numpy_rows(params, ids, lab, spelling):
-    """loss and d loss / d head weight of the model code's per-token reductions (float64):
+    """loss, the logits' gradient dZ and the hidden states h it multiplies (d loss / d head
+    weight = dZ^T h) of the model code's per-token reductions (float64):
     ce_none_mean sums the kept tokens' losses over all N tokens; seqlevel averages each
     sequence's kept tokens, then the B sequences; shift_logits: the logits of tokens 0..S-2
     against the labels of 1..S-1, the kept ones' mean; shift_ce: the same rows, F.cross_entropy's
@@ -344,7 +368,7 @@ def _numpy_rows(params, ids, lab, spelling):
         cnt = keep.reshape(lab.shape).sum(1)
         loss = (nll.reshape(lab.shape).sum(1) / cnt).mean()
         c = (keep.reshape(lab.shape) / (lab.shape[0] * cnt[:, None])).reshape(-1)
-    return loss, (c[:, None] * p * df(h @ w.T)).T @ h
+    return loss, c[:, None] * p * df(h @ w.T), h
 
 
 @pytest.mark.parametrize("spelling", ROWS)
@@ -369,9 +393,32 @@ def test_graph_reduced_losses_match_numpy(spelling, tmp_path):
         assert len(op.input) == 6 and op.output[0] and op.output[1] and op.output[2]
     assert "LogSoftmax" not in [n.op_type for n in m.graph.node]
     res = _run(m, feeds)
-    loss, dw = _numpy_rows(feeds, feeds["input_ids"], feeds["labels"], spelling)
+    loss, dz, h = _numpy_rows(feeds, feeds["input_ids"], feeds["labels"], spelling)
     np.testing.assert_allclose(res["loss"], loss, rtol=1e-5)
-    np.testing.assert_allclose(res["head.weight_grad"], dw, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(res["head.weight_grad"], dz.T @ h, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("spelling", ["ce_none_mean", "seqlevel", "shift_logits", "shift_ce"])
+def test_frozen_head_matches_numpy(spelling, tmp_path):
+    """The head frozen (LoRA fine-tuning): the op writes the loss and dH only (no dW), and the
+    layer below trains on that dH: its weight gradient against NumPy's backpropagation through
+    the frozen head, the ReLU and fc (the shifted spellings: dH 0 in each sequence's last row,
+    which the slice drops)."""
+    name = f"torch_lces_{spelling}_frozen_head"
+    m, feeds = _fused_and_verified(name, tmp_path, 5, [(0, slice(0, 3)), (1, 5)])
+    (op,) = [n for n in m.graph.node if n.op_type == "LinearCrossEntropy"]
+    assert op.output[1] and (len(op.output) < 3 or op.output[2] == "")
+    assert "head.weight_grad" not in [o.name for o in m.graph.output]
+    res = _run(m, feeds)
+    loss, dz, _ = _numpy_rows(feeds, feeds["input_ids"], feeds["labels"], spelling)
+    x = feeds["emb.weight"].astype(np.float64)[feeds["input_ids"]].reshape(-1, D)
+    pre = x @ feeds["fc.weight"].T.astype(np.float64) + feeds["fc.bias"]
+    dh = dz @ feeds["head.weight"].astype(np.float64)
+    if spelling.startswith("shift"):  # rows 0..S-2 of each sequence
+        dh = np.concatenate([dh.reshape(B, S - 1, D), np.zeros((B, 1, D))], 1).reshape(-1, D)
+    np.testing.assert_allclose(res["loss"], loss, rtol=1e-5)
+    np.testing.assert_allclose(res["fc.weight_grad"], (dh * (pre > 0)).T @ x, rtol=1e-4,
+                               atol=1e-6)
 
 
 @pytest.mark.parametrize("spelling", ["shift_ce", "shift_ce_sum_tied", "shift_ce_sum_tied_mul",
@@ -387,7 +434,8 @@ def test_shifted_cross_entropy_matches_numpy(spelling, tmp_path):
     (op,) = [n for n in m.graph.node if n.op_type == "LinearCrossEntropy"]
     attrs = {a.name: helper.get_attribute_value(a) for a in op.attribute}
     assert (attrs["seq_start"], attrs["seq_end"]) == (0, -1)  # Python's [:-1]
-    loss, dw = _numpy_rows(feeds, feeds["input_ids"], feeds["labels"], spelling)
+    loss, dz, h = _numpy_rows(feeds, feeds["input_ids"], feeds["labels"], spelling)
+    dw = dz.T @ h
     if "_tied" in spelling:  # the fused op's dW alone (tied.py scattered the
         # embedding's rows into it; read as an output, onnxruntime scatters into a copy)
         m.graph.output.append(helper.make_tensor_value_info(op.output[2], onnx.TensorProto.FLOAT,
@@ -659,7 +707,7 @@ def test_lead_dims_of_names_its_tensor(tmp_path):
 
     rules = DATA.parent.parent / "rules"
     text = (rules / "lce_torch_shift.yaml").read_text()
-    bad = text.replace("zview_s: {kind: lead_dims_of, of: H3}", "zview_s: {kind: lead_dims_of}")
+    bad = text.replace("h3_kind: {kind: lead_dims_of, of: H3}", "h3_kind: {kind: lead_dims_of}")
     assert bad != text
     (tmp_path / "bad.yaml").write_text(bad)
     for fragment in rules.glob("_*.yaml"):  # the variants it includes

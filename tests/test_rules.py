@@ -226,6 +226,14 @@ for _name in ("ce_none_mean", "seqlevel", "shift_logits", "shift_logits_div",
               "shift_logits_softcap"):
     SAMPLE_MODELS[f"lces_torch_{_name}_seed_loss"] = with_run_time_seed("torch", "loss",
                                                                         f"lces_{_name}")
+# ... under a frozen head (make_lce_spellings.py FROZEN: the _frozen_3d variants of
+# rules/lce_torch_loss.yaml, lce_torch_rows.yaml, lce_torch_shift.yaml)
+for _name in ("ce_sum", "ce_none_mean", "seqlevel", "shift_logits", "shift_logits_div",
+              "shift_logits_softcap"):
+    _name = _name.replace("shift_logits", "shift_logits_frozen_head") if "shift" in _name \
+        else f"{_name}_frozen_head"
+    SAMPLE_MODELS[f"lces_torch_{_name}_seed_loss"] = with_run_time_seed("torch", "loss",
+                                                                        f"lces_{_name}")
 # the loss spellings of real exports (scripts/make_lce_spellings.py; counts, verification and
 # guards: tests/test_lce_spellings.py): ReduceMean / ReduceSum of the gathered log-probabilities,
 # F.cross_entropy's NegativeLogLikelihoodLoss (Hugging Face's loss with num_items_in_batch: the
@@ -246,8 +254,20 @@ for _name in ("torch_lces_reducemean", "torch_lces_reducemean_neg_tied",
               "ortt_lces_lm_shift_ce_div", "ortt_lces_lm_shift_ce_tied_softcap",
               "ortt_lces_lm_shift_ce_frozen_head_div", "ortt_lces_lm_shift_ce_frozen_head_softcap",
               "ortt_lces_cls_mlp_div", "ortt_lces_cls_mlp_ii_div", "ortt_lces_cls_mlp_softcap",
-              "ortt_lces_cls_mlp_ii_softcap"):
+              "ortt_lces_cls_mlp_ii_softcap",
+              # ... under a frozen head (LoRA fine-tuning, frozen embeddings: _frozen_3d)
+              *(f"torch_lces_{_n}_frozen_head" for _n in (
+                  "reducemean", "reducesum_const", "ce_sum", "ce_none_mean", "seqlevel",
+                  "shift_logits", "shift_ce", "smoothed_ce_sum", "hf_gpt2_mean_tied")),
+              *(f"torch_lces_shift_{_n}" for _n in (
+                  "logits_frozen_head_div", "logits_frozen_head_softcap",
+                  "ce_frozen_head_mul", "ce_frozen_head_softcap"))):
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")
+# (the shifted ones' transforms are real exports: on the [B, S, V] view before the Slice)
+_FROZEN_HEADS = tuple(f"export_torch_lces_{_n}_frozen_head" for _n in (
+    "reducemean", "reducesum_const", "ce_sum", "ce_none_mean", "seqlevel",
+    "hf_gpt2_mean_tied")) + tuple(
+    f"lces_torch_{_n}_frozen_head_seed_loss" for _n in ("ce_sum", "ce_none_mean", "seqlevel"))
 # the logits times a constant before the loss and their gradient times it after (Granite's
 # logits / logits_scaling, Cohere's logits * logit_scale: the _scaled variants of rules/lce_ortt,
 # lce_torch and lce_torch_loss), or soft-capped (Gemma 2's c tanh(z / c): _softcap); real
@@ -257,7 +277,7 @@ LCE_TRANSFORMED = [k for k in SAMPLE_MODELS if k.startswith("lce_") or k in (
     "export_torch_lces_reducemean", "export_torch_lces_reducemean_neg_tied",
     "export_torch_lces_reducesum_const", "export_torch_lces_ce_sum",
     "export_torch_lces_hf_llama_items", "lces_torch_ce_sum_seed_loss",
-    "lces_torch_ce_none_mean_seed_loss", "lces_torch_seqlevel_seed_loss")]
+    "lces_torch_ce_none_mean_seed_loss", "lces_torch_seqlevel_seed_loss", *_FROZEN_HEADS)]
 for _i, _name in enumerate(LCE_TRANSFORMED):
     _fam = "ortt" if "ortt" in _name else "torch"
     SAMPLE_MODELS[f"{_name}_scaled"] = builders.with_logit_scale(
@@ -268,7 +288,8 @@ for _i, _name in enumerate(LCE_TRANSFORMED):
 # log-probabilities; rules/lce_torch_loss.yaml _nllloss_smoothed: F.cross_entropy's row sum;
 # real exports: tests/test_lce_spellings.py): each torch-joint head + loss sample of those
 # rules, with and without its logits transformed, with the smoothing term added
-_F_CROSS_ENTROPY = ("export_torch_lces_ce_sum", "export_torch_lces_shift_ce_sum_tied")
+_F_CROSS_ENTROPY = ("export_torch_lces_ce_sum", "export_torch_lces_shift_ce_sum_tied",
+                    "export_torch_lces_shift_ce_frozen_head")
 for _name in [k for k in SAMPLE_MODELS if k.startswith(("lce_torch", *_F_CROSS_ENTROPY))
               and "_seed_" not in k]:
     SAMPLE_MODELS[f"{_name}_smoothed"] = builders.with_label_smoothing(
@@ -278,7 +299,10 @@ for _name in [k for k in SAMPLE_MODELS if k.startswith(("lce_torch", *_F_CROSS_E
 # sample of those rules whose head has no bias, in every variant made above
 _FBIAS_BASES = ("lce_torch_untied", "lce_torch_sum", "export_torch_lces_reducemean",
                 "export_torch_lces_reducesum_const", "export_torch_lces_ce_sum",
-                "lces_torch_ce_sum_seed_loss")
+                "lces_torch_ce_sum_seed_loss",
+                # (the frozen heads' too: as a frozen BART / Marian head with its bias)
+                "export_torch_lces_hf_gpt2_mean_tied_frozen_head",
+                "lces_torch_ce_sum_frozen_head_seed_loss")
 for _name in [k for k in SAMPLE_MODELS if k.startswith(_FBIAS_BASES)]:
     SAMPLE_MODELS[f"{_name}_fbias"] = builders.with_logit_bias(SAMPLE_MODELS[_name])
 

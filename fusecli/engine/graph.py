@@ -516,8 +516,12 @@ class GraphIndex:
         from value_info, graph inputs/outputs and initializers."""
         if self._types is None:
             g = self.graph
-            self._types = {v.name: v.type for v in list(g.value_info) + list(g.input)
-                           + list(g.output) if v.type.HasField("tensor_type")}
+            self._types = {}
+            for v in list(g.value_info) + list(g.input) + list(g.output):
+                # (a graph output declared without a shape keeps the shape value_info records)
+                if v.type.HasField("tensor_type") and (
+                        v.type.tensor_type.HasField("shape") or v.name not in self._types):
+                    self._types[v.name] = v.type
             for t in g.initializer:
                 if t.name not in self._types:
                     self._types[t.name] = helper.make_tensor_type_proto(t.data_type, list(t.dims))
