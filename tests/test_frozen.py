@@ -40,6 +40,10 @@ EXPECTED = {
     # ... with attention dropout, which the flash rules refuse: the sdpa rules take each
     **{f"frozen_block_dropout{c}": {"sdpa": 1, "layernorm": 1, "linear_gelu": 1}
        for c in ("", "_no_q", "_no_v", "_no_kv", "_no_qv")},
+    # ... at batch 1, where torch's exporter folds the views that feed one MatMul (Q's and dS's
+    # without dK; P's, O's and dO's too without dV) into broadcasting MatMuls
+    **{f"frozen_block{c}_b1": {"flash_attention": 1, "layernorm": 1, "linear_gelu": 1}
+       for c in ("", "_no_kv")},
     # q_proj and k_proj frozen: dV = P^T dO is the attention's whole backward (no softmax
     # backward), which no rule takes (one GEMM either way)
     "frozen_block_no_qk": {"layernorm": 1, "linear_gelu": 1},

@@ -23,6 +23,9 @@ some parameters frozen (requires_grad=False), so that their backward lacks those
   no_qk (dV only: no softmax backward at all).
 - frozen_block_dropout[_no_{q,v,kv,qv}]: frozen_block[_no_...] with Dropout(0.1) on the
   attention probabilities (the flash rules refuse it: the sdpa rules' fixtures as exported).
+- frozen_block_b1, frozen_block_no_kv_b1: frozen_block, frozen_block_no_kv at batch 1 (input
+  [1, 4, 8]): torch's exporter folds Q's and dS's batched views, each read by one MatMul once dK
+  is absent, into broadcasting MatMuls (the first layer under LoRA at batch 1).
 
 Through the corpus exporters (scripts/corpus/gen.py; parameters with requires_grad=False are
 frozen: `generate_artifacts(requires_grad=[trainable only], frozen_params=[the rest])` and
@@ -135,6 +138,9 @@ GRAPHS += [(f"frozen_block_no_{c}", functools.partial(FrozenBlock, frozen=c), (2
 GRAPHS += [(f"frozen_block_dropout{f'_no_{c}' if c != 'k' else ''}",
             functools.partial(FrozenBlock, frozen=c, attn_dropout=0.1), (2, 4, 8))
            for c in ("k", "q", "v", "kv", "qv")]
+# ... at batch 1 without dK (torch-joint: Q's and dS's views folded into broadcasting MatMuls)
+GRAPHS += [("frozen_block_b1", FrozenBlock, (1, 4, 8)),
+           ("frozen_block_no_kv_b1", functools.partial(FrozenBlock, frozen="kv"), (1, 4, 8))]
 
 
 def main(family: str, only: list[str]) -> None:
