@@ -31,6 +31,11 @@ and padded with -100 in the graph), generate_artifacts(loss=None); DIR/ortt_{arc
 (1 - eps) nll + eps * the mean over classes of -log_softmax); DIR/torch_{arch}_smoothed_...
 --loss shift (torch): Hugging Face's older causal-LM loss on the shifted logits written out;
 DIR/torch_{arch}_shift_...
+--loss items (torch): the model's own loss with num_items_in_batch (transformers' ForCausalLMLoss:
+labels shifted and padded in the graph, F.cross_entropy(reduction='sum') / the count; the spelling
+torch 2.13 exports with right gradients); DIR/torch_{arch}_items_...
+--lora: peft LoRA r 8 on the attention's query and value projections (Llama q_proj / v_proj,
+GPT-2 c_attn), every base parameter frozen, the LM head included (needs peft); NAME with '_lora'
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ import gen  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # (input_ids, labels) -> a Hugging Face causal LM's own loss (ForCausalLMLoss: the labels
 # shifted and padded with -100 inside the graph, mean over kept tokens)
-from make_lce_spellings import HFLoss, _shift_logits  # noqa: E402
+from make_lce_spellings import HFLoss, _hf_items, _shift_logits  # noqa: E402
 
 VOCAB = {"llama": 32000, "gpt2": 50257, "falcon": 32000, "mpt": 32000}
 
@@ -110,6 +115,18 @@ class ShiftLoss(torch.nn.Module):
     def forward(self, input_ids, labels):
         return (_shift_logits(self.net(input_ids=input_ids).logits,
                               labels.reshape(input_ids.shape)),)
+
+
+class ItemsLoss(torch.nn.Module):
+    """(input_ids, labels) -> the model's own loss given num_items_in_batch (make_lce_spellings.py
+    hf_llama_items)."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, input_ids, labels):
+        return (_hf_items(self.net, input_ids, labels.reshape(input_ids.shape)),)
 
 
 class Logits(torch.nn.Module):
@@ -180,7 +197,7 @@ def _torch(model: torch.nn.Module, ids: torch.Tensor, name: str, dest: Path,
     vocab = model.config.vocab_size
     labels = torch.randint(0, vocab, ids.reshape(-1).shape)
     mod = (ReduceMeanLoss(Logits(model)) if loss == "reducemean" else
-           ShiftLoss(model) if loss == "shift" else
+           ShiftLoss(model) if loss == "shift" else ItemsLoss(model) if loss == "items" else
            Loss(Logits(model), "mean", 0.1 if loss == "smoothed" else 0.0))
     m, values, _ = export_joint(mod, [ids, labels], ["input_ids", "labels"], metadata=False)
     onnx.save(m, dest / f"{name}.onnx")
@@ -194,7 +211,8 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--loss", choices=["block", "own", "reducemean", "smoothed", "shift"],
+    ap.add_argument("--loss", choices=["block", "own", "reducemean", "smoothed", "shift",
+                                       "items"],
                     default="block",
                     help="ortt: 'block' = generate_artifacts' CrossEntropyLoss on the logits; "
                     "'own' = the model's own loss from labels (shift and -100 padding inside "
@@ -203,7 +221,12 @@ def main() -> int:
                     "'reducemean' = a ReduceMean over tokens, NAME with '_reducemean'; "
                     "'smoothed' = the written-out loss with label smoothing 0.1, NAME with "
                     "'_smoothed'; 'shift' = Hugging Face's older loss on the shifted logits "
-                    "written out (per-token losses, the kept ones' mean), NAME with '_shift'")
+                    "written out (per-token losses, the kept ones' mean), NAME with '_shift'; "
+                    "'items' = the model's own loss given num_items_in_batch, NAME with "
+                    "'_items'")
+    ap.add_argument("--lora", action="store_true",
+                    help="peft LoRA r 8 on the attention's query / value projections, every "
+                    "base parameter (the LM head too) frozen, NAME with '_lora'")
     ap.add_argument("--attn", choices=["eager", "sdpa"], default="eager",
                     help="transformers' attention implementation: 'eager' (explicit softmax) "
                     "or 'sdpa' (torch's scaled_dot_product_attention, transformers' default; "
@@ -214,13 +237,20 @@ def main() -> int:
     a = ap.parse_args()
     torch.manual_seed(0)
     model = _config(a.arch, a.seq, a.layers, a.attn)
+    if a.lora:
+        from peft import LoraConfig, get_peft_model
+
+        targets = ["c_attn"] if a.arch == "gpt2" else ["q_proj", "v_proj"]
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=targets,
+                                                 init_lora_weights=False))
+        model = model.base_model.model.train()
     ids = torch.randint(0, VOCAB[a.arch], (1, a.seq))
     a.out.mkdir(parents=True, exist_ok=True)
-    if {"own": "ortt", "reducemean": "torch", "smoothed": "torch",
-            "shift": "torch"}.get(a.loss, a.family) != a.family:
+    if {"own": "ortt", "reducemean": "torch", "smoothed": "torch", "shift": "torch",
+            "items": "torch"}.get(a.loss, a.family) != a.family:
         ap.error(f"--loss {a.loss} is not a {a.family} spelling here")
     tag = {"own": "_ownloss", "reducemean": "_reducemean", "smoothed": "_smoothed",
-           "shift": "_shift"}.get(a.loss, "")
+           "shift": "_shift", "items": "_items"}.get(a.loss, "") + ("_lora" if a.lora else "")
     name = f"{a.family}_{a.arch}{tag}{'_sdpa' if a.attn == 'sdpa' else ''}_long_S{a.seq}"
     if a.family == "ortt":
         _ortt(model, ids, name, a.out, a.artifacts, a.loss == "own")
