@@ -1497,6 +1497,20 @@ def _cls_logits(o):
     return o.logits
 
 
+def _vit_cls(name: str, kind: str, desc: str) -> "Arch":
+    """{kind}ForImageClassification of transformers at the corpus size (8 x 8 images, patches
+    of 4), its patch embedding frozen in torch-joint (_frozen_patch), the classifier's
+    cross-entropy."""
+    return Arch(name, "transformers", f"{kind}ForImageClassification: {desc}",
+                _frozen_patch(_hf(f"{kind}Config", f"{kind}ForImageClassification",
+                                  pick=_cls_logits, num_labels=NUM_LABELS, hidden_size=HID,
+                                  num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                  intermediate_size=FF, image_size=8, patch_size=4,
+                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+                              f"net.{kind.lower()}.embeddings.patch_embeddings.projection"),
+                _image(8), attention=(f"{kind}SelfAttention",), extra=True, loss="ce_lm")
+
+
 for _a in [
     _lm_arch("mistral_lm", "Mistral", "GQA 4/2, sliding window 6 (< the sequence): a "
              "sliding-window causal mask, untied lm_head", masked=True, num_key_value_heads=2,
@@ -1568,14 +1582,7 @@ for _a in [
              seq_classif_dropout=0.0),
          _ids_mask, attention=("MultiHeadSelfAttention", "DistilBertSelfAttention"),
          input_ranges=_MASK_R, extra=True, loss="ce_lm"),
-    Arch("vit_cls", "transformers", "ViTForImageClassification: classifier on token 0",
-         _frozen_patch(_hf("ViTConfig", "ViTForImageClassification", pick=_cls_logits,
-                           num_labels=NUM_LABELS, hidden_size=HID, num_hidden_layers=LAYERS,
-                           num_attention_heads=HEADS, intermediate_size=FF, image_size=8,
-                           patch_size=4, hidden_dropout_prob=0.0,
-                           attention_probs_dropout_prob=0.0),
-                       "net.vit.embeddings.patch_embeddings.projection"),
-         _image(8), attention=("ViTSelfAttention",), extra=True, loss="ce_lm"),
+    _vit_cls("vit_cls", "ViT", "classifier on token 0"),
     Arch("convnext_cls", "transformers", "ConvNextForImageClassification: pooled LayerNorm, "
          "classifier Linear",
          _hf("ConvNextConfig", "ConvNextForImageClassification", pick=_cls_logits,
@@ -1768,14 +1775,7 @@ for _a in [
     _seqcls_arch("data2vec_text_cls", "Data2VecText", "RoBERTa-style encoder, dense + tanh + "
                  "out_proj", "Data2VecTextSelfAttention", pad_token_id=1, type_vocab_size=1,
                  **_ENC),
-    Arch("deit_cls", "transformers", "DeiTForImageClassification: ViT-style, classifier on "
-         "token 0", _frozen_patch(_hf("DeiTConfig", "DeiTForImageClassification",
-                                      pick=_cls_logits, num_labels=NUM_LABELS, hidden_size=HID,
-                                      num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                      intermediate_size=FF, image_size=8, patch_size=4,
-                                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
-                                  "net.deit.embeddings.patch_embeddings.projection"),
-         _image(8), attention=("DeiTSelfAttention",), extra=True, loss="ce_lm"),
+    _vit_cls("deit_cls", "DeiT", "ViT-style, classifier on token 0"),
     Arch("convnextv2_cls", "transformers", "ConvNextV2ForImageClassification: GRN, pooled "
          "LayerNorm, classifier Linear",
          _hf("ConvNextV2Config", "ConvNextV2ForImageClassification", pick=_cls_logits,

@@ -312,6 +312,25 @@ def build_torch(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, des
             "model": m, "max_abs_grad_err_vs_torch": err}
 
 
+def write_fixture(family: str, model: torch.nn.Module, inputs: dict, name: str, dest: Path,
+                  input_ranges: dict | None = None, **kw) -> dict:
+    """A test fixture: `model` on `inputs` exported by this family's builder (checked against
+    torch autograd) as dest/{ortt|torch}_{name}.onnx, its size and error printed; kw: the
+    builder's (opset, ...). Returns the builder's result."""
+    import shutil
+    import types
+
+    arch = types.SimpleNamespace(library="torch", input_ranges=input_ranges or {})
+    builder = build_ortt if family == "ort-training" else build_torch
+    full = f"{PREFIX[family]}_{name}"
+    with tempfile.TemporaryDirectory() as td:
+        res = builder(arch, model, inputs, full, Path(td), True, **kw)
+        shutil.copy(Path(td) / f"{full}.onnx", dest / f"{full}.onnx")
+    print(f"{full}.onnx: {len(res['model'].graph.node)} nodes, max |grad - torch| = "
+          f"{res['max_abs_grad_err_vs_torch']:.3g}")
+    return res
+
+
 def build(family: str, arch: Arch) -> None:
     name = f"{PREFIX[family]}_{arch.name}"
     torch.manual_seed(0)

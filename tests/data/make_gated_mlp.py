@@ -20,10 +20,7 @@ build/venv-corpus-torch/bin/python tests/data/make_gated_mlp.py torch-joint
 """
 
 import math
-import shutil
 import sys
-import tempfile
-import types
 from pathlib import Path
 
 import torch
@@ -91,17 +88,10 @@ GRAPHS = {
 
 
 def main(family: str, names: list[str]) -> None:
-    prefix = gen.PREFIX[family]
-    builder = gen.build_ortt if family == "ort-training" else gen.build_torch
-    arch = types.SimpleNamespace(library="torch", input_ranges={})
     for name in names or GRAPHS:
         torch.manual_seed(0)
-        model, inputs = Blocks(GRAPHS[name]).train(), {"x": torch.randn(2, 3, D)}
-        with tempfile.TemporaryDirectory() as td:
-            res = builder(arch, model, inputs, f"{prefix}_{name}", Path(td), True)
-            shutil.copy(Path(td) / f"{prefix}_{name}.onnx", HERE / f"{prefix}_{name}.onnx")
-        print(f"{prefix}_{name}.onnx: {len(res['model'].graph.node)} nodes, max |grad - torch| = "
-              f"{res['max_abs_grad_err_vs_torch']:.3g}")
+        gen.write_fixture(family, Blocks(GRAPHS[name]).train(), {"x": torch.randn(2, 3, D)},
+                          name, HERE)
 
 
 if __name__ == "__main__":

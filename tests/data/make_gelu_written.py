@@ -13,10 +13,7 @@ build/venv-corpus-ortt/bin/python tests/data/make_gelu_written.py ort-training
 build/venv-corpus-torch/bin/python tests/data/make_gelu_written.py torch-joint
 """
 
-import shutil
 import sys
-import tempfile
-import types
 from pathlib import Path
 
 import torch
@@ -42,19 +39,11 @@ class MLP(torch.nn.Module):
 
 
 def main(family: str) -> None:
-    prefix = gen.PREFIX[family]
-    builder = gen.build_ortt if family == "ort-training" else gen.build_torch
-    arch = types.SimpleNamespace(library="torch", input_ranges={})
     graphs = [("gelu_erf_written", esm.gelu)] + (
         [("gelu_erf_megatron", megatron_erf_gelu)] if family == "torch-joint" else [])
     for name, act in graphs:
         torch.manual_seed(0)
-        model, inputs = MLP(act).train(), {"x": torch.randn(2, 3, 8)}
-        with tempfile.TemporaryDirectory() as td:
-            res = builder(arch, model, inputs, f"{prefix}_{name}", Path(td), True)
-            shutil.copy(Path(td) / f"{prefix}_{name}.onnx", HERE / f"{prefix}_{name}.onnx")
-        print(f"{prefix}_{name}.onnx: {len(res['model'].graph.node)} nodes, max |grad - torch| = "
-              f"{res['max_abs_grad_err_vs_torch']:.3g}")
+        gen.write_fixture(family, MLP(act).train(), {"x": torch.randn(2, 3, 8)}, name, HERE)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,7 @@ build/venv-corpus-ortt/bin/python tests/data/make_quick_gelu.py ort-training
 build/venv-corpus-torch/bin/python tests/data/make_quick_gelu.py torch-joint
 """
 
-import shutil
 import sys
-import tempfile
-import types
 from pathlib import Path
 
 import torch
@@ -46,20 +43,12 @@ class MLP(torch.nn.Module):
 
 
 def main(family: str) -> None:
-    prefix = gen.PREFIX[family]
-    builder = gen.build_ortt if family == "ort-training" else gen.build_torch
-    arch = types.SimpleNamespace(library="torch", input_ranges={})
     graphs = [("quick_gelu", QuickGELU, (2, 3, 8))] + (
         [("quick_gelu_2d", QuickGELU, (6, 8))] if family == "ort-training" else
         [("silu_product", SiLUProduct, (2, 3, 8))])
     for name, act, shape in graphs:
         torch.manual_seed(0)
-        model, inputs = MLP(act()).train(), {"x": torch.randn(*shape)}
-        with tempfile.TemporaryDirectory() as td:
-            res = builder(arch, model, inputs, f"{prefix}_{name}", Path(td), True)
-            shutil.copy(Path(td) / f"{prefix}_{name}.onnx", HERE / f"{prefix}_{name}.onnx")
-        print(f"{prefix}_{name}.onnx: {len(res['model'].graph.node)} nodes, max |grad - torch| = "
-              f"{res['max_abs_grad_err_vs_torch']:.3g}")
+        gen.write_fixture(family, MLP(act()).train(), {"x": torch.randn(*shape)}, name, HERE)
 
 
 if __name__ == "__main__":
