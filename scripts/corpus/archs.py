@@ -1497,6 +1497,15 @@ def _cls_logits(o):
     return o.logits
 
 
+def _convnext_cls(name: str, kind: str, desc: str) -> "Arch":
+    """{kind}ForImageClassification of transformers: two stages of one block (8, 16 channels),
+    16 x 16 images, the classifier's cross-entropy."""
+    return Arch(name, "transformers", f"{kind}ForImageClassification: {desc}",
+                _hf(f"{kind}Config", f"{kind}ForImageClassification", pick=_cls_logits,
+                    num_labels=NUM_LABELS, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2),
+                _image(16), extra=True, loss="ce_lm")
+
+
 def _vit_cls(name: str, kind: str, desc: str) -> "Arch":
     """{kind}ForImageClassification of transformers at the corpus size (8 x 8 images, patches
     of 4), its patch embedding frozen in torch-joint (_frozen_patch), the classifier's
@@ -1583,11 +1592,7 @@ for _a in [
          _ids_mask, attention=("MultiHeadSelfAttention", "DistilBertSelfAttention"),
          input_ranges=_MASK_R, extra=True, loss="ce_lm"),
     _vit_cls("vit_cls", "ViT", "classifier on token 0"),
-    Arch("convnext_cls", "transformers", "ConvNextForImageClassification: pooled LayerNorm, "
-         "classifier Linear",
-         _hf("ConvNextConfig", "ConvNextForImageClassification", pick=_cls_logits,
-             num_labels=NUM_LABELS, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2),
-         _image(16), extra=True, loss="ce_lm"),
+    _convnext_cls("convnext_cls", "ConvNext", "pooled LayerNorm, classifier Linear"),
     Arch("tv_mobilenet_v3_cls", "torchvision", "torchvision mobilenet_v3_small (width 0.25): "
          "classifier Linear -> Hardswish -> Dropout(0) -> Linear",
          lambda family: __import__("torchvision").models.mobilenet_v3_small(
@@ -1776,10 +1781,6 @@ for _a in [
                  "out_proj", "Data2VecTextSelfAttention", pad_token_id=1, type_vocab_size=1,
                  **_ENC),
     _vit_cls("deit_cls", "DeiT", "ViT-style, classifier on token 0"),
-    Arch("convnextv2_cls", "transformers", "ConvNextV2ForImageClassification: GRN, pooled "
-         "LayerNorm, classifier Linear",
-         _hf("ConvNextV2Config", "ConvNextV2ForImageClassification", pick=_cls_logits,
-             num_labels=NUM_LABELS, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2),
-         _image(16), extra=True, loss="ce_lm"),
+    _convnext_cls("convnextv2_cls", "ConvNextV2", "GRN, pooled LayerNorm, classifier Linear"),
 ]:
     ARCHS[_a.name] = _a

@@ -42,10 +42,7 @@ build/venv-corpus-torch/bin/python tests/data/make_rope_spellings.py torch-joint
 """
 
 import math
-import shutil
 import sys
-import tempfile
-import types
 from pathlib import Path
 
 import torch
@@ -189,7 +186,6 @@ class Attention(nn.Module):
 
 
 def main(family: str, names: list[str]) -> None:
-    prefix = gen.PREFIX[family]
     default = list(EXPECTED) + ([f"{s}_opset12" for s in OPSET12]
                                 if family == "ort-training" else [])
     for style in names or default:
@@ -199,14 +195,8 @@ def main(family: str, names: list[str]) -> None:
         model = Attention(base).train()
         inputs = {"x": torch.randn(B, S, D),
                   "position_ids": torch.arange(S).unsqueeze(0).expand(B, S).contiguous()}
-        arch = types.SimpleNamespace(library="torch", input_ranges={"position_ids": [0, S]})
-        build = gen.build_ortt if family == "ort-training" else gen.build_torch
-        name = f"{prefix}_rope_sp_{style}"
-        with tempfile.TemporaryDirectory() as td:
-            res = build(arch, model, inputs, name, Path(td), True, **kw)
-            shutil.copy(Path(td) / f"{name}.onnx", HERE / f"{name}.onnx")
-        print(f"{name}.onnx: {len(res['model'].graph.node)} nodes, max |grad - torch| = "
-              f"{res['max_abs_grad_err_vs_torch']:.3g}")
+        gen.write_fixture(family, model, inputs, f"rope_sp_{style}", HERE,
+                          input_ranges={"position_ids": [0, S]}, **kw)
 
 
 if __name__ == "__main__":
