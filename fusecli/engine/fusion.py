@@ -18,7 +18,7 @@ from fusecli.ops.contracts import FUSED_DOMAIN, infer_output_types, load_contrac
 from fusecli.errors import EXIT_INTERNAL, FuseError
 from fusecli.engine.graph import GNode, GraphIndex
 from fusecli.engine.matcher import NEW_TENSOR, Failure, Match, Matcher, MatchResult
-from fusecli.engine.rules import CANONICAL_PATTERNS, Rule, var_name
+from fusecli.engine.rules import CANONICAL_PATTERNS, Rule
 from fusecli.engine.saved import SavedDiff
 from fusecli.engine.shapes import fusion_problem
 from fusecli.engine.tied import fold_tied_gradients, plan_embedding_gradients
@@ -35,25 +35,10 @@ def has_required_ops(rule: Rule, present: Callable[[str, str], bool]) -> bool:
                for spec in rule.nodes if not spec.optional)
 
 
-def prefix_keys(rule: Rule) -> list[int]:
-    """keys[i] identifies the rule's first i + 1 nodes as the matcher reads them: their text in
-    the rule's body (repr of the parsed YAML, the variant's parameters substituted; a
-    ``repeat`` node gives one spec per copy) and the tensor constraints of the variables they
-    name. Two rules with the same keys[i] search an anchor alike up to node i. Computed once
-    per rule object; a rule without a body (built in code) shares nothing."""
-    if not rule.prefix_cache:
-        raw_nodes = rule.body.get("nodes") or []
-        texts = [repr(n) for n in raw_nodes
-                 for _ in range(n.get("repeat", 1) if isinstance(n, dict) else 1)]
-        if len(texts) != len(rule.nodes):
-            texts = [f"{rule.name}#{i}" for i in range(len(rule.nodes))]
-        tensors = rule.body.get("tensors") or {}
-        acc = []
-        for text, spec in zip(texts, rule.nodes):
-            names = sorted({var_name(t) for t in spec.inputs + spec.outputs if t != "_"})
-            acc.append((text, repr([tensors.get(v) for v in names])))
-            rule.prefix_cache.append(hash(tuple(acc)))
-    return rule.prefix_cache
+def prefix_keys(rule: Rule) -> tuple:
+    """The rule's prefix keys (engine.rules.prefix_keys); a rule without a body (built in code)
+    shares nothing."""
+    return rule.prefix or tuple(f"{rule.name}#{i}" for i in range(len(rule.nodes)))
 
 
 class FusionError(FuseError):

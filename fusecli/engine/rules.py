@@ -7,6 +7,8 @@ reports the file, the line where known, and what is wrong.
 from __future__ import annotations
 
 import functools
+import hashlib
+import pickle
 import re
 from dataclasses import dataclass, field, replace
 
@@ -205,15 +207,21 @@ class Rule:
     source: str
     family: str | None = None
     text: str = field(default="", repr=False)
-    # the rule as the matcher reads it: its file's body with the variant's parameters
-    # substituted (``fusecli rules show --expanded``)
-    body: dict = field(default_factory=dict, repr=False, compare=False)
-    # FusionPass's prefix keys of the node list, computed once on first use (fusion.prefix_keys)
-    prefix_cache: list = field(default_factory=list, init=False, repr=False, compare=False)
+    # the rule as the matcher reads it, pickled (see body)
+    body_data: bytes = field(default=b"", repr=False, compare=False)
+    # FusionPass's prefix keys of the node list (see prefix_keys), computed when parsed
+    prefix: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def anchor(self) -> NodeSpec:
         return self.nodes[0]
+
+    @property
+    def body(self) -> dict:
+        """Its file's body with the variant's parameters substituted (``fusecli rules show
+        --expanded``). Kept as one pickled string: only that command reads it, and as ~60k
+        small objects over the shipped rules it made loading their cache ~40% slower."""
+        return pickle.loads(self.body_data) if self.body_data else {}  # noqa: S301 - our own
 
 
 def var_name(token: str) -> str:
@@ -926,8 +934,45 @@ def _build_rule(raw, source: str, text: str) -> Rule:
         if spec[0] == "if_matched" and spec[1] not in optional_ids:
             raise RuleError(source, f"replace.attrs.{attr}: if_matched names '{spec[1]}', which "
                             "is not an optional rule node")
+    body = _plain(raw)
     return Rule(name, pattern, order, str(raw.get("description", "")).strip(), nodes, tensors,
-                replace, source, raw.get("family"), text, raw)
+                replace, source, raw.get("family"), text,
+                pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL), prefix_keys(body, nodes))
+
+
+def share_specs(rules: list[Rule]) -> None:
+    """Make the rules' equal node and tensor specs one object each (a file's variants repeat
+    most of them). The cache of the shipped rules then pickles each once: loading it makes ~5x
+    fewer objects (0.046 -> 0.009 s for 477 rules). Specs are frozen; nothing mutates them."""
+    seen: dict[bytes, object] = {}
+
+    def one(spec):
+        return seen.setdefault(pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), spec)
+
+    for rule in rules:
+        rule.nodes = tuple(map(one, rule.nodes))
+        rule.tensors = {k: one(t) for k, t in rule.tensors.items()}
+
+
+def prefix_keys(body: dict, nodes: tuple[NodeSpec, ...]) -> tuple[int, ...]:
+    """keys[i] identifies the rule's first i + 1 nodes as the matcher reads them: their text in
+    the rule's body (repr of the parsed YAML, the variant's parameters substituted; a
+    ``repeat`` node gives one spec per copy) and the tensor constraints of the variables they
+    name. Two rules with the same keys[i] search an anchor alike up to node i (FusionPass skips
+    the second where the first got no further). A digest, not hash(): the same in every
+    process, so keys of cached and freshly parsed rules compare."""
+    raw_nodes = body.get("nodes") or []
+    texts = [repr(n) for n in raw_nodes
+             for _ in range(n.get("repeat", 1) if isinstance(n, dict) else 1)]
+    if len(texts) != len(nodes):
+        return ()
+    tensors = body.get("tensors") or {}
+    keys, h = [], hashlib.blake2b(digest_size=8)
+    for text, spec in zip(texts, nodes):
+        names = sorted({var_name(t) for t in spec.inputs + spec.outputs if t != "_"})
+        h.update(f"{text}\0{[tensors.get(v) for v in names]!r}\0".encode())
+        keys.append(int.from_bytes(h.copy().digest(), "little"))
+    return tuple(keys)
 
 
 def _plain(obj):
