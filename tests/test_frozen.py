@@ -44,6 +44,10 @@ EXPECTED = {
     # without dK; P's, O's and dO's too without dV) into broadcasting MatMuls
     **{f"frozen_block{c}_b1": {"flash_attention": 1, "layernorm": 1, "linear_gelu": 1}
        for c in ("", "_no_kv")},
+    # ... and with attention dropout (the sdpa rules: dS's view folded without dK, P's and dP's
+    # too without dV)
+    **{f"frozen_block_dropout{c}_b1": {"sdpa": 1, "layernorm": 1, "linear_gelu": 1}
+       for c in ("", "_no_kv")},
     # q_proj and k_proj frozen: dV = P^T dO is the attention's whole backward (no softmax
     # backward), which no rule takes (one GEMM either way)
     "frozen_block_no_qk": {"layernorm": 1, "linear_gelu": 1},
@@ -277,6 +281,29 @@ def test_attention_without_some_gradients_fuses_into_only_those(family, dropout,
     assert all(n.input[:5])
     src = assert_verifies(tmp_path, m, fused)
     # each fused node against its NumPy reference on the original's tensors
+    checks = check_fusions(src, fp.stats.fusions, atol=1e-6)
+    assert len(checks) == fp.stats.total_fused
+    assert not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+@pytest.mark.parametrize("name", ["frozen_block_dropout_b1", "frozen_block_dropout_no_kv_b1"])
+def test_attention_with_dropout_at_batch_1_fuses_through_the_folded_views(family, name,
+                                                                           tmp_path):
+    """At batch 1 torch's exporter folds the batched views read by one MatMul: without dK,
+    MatMul(dS4 [1, H, S, S], K [H, S, D]) -> dQ [1, H, S, D]. The sdpa rule binds the 4-D Q and
+    dS (the op reads them as P's batch dims), writes dQ in its 4-D shape, and the fused node
+    equals the NumPy reference on the original's tensors."""
+    want, suffix = ATTENTION_SUBSETS[name.replace("_dropout", "").removesuffix("_b1")]
+    m = onnx.load(DATA / f"{family}_{name}.onnx")
+    fused = copy.deepcopy(m)
+    fp = FusionPass()
+    fp.run(fused)
+    assert [f.rule for f in fp.stats.fusions if f.pattern == "sdpa"] == [
+        f"{SDPA_DROPOUT[family]}_{suffix}"]
+    (n,) = [n for n in fused.graph.node if n.op_type == "AttentionGrad"]
+    assert _given(n.output, 0, 3) == list(want)
+    src = assert_verifies(tmp_path, m, fused)
     checks = check_fusions(src, fp.stats.fusions, atol=1e-6)
     assert len(checks) == fp.stats.total_fused
     assert not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]

@@ -141,6 +141,11 @@ GRAPHS += [(f"frozen_block_dropout{f'_no_{c}' if c != 'k' else ''}",
 # ... at batch 1 without dK (torch-joint: Q's and dS's views folded into broadcasting MatMuls)
 GRAPHS += [("frozen_block_b1", FrozenBlock, (1, 4, 8)),
            ("frozen_block_no_kv_b1", functools.partial(FrozenBlock, frozen="kv"), (1, 4, 8))]
+# ... and with attention dropout (the sdpa rules: GPT-2 / BERT under LoRA at batch 1)
+GRAPHS += [("frozen_block_dropout_b1", functools.partial(FrozenBlock, attn_dropout=0.1),
+            (1, 4, 8)),
+           ("frozen_block_dropout_no_kv_b1",
+            functools.partial(FrozenBlock, frozen="kv", attn_dropout=0.1), (1, 4, 8))]
 
 
 def main(family: str, only: list[str]) -> None:
@@ -152,10 +157,16 @@ def main(family: str, only: list[str]) -> None:
             continue
         torch.manual_seed(0)
         model, inputs = cls().train(), {"x": torch.randn(*shape)}
+        dropout = model.drop.p > 0 if isinstance(model, FrozenBlock) else False
         with tempfile.TemporaryDirectory() as td:
-            res = builder(arch, model, inputs, f"{prefix}_{name}", Path(td), True)
+            if dropout:  # torch and onnxruntime draw other masks: check the twin with p = 0
+                model.drop.p = 0.0
+                err = builder(arch, model, inputs, "twin", Path(td), True)
+                model.drop.p = 0.1
+            res = builder(arch, model, inputs, f"{prefix}_{name}", Path(td), not dropout)
             shutil.copy(Path(td) / f"{prefix}_{name}.onnx", HERE / f"{prefix}_{name}.onnx")
-        print(f"{prefix}_{name}: max |grad - torch| {res['max_abs_grad_err_vs_torch']:.3g}")
+        err = (err if dropout else res)["max_abs_grad_err_vs_torch"]
+        print(f"{prefix}_{name}: max |grad - torch| {err:.3g}{' (p = 0 twin)' * dropout}")
 
 
 if __name__ == "__main__":
