@@ -1784,3 +1784,31 @@ for _a in [
     _convnext_cls("convnextv2_cls", "ConvNextV2", "GRN, pooled LayerNorm, classifier Linear"),
 ]:
     ARCHS[_a.name] = _a
+
+# --- third batch (2026-12-07): dense decoders of 2025 that no earlier sweep has ------------------
+for _a in [
+    _lm_arch("vaultgemma_lm", "VaultGemma", "sliding / full layers, attention and final logit "
+             "soft-caps, tanh-GELU gated MLP, lm_head TIED", masked=True, num_key_value_heads=2,
+             head_dim=8, query_pre_attn_scalar=8, sliding_window=6,
+             layer_types=["sliding_attention", "full_attention"], pad_token_id=0),
+    _lm_arch("bitnet_lm", "BitNet", "ReLU^2-gated MLP with a sub-norm before down_proj, an "
+             "attention sub-norm before o_proj, untied lm_head", num_key_value_heads=2,
+             pad_token_id=0),
+    _lm_arch("doge_lm", "Doge", "dynamic mask attention (a learned per-key bias from V), "
+             "untied lm_head", num_key_value_heads=HEADS, keep_window_size=32, pad_token_id=0),
+    _lm_arch("lfm2_lm", "Lfm2", "a gated short-convolution layer and an attention layer with "
+             "q/k RMSNorm, SwiGLU, lm_head TIED", num_key_value_heads=2,
+             layer_types=["conv", "full_attention"], block_auto_adjust_ff_dim=False,
+             pad_token_id=0),
+    _lm_arch("deepseek_v2_lm", "DeepseekV2", "multi-head latent attention (complex rotary on a "
+             "split of q and one shared k head), dense MLPs, untied lm_head",
+             num_key_value_heads=HEADS, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
+             qk_nope_head_dim=8, v_head_dim=8, head_dim=4, first_k_dense_replace=LAYERS,
+             n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+             moe_intermediate_size=16, pad_token_id=0),
+    _lm_arch("modernbert_decoder_lm", "ModernBertDecoder", "sliding / full layers, GeGLU MLP, "
+             "LayerNorm without bias, a prediction head (dense + GELU + norm), decoder TIED",
+             masked=True, sliding_window=6, layer_types=["full_attention", "sliding_attention"],
+             global_attn_every_n_layers=2, pad_token_id=0, cls_token_id=1, sep_token_id=2),
+]:
+    ARCHS[_a.name] = _a
