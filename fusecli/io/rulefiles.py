@@ -5,7 +5,7 @@ The shipped rules, parsed, are cached on disk (``$FUSECLI_CACHE_DIR``, default
 ``$XDG_CACHE_HOME/fusecli`` or ``~/.cache/fusecli``; an empty value turns the cache off) under a
 key of everything the parse depends on: the rule files' names and texts, the parser's source
 (engine/rules.py, engine/safeyaml.py), the op contracts, and the versions of onnx, PyYAML
-and Python. Parsing 477 rules is ~0.9 s of every run; reading the cache ~0.02 s. A cache
+and Python. Parsing 477 rules is ~0.9 s of every run; reading the cache ~0.01 s. A cache
 that cannot be read or written is ignored; one not owned by the user is not read.
 """
 
