@@ -1812,3 +1812,98 @@ for _a in [
              global_attn_every_n_layers=2, pad_token_id=0, cls_token_id=1, sep_token_id=2),
 ]:
     ARCHS[_a.name] = _a
+
+
+# --- classifier sweep (2026-12-07): audio and vision classifiers, heads no earlier sweep has ------
+def _audio(samples: int) -> Callable[[], dict[str, torch.Tensor]]:
+    return lambda: {"input_values": torch.randn(BATCH, samples)}
+
+
+def _frozen_convs(build: Callable[[str], nn.Module], *paths: str) -> Callable[[str], nn.Module]:
+    """Each module at `paths` frozen, in both families, as fine-tuning recipes freeze a speech
+    model's conv feature encoder (`freeze_feature_encoder`): torch-joint exports no conv
+    backward, onnxruntime-training has no gradient for the GroupNorm it exports as
+    InstanceNormalization."""
+    def b(family: str) -> nn.Module:
+        net = build(family)
+        for path in paths:
+            mod = net
+            for part in path.split("."):
+                mod = getattr(mod, part)
+            mod.requires_grad_(False)
+        return net
+    return b
+
+
+def _speech_cls(name: str, kind: str, desc: str) -> "Arch":
+    """{kind}ForSequenceClassification of transformers on 64 raw samples (two conv feature
+    layers of stride 2 and the positional conv, frozen), the classifier's cross-entropy."""
+    prefix = f"net.{kind.lower()}"
+    return Arch(name, "transformers", f"{kind}ForSequenceClassification: {desc}",
+                _frozen_convs(_hf(f"{kind}Config", f"{kind}ForSequenceClassification",
+                                  pick=_cls_logits, num_labels=NUM_LABELS, hidden_size=HID,
+                                  num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                  intermediate_size=FF, conv_dim=(8, 8), conv_kernel=(3, 3),
+                                  conv_stride=(2, 2), num_conv_pos_embeddings=4,
+                                  num_conv_pos_embedding_groups=2, classifier_proj_size=8,
+                                  mask_time_prob=0.0, hidden_dropout=0.0,
+                                  attention_dropout=0.0, activation_dropout=0.0,
+                                  feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0),
+                              f"{prefix}.feature_extractor", f"{prefix}.encoder.pos_conv_embed"),
+                _audio(64), attention=(f"{kind}Attention",), extra=True, loss="ce_lm")
+
+
+for _a in [
+    _speech_cls("wav2vec2_cls", "Wav2Vec2", "conv feature encoder, post-LN transformer, "
+                "projector Linear, mean over frames, classifier Linear"),
+    _speech_cls("hubert_cls", "Hubert", "as Wav2Vec2 (HuBERT), projector, mean, classifier"),
+    Arch("ast_cls", "transformers", "ASTForAudioClassification: spectrogram patches, "
+         "(cls + distillation token) / 2, LayerNorm + Linear head",
+         _frozen_patch(_hf("ASTConfig", "ASTForAudioClassification", pick=_cls_logits,
+                           num_labels=NUM_LABELS, hidden_size=HID, num_hidden_layers=LAYERS,
+                           num_attention_heads=HEADS, intermediate_size=FF, patch_size=4,
+                           frequency_stride=4, time_stride=4, max_length=16, num_mel_bins=8,
+                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+                       "net.audio_spectrogram_transformer.embeddings.patch_embeddings"
+                       ".projection"),
+         lambda: {"input_values": torch.randn(BATCH, 16, 8)},
+         attention=("ASTSelfAttention",), extra=True, loss="ce_lm"),
+    Arch("whisper_audio_cls", "transformers", "WhisperForAudioClassification: two convs "
+         "(frozen), pre-LN encoder, projector, mean over frames, classifier",
+         _frozen_convs(_hf("WhisperConfig", "WhisperForAudioClassification", pick=_cls_logits,
+                           num_labels=NUM_LABELS, d_model=HID, encoder_layers=LAYERS,
+                           encoder_attention_heads=HEADS, encoder_ffn_dim=FF, num_mel_bins=8,
+                           max_source_positions=8, decoder_layers=1, decoder_attention_heads=HEADS,
+                           classifier_proj_size=8, dropout=0.0, attention_dropout=0.0,
+                           activation_dropout=0.0),
+                       "net.encoder.conv1", "net.encoder.conv2"),
+         lambda: {"input_features": torch.randn(BATCH, 8, 16)},
+         attention=("WhisperAttention",), extra=True, loss="ce_lm"),
+    Arch("swin_cls", "transformers", "SwinForImageClassification: windowed attention with a "
+         "relative-position bias, patch merging, LayerNorm, mean pool, classifier Linear",
+         _frozen_patch(_hf("SwinConfig", "SwinForImageClassification", pick=_cls_logits,
+                           num_labels=NUM_LABELS, image_size=16, patch_size=4, embed_dim=16,
+                           depths=[1, 1], num_heads=[2, 2], window_size=2,
+                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                           drop_path_rate=0.0),
+                       "net.swin.embeddings.patch_embeddings.projection"),
+         _image(16), attention=("SwinSelfAttention",), extra=True, loss="ce_lm"),
+    Arch("segformer_cls", "transformers", "SegformerForImageClassification: overlapping conv "
+         "patches, efficient (reduced-kv) attention, Mix-FFN, LayerNorm, mean, classifier",
+         _hf("SegformerConfig", "SegformerForImageClassification", pick=_cls_logits,
+             num_labels=NUM_LABELS, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+             hidden_sizes=[8, 16], patch_sizes=[3, 3], strides=[2, 2], num_attention_heads=[1, 2],
+             mlp_ratios=[2, 2], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+             classifier_dropout_prob=0.0, drop_path_rate=0.0),
+         _image(16), attention=("SegformerEfficientSelfAttention",),
+         families=("ort-training",), extra=True, loss="ce_lm"),
+    Arch("levit_cls", "transformers", "LevitForImageClassification: conv stem, attention with "
+         "BatchNorm'd projections, BatchNorm1d + Linear head on the mean",
+         _hf("LevitConfig", "LevitForImageClassification", pick=_cls_logits,
+             num_labels=NUM_LABELS, image_size=64, hidden_sizes=[16, 24, 32],
+             num_attention_heads=[2, 2, 2], depths=[1, 1, 1], key_dim=[4, 4, 4],
+             mlp_ratio=[2, 2, 2], attention_ratio=[2, 2, 2], drop_path_rate=0.0),
+         _image(64), attention=("LevitAttention",), families=("ort-training",), extra=True,
+         loss="ce_lm"),
+]:
+    ARCHS[_a.name] = _a
