@@ -430,17 +430,24 @@ def _hf(config_cls: str, model_cls: str, pick=lambda o: o[0], attn: str = "eager
     return build
 
 
-def _frozen_patch(build: Callable[[str], nn.Module], path: str) -> Callable[[str], nn.Module]:
-    """torch-joint: the patch-embedding conv frozen (its backward does not export)."""
+def _frozen(build: Callable[[str], nn.Module], *paths: str,
+            families: tuple[str, ...] = FAMILIES) -> Callable[[str], nn.Module]:
+    """The modules at `paths` (dotted, from the wrapper) frozen in `families`."""
     def b(family: str) -> nn.Module:
         net = build(family)
-        if family == "torch-joint":
-            mod = net
-            for part in path.split("."):
-                mod = getattr(mod, part)
-            mod.requires_grad_(False)
+        if family in families:
+            for path in paths:
+                mod = net
+                for part in path.split("."):
+                    mod = getattr(mod, part)
+                mod.requires_grad_(False)
         return net
     return b
+
+
+def _frozen_patch(build: Callable[[str], nn.Module], path: str) -> Callable[[str], nn.Module]:
+    """torch-joint: the patch-embedding conv frozen (its backward does not export)."""
+    return _frozen(build, path, families=("torch-joint",))
 
 
 def _seq_plus_pooled(o):
@@ -1819,37 +1826,24 @@ def _audio(samples: int) -> Callable[[], dict[str, torch.Tensor]]:
     return lambda: {"input_values": torch.randn(BATCH, samples)}
 
 
-def _frozen_convs(build: Callable[[str], nn.Module], *paths: str) -> Callable[[str], nn.Module]:
-    """Each module at `paths` frozen, in both families, as fine-tuning recipes freeze a speech
-    model's conv feature encoder (`freeze_feature_encoder`): torch-joint exports no conv
-    backward, onnxruntime-training has no gradient for the GroupNorm it exports as
-    InstanceNormalization."""
-    def b(family: str) -> nn.Module:
-        net = build(family)
-        for path in paths:
-            mod = net
-            for part in path.split("."):
-                mod = getattr(mod, part)
-            mod.requires_grad_(False)
-        return net
-    return b
-
-
 def _speech_cls(name: str, kind: str, desc: str) -> "Arch":
-    """{kind}ForSequenceClassification of transformers on 64 raw samples (two conv feature
-    layers of stride 2 and the positional conv, frozen), the classifier's cross-entropy."""
+    """{kind}ForSequenceClassification of transformers on 64 raw samples, the classifier's
+    cross-entropy. The two conv feature layers (stride 2) and the positional conv are frozen in
+    both families, as fine-tuning recipes freeze a speech model's feature encoder
+    (`freeze_feature_encoder`): torch-joint exports no conv backward, onnxruntime-training has no
+    gradient for the GroupNorm it exports as InstanceNormalization."""
     prefix = f"net.{kind.lower()}"
     return Arch(name, "transformers", f"{kind}ForSequenceClassification: {desc}",
-                _frozen_convs(_hf(f"{kind}Config", f"{kind}ForSequenceClassification",
-                                  pick=_cls_logits, num_labels=NUM_LABELS, hidden_size=HID,
-                                  num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                  intermediate_size=FF, conv_dim=(8, 8), conv_kernel=(3, 3),
-                                  conv_stride=(2, 2), num_conv_pos_embeddings=4,
-                                  num_conv_pos_embedding_groups=2, classifier_proj_size=8,
-                                  mask_time_prob=0.0, hidden_dropout=0.0,
-                                  attention_dropout=0.0, activation_dropout=0.0,
-                                  feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0),
-                              f"{prefix}.feature_extractor", f"{prefix}.encoder.pos_conv_embed"),
+                _frozen(_hf(f"{kind}Config", f"{kind}ForSequenceClassification",
+                            pick=_cls_logits, num_labels=NUM_LABELS, hidden_size=HID,
+                            num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                            intermediate_size=FF, conv_dim=(8, 8), conv_kernel=(3, 3),
+                            conv_stride=(2, 2), num_conv_pos_embeddings=4,
+                            num_conv_pos_embedding_groups=2, classifier_proj_size=8,
+                            mask_time_prob=0.0, hidden_dropout=0.0,
+                            attention_dropout=0.0, activation_dropout=0.0,
+                            feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0),
+                        f"{prefix}.feature_extractor", f"{prefix}.encoder.pos_conv_embed"),
                 _audio(64), attention=(f"{kind}Attention",), extra=True, loss="ce_lm")
 
 
@@ -1870,13 +1864,13 @@ for _a in [
          attention=("ASTSelfAttention",), extra=True, loss="ce_lm"),
     Arch("whisper_audio_cls", "transformers", "WhisperForAudioClassification: two convs "
          "(frozen), pre-LN encoder, projector, mean over frames, classifier",
-         _frozen_convs(_hf("WhisperConfig", "WhisperForAudioClassification", pick=_cls_logits,
-                           num_labels=NUM_LABELS, d_model=HID, encoder_layers=LAYERS,
-                           encoder_attention_heads=HEADS, encoder_ffn_dim=FF, num_mel_bins=8,
-                           max_source_positions=8, decoder_layers=1, decoder_attention_heads=HEADS,
-                           classifier_proj_size=8, dropout=0.0, attention_dropout=0.0,
-                           activation_dropout=0.0),
-                       "net.encoder.conv1", "net.encoder.conv2"),
+         _frozen(_hf("WhisperConfig", "WhisperForAudioClassification", pick=_cls_logits,
+                     num_labels=NUM_LABELS, d_model=HID, encoder_layers=LAYERS,
+                     encoder_attention_heads=HEADS, encoder_ffn_dim=FF, num_mel_bins=8,
+                     max_source_positions=8, decoder_layers=1, decoder_attention_heads=HEADS,
+                     classifier_proj_size=8, dropout=0.0, attention_dropout=0.0,
+                     activation_dropout=0.0),
+                 "net.encoder.conv1", "net.encoder.conv2"),
          lambda: {"input_features": torch.randn(BATCH, 8, 16)},
          attention=("WhisperAttention",), extra=True, loss="ce_lm"),
     Arch("swin_cls", "transformers", "SwinForImageClassification: windowed attention with a "
