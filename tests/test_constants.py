@@ -267,3 +267,62 @@ def test_silu_one_as_raw_ones_like_fuses_and_computes_the_same():
     feeds = make_feeds(unfused, manifest_entry_for(SAMPLES / "torch_mlp.onnx"))
     for w, got in zip(_run(unfused, feeds), _run(m, feeds)):
         np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+
+
+def _symbolic_heads(record_symbolic: bool = True):
+    """TorchScript's head split under dynamic axes: x [batch, seq, 32] viewed as [batch, seq,
+    4, 8] through a target built at run time, Concat(Unsqueeze(Gather(Shape(x), 0)),
+    Unsqueeze(Gather(Shape(x), 1)), [4], [8]), then transposed to [batch, 4, seq, 8]; the
+    exporter records the view's dims as names it made up."""
+    x = helper.make_tensor_value_info("x", F, ["batch", "seq", 32])
+    vi = [helper.make_tensor_value_info(t, F, [f"unk_{t}_{i}" for i in range(4)])
+          for t in ("heads", "heads_t")] if record_symbolic else []
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             _c("i0", 0, np.int64), _c("i1", 1, np.int64), _c("ax", [0], np.int64),
+             helper.make_node("Gather", ["sh", "i0"], ["b"], axis=0),
+             helper.make_node("Gather", ["sh", "i1"], ["s"], axis=0),
+             helper.make_node("Unsqueeze", ["b", "ax"], ["b1"]),
+             helper.make_node("Unsqueeze", ["s", "ax"], ["s1"]),
+             _c("h", [4], np.int64), _c("d", [8], np.int64),
+             helper.make_node("Concat", ["b1", "s1", "h", "d"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["heads"]),
+             helper.make_node("Transpose", ["heads"], ["heads_t"], perm=[0, 2, 1, 3]),
+             helper.make_node("Shape", ["heads_t"], ["sh_t"]),
+             _c("m1", [-1], np.int64), _c("big", [2**62], np.int64),
+             _c("zero", [0], np.int64), _c("one", [1], np.int64), _c("two", [2], np.int64),
+             helper.make_node("Slice", ["sh_t", "m1", "big"], ["last"]),
+             helper.make_node("Slice", ["sh_t", "zero", "one"], ["first"]),
+             helper.make_node("Slice", ["sh_t", "one", "big", "zero", "two"], ["every_2nd"])]
+    return _index(nodes, inputs=[x], value_info=vi)
+
+
+def test_a_run_time_view_target_gives_its_static_dims_even_where_names_are_recorded():
+    """The static entries of a target computed at run time (the heads and head size) replace
+    the names the exporter recorded; the run-time entries stay unknown; the recorded names of
+    a shape whose dims cannot be inferred stay."""
+    ix = _symbolic_heads()
+    assert ix.shape_vector("target") == [None, None, 4, 8]
+    assert ix.shapes.shape("heads") == ["unk_heads_0", "unk_heads_1", 4, 8]
+    assert ix.shapes.shape("heads_t") == ["unk_heads_t_0", 4, "unk_heads_t_2", 8]
+    assert ix.shape_vector("sh_t") == [None, 4, None, 8]
+    assert _symbolic_heads(record_symbolic=False).shapes.shape("heads_t")[1::2] == [4, 8]
+
+
+def test_a_slice_of_a_symbolic_shape_is_a_constant_where_it_reads_static_dims():
+    """`x.size(-1)` spelled Slice(Shape(x), -1, big) is the head size 8, though batch and
+    sequence are symbolic; a slice that reads a symbolic dim, or one with a step, is not a
+    constant."""
+    ix = _symbolic_heads()
+    assert ix.const_value("last").tolist() == [8]
+    assert ix.is_constant("last")
+    assert ix.const_value("first") is None and not ix.is_constant("first")
+    assert ix.const_value("every_2nd") is None
+
+
+def test_concat_shapes_are_inferred():
+    a = helper.make_tensor_value_info("a", F, ["n", 3])
+    b = helper.make_tensor_value_info("b", F, ["n", 5])
+    ix = _index([helper.make_node("Concat", ["a", "b"], ["ab"], axis=1),
+                 helper.make_node("Concat", ["a", "a"], ["aa"], axis=0)], inputs=[a, b])
+    assert ix.shapes.shape("ab") == ["n", 8]
+    assert ix.shapes.shape("aa") == [None, 3]   # n + n: not a static dim

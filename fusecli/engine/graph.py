@@ -350,7 +350,7 @@ class GraphIndex:
                 return None
             prod = self.producer.get(t)
             picked = self._static_dims_picked(prod)
-            if picked is not None:  # Gather(Shape(x), i) of a static dim of a symbolic shape
+            if picked is not None:  # Gather / Slice of static dims of a symbolic Shape
                 cache[t] = picked
                 return None
             pending = None if prod is None else constfold.pending_input(prod, cache)
@@ -369,8 +369,8 @@ class GraphIndex:
     def is_constant(self, name: str) -> bool:
         """Whether ``name`` is computed only from constants (initializers, Constant nodes) by
         foldable standard ops, as const_value sees it, without computing any value (a dead
-        constant subgraph is found without evaluating it). Shape, Size and Gather, constant
-        only where the dims they read are static, ask const_value."""
+        constant subgraph is found without evaluating it). Shape, Size, Gather and Slice,
+        constant only where the dims they read are static, ask const_value."""
         cache = self._is_const  # True, or None: not a constant (what pending_input reads)
         if name in cache:
             return bool(cache[name])
@@ -379,7 +379,8 @@ class GraphIndex:
             prod = self.producer.get(t)
             if t in self.initializers:
                 cache[t] = True if t not in self.graph_inputs else None
-            elif prod is not None and prod.op in ("Shape", "Size", "Gather"):
+            elif prod is not None and (prod.op in ("Shape", "Size", "Gather")
+                                       or prod.op == "Slice" and self._reads_shape(prod)):
                 cache[t] = True if self.const_value(t) is not None else None
             elif prod is not None:
                 pending = constfold.pending_input(prod, cache)
@@ -442,19 +443,26 @@ class GraphIndex:
         return True
 
     def _static_dims_picked(self, prod) -> np.ndarray | None:
-        """The value of Gather(Shape(x)[start:end], constant indices) when the dims it picks
-        are static, though others of x are symbolic (else None)."""
-        if prod is None or prod.op != "Gather" or prod.domain != "" or not prod.alive \
-                or prod.attrs.get("axis", 0) != 0:
+        """The value of Gather(Shape(x)[start:end], constant indices), or of Slice(Shape(x)
+        [start:end], constant starts, ends[, axes 0, steps 1]) (`x.size(-1)` under symbolic
+        dims: TorchScript's run-time head dim), when the dims it picks are static, though
+        others of x are symbolic (else None)."""
+        if prod is None or prod.op not in ("Gather", "Slice") or prod.domain != "" \
+                or not prod.alive or prod.attrs.get("axis", 0) != 0:
             return None
         sh = self.producer.get(prod.inputs[0])
         if sh is None or sh.op != "Shape" or not sh.alive:
             return None
         dims = self._known_dims(sh.inputs[0])
-        idx = self.const_value(prod.inputs[1])
-        if dims is None or idx is None:
+        if dims is None:
             return None
         dims = dims[slice(sh.attrs.get("start", 0), sh.attrs.get("end", len(dims)))]
+        if prod.op == "Slice":
+            picked = self._sliced(prod, dims)
+            return None if picked is None or None in picked else np.asarray(picked, np.int64)
+        idx = self.const_value(prod.inputs[1])
+        if idx is None:
+            return None
         try:
             picked = [dims[int(i)] for i in np.asarray(idx).reshape(-1)]
         except IndexError:
@@ -462,6 +470,61 @@ class GraphIndex:
         if None in picked:
             return None
         return np.asarray(picked, np.int64).reshape(np.shape(idx))
+
+    def shape_vector(self, name: str) -> list[int | None] | None:
+        """A 1-D shape tensor's entries where they are static, None where they are computed at
+        run time (a Reshape target built as Concat(Unsqueeze(Gather(Shape(x), i)), ..., heads,
+        head size), or Shape(x) itself, under symbolic dims); None when not even its length is
+        known."""
+        value = self.const_value(name)
+        if value is not None:
+            return [int(x) for x in np.asarray(value).reshape(-1)]
+        prod = self.producer.get(name)
+        if prod is None or not prod.alive or prod.domain not in ("", "com.microsoft"):
+            return None
+        if prod.op == "Shape" and prod.domain == "":
+            dims = self._known_dims(prod.inputs[0])
+            return None if dims is None else \
+                dims[slice(prod.attrs.get("start", 0), prod.attrs.get("end", len(dims)))]
+        if prod.op in ("Concat", "ConcatTraining") and prod.attrs.get("axis") in (0, -1) \
+                and prod.outputs[0] == name:
+            parts = [self.shape_vector(t) for t in prod.inputs if t]
+            return None if any(p is None for p in parts) else [d for p in parts for d in p]
+        dims = self.shapes.shape(name)
+        if dims is not None and len(dims) == 1 and isinstance(dims[0], int) and dims[0] <= 8:
+            return [None] * dims[0]   # a run-time piece of known length
+        if prod.op == "Unsqueeze" and self._is_scalar(prod.inputs[0]):
+            return [None]             # one run-time dim
+        return None
+
+    def _is_scalar(self, name: str) -> bool:
+        """A rank-0 tensor: so recorded or inferred, or one dim picked from a shape
+        (Gather(Shape(x), i) with a scalar index i)."""
+        if self.shapes.shape(name) == []:
+            return True
+        prod = self.producer.get(name)
+        if prod is None or prod.op != "Gather" or len(prod.inputs) < 2:
+            return False
+        src = self.producer.get(prod.inputs[0])
+        idx = self.const_value(prod.inputs[1])
+        return src is not None and src.op == "Shape" and idx is not None and np.ndim(idx) == 0
+
+    def _reads_shape(self, node) -> bool:
+        src = self.producer.get(node.inputs[0]) if node.inputs else None
+        return src is not None and src.op == "Shape" and src.domain == ""
+
+    def _sliced(self, node, dims: list) -> list | None:
+        """dims[start:end] for a Slice of one axis (0) with step 1 and constant bounds; None
+        otherwise (ONNX clamps the bounds as Python's slicing does for step 1)."""
+        bounds = [self.const_value(t) if t else None for t in (node.inputs + [""] * 5)[1:5]]
+        starts, ends, axes, steps = (None if b is None else np.asarray(b).reshape(-1)
+                                     for b in bounds)
+        if starts is None or ends is None or starts.size != 1 or ends.size != 1:
+            return None
+        if (axes is not None and int(axes[0]) not in (0, -1)) or \
+                (steps is not None and int(steps[0]) != 1):
+            return None
+        return dims[int(starts[0]):int(ends[0])]
 
     def _known_dims(self, name: str) -> list[int | None] | None:
         """A tensor's dims, None where a dim is not static (symbolic or unknown); None when

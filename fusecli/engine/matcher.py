@@ -842,6 +842,8 @@ class Matcher:
                                                          self.g.shapes.shape(actual[0]))
                 elif ts.kind == "shape" and value is None and self.g.is_shape_computation(name):
                     ok, detail = True, ""  # a Reshape target of symbolic dims
+                elif ts.kind == "flatten_2d" and value is None:
+                    ok, detail = self._runtime_flatten(name, node, actual)
                 elif ts.kind == "uniform":
                     ok, detail = uniform_matches(self.g.const_value(name))
                 else:
@@ -856,14 +858,26 @@ class Matcher:
             t2[v] = name
         return True
 
+    def _runtime_flatten(self, name: str, node, actual) -> tuple[bool, str]:
+        """A Reshape target computed at run time (symbolic dims) that flattens its data's
+        leading dims: two entries, the first run-time, the second the data's static last dim
+        n (a Reshape that runs then keeps M * n = the data's size: M is the leading dims'
+        product), e.g. Shape(X) of the 2-D tensor the gradient is viewed back to."""
+        vec = self.g.shape_vector(name) if self.g.is_shape_computation(name) else None
+        data = self.g.shapes.shape(actual[0]) if actual and actual[0] else None
+        ok = (vec is not None and len(vec) == 2 and vec[0] is None and isinstance(vec[1], int)
+              and vec[1] > 0 and data is not None and len(data) >= 2 and data[-1] == vec[1])
+        return ok, ("a shape that flattens the leading dims: [-1 or M, n] (here computed at "
+                    "run time: [M, n], n the data's static last dim)")
+
     def _data_shape(self, node, actual):
         """The shape of the data a node's constant inputs describe: its first input's, except
         SliceGrad(dY, shape, starts, ends, axes, steps), whose starts / ends index the tensor
-        of `shape` (its value when constant, e.g. Shape of a static shape; else its rank)."""
+        of `shape` (its static entries, e.g. Shape(X) of X's static dims; else its rank)."""
         if node.op == "SliceGrad" and len(actual) > 1 and actual[1]:
-            full = self._value(actual[1])
+            full = self.g.shape_vector(actual[1])  # None entries: dims not static
             if full is not None:
-                return tuple(int(d) for d in np.asarray(full).reshape(-1))
+                return tuple(full)
             dy = self.g.shape(actual[0])
             return None if dy is None else (None,) * len(dy)
         return self.g.shape(actual[0])

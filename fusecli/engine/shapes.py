@@ -4,7 +4,9 @@ A dim is an int (static), a str (a symbolic dim of the graph, equal to itself on
 (unknown). ``ShapeOracle.shape(t)`` is the recorded shape (value_info, graph inputs/outputs,
 initializers, constant values) or, failing that, the shape inferred from the producer for the
 ops that backward chains are made of (MatMul, FusedMatMul, Gemm, Transpose, Reshape,
-ReduceSum, elementwise ops with broadcasting, the gradient ops that keep their input's shape).
+ReduceSum, Concat, elementwise ops with broadcasting, the gradient ops that keep their input's
+shape). A recorded symbolic dim that inference finds static is replaced by it (a Reshape
+target computed at run time keeps its constant entries: ``GraphIndex.shape_vector``).
 Computed lazily, memoised, iteratively (no recursion limit on deep graphs).
 
 ``fusion_problem`` is the guard every match passes before it is fused: the fused op's outputs
@@ -36,7 +38,7 @@ _BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Equal",
               "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Sum"}
 _INFERRED = _SAME_AS_INPUT0 | _BROADCAST | {
     "Constant", "Shape", "MatMul", "FusedMatMul", "Gemm", "Transpose", "Reshape", "ReduceSum",
-    "ReduceMean", "Expand"}
+    "ReduceMean", "Expand", "Concat", "ConcatTraining"}
 
 
 def broadcast(a, b):
@@ -58,6 +60,18 @@ def broadcast(a, b):
         else:
             out.append(None if isinstance(x, str) or isinstance(y, str) else max(x, y))
     return out
+
+
+_INPUTS_READ = 8   # the inputs whose shapes _infer reads (Concat: its pieces)
+
+
+def _refined(recorded, inferred):
+    """The recorded shape with the inferred static dims in place of its symbolic / unknown
+    ones (a recorded static dim stays); the inferred shape where nothing is recorded."""
+    if recorded is None or inferred is None or len(recorded) != len(inferred):
+        return recorded if recorded is not None else inferred
+    return [r if isinstance(r, int) or not isinstance(i, int) else i
+            for r, i in zip(recorded, inferred)]
 
 
 def _matmul(a, b, trans_a=False, trans_b=False):
@@ -91,14 +105,20 @@ class ShapeOracle:
         def step(t):
             rec = self.recorded(t)
             prod = self.g.producer.get(t)
-            if rec is None and prod is not None and prod.alive and prod.op in _INFERRED:
-                missing = [i for i in prod.inputs[:3] if i and i not in cache]
+            # inferred where nothing is recorded, and where the recorded shape has symbolic dims
+            # (TorchScript under dynamic axes names a dim it could not compute, e.g. the heads
+            # and head size of a view whose target is built at run time): the inferred static
+            # dims replace those
+            if (rec is None or not all(isinstance(d, int) for d in rec)) and prod is not None \
+                    and prod.alive and prod.op in _INFERRED:
+                missing = [i for i in prod.inputs[:_INPUTS_READ] if i and i not in cache]
                 if missing:
                     return missing[0]
                 try:
-                    rec = self._infer(prod, t)
+                    inferred = self._infer(prod, t)
                 except Exception:  # noqa: BLE001 - a shape that cannot be inferred is unknown
-                    rec = None
+                    inferred = None
+                rec = _refined(rec, inferred)
             cache[t] = rec
             return None
 
@@ -131,14 +151,14 @@ class ShapeOracle:
             perm = at.get("perm") or list(range(len(ins[0])))[::-1]
             return [ins[0][p] for p in perm]
         if op == "Reshape":
-            target = self.g.const_value(node.inputs[1])
+            target = self.g.shape_vector(node.inputs[1])  # static entries, None where run-time
             if target is None:
                 return None
-            target = [int(x) for x in np.asarray(target).reshape(-1)]
             src = ins[0]
             dims = [src[i] if d == 0 and src is not None and i < len(src) else
-                    (None if d in (0, -1) else d) for i, d in enumerate(target)]
-            if -1 in target and src is not None and all(isinstance(d, int) for d in src):
+                    (None if d in (0, -1, None) else d) for i, d in enumerate(target)]
+            if -1 in target and None not in target and src is not None \
+                    and all(isinstance(d, int) for d in src):
                 known = [d for d in dims if d is not None]
                 if len(known) == len(dims) - 1 and all(isinstance(d, int) for d in known):
                     dims[target.index(-1)] = int(np.prod(src)) // max(int(np.prod(known)), 1)
@@ -157,6 +177,15 @@ class ShapeOracle:
             target = self.g.const_value(node.inputs[1])
             return None if target is None else broadcast(
                 ins[0], [int(x) for x in np.asarray(target).reshape(-1)])
+        if op in ("Concat", "ConcatTraining") and ins and all(s is not None for s in ins) \
+                and len({len(s) for s in ins}) == 1 and "axis" in at:
+            axis = at["axis"] % len(ins[0])
+            sizes = [s[axis] for s in ins]
+            total = sum(sizes) if all(isinstance(d, int) for d in sizes) else None
+            others = ins[0]
+            for s in ins[1:]:
+                others = [a if a == b else None for a, b in zip(others, s)]
+            return [total if i == axis else d for i, d in enumerate(others)]
         return None
 
 

@@ -1,8 +1,9 @@
 """Generate corpus training graphs of one family: `gen.py ort-training|torch-joint [ARCH ...]`.
 
 ort-training (build/venv-corpus-ortt): torch.onnx.export (TorchScript, training mode, opset 16 or `--opset N`,
-no constant folding, fixed shapes) then onnxruntime.training generate_artifacts(the Arch's loss,
-AdamW); training_model.onnx is kept as corpus/ortt_<arch>.onnx.
+no constant folding, fixed shapes unless the Arch is symbolic or `--symbolic` asks for symbolic
+[batch, sequence] inputs) then onnxruntime.training generate_artifacts(the Arch's loss, AdamW);
+training_model.onnx is kept as corpus/ortt_<arch>.onnx.
 torch-joint (build/venv-corpus-torch): aot_export_module(trace_joint=True) of (model, its loss),
 then torch.onnx.export(dynamo=True), F.scaled_dot_product_attention under SDPBackend.MATH (the
 backend whose backward torch 2.13 decomposes on CPU); inputs/outputs renamed like samples/ (parameter names,
@@ -17,6 +18,7 @@ with dropout then computes the same thing in every fresh session (what `verify` 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from contextlib import nullcontext
 import io
@@ -409,6 +411,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--opset"]:  # ... --opset N ort-training [ARCH ...]: the forward's opset
         OPSET = int(argv[1])
         argv = argv[2:]
+    symbolic = argv[:1] == ["--symbolic"]  # ... --symbolic FAMILY [ARCH ...]: Arch.symbolic on
+    argv = argv[1:] if symbolic else argv
     family, names = argv[0], argv[1:]
     CORPUS.mkdir(parents=True, exist_ok=True)
     failed = []
@@ -417,6 +421,8 @@ def main(argv: list[str]) -> int:
         arch = ARCHS[n]
         if family not in arch.families:
             continue
+        if symbolic:  # an exporter setting sweep: symbolic [batch, sequence] inputs
+            arch = dataclasses.replace(arch, symbolic=True)
         try:
             # torch-joint: F.scaled_dot_product_attention through the math backend, the one whose
             # backward torch 2.13's dynamo exporter decomposes on CPU (eager attention calls none)

@@ -1,0 +1,73 @@
+"""ort-training exports with symbolic batch and sequence (TorchScript `dynamic_axes`): the
+exporter computes the views' targets and `x.size(-1)` at run time from Shape, and records the
+dims it could not compute as names it made up, the heads and head size included.
+
+Fixtures: `scripts/corpus/gen.py --out DIR --symbolic ort-training gpt2_lm qwen3_lm` (the corpus
+architectures, each checked against torch autograd by gen.py), copied to
+tests/data/ortt_symbolic_{gpt2,qwen3}_lm.onnx. Expected counts from the model code (gen.py's
+derive_counts; attention calls count as flash_attention). Before the shape engine read the static
+entries of run-time view targets and of run-time Slices of shapes, GPT-2 fused neither its
+attention (its scale `Div(S, Pow(Cast(Slice(Shape(V), -1)), 0.5))`) nor its MLP (the gradient
+viewed back through Shape(X)), and Qwen3 none of its rotary embeddings (the half point
+`x.shape[-1] // 2` is a constant there, but the sliced tensor's last dim was a name).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import onnx
+import pytest
+
+from fusecli import FusionPass, load_rules
+from fusecli.engine.explain import explain_model
+from fusecli.runtime.verify import verify_models
+
+DATA = Path(__file__).parent / "data"
+DIMS = {"batch": 2, "sequence": 16, "Reshapeoutput_dim_0": 32}
+EXPECTED = {
+    "gpt2_lm": {"linear_gelu": 2, "flash_attention": 2, "layernorm": 5,
+                "linear_cross_entropy": 1},
+    "qwen3_lm": {"swiglu": 2, "flash_attention": 2, "rope": 4, "rmsnorm": 9,
+                 "linear_cross_entropy": 1},
+}
+
+
+def _fused(m):
+    fp = FusionPass()
+    fp.run(m)
+    return {p: s.fused for p, s in fp.stats.patterns.items() if s.fused}, fp
+
+
+@pytest.mark.parametrize("arch", sorted(EXPECTED))
+def test_symbolic_exports_fuse_what_the_model_code_has_and_verify(arch, tmp_path):
+    src = DATA / f"ortt_symbolic_{arch}.onnx"
+    m = onnx.load(src)
+    counts, fp = _fused(m)
+    assert counts == EXPECTED[arch]
+    assert not any(s.skipped for s in fp.stats.patterns.values())
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(src, out, dims=DIMS)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+def test_a_run_time_view_back_to_another_width_is_not_a_flatten():
+    """The MLP's gradient is viewed back to Shape(X) of the 2-D [N, 4D] activation: a run-time
+    target [M, n] flattens only when n is the gradient's own static last dim. Pointed at
+    Shape of the [N, 3D] attention projection instead, that layer's MLP does not fuse, and
+    explain says why."""
+    m = onnx.load(DATA / "ortt_symbolic_gpt2_lm.onnx")
+    shape = next(n for n in m.graph.node if n.op_type == "Shape"
+                 and n.output[0] == "/net/transformer/h.0/mlp/c_fc/Reshape_1_Grad/x_shape")
+    shape.input[0] = "/net/transformer/h.0/attn/c_attn/Gemm_output_0"
+    counts, _ = _fused(copy.deepcopy(m))
+    assert counts["linear_gelu"] == 1
+    rules = load_rules()
+    this = next(r for r in rules if r.name == "linear_gelu_tanh_ortt_matmul")
+    misses = explain_model(m, FusionPass(rules=[r for r in rules if r.order <= this.order]),
+                           node_names=["GPT2Gelu_Grad/FastGeluGrad_0"])
+    mine = [x for x in misses if x["rule"] == this.name]
+    assert [x["reason"] for x in mine] == ["constant"]
+    assert "here computed at run time: [M, n], n the data's static last dim" in mine[0]["detail"]
