@@ -529,7 +529,7 @@ class GraphIndex:
     def _known_dims(self, name: str) -> list[int | None] | None:
         """A tensor's dims, None where a dim is not static (symbolic or unknown); None when
         its rank is unknown. A Shape that reads only static dims is a constant."""
-        dims = self.shapes.shape(name)
+        dims = self.shapes.refined(name)
         return None if dims is None else [d if isinstance(d, int) else None for d in dims]
 
     def _static_shape(self, name: str) -> list[int] | None:

@@ -864,7 +864,7 @@ class Matcher:
         n (a Reshape that runs then keeps M * n = the data's size: M is the leading dims'
         product), e.g. Shape(X) of the 2-D tensor the gradient is viewed back to."""
         vec = self.g.shape_vector(name) if self.g.is_shape_computation(name) else None
-        data = self.g.shapes.shape(actual[0]) if actual and actual[0] else None
+        data = self.g.shapes.refined(actual[0]) if actual and actual[0] else None
         ok = (vec is not None and len(vec) == 2 and vec[0] is None and isinstance(vec[1], int)
               and vec[1] > 0 and data is not None and len(data) >= 2 and data[-1] == vec[1])
         return ok, ("a shape that flattens the leading dims: [-1 or M, n] (here computed at "

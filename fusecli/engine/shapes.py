@@ -5,8 +5,9 @@ A dim is an int (static), a str (a symbolic dim of the graph, equal to itself on
 initializers, constant values) or, failing that, the shape inferred from the producer for the
 ops that backward chains are made of (MatMul, FusedMatMul, Gemm, Transpose, Reshape,
 ReduceSum, Concat, elementwise ops with broadcasting, the gradient ops that keep their input's
-shape). A recorded symbolic dim that inference finds static is replaced by it (a Reshape
-target computed at run time keeps its constant entries: ``GraphIndex.shape_vector``).
+shape). ``ShapeOracle.refined(t)`` also replaces a recorded symbolic dim that inference finds
+static (a Reshape target computed at run time keeps its constant entries:
+``GraphIndex.shape_vector``).
 Computed lazily, memoised, iteratively (no recursion limit on deep graphs).
 
 ``fusion_problem`` is the guard every match passes before it is fused: the fused op's outputs
@@ -87,6 +88,7 @@ class ShapeOracle:
     def __init__(self, index):
         self.g = index
         self._cache: dict[str, list | None] = {}
+        self._refined: dict[str, list | None] = {}
 
     def recorded(self, name: str):
         t = self.g.type_of(name)
@@ -105,29 +107,53 @@ class ShapeOracle:
         def step(t):
             rec = self.recorded(t)
             prod = self.g.producer.get(t)
-            # inferred where nothing is recorded, and where the recorded shape has symbolic dims
-            # (TorchScript under dynamic axes names a dim it could not compute, e.g. the heads
-            # and head size of a view whose target is built at run time): the inferred static
-            # dims replace those
-            if (rec is None or not all(isinstance(d, int) for d in rec)) and prod is not None \
-                    and prod.alive and prod.op in _INFERRED:
+            if rec is None and prod is not None and prod.alive and prod.op in _INFERRED:
                 missing = [i for i in prod.inputs[:_INPUTS_READ] if i and i not in cache]
                 if missing:
                     return missing[0]
                 try:
-                    inferred = self._infer(prod, t)
+                    rec = self._infer(prod, t, cache)
                 except Exception:  # noqa: BLE001 - a shape that cannot be inferred is unknown
-                    inferred = None
-                rec = _refined(rec, inferred)
+                    rec = None
             cache[t] = rec
             return None
 
         return memoised(name, cache, step)
 
-    def _infer(self, node, out_name):
+    def refined(self, name: str):
+        """``shape(name)`` with the symbolic / unknown dims that inference finds static
+        replaced by them. TorchScript under dynamic axes records a dim it could not compute
+        as a made-up name, e.g. the heads and head size of a view whose target is built at run
+        time; those are what a Shape of the tensor reads, so the constant folding of shapes
+        asks here (on demand: refining every tensor of a large graph costs a full inference
+        pass)."""
+        if not name:
+            return None
+        cache = self._refined
+
+        def step(t):
+            rec = self.shape(t)
+            prod = self.g.producer.get(t)
+            if rec is not None and all(isinstance(d, int) for d in rec):
+                cache[t] = rec
+                return None
+            if prod is not None and prod.alive and prod.op in _INFERRED:
+                missing = [i for i in prod.inputs[:_INPUTS_READ] if i and i not in cache]
+                if missing:
+                    return missing[0]
+                try:
+                    rec = _refined(rec, self._infer(prod, t, cache))
+                except Exception:  # noqa: BLE001 - a shape that cannot be inferred is unknown
+                    pass
+            cache[t] = rec
+            return None
+
+        return memoised(name, cache, step)
+
+    def _infer(self, node, out_name, cache):
         if node.outputs[0] != out_name:
             return None
-        ins = [self._cache.get(i) if i else None for i in node.inputs]
+        ins = [cache.get(i) if i else None for i in node.inputs]
         op, at = node.op, node.attrs
         value = self.g.const_value(out_name) if op in ("Constant", "Shape") else None
         if value is not None:
