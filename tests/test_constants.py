@@ -306,7 +306,7 @@ def test_a_run_time_view_target_gives_its_static_dims_even_where_names_are_recor
     assert ix.shapes.refined("heads") == ["unk_heads_0", "unk_heads_1", 4, 8]
     assert ix.shapes.refined("heads_t") == ["unk_heads_t_0", 4, "unk_heads_t_2", 8]
     assert ix.shape_vector("sh_t") == [None, 4, None, 8]
-    assert _symbolic_heads(record_symbolic=False).shapes.shape("heads_t")[1::2] == [4, 8]
+    assert _symbolic_heads(record_symbolic=False).shapes.refined("heads_t")[1::2] == [4, 8]
 
 
 def test_a_slice_of_a_symbolic_shape_is_a_constant_where_it_reads_static_dims():

@@ -142,7 +142,7 @@ class ShapeOracle:
                 if missing:
                     return missing[0]
                 try:
-                    rec = _refined(rec, self._infer(prod, t, cache))
+                    rec = _refined(rec, self._infer(prod, t, cache, refine=True))
                 except Exception:  # noqa: BLE001 - a shape that cannot be inferred is unknown
                     pass
             cache[t] = rec
@@ -150,7 +150,7 @@ class ShapeOracle:
 
         return memoised(name, cache, step)
 
-    def _infer(self, node, out_name, cache):
+    def _infer(self, node, out_name, cache, refine=False):
         if node.outputs[0] != out_name:
             return None
         ins = [cache.get(i) if i else None for i in node.inputs]
@@ -177,7 +177,11 @@ class ShapeOracle:
             perm = at.get("perm") or list(range(len(ins[0])))[::-1]
             return [ins[0][p] for p in perm]
         if op == "Reshape":
-            target = self.g.shape_vector(node.inputs[1])  # static entries, None where run-time
+            if refine:  # a target computed at run time: its static entries, None elsewhere
+                target = self.g.shape_vector(node.inputs[1])
+            else:
+                value = self.g.const_value(node.inputs[1])
+                target = None if value is None else [int(x) for x in np.asarray(value).ravel()]
             if target is None:
                 return None
             src = ins[0]
