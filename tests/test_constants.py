@@ -320,10 +320,10 @@ def test_a_slice_of_a_symbolic_shape_is_a_constant_where_it_reads_static_dims():
     assert ix.const_value("every_2nd") is None
 
 
-def test_concat_shapes_are_inferred():
+def test_concat_shapes_are_inferred_where_refined():
     a = helper.make_tensor_value_info("a", F, ["n", 3])
     b = helper.make_tensor_value_info("b", F, ["n", 5])
     ix = _index([helper.make_node("Concat", ["a", "b"], ["ab"], axis=1),
                  helper.make_node("Concat", ["a", "a"], ["aa"], axis=0)], inputs=[a, b])
-    assert ix.shapes.shape("ab") == ["n", 8]
-    assert ix.shapes.shape("aa") == [None, 3]   # n + n: not a static dim
+    assert ix.shapes.refined("ab") == ["n", 8]
+    assert ix.shapes.refined("aa") == [None, 3]   # n + n: not a static dim
