@@ -346,15 +346,7 @@ def build(family: str, arch: Arch) -> None:
                                 functools.partial(build_torch, optimize=arch.optimize),
                                 dynamic=dynamic, loss=arch.loss)
     if arch.dropout:
-        # torch and onnxruntime draw different dropout masks: check this exporter path against
-        # torch autograd on a twin whose dropout probabilities are 0 (same graph otherwise)
-        twin = copy.deepcopy(model)
-        for mod in twin.modules():
-            if isinstance(mod, torch.nn.Dropout):
-                mod.p = 0.0
-        with tempfile.TemporaryDirectory() as td:
-            torch.manual_seed(0)
-            err = builder(arch, twin, inputs, name, Path(td), True)["max_abs_grad_err_vs_torch"]
+        err = dropout_twin_error(builder, arch, model, inputs)
     torch.manual_seed(0)
     res = builder(arch, model, inputs, name, CORPUS, not arch.dropout)
     m = res.pop("model")
@@ -397,6 +389,20 @@ def build_raw(layers: int, dest: Path) -> None:
         {"file": f"{name}.onnx", "layers": layers, "nodes": nodes, "expected": expected,
          "versions": _versions()}, indent=1))
     print(f"{dest / name}.onnx: {nodes} nodes, expected {expected}", flush=True)
+
+
+def dropout_twin_error(builder, arch, model: torch.nn.Module, inputs: dict) -> float:
+    """torch and onnxruntime draw different dropout masks, so an export with dropout is checked
+    through its twin: the same model with every dropout probability 0 (the same graph
+    otherwise), exported by ``builder`` into a temporary folder and compared with torch
+    autograd. Returns the twin's max |gradient - torch|; raises when it differs."""
+    twin = copy.deepcopy(model)
+    for mod in twin.modules():
+        if isinstance(mod, torch.nn.Dropout):
+            mod.p = 0.0
+    with tempfile.TemporaryDirectory() as td:
+        torch.manual_seed(0)
+        return builder(arch, twin, inputs, "twin", Path(td), True)["max_abs_grad_err_vs_torch"]
 
 
 def main(argv: list[str]) -> int:
