@@ -4,10 +4,10 @@ A dim is an int (static), a str (a symbolic dim of the graph, equal to itself on
 (unknown). ``ShapeOracle.shape(t)`` is the recorded shape (value_info, graph inputs/outputs,
 initializers, constant values) or, failing that, the shape inferred from the producer for the
 ops that backward chains are made of (MatMul, FusedMatMul, Gemm, Transpose, Reshape,
-ReduceSum, Concat, elementwise ops with broadcasting, the gradient ops that keep their input's
-shape). ``ShapeOracle.refined(t)`` also replaces a recorded symbolic dim that inference finds
-static (a Reshape target computed at run time keeps its constant entries:
-``GraphIndex.shape_vector``).
+ReduceSum, elementwise ops with broadcasting, the gradient ops that keep their input's shape).
+``ShapeOracle.refined(t)`` also infers Concat, reads the static entries of a Reshape target
+computed at run time (``GraphIndex.shape_vector``), and replaces a recorded symbolic dim that
+inference finds static.
 Computed lazily, memoised, iteratively (no recursion limit on deep graphs).
 
 ``fusion_problem`` is the guard every match passes before it is fused: the fused op's outputs
