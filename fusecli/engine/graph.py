@@ -380,7 +380,7 @@ class GraphIndex:
             if t in self.initializers:
                 cache[t] = True if t not in self.graph_inputs else None
             elif prod is not None and (prod.op in ("Shape", "Size", "Gather")
-                                       or prod.op == "Slice" and self._reads_shape(prod)):
+                                       or prod.op == "Slice" and self._shape_source(prod)):
                 cache[t] = True if self.const_value(t) is not None else None
             elif prod is not None:
                 pending = constfold.pending_input(prod, cache)
@@ -450,8 +450,8 @@ class GraphIndex:
         if prod is None or prod.op not in ("Gather", "Slice") or prod.domain != "" \
                 or not prod.alive or prod.attrs.get("axis", 0) != 0:
             return None
-        sh = self.producer.get(prod.inputs[0])
-        if sh is None or sh.op != "Shape" or not sh.alive:
+        sh = self._shape_source(prod)
+        if sh is None:
             return None
         dims = self._known_dims(sh.inputs[0])
         if dims is None:
@@ -503,15 +503,17 @@ class GraphIndex:
         if self.shapes.shape(name) == []:
             return True
         prod = self.producer.get(name)
-        if prod is None or prod.op != "Gather" or len(prod.inputs) < 2:
+        if prod is None or prod.op != "Gather" or len(prod.inputs) < 2 \
+                or self._shape_source(prod) is None:
             return False
-        src = self.producer.get(prod.inputs[0])
         idx = self.const_value(prod.inputs[1])
-        return src is not None and src.op == "Shape" and idx is not None and np.ndim(idx) == 0
+        return idx is not None and np.ndim(idx) == 0
 
-    def _reads_shape(self, node) -> bool:
+    def _shape_source(self, node):
+        """The live Shape node whose output is ``node``'s first input, else None."""
         src = self.producer.get(node.inputs[0]) if node.inputs else None
-        return src is not None and src.op == "Shape" and src.domain == ""
+        return src if src is not None and src.op == "Shape" and src.domain == "" \
+            and src.alive else None
 
     def _sliced(self, node, dims: list) -> list | None:
         """dims[start:end] for a Slice of one axis (0) with step 1 and constant bounds; None

@@ -101,28 +101,7 @@ class ShapeOracle:
         return None
 
     def shape(self, name: str):
-        if not name:
-            return None
-        cache = self._cache
-        if name in cache:
-            return cache[name]
-
-        def step(t):
-            rec = self.recorded(t)
-            prod = self.g.producer.get(t)
-            if rec is None and prod is not None and prod.alive and prod.op in _INFERRED \
-                    and prod.op not in _REFINED_ONLY:
-                missing = [i for i in prod.inputs[:_INPUTS_READ] if i and i not in cache]
-                if missing:
-                    return missing[0]
-                try:
-                    rec = self._infer(prod, t, cache)
-                except Exception:  # noqa: BLE001 - a shape that cannot be inferred is unknown
-                    rec = None
-            cache[t] = rec
-            return None
-
-        return memoised(name, cache, step)
+        return self._walk(name, self._cache, refine=False)
 
     def refined(self, name: str):
         """``shape(name)`` with the symbolic / unknown dims that inference finds static
@@ -131,24 +110,31 @@ class ShapeOracle:
         time; those are what a Shape of the tensor reads, so the constant folding of shapes
         asks here (on demand: refining every tensor of a large graph costs a full inference
         pass)."""
+        return self._walk(name, self._refined, refine=True)
+
+    def _walk(self, name: str, cache: dict, refine: bool):
+        """Memoised, iterative: the recorded shape, inferred where none is recorded; with
+        ``refine`` also where it is not all static (the inferred static dims replace the
+        others: ``_refined``), Concat included."""
         if not name:
             return None
-        cache = self._refined
+        if name in cache:  # (the common case, without memoised's set-up)
+            return cache[name]
 
         def step(t):
-            rec = self.shape(t)
+            rec = self.shape(t) if refine else self.recorded(t)
             prod = self.g.producer.get(t)
-            if rec is not None and all(isinstance(d, int) for d in rec):
-                cache[t] = rec
-                return None
-            if prod is not None and prod.alive and prod.op in _INFERRED:
+            wanted = rec is None or (refine and not all(isinstance(d, int) for d in rec))
+            if wanted and prod is not None and prod.alive and prod.op in _INFERRED \
+                    and (refine or prod.op not in _REFINED_ONLY):
                 missing = [i for i in prod.inputs[:_INPUTS_READ] if i and i not in cache]
                 if missing:
                     return missing[0]
                 try:
-                    rec = _refined(rec, self._infer(prod, t, cache, refine=True))
+                    inferred = self._infer(prod, t, cache, refine)
                 except Exception:  # noqa: BLE001 - a shape that cannot be inferred is unknown
-                    pass
+                    inferred = None
+                rec = _refined(rec, inferred)
             cache[t] = rec
             return None
 
