@@ -1,16 +1,23 @@
-"""ort-training exports with symbolic batch and sequence (TorchScript `dynamic_axes`): the
-exporter computes the views' targets and `x.size(-1)` at run time from Shape, and records the
-dims it could not compute as names it made up, the heads and head size included.
+"""Exports with symbolic batch and sequence, both families.
 
-Fixtures: `scripts/corpus/gen.py --out DIR --symbolic ort-training gpt2_lm qwen3_lm` (the corpus
-architectures, each checked against torch autograd by gen.py), copied to
-tests/data/ortt_symbolic_{gpt2,qwen3}_lm.onnx, and the counts gen.py derived from the model
-code (its JSON fragments' 'expected') to tests/data/ortt_symbolic_expected.json. Before the
-shape engine read the static entries of run-time view targets and of run-time Slices of
-shapes, GPT-2 fused neither its
-attention (its scale `Div(S, Pow(Cast(Slice(Shape(V), -1)), 0.5))`) nor its MLP (the gradient
-viewed back through Shape(X)), and Qwen3 none of its rotary embeddings (the half point
-`x.shape[-1] // 2` is a constant there, but the sliced tensor's last dim was a name).
+ort-training (TorchScript `dynamic_axes`): the exporter computes the views' targets and
+`x.size(-1)` at run time from Shape, and records the dims it could not compute as names it made
+up, the heads and head size included. Before the shape engine read the static entries of
+run-time view targets and of run-time Slices of shapes, GPT-2 fused neither its attention (its
+scale `Div(S, Pow(Cast(Slice(Shape(V), -1)), 0.5))`) nor its MLP (the gradient viewed back
+through Shape(X)), and Qwen3 none of its rotary embeddings (the half point `x.shape[-1] // 2`
+is a constant there, but the sliced tensor's last dim was a name).
+
+torch-joint (torch.export with `dynamic_shapes`, then the joint graph): the LM head's logits
+[N, V] keep transformers' `logits.view(-1, V)` (and their gradient the same view back) as a
+Reshape [-1, V] that the static export folds away; before the linear + cross-entropy rules
+passed through that identity view, no LM head fused (0 of the 11 graphs of SWEEP.md's
+torch-joint symbolic sweep).
+
+Fixtures: `scripts/corpus/gen.py --out DIR --symbolic FAMILY ARCH` (the corpus architectures,
+each checked against torch autograd by gen.py), copied to
+tests/data/{ortt,torch}_symbolic_{arch}.onnx, and the counts gen.py derived from the model code
+(its JSON fragments' 'expected') to tests/data/symbolic_expected.json.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import copy
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -29,7 +37,7 @@ from fusecli.runtime.verify import verify_models
 DATA = Path(__file__).parent / "data"
 DIMS = {"batch": 2, "sequence": 16, "Reshapeoutput_dim_0": 32}
 # per graph: the counts gen.py derived from the model code (data about the graph, beside it)
-EXPECTED = json.loads((DATA / "ortt_symbolic_expected.json").read_text())["graphs"]
+EXPECTED = json.loads((DATA / "symbolic_expected.json").read_text())["graphs"]
 
 
 def _fused(m):
@@ -38,16 +46,16 @@ def _fused(m):
     return {p: s.fused for p, s in fp.stats.patterns.items() if s.fused}, fp
 
 
-@pytest.mark.parametrize("arch", sorted(EXPECTED))
-def test_symbolic_exports_fuse_what_the_model_code_has_and_verify(arch, tmp_path):
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_symbolic_exports_fuse_what_the_model_code_has_and_verify(name, tmp_path):
     """Every chain the model code has fuses; its attention calls as flash attention (no
     dropout, the probabilities read by nothing else)."""
-    src = DATA / f"ortt_symbolic_{arch}.onnx"
+    src = DATA / f"{name}.onnx"
     m = onnx.load(src)
     counts, fp = _fused(m)
     attention = counts.pop("flash_attention", 0)
-    assert counts == EXPECTED[arch]["counts"]
-    assert attention == EXPECTED[arch]["attention"]
+    assert counts == EXPECTED[name]["counts"]
+    assert attention == EXPECTED[name]["attention"]
     assert not any(s.skipped for s in fp.stats.patterns.values())
     out = tmp_path / "fused.onnx"
     onnx.save(m, out)
@@ -73,3 +81,26 @@ def test_a_run_time_view_back_to_another_width_is_not_a_flatten():
     mine = [x for x in misses if x["rule"] == this.name]
     assert [x["reason"] for x in mine] == ["constant"]
     assert "here computed at run time: [M, n], n the data's static last dim" in mine[0]["detail"]
+
+
+def test_a_logits_view_that_is_no_flatten_is_not_passed_through():
+    """torch-joint: the LM head's logits reach LogSoftmax through Reshape [-1, V], the identity
+    on [N, V]. Given a 3-D target [-1, 1, V] instead, the view is no longer the identity, the
+    head does not fuse, and explain names the shape."""
+    m = onnx.load(DATA / "torch_symbolic_llama_lm.onnx")
+    lsm = next(n for n in m.graph.node if n.op_type == "LogSoftmax")
+    view = next(n for n in m.graph.node if n.output[0] == lsm.input[0])
+    assert view.op_type == "Reshape"
+    m.graph.initializer.append(onnx.numpy_helper.from_array(
+        np.array([-1, 1, 101], np.int64), "not_a_flatten"))
+    view.input[1] = "not_a_flatten"
+    counts, _ = _fused(copy.deepcopy(m))
+    assert "linear_cross_entropy" not in counts
+    assert counts["swiglu"] == 2  # the rest fuses as before
+    rules = load_rules()
+    this = next(r for r in rules if r.name == "lce_torch_mean")
+    misses = explain_model(m, FusionPass(rules=[r for r in rules if r.order <= this.order]),
+                           node_names=[lsm.name])
+    mine = [x for x in misses if x["rule"] == this.name]
+    assert [x["reason"] for x in mine] == ["constant"]
+    assert "a shape that flattens the leading dims" in mine[0]["detail"]

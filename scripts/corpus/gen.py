@@ -287,13 +287,20 @@ def build_torch(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, des
                 check: bool, optimize: bool = True, dynamic: dict | None = None,
                 loss: str = "mse") -> dict:
     """dynamic: {input name: {axis: dim name}}: symbolic dims (the target gets the first
-    input's)."""
+    symbolic input's; flattened token labels are fed unflattened, [batch, sequence])."""
     from gen_torch import export_joint
 
     target = _target(loss, model(*inputs.values()))
     mod = MSELoss(model, _loss_fn(loss, "torch-joint", exported=True))
-    dyn = None if not dynamic else ([dynamic.get(k) for k in inputs]
-                                    + [next(iter(dynamic.values()))])
+    dyn = None
+    if dynamic:
+        key = next(k for k in inputs if k in dynamic)
+        first, axes = inputs[key], dynamic[key]
+        if loss in ("ce", "ce_lm") and target.dim() == 1 and target.numel() == first.numel():
+            target = target.reshape(first.shape)  # token labels of flattened logits: fed as the
+            #                                       ids' [batch, sequence], as HF models take them
+        dyn = [dynamic.get(k) for k in inputs] + [
+            {a: n for a, n in axes.items() if a < target.dim() and target.shape[a] == first.shape[a]}]
     m, values, trainable = export_joint(mod, [*inputs.values(), target], [*inputs, "target"],
                                         metadata=False, optimize=optimize, dynamic=dyn)
     n_random = seed_random_nodes(m)
@@ -339,8 +346,9 @@ def build(family: str, arch: Arch) -> None:
     model, inputs = make(arch, family)
     expected = flash_counts(arch, derive_counts(model, tuple(inputs.values()), arch.attention,
                                                 loss_key(arch.loss, family)))
-    dynamic = ({k: {0: "batch", 1: "sequence"} for k, v in inputs.items() if v.dim() >= 2}
-               if arch.symbolic else None)
+    # symbolic: ids and masks [batch, sequence], images [batch, ...] (their channels and size fixed)
+    dynamic = ({k: {0: "batch", 1: "sequence"} if v.dim() == 2 else {0: "batch"}
+                for k, v in inputs.items() if v.dim() >= 2} if arch.symbolic else None)
     builder = functools.partial(functools.partial(build_ortt, opset=OPSET)
                                 if family == "ort-training" else
                                 functools.partial(build_torch, optimize=arch.optimize),

@@ -73,8 +73,8 @@ def _rename(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
 
 def _symbolic_joint(mod: torch.nn.Module, args: list[torch.Tensor], dynamic: list[dict | None]):
     """The joint graph with symbolic dims: torch.export.export(mod, dynamic_shapes) first, then
-    (every dim at most 16, the corpus models' position tables) aot_export_module on its module under the export's fake mode, with the user inputs' symbolic
-    fake tensors (aot_export_module on real tensors specialises every size).
+    (every dim at most 16, the corpus models' position tables) aot_export_module on its module
+    under the export's fake mode, with the user inputs' symbolic fake tensors (aot_export_module on real tensors specialises every size).
     Returns (graph module, signature, the exported module, dynamic_shapes of the joint's inputs)."""
     from torch._guards import detect_fake_mode
     from torch.export import Dim
@@ -86,6 +86,20 @@ def _symbolic_joint(mod: torch.nn.Module, args: list[torch.Tensor], dynamic: lis
     users = set(ep.graph_signature.user_inputs)
     fake = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder" and n.name in users]
     pm = ep.module()
+    # a tied parameter (a head tied to the embedding): the unlifted module reads it under each
+    # name, and aot_export_module gives the names it does not keep no gradient; read it under
+    # its first name only (the one aot_export_module keeps for the original module)
+    aliases: dict[int, list[str]] = {}
+    for n, p in mod.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(n)
+    for keep, *rest in (a for a in aliases.values() if len(a) > 1):
+        for node in pm.graph.nodes:
+            if node.op == "get_attr" and node.target in rest:
+                node.target = keep
+        for n in rest:
+            owner, _, leaf = n.rpartition(".")
+            delattr(pm.get_submodule(owner), leaf)
+    pm.recompile()
     with detect_fake_mode(fake):
         gm, sig = aot_export_module(pm, fake, trace_joint=True, output_loss_index=0)
     n_state = len(sig.parameters) + len(sig.buffers)
