@@ -104,3 +104,57 @@ def test_a_logits_view_that_is_no_flatten_is_not_passed_through():
     mine = [x for x in misses if x["rule"] == this.name]
     assert [x["reason"] for x in mine] == ["constant"]
     assert "a shape that flattens the leading dims" in mine[0]["detail"]
+
+
+def test_a_run_time_pairs_view_must_split_the_last_dim_in_half():
+    """torch-joint, rotate-every-two (Helium): the rotation's gradient is viewed to pairs
+    [..., n/2, 2] by a target computed at run time, Concat(batch, heads, sequence, n/2, 2).
+    With n/2 replaced by 1 the view no longer pairs the last dim: those rotated tensors do not
+    fuse, and explain says why."""
+    m = onnx.load(DATA / "torch_symbolic_helium_lm.onnx")
+    rope = next(r for r in load_rules() if r.name == "rope_interleaved_torch")
+    prod = {o: n for n in m.graph.node for o in n.output}
+    views = [n for n in m.graph.node if n.op_type == "Reshape" and n.input[1] in prod
+             and prod[n.input[1]].op_type == "Concat" and len(prod[n.input[1]].input) == 5]
+    assert views
+    m.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1], np.int64), "one"))
+    for v in views:
+        prod[v.input[1]].input[3] = "one"
+    counts, _ = _fused(copy.deepcopy(m))
+    assert "rope" not in counts
+    assert counts["rmsnorm"] == 5  # the rest fuses as before
+    misses = explain_model(m, FusionPass(rules=[rope]))
+    details = [x["detail"] for x in misses if x["reason"] == "constant"]
+    assert any("here computed at run time" in d for d in details), details
+
+
+def test_a_run_time_arange_must_count_the_batch():
+    """torch-joint, a pooled sequence classifier (Llama's): the pairs of GatherND are
+    Concat(arange(B), positions), arange computed at run time from the batch dim of
+    attention_mask. Counting the sequence dim instead, it is no arange of the logits' view's
+    first dim: the head does not fuse, and explain says why."""
+    m = onnx.load(DATA / "torch_symbolic_llama_seqcls.onnx")
+    prod = {o: n for n in m.graph.node for o in n.output}
+    lsm = next(n for n in m.graph.node if n.op_type == "LogSoftmax")
+    gnd = prod[prod[lsm.input[0]].input[0]]  # LogSoftmax <- the pooled logits' flatten
+    assert gnd.op_type == "GatherND"
+    unsq = prod[prod[gnd.input[1]].input[0]]
+    rng = prod[unsq.input[0]]
+    assert (unsq.op_type, rng.op_type) == ("Unsqueeze", "Range")
+    mask = next(i.name for i in m.graph.input if i.name == "attention_mask")
+    m.graph.node.extend([
+        onnx.helper.make_node("Shape", [mask], ["seq_dim_v"], start=1, end=2),
+        onnx.helper.make_node("Squeeze", ["seq_dim_v"], ["seq_dim"])])
+    rng.input[1] = "seq_dim"
+    # keep the graph sorted: the two new nodes before the Range
+    nodes = list(m.graph.node)
+    at = nodes.index(rng)
+    nodes = nodes[:at] + nodes[-2:] + nodes[at:-2]
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    counts, _ = _fused(copy.deepcopy(m))
+    assert "linear_cross_entropy" not in counts
+    this = next(r for r in load_rules() if r.name == "lce_torch_nllloss_pooled")
+    misses = explain_model(m, FusionPass(rules=[this]))
+    details = [x["detail"] for x in misses if x["reason"] == "constant"]
+    assert any("computed at run time" in d and "sequence" in d for d in details), details

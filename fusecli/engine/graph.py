@@ -497,6 +497,35 @@ class GraphIndex:
             return [None]             # one run-time dim
         return None
 
+    def picked_dim(self, name: str) -> int | str | None:
+        """The dim a rank-0 tensor reads from a shape: Gather(Shape(x), i) with a scalar i, or
+        Squeeze of a one-entry Shape(x){start, end} / Slice(Shape(x), i, i + 1): x's dim i,
+        recorded or inferred, a number or the exporter's symbol for it; None otherwise."""
+        prod = self.producer.get(name)
+        if prod is None or not prod.alive or prod.domain != "":
+            return None
+        if prod.op == "Gather" and self._is_scalar(name):
+            src, idx = self._shape_source(prod), self.const_value(prod.inputs[1])
+            dims = self.shapes.refined(src.inputs[0]) if src is not None else None
+            i = int(idx) if idx is not None and np.ndim(idx) == 0 else None
+            return dims[i] if dims is not None and i is not None and -len(dims) <= i < len(
+                dims) else None
+        if prod.op != "Squeeze":
+            return None
+        src = self.producer.get(prod.inputs[0])
+        if src is None or not src.alive or src.domain != "":
+            return None
+        if src.op == "Slice" and self._shape_source(src) is not None:
+            dims = self.shapes.refined(self._shape_source(src).inputs[0])
+            picked = None if dims is None else self._sliced(src, list(dims))
+        elif src.op == "Shape":
+            dims = self.shapes.refined(src.inputs[0])
+            picked = None if dims is None else list(dims)[
+                slice(src.attrs.get("start", 0), src.attrs.get("end", len(dims)))]
+        else:
+            return None
+        return picked[0] if picked is not None and len(picked) == 1 else None
+
     def _is_scalar(self, name: str) -> bool:
         """A rank-0 tensor: so recorded or inferred, or one dim picked from a shape
         (Gather(Shape(x), i) with a scalar index i)."""

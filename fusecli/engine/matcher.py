@@ -832,7 +832,7 @@ class Matcher:
                 if value is not None and fn is not None and fn != "identity":
                     value = CONST_FUNCS[fn](compact(np.asarray(value)).astype(np.float64))
                 if ts.kind == "index_range":
-                    ok, detail = self._index_range(value, ts, t2)
+                    ok, detail = self._index_range(value, ts, t2, name)
                 elif ts.kind == "lead_dims_of":
                     ok, detail = self._lead_dims_of(value, ts, t2)
                 elif ts.kind == "last_dim_of":
@@ -844,6 +844,8 @@ class Matcher:
                     ok, detail = True, ""  # a Reshape target of symbolic dims
                 elif ts.kind == "flatten_2d" and value is None:
                     ok, detail = self._runtime_flatten(name, node, actual)
+                elif ts.kind == "pairs_shape" and value is None:
+                    ok, detail = self._runtime_pairs(name, actual)
                 elif ts.kind == "uniform":
                     ok, detail = uniform_matches(self.g.const_value(name))
                 else:
@@ -869,6 +871,19 @@ class Matcher:
               and vec[1] > 0 and data is not None and len(data) >= 2 and data[-1] == vec[1])
         return ok, ("a shape that flattens the leading dims: [-1 or M, n] (here computed at "
                     "run time: [M, n], n the data's static last dim)")
+
+    def _runtime_pairs(self, name: str, actual) -> tuple[bool, str]:
+        """A Reshape target computed at run time (symbolic dims) that splits its data's last
+        dim n into pairs: its last two entries static, n/2 and 2, n the data's static last
+        dim (rotate-every-two's view of the gradient)."""
+        vec = self.g.shape_vector(name) if self.g.is_shape_computation(name) else None
+        data = self.g.shapes.refined(actual[0]) if actual and actual[0] else None
+        ok = (vec is not None and len(vec) >= 2 and vec[-1] == 2 and isinstance(vec[-2], int)
+              and data is not None and bool(data) and isinstance(data[-1], int)
+              and vec[-2] * 2 == data[-1])
+        return ok, ("a Reshape target [..., n/2, 2] splitting the last dim n of its input into "
+                    "pairs (here computed at run time: its last two entries static, n the "
+                    "data's static last dim)")
 
     def _data_shape(self, node, actual):
         """The shape of the data a node's constant inputs describe: its first input's, except
@@ -932,10 +947,13 @@ class Matcher:
         return ok, (f"is {arr.reshape(-1).tolist()}, rule wants the axes along which {ts.of} "
                     f"('{other}', {list(dims)}) is broadcast to {list(data)}: {sorted(must)}")
 
-    def _index_range(self, value, ts, bound) -> tuple[bool, str]:
+    def _index_range(self, value, ts, bound, name: str = "") -> tuple[bool, str]:
         """kind index_range: [start, start + step, ...] (count of them, any count when None) as
         [count] or [count, 1] integers; start / count literals or the values of bound
-        one-element integer constants; with ``of``, count is the first dim of that tensor."""
+        one-element integer constants; with ``of``, count is the first dim of that tensor,
+        and under symbolic dims the indices may be computed at run time (`_runtime_range`)."""
+        if value is None and ts.of is not None and isinstance(ts.start, int):
+            return self._runtime_range(name, ts, bound)
         if value is None:
             return False, "is not a constant"
         want = []
@@ -965,6 +983,34 @@ class Matcher:
         return ok, (f"is {flat[:6].tolist()}{'...' if flat.size > 6 else ''} of shape "
                     f"{list(arr.shape)}, rule wants the indices {start}, "
                     f"{start + ts.step}{last} (step {ts.step})")
+
+    def _runtime_range(self, name: str, ts, bound) -> tuple[bool, str]:
+        """index_range computed at run time: Range(start, n, step) [-> Unsqueeze to [n, 1]],
+        start and step the rule's, n a dim read from a Shape (`GraphIndex.picked_dim`) that is
+        the first dim of the tensor bound to ``of``: the same number, or the same symbol (the
+        exporter's symbolic dims; torch.arange(B) under a symbolic batch)."""
+        want = (f"rule wants the indices {ts.start}, {ts.start + ts.step}.. (step {ts.step}), "
+                f"as many as the first dim of {ts.of}")
+        prod = self.g.producer.get(name)
+        if prod is not None and prod.op == "Unsqueeze" and prod.domain == "":
+            axes = (self.g.const_value(prod.inputs[1]) if len(prod.inputs) > 1
+                    else prod.attrs.get("axes"))
+            if axes is None or np.asarray(axes).reshape(-1).tolist() not in ([1], [-1]):
+                return False, f"is not a constant, and not a run-time range: {want}"
+            prod = self.g.producer.get(prod.inputs[0])
+        if prod is None or prod.op != "Range" or prod.domain != "":
+            return False, f"is not a constant, and not a run-time range: {want}"
+        start, step = (self.g.const_value(t) for t in (prod.inputs[0], prod.inputs[2]))
+        n = self.g.picked_dim(prod.inputs[1])
+        _, dims = self._of_dims(ts, bound)
+        ok = (start is not None and step is not None and np.size(start) == 1
+              and np.size(step) == 1 and int(np.reshape(start, -1)[0]) == ts.start
+              and int(np.reshape(step, -1)[0]) == ts.step and n is not None
+              and bool(dims) and dims[0] == n)
+        return ok, (f"is Range({'start' if start is None else np.reshape(start, -1)[0]}, "
+                    f"{n or 'a run-time limit'}, "
+                    f"{'step' if step is None else np.reshape(step, -1)[0]}) computed at run "
+                    f"time, {want} ({dims[0] if dims else 'not known'})")
 
     # -- guards ----------------------------------------------------------------------------
     def _finish(self, nodes, tensors, captures) -> Match | None:
