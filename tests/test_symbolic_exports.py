@@ -158,3 +158,28 @@ def test_a_run_time_arange_must_count_the_batch():
     misses = explain_model(m, FusionPass(rules=[this]))
     details = [x["detail"] for x in misses if x["reason"] == "constant"]
     assert any("computed at run time" in d and "sequence" in d for d in details), details
+
+
+def test_a_round_trip_of_views_must_end_in_its_input_shape():
+    """torch-joint, Falcon's multi-query attention under symbolic dims: the scaled scores go
+    [B, H, S, S] -> [B * H, S, S] -> [B, H, S, S] before the mask (and dS the same way before
+    the scale's gradient), the identity, passed through (`same_shape_as`). Ending the round
+    trip in another shape, [B, H, S * S, 1], it is no identity: that layer's attention is not
+    fused as flash attention, and explain names the two shapes."""
+    m = onnx.load(DATA / "torch_symbolic_falcon_lm.onnx")
+    prod = {o: n for n in m.graph.node for o in n.output}
+    sm = [n for n in m.graph.node if n.op_type == "Softmax"][0]
+    add = prod[sm.input[0]]
+    back = next(prod[t] for t in add.input if t in prod and prod[t].op_type == "Reshape")
+    assert prod[back.input[0]].op_type == "Reshape"  # the round trip's two views
+    out = back.output[0]
+    vi = next(v for v in m.graph.value_info if v.name == out)
+    dims = vi.type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_value = "sequence*sequence", 1
+    counts, _ = _fused(copy.deepcopy(m))
+    assert counts.get("flash_attention", 0) == 1
+    rules = load_rules()
+    this = next(r for r in rules if r.name == "flash_torch_mqa_mask")
+    misses = explain_model(m, FusionPass(rules=[this]), node_names=[sm.name])
+    assert any("the other end of its chain of views" in x["detail"]
+               and "'sequence*sequence', 1]" in x["detail"] for x in misses), misses

@@ -21,7 +21,7 @@ from fusecli.engine.constfold import compact
 from fusecli.engine.graph import GNode, GraphIndex
 from fusecli.engine.shapes import fusion_problem
 from fusecli.engine.rules import (COMMUTATIVE_OPS, CONST_FUNCS, WHOLE_CONST_FUNCS, AttrConstraint,
-                                  OF_KINDS, NodeSpec, Rule, var_name)
+                                  OF_KINDS, DEFERRED_KINDS, NodeSpec, Rule, var_name)
 
 VALUE_KEY = "$value:"  # captures[VALUE_KEY + var]: how var's constant enters (a CONST_FUNCS name)
 
@@ -469,6 +469,9 @@ class _Deps:
                     names.update(r for r in (ts.start, ts.count) if isinstance(r, str))
                 if ts is not None and ts.kind in OF_KINDS:
                     names.add(ts.of)
+            # a same_shape_as pair is checked when either end is bound: on the other's too
+            names.update(w for w, ts in rule.tensors.items()
+                         if ts.kind in DEFERRED_KINDS and ts.of in names)
             self.before.append({v: reach.get(v, 0) & ((1 << i) - 1) for v in names})
         self.everything = (1 << len(specs)) - 1
 
@@ -508,6 +511,12 @@ class Matcher:
         self._ports = [(tuple((t, var_name(t)) for t in s.inputs),
                         tuple((t, var_name(t)) for t in s.outputs)) for s in rule.nodes]
         self._deps = _Deps(rule)
+        # same_shape_as pairs (variable, of), under each of their two variables
+        self._pairs: dict[str, list[tuple[str, str]]] = {}
+        for w, ts in rule.tensors.items():
+            if ts.kind in DEFERRED_KINDS:
+                for v in (w, ts.of):
+                    self._pairs.setdefault(v, []).append((w, ts.of))
         # per rule node and op: the orders its inputs may bind in (commutative: both)
         self._orders = [{op: _input_orders(s, op) for op in s.ops} for s in rule.nodes]
         # the anchor's inputs that must hold a value (a constant or a broadcast one: every
@@ -661,6 +670,9 @@ class Matcher:
             elif dst in t2:
                 t2[src] = t2[dst]
                 bits = {**bits, src: bits[dst] | self._deps.bound(i, src)}
+            for w, of in (*self._pairs.get(src, ()), *self._pairs.get(dst, ())):
+                if w in t2 and of in t2 and self._same_shape(t2[w], t2[of], of):
+                    return None, self._deps.of(i, bits)  # (this alias bound one end)
         return self._search(i + 1, nodes, t2, captures, bits)
 
     def _no_candidate_detail(self, spec: NodeSpec, tensors, nodes=None) -> str:
@@ -831,7 +843,9 @@ class Matcher:
                     extra[0] |= (1 << i) - 1  # set by an earlier node's op alternative
                 if value is not None and fn is not None and fn != "identity":
                     value = CONST_FUNCS[fn](compact(np.asarray(value)).astype(np.float64))
-                if ts.kind == "index_range":
+                if ts.kind in DEFERRED_KINDS:  # checked once both ends are bound (below)
+                    ok, detail = True, ""
+                elif ts.kind == "index_range":
                     ok, detail = self._index_range(value, ts, t2, name)
                 elif ts.kind == "lead_dims_of":
                     ok, detail = self._lead_dims_of(value, ts, t2)
@@ -858,6 +872,14 @@ class Matcher:
                                f"{detail}", node)
                     return False
             t2[v] = name
+            for w, of in self._pairs.get(v, ()):  # same_shape_as, both ends now bound
+                why = self._same_shape(t2.get(w), t2.get(of), of) if w in t2 and of in t2 \
+                    else ""
+                if why:
+                    self._fail(depth, nodes, spec.id, "constant",
+                               lambda: f"node {node.name} {kind} {pos}: {w} ('{t2[w]}') {why}",
+                               node)
+                    return False
         return True
 
     def _runtime_flatten(self, name: str, node, actual) -> tuple[bool, str]:
@@ -1040,6 +1062,12 @@ class Matcher:
                                            f"intermediate '{t}' of node {node.name} is also "
                                            f"consumed by {c.name} ({c.op}) outside the match"
                                            + (f" (it did not fit {why})" if why else ""))
+        for v, ts in rule.tensors.items():
+            if ts.kind == "same_shape_as":
+                why = self._same_shape(tensors.get(v), tensors.get(ts.of), ts.of)
+                if why:
+                    return self._guard(nodes, "shape_mismatch",
+                                       f"{v} ('{tensors.get(v)}') {why}")
         contracts = load_contracts()
         for rep in reps:
             for v, port in zip(rep.inputs, contracts.ops[rep.op].inputs):
@@ -1112,6 +1140,21 @@ class Matcher:
             if why:
                 return self._guard(nodes, "shape_mismatch", why)
         return match
+
+    def _same_shape(self, a: str | None, b: str | None, of: str = "") -> str:
+        """kind same_shape_as: "" when tensors a and b are one tensor, or have the same shape,
+        recorded or inferred, every dim known: equal numbers or the same symbol (ONNX: one
+        dim_param names one dimension), so a chain of Reshapes from one to the other is the
+        identity (the round trip [B, H, S, S] -> [B * H, S, S] -> [B, H, S, S] of a symbolic
+        export); else why not."""
+        if not a or not b or a == b:
+            return ""
+        da, db = self.g.shapes.refined(a), self.g.shapes.refined(b)
+        if da is not None and db is not None and None not in da and None not in db \
+                and list(da) == list(db):
+            return ""
+        return (f"is not of the shape of {of} ('{b}'), the other end of its chain of views "
+                f"({da} vs {db}; a chain of views is the identity only between equal shapes)")
 
     HOIST_LIMIT = 32  # outside nodes _hoist moves at most
 
