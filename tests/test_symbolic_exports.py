@@ -183,3 +183,25 @@ def test_a_round_trip_of_views_must_end_in_its_input_shape():
     misses = explain_model(m, FusionPass(rules=[this]), node_names=[sm.name])
     assert any("the other end of its chain of views" in x["detail"]
                and "'sequence*sequence', 1]" in x["detail"] for x in misses), misses
+
+
+def test_lora_base_gradient_viewed_back_must_take_the_adapters_shape():
+    """torch-joint, peft LoRA under symbolic dims: the frozen base's input gradient is computed
+    on a 2-D view of dZ and viewed back before the Add with the adapter's; that view back is
+    absorbed only where it gives the adapter's dX shape (`same_shape_as`). Recorded as another
+    shape, it is not: the layer still fuses, on the two 2-D gradients (the op writes them
+    apart), and the view back and the Add stay in the graph."""
+    m = onnx.load(DATA / "torch_symbolic_llama_lora.onnx")
+    rule = next(r for r in load_rules() if r.name == "lora_identity_torch_dx")
+    fp = FusionPass(rules=[rule])
+    fp.run(copy.deepcopy(m))
+    rec = fp.stats.fusions[0]
+    back, flat = rec.tensors["dXb"], rec.tensors["dXb2"]
+    assert back != flat  # the view back is absorbed
+    vi = next(v for v in m.graph.value_info if v.name == back)
+    vi.type.tensor_type.shape.dim[2].dim_value = 7
+    fp = FusionPass(rules=[rule])
+    fp.run(m)
+    recs = [r for r in fp.stats.fusions if r.tensors.get("dXb2") == flat]
+    assert len(recs) == 1 and recs[0].tensors["dXb"] == flat  # fused without the view back
+    assert any(back in n.output for n in m.graph.node)
