@@ -459,6 +459,8 @@ class _Deps:
                 if reach.get(a) != both or reach.get(b) != both:
                     reach[a] = reach[b] = both
                     changed = True
+        # a same_shape_as pair is checked when either end is bound: on the other's too
+        other_end = {ts.of: w for w, ts in rule.tensors.items() if ts.kind in DEFERRED_KINDS}
         # per node i: variable -> the earlier nodes that could have bound it
         self.before: list[dict[str, int]] = []
         for i, s in enumerate(specs):
@@ -469,9 +471,7 @@ class _Deps:
                     names.update(r for r in (ts.start, ts.count) if isinstance(r, str))
                 if ts is not None and ts.kind in OF_KINDS:
                     names.add(ts.of)
-            # a same_shape_as pair is checked when either end is bound: on the other's too
-            names.update(w for w, ts in rule.tensors.items()
-                         if ts.kind in DEFERRED_KINDS and ts.of in names)
+            names.update(other_end[v] for v in list(names) if v in other_end)
             self.before.append({v: reach.get(v, 0) & ((1 << i) - 1) for v in names})
         self.everything = (1 << len(specs)) - 1
 
@@ -499,6 +499,35 @@ def _input_orders(spec: NodeSpec, op: str) -> list[tuple[int, ...]]:
     return list(itertools.permutations(range(n)))
 
 
+# what a Matcher reads of its rule, made once per rule object (FusionPass makes a Matcher per
+# rule and pass): id(rule) -> (the rule, kept so that its id is not reused, and the tables)
+_TABLES: dict[int, tuple] = {}
+
+
+def _rule_tables(rule: Rule) -> tuple:
+    got = _TABLES.get(id(rule))
+    if got is not None and got[0] is rule:
+        return got
+    roles = {s.id: s.role for s in rule.nodes if s.role and not s.optional}
+    # per rule node: (token, variable) of its listed inputs and outputs ("_": any tensor)
+    ports = [(tuple((t, var_name(t)) for t in s.inputs),
+              tuple((t, var_name(t)) for t in s.outputs)) for s in rule.nodes]
+    # same_shape_as pairs (variable, of), under each of their two variables
+    pairs: dict[str, list[tuple[str, str]]] = {}
+    for w, ts in rule.tensors.items():
+        if ts.kind in DEFERRED_KINDS:
+            for v in (w, ts.of):
+                pairs.setdefault(v, []).append((w, ts.of))
+    # per rule node and op: the orders its inputs may bind in (commutative: both)
+    orders = [{op: _input_orders(s, op) for op in s.ops} for s in rule.nodes]
+    # the anchor's inputs that must hold a value (a constant or a broadcast one: every
+    # tensor kind but shape, which a run-time shape computation also satisfies)
+    valued = [p for p, (t, v) in enumerate(ports[0][0])
+              if t != "_" and v in rule.tensors and rule.tensors[v].kind != "shape"]
+    got = _TABLES[id(rule)] = (rule, roles, ports, _Deps(rule), pairs, orders, valued)
+    return got
+
+
 class Matcher:
     """Matches one rule against a GraphIndex."""
 
@@ -506,23 +535,8 @@ class Matcher:
                  explain: bool = True):
         self.g = index
         self.rule = rule
-        self._roles = {s.id: s.role for s in rule.nodes if s.role and not s.optional}
-        # per rule node: (token, variable) of its listed inputs and outputs ("_": any tensor)
-        self._ports = [(tuple((t, var_name(t)) for t in s.inputs),
-                        tuple((t, var_name(t)) for t in s.outputs)) for s in rule.nodes]
-        self._deps = _Deps(rule)
-        # same_shape_as pairs (variable, of), under each of their two variables
-        self._pairs: dict[str, list[tuple[str, str]]] = {}
-        for w, ts in rule.tensors.items():
-            if ts.kind in DEFERRED_KINDS:
-                for v in (w, ts.of):
-                    self._pairs.setdefault(v, []).append((w, ts.of))
-        # per rule node and op: the orders its inputs may bind in (commutative: both)
-        self._orders = [{op: _input_orders(s, op) for op in s.ops} for s in rule.nodes]
-        # the anchor's inputs that must hold a value (a constant or a broadcast one: every
-        # tensor kind but shape, which a run-time shape computation also satisfies)
-        self._valued = [p for p, (t, v) in enumerate(self._ports[0][0])
-                        if t != "_" and v in rule.tensors and rule.tensors[v].kind != "shape"]
+        (_, self._roles, self._ports, self._deps, self._pairs, self._orders,
+         self._valued) = _rule_tables(rule)
         # False (FusionPass): a node of the wrong op type is not recorded as a failure (only
         # explain reads those: MatchResult.deepest / node_failures); the match is the same
         self.explain = explain
