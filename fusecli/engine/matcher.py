@@ -1076,12 +1076,10 @@ class Matcher:
                                            f"intermediate '{t}' of node {node.name} is also "
                                            f"consumed by {c.name} ({c.op}) outside the match"
                                            + (f" (it did not fit {why})" if why else ""))
-        for v, ts in rule.tensors.items():
-            if ts.kind == "same_shape_as":
-                why = self._same_shape(tensors.get(v), tensors.get(ts.of), ts.of)
-                if why:
-                    return self._guard(nodes, "shape_mismatch",
-                                       f"{v} ('{tensors.get(v)}') {why}")
+        for v, of in {p for ps in self._pairs.values() for p in ps}:  # same_shape_as
+            why = self._same_shape(tensors.get(v), tensors.get(of), of)
+            if why:
+                return self._guard(nodes, "shape_mismatch", f"{v} ('{tensors.get(v)}') {why}")
         contracts = load_contracts()
         for rep in reps:
             for v, port in zip(rep.inputs, contracts.ops[rep.op].inputs):
