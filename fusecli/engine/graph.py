@@ -447,29 +447,36 @@ class GraphIndex:
         [start:end], constant starts, ends[, axes 0, steps 1]) (`x.size(-1)` under symbolic
         dims: TorchScript's run-time head dim), when the dims it picks are static, though
         others of x are symbolic (else None)."""
-        if prod is None or prod.op not in ("Gather", "Slice") or prod.domain != "" \
-                or not prod.alive or prod.attrs.get("axis", 0) != 0:
+        if prod is None or prod.op not in ("Gather", "Slice"):
             return None
-        sh = self._shape_source(prod)
-        if sh is None:
+        picked = self._picked_dims(prod)
+        if picked is None or not all(isinstance(d, int) for d in picked):
             return None
-        dims = self._known_dims(sh.inputs[0])
+        shape = np.shape(self.const_value(prod.inputs[1])) if prod.op == "Gather" else (-1,)
+        return np.asarray(picked, np.int64).reshape(shape)
+
+    def _picked_dims(self, node) -> list | None:
+        """The dims that Shape(x){start, end}, Gather(that, constant indices) on axis 0 or
+        Slice(that, constant bounds) reads: x's, recorded or inferred, numbers or the exporter's
+        symbols; None when not known."""
+        if node is None or not node.alive or node.domain != "":
+            return None
+        sh = node if node.op == "Shape" else self._shape_source(node)
+        dims = None if sh is None else self.shapes.refined(sh.inputs[0])
         if dims is None:
             return None
-        dims = dims[slice(sh.attrs.get("start", 0), sh.attrs.get("end", len(dims)))]
-        if prod.op == "Slice":
-            picked = self._sliced(prod, dims)
-            return None if picked is None or None in picked else np.asarray(picked, np.int64)
-        idx = self.const_value(prod.inputs[1])
-        if idx is None:
+        dims = list(dims)[slice(sh.attrs.get("start", 0), sh.attrs.get("end", len(dims)))]
+        if node.op == "Shape":
+            return dims
+        if node.op == "Slice":
+            return self._sliced(node, dims)
+        idx = self.const_value(node.inputs[1]) if node.op == "Gather" else None
+        if idx is None or node.attrs.get("axis", 0) != 0:
             return None
         try:
-            picked = [dims[int(i)] for i in np.asarray(idx).reshape(-1)]
+            return [dims[int(i)] for i in np.asarray(idx).reshape(-1)]
         except IndexError:
             return None
-        if None in picked:
-            return None
-        return np.asarray(picked, np.int64).reshape(np.shape(idx))
 
     def shape_vector(self, name: str) -> list[int | None] | None:
         """A 1-D shape tensor's entries where they are static, None where they are computed at
@@ -482,10 +489,9 @@ class GraphIndex:
         prod = self.producer.get(name)
         if prod is None or not prod.alive or prod.domain not in ("", "com.microsoft"):
             return None
-        if prod.op == "Shape" and prod.domain == "":
-            dims = self._known_dims(prod.inputs[0])
-            return None if dims is None else \
-                dims[slice(prod.attrs.get("start", 0), prod.attrs.get("end", len(dims)))]
+        if prod.op == "Shape":
+            dims = self._picked_dims(prod)
+            return None if dims is None else [d if isinstance(d, int) else None for d in dims]
         if prod.op in ("Concat", "ConcatTraining") and prod.attrs.get("axis") in (0, -1) \
                 and prod.outputs[0] == name:
             parts = [self.shape_vector(t) for t in prod.inputs if t]
@@ -499,31 +505,14 @@ class GraphIndex:
 
     def picked_dim(self, name: str) -> int | str | None:
         """The dim a rank-0 tensor reads from a shape: Gather(Shape(x), i) with a scalar i, or
-        Squeeze of a one-entry Shape(x){start, end} / Slice(Shape(x), i, i + 1): x's dim i,
-        recorded or inferred, a number or the exporter's symbol for it; None otherwise."""
+        Squeeze of one entry of Shape(x) (its {start, end}, a Slice or a Gather of it): x's
+        dim, recorded or inferred, a number or the exporter's symbol for it; None otherwise."""
         prod = self.producer.get(name)
-        if prod is None or not prod.alive or prod.domain != "":
+        if prod is not None and prod.op == "Squeeze" and prod.domain == "" and prod.alive:
+            prod = self.producer.get(prod.inputs[0])
+        elif prod is None or prod.op != "Gather" or not self._is_scalar(name):
             return None
-        if prod.op == "Gather" and self._is_scalar(name):
-            src, idx = self._shape_source(prod), self.const_value(prod.inputs[1])
-            dims = self.shapes.refined(src.inputs[0]) if src is not None else None
-            i = int(idx) if idx is not None and np.ndim(idx) == 0 else None
-            return dims[i] if dims is not None and i is not None and -len(dims) <= i < len(
-                dims) else None
-        if prod.op != "Squeeze":
-            return None
-        src = self.producer.get(prod.inputs[0])
-        if src is None or not src.alive or src.domain != "":
-            return None
-        if src.op == "Slice" and self._shape_source(src) is not None:
-            dims = self.shapes.refined(self._shape_source(src).inputs[0])
-            picked = None if dims is None else self._sliced(src, list(dims))
-        elif src.op == "Shape":
-            dims = self.shapes.refined(src.inputs[0])
-            picked = None if dims is None else list(dims)[
-                slice(src.attrs.get("start", 0), src.attrs.get("end", len(dims)))]
-        else:
-            return None
+        picked = self._picked_dims(prod)
         return picked[0] if picked is not None and len(picked) == 1 else None
 
     def _is_scalar(self, name: str) -> bool:

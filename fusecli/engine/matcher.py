@@ -459,8 +459,13 @@ class _Deps:
                 if reach.get(a) != both or reach.get(b) != both:
                     reach[a] = reach[b] = both
                     changed = True
-        # a same_shape_as pair is checked when either end is bound: on the other's too
-        other_end = {ts.of: w for w, ts in rule.tensors.items() if ts.kind in DEFERRED_KINDS}
+        # same_shape_as pairs (variable, of), under each of their two variables: checked when
+        # the second end is bound, so a node that names one end depends on the other's too
+        self.pairs: dict[str, list[tuple[str, str]]] = {}
+        for w, ts in rule.tensors.items():
+            if ts.kind in DEFERRED_KINDS:
+                for v in (w, ts.of):
+                    self.pairs.setdefault(v, []).append((w, ts.of))
         # per node i: variable -> the earlier nodes that could have bound it
         self.before: list[dict[str, int]] = []
         for i, s in enumerate(specs):
@@ -471,7 +476,7 @@ class _Deps:
                     names.update(r for r in (ts.start, ts.count) if isinstance(r, str))
                 if ts is not None and ts.kind in OF_KINDS:
                     names.add(ts.of)
-            names.update(other_end[v] for v in list(names) if v in other_end)
+            names.update(x for v in list(names) for pair in self.pairs.get(v, ()) for x in pair)
             self.before.append({v: reach.get(v, 0) & ((1 << i) - 1) for v in names})
         self.everything = (1 << len(specs)) - 1
 
@@ -499,32 +504,23 @@ def _input_orders(spec: NodeSpec, op: str) -> list[tuple[int, ...]]:
     return list(itertools.permutations(range(n)))
 
 
-# what a Matcher reads of its rule, made once per rule object (FusionPass makes a Matcher per
-# rule and pass): id(rule) -> (the rule, kept so that its id is not reused, and the tables)
-_TABLES: dict[int, tuple] = {}
-
-
 def _rule_tables(rule: Rule) -> tuple:
-    got = _TABLES.get(id(rule))
-    if got is not None and got[0] is rule:
+    """What a Matcher reads of its rule, made once per rule (FusionPass makes a Matcher per
+    rule and pass) and kept on it (not pickled: Rule.__getstate__)."""
+    got = rule.__dict__.get("_matcher_tables")
+    if got is not None:
         return got
     roles = {s.id: s.role for s in rule.nodes if s.role and not s.optional}
     # per rule node: (token, variable) of its listed inputs and outputs ("_": any tensor)
     ports = [(tuple((t, var_name(t)) for t in s.inputs),
               tuple((t, var_name(t)) for t in s.outputs)) for s in rule.nodes]
-    # same_shape_as pairs (variable, of), under each of their two variables
-    pairs: dict[str, list[tuple[str, str]]] = {}
-    for w, ts in rule.tensors.items():
-        if ts.kind in DEFERRED_KINDS:
-            for v in (w, ts.of):
-                pairs.setdefault(v, []).append((w, ts.of))
     # per rule node and op: the orders its inputs may bind in (commutative: both)
     orders = [{op: _input_orders(s, op) for op in s.ops} for s in rule.nodes]
     # the anchor's inputs that must hold a value (a constant or a broadcast one: every
     # tensor kind but shape, which a run-time shape computation also satisfies)
     valued = [p for p, (t, v) in enumerate(ports[0][0])
               if t != "_" and v in rule.tensors and rule.tensors[v].kind != "shape"]
-    got = _TABLES[id(rule)] = (rule, roles, ports, _Deps(rule), pairs, orders, valued)
+    got = rule.__dict__["_matcher_tables"] = (roles, ports, _Deps(rule), orders, valued)
     return got
 
 
@@ -535,8 +531,7 @@ class Matcher:
                  explain: bool = True):
         self.g = index
         self.rule = rule
-        (_, self._roles, self._ports, self._deps, self._pairs, self._orders,
-         self._valued) = _rule_tables(rule)
+        self._roles, self._ports, self._deps, self._orders, self._valued = _rule_tables(rule)
         # False (FusionPass): a node of the wrong op type is not recorded as a failure (only
         # explain reads those: MatchResult.deepest / node_failures); the match is the same
         self.explain = explain
@@ -684,7 +679,7 @@ class Matcher:
             elif dst in t2:
                 t2[src] = t2[dst]
                 bits = {**bits, src: bits[dst] | self._deps.bound(i, src)}
-            for w, of in (*self._pairs.get(src, ()), *self._pairs.get(dst, ())):
+            for w, of in (*self._deps.pairs.get(src, ()), *self._deps.pairs.get(dst, ())):
                 if w in t2 and of in t2 and self._same_shape(t2[w], t2[of], of):
                     return None, self._deps.of(i, bits)  # (this alias bound one end)
         return self._search(i + 1, nodes, t2, captures, bits)
@@ -871,7 +866,7 @@ class Matcher:
                 elif ts.kind == "shape" and value is None and self.g.is_shape_computation(name):
                     ok, detail = True, ""  # a Reshape target of symbolic dims
                 elif ts.kind == "flatten_2d" and value is None:
-                    ok, detail = self._runtime_flatten(name, node, actual)
+                    ok, detail = self._runtime_flatten(name, actual)
                 elif ts.kind == "pairs_shape" and value is None:
                     ok, detail = self._runtime_pairs(name, actual)
                 elif ts.kind == "uniform":
@@ -886,7 +881,7 @@ class Matcher:
                                f"{detail}", node)
                     return False
             t2[v] = name
-            for w, of in self._pairs.get(v, ()):  # same_shape_as, both ends now bound
+            for w, of in self._deps.pairs.get(v, ()):  # same_shape_as, both ends now bound
                 why = self._same_shape(t2.get(w), t2.get(of), of) if w in t2 and of in t2 \
                     else ""
                 if why:
@@ -896,24 +891,29 @@ class Matcher:
                     return False
         return True
 
-    def _runtime_flatten(self, name: str, node, actual) -> tuple[bool, str]:
-        """A Reshape target computed at run time (symbolic dims) that flattens its data's
-        leading dims: two entries, the first run-time, the second the data's static last dim
-        n (a Reshape that runs then keeps M * n = the data's size: M is the leading dims'
-        product), e.g. Shape(X) of the 2-D tensor the gradient is viewed back to."""
+    def _runtime_target(self, name: str, actual) -> tuple[list | None, list | None]:
+        """A Reshape target computed at run time (symbolic dims): its static entries (None
+        elsewhere) and the data's refined shape, each None when not known."""
         vec = self.g.shape_vector(name) if self.g.is_shape_computation(name) else None
         data = self.g.shapes.refined(actual[0]) if actual and actual[0] else None
+        return vec, data
+
+    def _runtime_flatten(self, name: str, actual) -> tuple[bool, str]:
+        """A run-time Reshape target that flattens its data's leading dims: two entries, the
+        first run-time, the second the data's static last dim n (a Reshape that runs then keeps
+        M * n = the data's size: M is the leading dims' product), e.g. Shape(X) of the 2-D
+        tensor the gradient is viewed back to."""
+        vec, data = self._runtime_target(name, actual)
         ok = (vec is not None and len(vec) == 2 and vec[0] is None and isinstance(vec[1], int)
               and vec[1] > 0 and data is not None and len(data) >= 2 and data[-1] == vec[1])
         return ok, ("a shape that flattens the leading dims: [-1 or M, n] (here computed at "
                     "run time: [M, n], n the data's static last dim)")
 
     def _runtime_pairs(self, name: str, actual) -> tuple[bool, str]:
-        """A Reshape target computed at run time (symbolic dims) that splits its data's last
-        dim n into pairs: its last two entries static, n/2 and 2, n the data's static last
-        dim (rotate-every-two's view of the gradient)."""
-        vec = self.g.shape_vector(name) if self.g.is_shape_computation(name) else None
-        data = self.g.shapes.refined(actual[0]) if actual and actual[0] else None
+        """A run-time Reshape target that splits its data's last dim n into pairs: its last
+        two entries static, n/2 and 2, n the data's static last dim (rotate-every-two's view of
+        the gradient)."""
+        vec, data = self._runtime_target(name, actual)
         ok = (vec is not None and len(vec) >= 2 and vec[-1] == 2 and isinstance(vec[-2], int)
               and data is not None and bool(data) and isinstance(data[-1], int)
               and vec[-2] * 2 == data[-1])
@@ -983,7 +983,7 @@ class Matcher:
         return ok, (f"is {arr.reshape(-1).tolist()}, rule wants the axes along which {ts.of} "
                     f"('{other}', {list(dims)}) is broadcast to {list(data)}: {sorted(must)}")
 
-    def _index_range(self, value, ts, bound, name: str = "") -> tuple[bool, str]:
+    def _index_range(self, value, ts, bound, name: str) -> tuple[bool, str]:
         """kind index_range: [start, start + step, ...] (count of them, any count when None) as
         [count] or [count, 1] integers; start / count literals or the values of bound
         one-element integer constants; with ``of``, count is the first dim of that tensor,
@@ -1076,10 +1076,6 @@ class Matcher:
                                            f"intermediate '{t}' of node {node.name} is also "
                                            f"consumed by {c.name} ({c.op}) outside the match"
                                            + (f" (it did not fit {why})" if why else ""))
-        for v, of in {p for ps in self._pairs.values() for p in ps}:  # same_shape_as
-            why = self._same_shape(tensors.get(v), tensors.get(of), of)
-            if why:
-                return self._guard(nodes, "shape_mismatch", f"{v} ('{tensors.get(v)}') {why}")
         contracts = load_contracts()
         for rep in reps:
             for v, port in zip(rep.inputs, contracts.ops[rep.op].inputs):

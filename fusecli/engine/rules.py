@@ -55,7 +55,7 @@ TENSOR_KINDS = ("constant", "scalar", "leading_axes", "last_axis", "last_dim_ind
                 "broadcast_axes_of", "same_shape_as")
 # kinds that name a bound tensor ('of')
 OF_KINDS = ("lead_dims_of", "last_dim_of", "broadcast_axes_of", "same_shape_as")
-# kinds of a data tensor, checked once the whole match is bound (its 'of' may be bound later)
+# kinds of a data tensor, checked once both it and its 'of' are bound (either may be first)
 DEFERRED_KINDS = ("same_shape_as",)
 _RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace",
               "params", "variants"}
@@ -217,6 +217,11 @@ class Rule:
     @property
     def anchor(self) -> NodeSpec:
         return self.nodes[0]
+
+    def __getstate__(self):  # pickled without what the matcher derived (_rule_tables)
+        state = dict(self.__dict__)
+        state.pop("_matcher_tables", None)
+        return state
 
     @property
     def body(self) -> dict:
