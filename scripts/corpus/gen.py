@@ -297,10 +297,12 @@ def build_torch(arch: Arch, model: torch.nn.Module, inputs: dict, name: str, des
         key = next(k for k in inputs if k in dynamic)
         first, axes = inputs[key], dynamic[key]
         if loss in ("ce", "ce_lm") and target.dim() == 1 and target.numel() == first.numel():
-            target = target.reshape(first.shape)  # token labels of flattened logits: fed as the
-            #                                       ids' [batch, sequence], as HF models take them
-        dyn = [dynamic.get(k) for k in inputs] + [
-            {a: n for a, n in axes.items() if a < target.dim() and target.shape[a] == first.shape[a]}]
+            # token labels of flattened logits: fed as the ids' [batch, sequence] (HF models
+            # take them so); the target's symbolic axes are those where it has the ids' size
+            target = target.reshape(first.shape)
+        same = {a: n for a, n in axes.items()
+                if a < target.dim() and target.shape[a] == first.shape[a]}
+        dyn = [dynamic.get(k) for k in inputs] + [same]
     m, values, trainable = export_joint(mod, [*inputs.values(), target], [*inputs, "target"],
                                         metadata=False, optimize=optimize, dynamic=dyn)
     n_random = seed_random_nodes(m)

@@ -74,7 +74,8 @@ def _rename(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
 def _symbolic_joint(mod: torch.nn.Module, args: list[torch.Tensor], dynamic: list[dict | None]):
     """The joint graph with symbolic dims: torch.export.export(mod, dynamic_shapes) first, then
     (every dim at most 16, the corpus models' position tables) aot_export_module on its module
-    under the export's fake mode, with the user inputs' symbolic fake tensors (aot_export_module on real tensors specialises every size).
+    under the export's fake mode, with the user inputs' symbolic fake tensors
+    (aot_export_module on real tensors specialises every size).
     Returns (graph module, signature, the exported module, dynamic_shapes of the joint's inputs)."""
     from torch._guards import detect_fake_mode
     from torch.export import Dim
