@@ -13,6 +13,7 @@ import copy
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -327,3 +328,35 @@ def test_concat_shapes_are_inferred_where_refined():
                  helper.make_node("Concat", ["a", "a"], ["aa"], axis=0)], inputs=[a, b])
     assert ix.shapes.refined("ab") == ["n", 8]
     assert ix.shapes.refined("aa") == [None, 3]   # n + n: not a static dim
+
+
+def test_slice_unsqueeze_squeeze_shapes_are_inferred_where_refined_as_onnxruntime_runs_them():
+    """Rotate-every-two's pairs under symbolic dims: the even and odd halves of the head dim
+    (Slice with step 2 on the static last dim), each unsqueezed to [..., D/2, 1] and stacked.
+    ``refined`` gives the static dims onnxruntime computes and keeps the symbolic ones
+    unknown; a step-3 slice and a Squeeze back are inferred as they run."""
+    extra = [_c("m1a", [-1], np.int64), _c("three", [3], np.int64),
+             helper.make_node("Slice", ["heads_t", "zero", "big", "m1a", "two"], ["even"]),
+             helper.make_node("Slice", ["heads_t", "one", "big", "m1a", "two"], ["odd"]),
+             helper.make_node("Slice", ["heads_t", "one", "big", "m1a", "three"], ["third"]),
+             helper.make_node("Unsqueeze", ["even", "m1a"], ["even1"]),
+             helper.make_node("Unsqueeze", ["odd", "m1a"], ["odd1"]),
+             helper.make_node("Concat", ["even1", "odd1"], ["pairs"], axis=-1),
+             helper.make_node("Squeeze", ["even1", "m1a"], ["even_back"])]
+    outs = ["even", "odd", "third", "even1", "pairs", "even_back"]
+    x = helper.make_tensor_value_info("x", F, ["batch", "seq", 32])
+    base = _symbolic_heads(record_symbolic=False)
+    nodes = [n.proto for n in base.nodes] + extra
+    g = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info(o, F, None)
+                                            for o in outs])
+    ix = GraphIndex(g)
+    want = {"even": [None, 4, None, 4], "odd": [None, 4, None, 4], "third": [None, 4, None, 3],
+            "even1": [None, 4, None, 4, 1], "pairs": [None, 4, None, 4, 2],
+            "even_back": [None, 4, None, 4]}
+    assert {o: ix.shapes.refined(o) for o in outs} == want
+    assert all(ix.shapes.shape(o) is None for o in outs)   # refined only (see shapes.py)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        outs, {"x": np.zeros((2, 3, 32), np.float32)})
+    for o, arr in zip(outs, got):
+        assert [d if w is None else w for d, w in zip(arr.shape, want[o])] == list(arr.shape), o

@@ -35,7 +35,8 @@ from fusecli.engine.explain import explain_model
 from fusecli.runtime.verify import verify_models
 
 DATA = Path(__file__).parent / "data"
-DIMS = {"batch": 2, "sequence": 16, "Reshapeoutput_dim_0": 32}
+# (the exporters' names for the labels' dims: the flattened tokens, a classifier's batch)
+DIMS = {"batch": 2, "sequence": 16, "Reshapeoutput_dim_0": 32, "Gemmoutput_dim_0": 2}
 # per graph: the counts gen.py derived from the model code (data about the graph, beside it)
 EXPECTED = json.loads((DATA / "symbolic_expected.json").read_text())["graphs"]
 

@@ -5,9 +5,10 @@ A dim is an int (static), a str (a symbolic dim of the graph, equal to itself on
 initializers, constant values) or, failing that, the shape inferred from the producer for the
 ops that backward chains are made of (MatMul, FusedMatMul, Gemm, Transpose, Reshape,
 ReduceSum, elementwise ops with broadcasting, the gradient ops that keep their input's shape).
-``ShapeOracle.refined(t)`` also infers Concat, reads the static entries of a Reshape target
-computed at run time (``GraphIndex.shape_vector``), and replaces a recorded symbolic dim that
-inference finds static.
+``ShapeOracle.refined(t)`` also infers Concat, Slice, Unsqueeze, Squeeze and the outputs of
+fusecli's fused ops (their contracts' ``like`` rules), reads the static entries of a Reshape
+target computed at run time (``GraphIndex.shape_vector``), and replaces a recorded symbolic dim
+that inference finds static.
 Computed lazily, memoised, iteratively (no recursion limit on deep graphs).
 
 ``fusion_problem`` is the guard every match passes before it is fused: the fused op's outputs
@@ -18,10 +19,12 @@ count), and its inputs must fit the op (``input_problem``).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import onnx
 
-from fusecli.ops.contracts import infer_output_shapes, load_contracts
+from fusecli.ops.contracts import FUSED_DOMAIN, infer_output_shapes, load_contracts
 from fusecli.ops.shapes import input_check
 from fusecli.ops.shapes import show as _show
 from fusecli.engine.memo import memoised
@@ -64,9 +67,14 @@ def broadcast(a, b):
 
 
 _INPUTS_READ = 8   # the inputs whose shapes _infer reads (Concat: its pieces)
-# inferred by ShapeOracle.refined only (a symbolic export's split heads joined back): inferring
-# every Concat of a 20k-node onnxruntime-training graph cost its optimiser run ~5%
-_REFINED_ONLY = frozenset({"Concat", "ConcatTraining"})
+_FUSED_OPS = frozenset(load_contracts().ops)
+# inferred by ShapeOracle.refined only (a symbolic export's split heads joined back, the pairs
+# of a rotate-every-two rotation, a fused op's outputs that the exporter recorded by name
+# only): inferring every Concat of a 20k-node onnxruntime-training graph cost its optimiser
+# run ~5%
+_REFINED_ONLY = frozenset({"Concat", "ConcatTraining", "Slice", "Unsqueeze", "Squeeze"}) \
+    | _FUSED_OPS
+_INFERRED_BY = {False: _INFERRED - _REFINED_ONLY, True: _INFERRED | _REFINED_ONLY}  # by refine
 
 
 def _refined(recorded, inferred):
@@ -125,8 +133,7 @@ class ShapeOracle:
             rec = self.shape(t) if refine else self.recorded(t)
             prod = self.g.producer.get(t)
             wanted = rec is None or (refine and not all(isinstance(d, int) for d in rec))
-            if wanted and prod is not None and prod.alive and prod.op in _INFERRED \
-                    and (refine or prod.op not in _REFINED_ONLY):
+            if wanted and prod is not None and prod.alive and prod.op in _INFERRED_BY[refine]:
                 missing = [i for i in prod.inputs[:_INPUTS_READ] if i and i not in cache]
                 if missing:
                     return missing[0]
@@ -141,10 +148,15 @@ class ShapeOracle:
         return memoised(name, cache, step)
 
     def _infer(self, node, out_name, cache, refine=False):
-        if node.outputs[0] != out_name:
-            return None
         ins = [cache.get(i) if i else None for i in node.inputs]
         op, at = node.op, node.attrs
+        if refine and op in _FUSED_OPS and node.domain == FUSED_DOMAIN:  # its contract's like
+            view = SimpleNamespace(op_type=op, input=node.inputs, output=node.outputs,
+                                   attribute=node.proto.attribute)
+            shapes = infer_output_shapes(view, cache.get)
+            return shapes[node.outputs.index(out_name)]
+        if node.outputs[0] != out_name:
+            return None
         value = self.g.const_value(out_name) if op in ("Constant", "Shape") else None
         if value is not None:
             return list(np.shape(value))
@@ -193,6 +205,19 @@ class ShapeOracle:
             keep = at.get("keepdims", 1)
             return [1 if i in axes else d for i, d in enumerate(ins[0])
                     if keep or i not in axes]
+        if op in ("Unsqueeze", "Squeeze") and ins[0] is not None:
+            axes = (self.g.const_value(node.inputs[1]) if len(node.inputs) > 1
+                    and node.inputs[1] else at.get("axes"))
+            if axes is None:
+                return None
+            rank = len(ins[0]) + (np.size(axes) if op == "Unsqueeze" else 0)
+            axes = {int(a) % rank for a in np.asarray(axes).reshape(-1)}
+            if op == "Squeeze":
+                return [d for i, d in enumerate(ins[0]) if i not in axes]
+            rest = iter(ins[0])
+            return [1 if i in axes else next(rest) for i in range(rank)]
+        if op == "Slice" and ins[0] is not None:
+            return self._sliced(node, list(ins[0]))
         if op == "Expand":
             target = self.g.const_value(node.inputs[1])
             return None if target is None else broadcast(
@@ -207,6 +232,22 @@ class ShapeOracle:
                 others = [a if a == b else None for a, b in zip(others, s)]
             return [total if i == axis else d for i, d in enumerate(others)]
         return None
+
+    def _sliced(self, node, dims: list) -> list | None:
+        """A Slice's output dims from constant bounds: a sliced dim is known where it is
+        static (ONNX clamps the bounds as Python's slicing does)."""
+        bounds = [self.g.const_value(t) if t else None for t in (node.inputs + [""] * 5)[1:5]]
+        if bounds[0] is None or bounds[1] is None:
+            return None
+        starts, ends = (np.asarray(b).reshape(-1) for b in bounds[:2])
+        axes = range(len(starts)) if bounds[2] is None else np.asarray(bounds[2]).reshape(-1)
+        steps = [1] * len(starts) if bounds[3] is None else np.asarray(bounds[3]).reshape(-1)
+        for a, lo, hi, step in zip(axes, starts, ends, steps):
+            a = int(a) % len(dims)
+            n = dims[a]
+            dims[a] = len(range(*slice(int(lo), int(hi), int(step)).indices(n))) \
+                if isinstance(n, int) and int(step) != 0 else None
+        return dims
 
 
 def same_shape(a, b) -> bool | None:
