@@ -10,7 +10,7 @@ import copy
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 import builders
 from builders import MS, const, model, vi
@@ -152,6 +152,125 @@ def test_two_fused_nodes_keep_topological_order():
     assert fwd.output[1] == bwd.input[5] and fwd.output[1] not in {
         t for n in m.graph.node for t in (*n.input, *n.output)}
     onnx.checker.check_model(fused)
+
+
+PREP_RULE = """
+name: prepared
+pattern: flash_attention
+order: 1
+nodes:
+  - {id: sm, op: Softmax, inputs: [S], outputs: [P]}
+  - {id: add, op: Add, inputs: [Sq, mask], outputs: [S]}
+  - {id: qk, op: MatMul, inputs: [Q, Kt], outputs: [Sq]}
+  - {id: pv, op: MatMul, inputs: [P, V], outputs: [O]}
+replace:
+  op: FlashAttention
+  inputs: [Q, Kt, V, %s]
+  outputs: [O]
+  prepare:
+%s
+"""
+
+
+def test_rule_prepare_is_validated():
+    """replace.prepare: standard ONNX nodes computing fused-op inputs from the pattern's
+    tensors; their outputs join replace.new."""
+    ok = parse_rule(PREP_RULE % ("mb", "    - {op: Div, inputs: [mask, Q], outputs: [mb]}"),
+                    "r.yaml")
+    assert ok.replace.prepare[0].op == "Div" and ok.replace.new == ("mb",)
+    bad = {
+        "is not a standard ONNX operator": PREP_RULE % (
+            "mb", "    - {op: FlashAttention, inputs: [mask], outputs: [mb]}"),
+        # an intermediate of the pattern: removed when the match fuses
+        "is produced inside the pattern": PREP_RULE % (
+            "mb", "    - {op: Neg, inputs: [S], outputs: [mb]}"),
+        "no fused node reads its outputs": PREP_RULE % (
+            "mask", "    - {op: Neg, inputs: [mask], outputs: [mb]}"),
+        "which no pattern node uses": PREP_RULE % (
+            "mb", "    - {op: Neg, inputs: [nowhere], outputs: [mb]}"),
+        "unknown keys": PREP_RULE % (
+            "mb", "    - {op: Neg, inputs: [mask], outputs: [mb], domain: x}"),
+    }
+    for want, text in bad.items():
+        with pytest.raises(RuleError, match=want):
+            parse_rule(text, "r.yaml")
+
+
+def ortt_attention_prescale(layers=2, B=2, H=2, S=5, D=4):
+    """``layers`` onnxruntime-training attentions in CodeGen's order, softmax((Q K^T + mask) /
+    c) V, reading one additive causal mask [1, 1, S, S] (0 / finfo.min) and one c."""
+    q, kt = [B, H, S, D], [B, H, D, S]
+    mm = dict(domain=MS, alpha=1.0)
+    nodes, inputs, outputs = [], [], []
+    for i in range(layers):
+        t = lambda n: f"{n}{i}"  # noqa: E731
+        nodes += [
+            helper.make_node("MatMul", [t("Q"), t("Kt")], [t("scores")]),
+            helper.make_node("Add", [t("scores"), "mask"], [t("masked")]),
+            helper.make_node("Div", [t("masked"), "c"], [t("scaled")]),
+            helper.make_node("Softmax", [t("scaled")], [t("P")], axis=-1),
+            helper.make_node("MatMul", [t("P"), t("V")], [t("O")]),
+            helper.make_node("FusedMatMul", [t("P"), t("dO")], [t("dV")], transA=1, transB=0,
+                             **mm),
+            helper.make_node("FusedMatMul", [t("dO"), t("V")], [t("dP")], transA=0, transB=1,
+                             **mm),
+            helper.make_node("SoftmaxGrad_13", [t("dP"), t("P")], [t("dS0")], axis=-1,
+                             domain=MS),
+            helper.make_node("Div", [t("dS0"), "c"], [t("dS")]),
+            helper.make_node("FusedMatMul", [t("dS"), t("Kt")], [t("dQ")], transA=0, transB=1,
+                             **mm),
+            helper.make_node("FusedMatMul", [t("Q"), t("dS")], [t("dKt")], transA=1, transB=0,
+                             **mm)]
+        inputs += [vi(t("Q"), q), vi(t("Kt"), kt), vi(t("V"), q), vi(t("dO"), q)]
+        outputs += [vi(t("O"), q), vi(t("dQ"), q), vi(t("dKt"), kt), vi(t("dV"), q)]
+    i = np.arange(S)[:, None]
+    mask = np.where(np.arange(S)[None, :] <= i, 0.0, FMIN).reshape(1, 1, S, S)
+    return model(nodes, inputs, outputs, [const("mask", mask), const("c", float(np.sqrt(D)))])
+
+
+def test_prepared_bias_is_computed_once_before_the_fused_nodes(tmp_path):
+    """CodeGen's mask before the scale: each FlashAttention reads the mask divided by c, one
+    Div node for both layers (the same mask and c), placed before the first; the fused graph
+    verifies against the original."""
+    from fusecli.runtime.verify import verify_models
+
+    m = ortt_attention_prescale()
+    fused, stats = _fuse(m)
+    assert stats.patterns["flash_attention"].fused == 2
+    ops = _ops(fused)
+    assert ops.count("Div") == 1 and ops.count("FlashAttention") == 2
+    div = fused.graph.node[ops.index("Div")]
+    assert list(div.input) == ["mask", "c"]
+    fwd = [n for n in fused.graph.node if n.op_type in ("FlashAttention", "FlashAttentionGrad")]
+    assert all(n.input[3 if n.op_type == "FlashAttention" else 6] == div.output[0] for n in fwd)
+    assert ops.index("Div") < ops.index("FlashAttention")
+    assert all(n.attribute for n in fwd)
+    onnx.checker.check_model(fused)
+    src, out = tmp_path / "m.onnx", tmp_path / "m.fused.onnx"
+    onnx.save(m, src)
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+    # each layer with its own mask: a Div for each
+    m.graph.initializer.append(numpy_helper.from_array(
+        numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == "mask")),
+        "mask1"))
+    next(n for n in m.graph.node if n.op_type == "Add" and "mask" in n.input
+         and n.input[0].endswith("1")).input[1] = "mask1"
+    fused, stats = _fuse(m)
+    assert stats.patterns["flash_attention"].fused == 2 and _ops(fused).count("Div") == 2
+
+
+def test_mask_before_a_scale_by_multiplication_is_not_prepared():
+    """(Q K^T + mask) * s: the prepared bias divides by the Div's c, so a Mul by s = 1 / c
+    (no model writes it) is not taken by the mask-before-the-scale rule."""
+    m = ortt_attention_prescale(layers=1)
+    for n in m.graph.node:
+        if n.op_type == "Div":
+            n.op_type = "Mul"
+    fused, stats = _fuse(m)
+    assert stats.patterns["flash_attention"].fused == 0
+    assert "Div" not in _ops(fused)
 
 
 # --- rules/flash_ortt.yaml: one positive fixture per variant ------------------------------

@@ -23,7 +23,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from fusecli import FusionPass
-from fusecli.runtime.verify import verify_models
+from fusecli.runtime.verify import check_fusions, verify_models
 
 DATA = Path(__file__).parent / "data"
 FMIN = float(np.finfo(np.float32).min)
@@ -145,6 +145,44 @@ def test_where_look_alikes_are_not_flash(family, change):
     else:
         bwd.input[1], bwd.input[2] = bwd.input[2], bwd.input[1]
     assert _fuse(m).get("flash_attention", 0) == 0
+
+
+# --- heads sweep 3's CodeGen and CTRL spellings (tests/data/make_flash_mask.py) ----------------
+
+# kind -> the op of the node computing the ops' bias (replace.prepare)
+PREPARED = {"bias_prescale_pad": "Div", "bias2_causal_pad": "Add"}
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+@pytest.mark.parametrize("kind", sorted(PREPARED))
+def test_masks_the_ops_take_as_one_prepared_bias_fuse_and_verify(kind, family, tmp_path):
+    """CodeGen's (Q K^T + mask) / c: the ops' bias is mask / c; CTRL's scores / c + causal *
+    -1e4 + padding mask: the ops' bias is the two masks' sum. One standard node computes it
+    from the original's own mask tensors, before the forward op; both ops read it."""
+    src = DATA / f"{family}_flash_{kind}.onnx"
+    m = onnx.load(src)
+    mask_adds = [n for n in m.graph.node if n.op_type == "Add"]
+    fp = FusionPass()
+    fp.run(m)
+    assert {p: s.fused for p, s in fp.stats.patterns.items() if s.fused} == EXPECTED
+    fwd = next(n for n in m.graph.node if n.op_type == "FlashAttention")
+    bwd = next(n for n in m.graph.node if n.op_type == "FlashAttentionGrad")
+    prep = next(n for n in m.graph.node if fwd.input[3] in n.output)
+    assert prep.op_type == PREPARED[kind] and bwd.input[6] == fwd.input[3]
+    order = [n.name for n in m.graph.node]
+    assert order.index(prep.name) < order.index(fwd.name)
+    originals = {t for n in mask_adds for t in n.input}
+    if kind == "bias2_causal_pad":
+        assert set(prep.input) <= originals and _attrs(fwd)["scale"] == pytest.approx(0.5)
+    else:  # the mask the scores were added to, and the Div's divisor
+        assert prep.input[0] in originals and _attrs(fwd)["scale"] == pytest.approx(0.5)
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+    # each fused op's NumPy reference on the original's tensors, the bias prepared from them
+    checks = check_fusions(src, fp.stats.fusions, atol=1e-6)
+    assert checks and not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]
 
 
 # --- the architecture sweep's Falcon and MPT spellings (tests/data/make_flash_mask.py) ---------

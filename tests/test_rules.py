@@ -93,8 +93,11 @@ for _name in ("frozen_block", "frozen_block_no_q", "frozen_block_no_v", "frozen_
 # K / V of one head broadcast by the matmuls (Falcon's multi-query: flash_torch_mqa_*) in every
 # mask spelling, and MPT's bias-then-mask (`*_mask_where`, `*_mask_masked_fill`) on full heads,
 # repeat_kv's groups and the broadcast
+# CodeGen's mask before the scale and CTRL's two additive masks (`*_mask_prescale`, `*_mask2`:
+# the bias computed by the replacement's prepare node)
 for _name in ("flash_where_causal", "flash_where_gpt2_pad", "flash_fill_window_ninf",
-              "flash_fill_causal_pad", "flash_gqa_where_all", "flash_mqa_all", "flash_alibi_all"):
+              "flash_fill_causal_pad", "flash_gqa_where_all", "flash_mqa_all", "flash_alibi_all",
+              "flash_bias_prescale_pad", "flash_bias2_causal_pad"):
     for _fam in ("ortt", "torch"):
         SAMPLE_MODELS[f"export_{_fam}_{_name}"] = onnx.load(DATA / f"{_fam}_{_name}.onnx")
 # torch's scaled_dot_product_attention through torch.onnx (ort-training only): a bool mask's NaN

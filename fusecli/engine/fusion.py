@@ -435,6 +435,19 @@ class FusionPass:
         replaced = [n.name for n in ordered]
         contracts = load_contracts()
         fresh: dict[str, str] = {}  # replace.new placeholder -> its fresh tensor name
+        n_then = len(rule.replace.then)
+        extra = m.extra[:n_then]     # (key, node) of the nodes added besides the fused node
+        for key, node in m.extra[n_then:]:  # replace.prepare's standard nodes, in order
+            node.input[:] = [fresh.get(t, t) for t in node.input]
+            same = self._same_node(index, node, m.key)
+            if same is not None:    # (the same mask in every layer: one node computes it)
+                fresh.update(zip(node.output, same.outputs))
+                continue
+            node.name = index.unique_name(f"{name}/{node.op_type}")
+            for i, t in enumerate(node.output):
+                fresh[t] = node.output[i] = index.unique_tensor_name(
+                    f"{name}/{t[len(NEW_TENSOR):]}")
+            extra.append((key, node))
         for k, (rep, node) in enumerate(zip(rule.replace.nodes, m.protos)):
             outs = node.output
             node.name = name if k == 0 else index.unique_name(f"{name}/{rep.op}")
@@ -463,12 +476,12 @@ class FusionPass:
         for node, key in m.moves:  # outside nodes moved before the fused node's readers
             node.key = key
         fused = index.add_node(proto, m.key)
-        for key, node in m.extra:
+        for key, node in extra:
             index.add_node(node, key)
         credit[fused.uid] = FusionRecord(rule.name, rule.pattern, name, replaced,
                                          list(m.intermediates), proto,
                                          {k: n.name for k, n in m.nodes.items()}, dict(m.tensors),
-                                         [node for _, node in m.extra])
+                                         [node for _, node in extra])
         stats.rules[rule.name].fused += 1
         stats.buffers_eliminated += len(m.intermediates)
         if stats.bytes_eliminated is not None:
@@ -483,6 +496,17 @@ class FusionPass:
             if applied % 100 == 0:
                 self.progress(f"{applied} fusions")
         return fused
+
+    @staticmethod
+    def _same_node(index: GraphIndex, node: onnx.NodeProto, before: float) -> GNode | None:
+        """A live standard node placed before ``before`` that computes what ``node`` computes
+        (the same op, inputs and attributes), or None."""
+        for c in index.consumers.get(node.input[0], ()):
+            if c.alive and c.domain == "" and c.op == node.op_type and c.key < before \
+                    and c.inputs == list(node.input) and len(c.outputs) == len(node.output) \
+                    and list(c.proto.attribute) == list(node.attribute):
+                return c
+        return None
 
     @staticmethod
     def _write_back(model: onnx.ModelProto, index: GraphIndex, removed_inputs: set[str]

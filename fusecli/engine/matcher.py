@@ -51,8 +51,9 @@ class Match:
     bound: frozenset = frozenset()       # every rule node id bound, kept context included
     unread: frozenset = frozenset()      # optional fused outputs nothing outside reads: left empty
     proto: onnx.NodeProto | None = None  # the fused node (ports and attributes; unnamed)
-    # the replacement's further fused nodes (replace.then): (key, node) each, in order; tensors
-    # of replace.new are named NEW_TENSOR + variable until FusionPass gives them fresh names
+    # the replacement's further fused nodes (replace.then), then its standard nodes
+    # (replace.prepare): (key, node) each, in order; tensors of replace.new are named
+    # NEW_TENSOR + variable until FusionPass gives them fresh names
     extra: list = field(default_factory=list)
     # outside nodes moved earlier so that the fused node fits between its inputs and its
     # outputs' readers (Matcher._hoist): (node, its new key) each, applied with the match
@@ -1088,6 +1089,22 @@ class Matcher:
         keys: list[float] = []
         written: dict[str, float] = {}  # variable -> key of the fused node that writes it
         moves: list = []
+        prepared = []  # (key, node) of replace.prepare's standard nodes, before the fused ones
+        for prep in rule.replace.prepare:
+            lo = -math.inf
+            for v in prep.inputs:
+                t = tensors.get(v)
+                if v not in written and not t:
+                    return self._guard(nodes, "missing_required_input",
+                                       f"replace.prepare's {prep.op} needs '{v}', which is "
+                                       "not bound")
+                p = None if v in written else self.g.producer.get(t)
+                lo = max(lo, written[v] if v in written else -math.inf if p is None else p.key)
+            key = first if lo < first else lo + 0.5
+            prepared.append((key, onnx.helper.make_node(
+                prep.op, [NEW_TENSOR + v if v in written else tensors[v] for v in prep.inputs],
+                [NEW_TENSOR + v for v in prep.outputs], **prep.attrs)))
+            written.update((v, key) for v in prep.outputs)
         for rep in reps:
             lo = -math.inf
             outside = []  # the outside producers of its inputs
@@ -1140,7 +1157,7 @@ class Matcher:
             protos.append(onnx.helper.make_node(rep.op, ins, outs, domain=rep.domain,
                                                 **replacement_attrs(self.g, match, rep)))
         match.proto = protos[0]
-        match.extra = list(zip(keys[1:], protos[1:]))
+        match.extra = list(zip(keys[1:], protos[1:])) + prepared
         if not self.check_shapes:
             return match
         for proto in protos:

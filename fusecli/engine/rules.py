@@ -176,6 +176,19 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class Prepared:
+    """A standard ONNX node the replacement adds before its fused nodes (``replace.prepare``):
+    an input of a fused op computed from the pattern's tensors (an additive mask divided by the
+    scale it was added before, two additive masks summed into one bias). Its outputs are fresh
+    tensors (they join ``replace.new``); an identical node already in the graph (the same op,
+    inputs and attributes: the same mask in every layer) is reused instead."""
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict
+
+
+@dataclass(frozen=True)
 class Replacement:
     op: str
     domain: str
@@ -190,6 +203,9 @@ class Replacement:
     # variables that no pattern node binds (`replace.new`): tensors the replacement creates
     # (fresh names), written by one of its nodes and read by later ones (a saved statistic)
     new: tuple[str, ...] = ()
+    # standard nodes computing fused-op inputs, added before the fused nodes (`replace.prepare`;
+    # their outputs are in `new`); only on the rule's top-level replacement
+    prepare: tuple[Prepared, ...] = ()
 
     @property
     def nodes(self) -> tuple[Replacement, ...]:
@@ -554,7 +570,7 @@ def _parse_tensors(src, raw) -> dict[str, TensorSpec]:
 def _parse_replace(src, raw, captures, const_vars, top: bool = True) -> Replacement:
     if not isinstance(raw, dict):
         raise RuleError(src, "'replace' must be a mapping with op, inputs, outputs, attrs", None)
-    then, new = (), ()
+    then, new, prepare = (), (), ()
     if top:
         extra = raw.get("then") or []
         if not isinstance(extra, list) or not all(isinstance(x, dict) for x in extra):
@@ -564,11 +580,12 @@ def _parse_replace(src, raw, captures, const_vars, top: bool = True) -> Replacem
         new = raw.get("new") or []
         if not isinstance(new, list) or not all(isinstance(v, str) and v for v in new):
             raise RuleError(src, "replace.new must be a list of variable names", _line(raw, "new"))
-        new = tuple(new)
-    elif "then" in raw or "new" in raw:
-        raise RuleError(src, "replace.then: a further fused node cannot have its own 'then' or "
-                        "'new' (list them on replace)", _line(raw, "then" if "then" in raw
-                                                             else "new"))
+        prepare = _parse_prepare(src, raw.get("prepare"), _line(raw, "prepare"))
+        new = tuple(new) + tuple(v for p in prepare for v in p.outputs)
+    elif {"then", "new", "prepare"} & set(raw):
+        key = next(k for k in ("then", "new", "prepare") if k in raw)
+        raise RuleError(src, "replace.then: a further fused node cannot have its own 'then', "
+                        "'new' or 'prepare' (list them on replace)", _line(raw, key))
     contracts = load_contracts()
     op = raw.get("op")
     if not isinstance(op, str) or op not in contracts.ops:
@@ -655,7 +672,41 @@ def _parse_replace(src, raw, captures, const_vars, top: bool = True) -> Replacem
                 raise RuleError(src, f"replace.attrs.{name}: {value!r} is not one of {allowed}",
                                 aline)
             attrs[name] = ("literal", value)
-    return Replacement(op, contracts.domain, tuple(ins), tuple(outs), attrs, then, new)
+    return Replacement(op, contracts.domain, tuple(ins), tuple(outs), attrs, then, new, prepare)
+
+
+def _parse_prepare(src, raw, line) -> tuple[Prepared, ...]:
+    """replace.prepare: a list of {op, inputs, outputs[, attrs]}, each op a standard ONNX
+    operator, its attributes literals."""
+    import onnx.defs
+
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(x, dict) for x in raw):
+        raise RuleError(src, "replace.prepare must be a list of standard ONNX nodes (op, "
+                        "inputs, outputs[, attrs])", line)
+    out = []
+    for x in raw:
+        op, ins, outs, attrs = x.get("op"), x.get("inputs"), x.get("outputs"), x.get("attrs", {})
+        where = _line(x, "op")
+        unknown = sorted(set(x) - {"op", "inputs", "outputs", "attrs"})
+        if unknown:
+            raise RuleError(src, f"replace.prepare: unknown keys {unknown} (a node has op, "
+                            "inputs, outputs, attrs)", where)
+        if not isinstance(op, str) or not onnx.defs.has(op):
+            raise RuleError(src, f"replace.prepare: {op!r} is not a standard ONNX operator", where)
+        for key, vals in (("inputs", ins), ("outputs", outs)):
+            if not isinstance(vals, list) or not vals or \
+                    not all(isinstance(v, str) and v for v in vals):
+                raise RuleError(src, f"replace.prepare.{key} must be a non-empty list of "
+                                "variable names", where)
+        if not isinstance(attrs, dict) or not all(
+                isinstance(v, (int, float, str)) and not isinstance(v, bool)
+                for v in attrs.values()):
+            raise RuleError(src, "replace.prepare.attrs must map attribute names to numbers or "
+                            "strings", where)
+        out.append(Prepared(op, tuple(ins), tuple(outs), dict(attrs)))
+    return tuple(out)
 
 
 def _check_dataflow(src, nodes: tuple[NodeSpec, ...], replace: Replacement, tensors) -> None:
@@ -689,6 +740,19 @@ def _check_dataflow(src, nodes: tuple[NodeSpec, ...], replace: Replacement, tens
             raise RuleError(src, f"replace.new: '{v}' is a pattern variable; list only tensors "
                             "that the replacement creates", None)
     written: set[str] = set()  # outputs of the replacement's earlier nodes
+    for prep in replace.prepare:
+        for v in prep.inputs:
+            if v not in seen and v not in written:
+                raise RuleError(src, f"replace.prepare ({prep.op}) reads '{v}', which no "
+                                "pattern node uses and no earlier prepare node writes", None)
+            if v in produced and v not in kept_out:
+                raise RuleError(src, f"replace.prepare ({prep.op}).inputs: '{v}' is produced "
+                                "inside the pattern (it is removed when the match fuses)", None)
+        if not any(v in rep.inputs for v in prep.outputs for rep in replace.nodes) and \
+                not any(v in p.inputs for v in prep.outputs for p in replace.prepare):
+            raise RuleError(src, f"replace.prepare ({prep.op}): no fused node reads its "
+                            f"outputs {list(prep.outputs)}", None)
+        written.update(prep.outputs)
     for k, rep in enumerate(replace.nodes):
         where = "replace" if k == 0 else f"replace.then[{k - 1}]"
         for v in rep.inputs + rep.outputs:

@@ -392,17 +392,7 @@ def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: i
                               f"original does, {where}: {exc.detail}") from None
         fused_ops = {n.op_type for n in fnodes}
         runs = _kernel_runs(finfo["profile"], fused_ops) if finfo.get("profile") else {}
-    # fed buffers count as outputs when a run wrote into them (ort-training gradient buffers)
-    feeds = plan.feeds
-    inplace = sorted(k for k in ref if k.startswith("fed/") and (
-        not np.array_equal(ref[k], feeds[k[4:]])
-        or (k in got and not np.array_equal(got[k], feeds[k[4:]]))))
-    diffs = []
-    for name in [o.name for o in orig.graph.output] + inplace:
-        d = judge(name, ref[name], got.get(name), ref.get(f"run1/{name}"), rtol, atol)
-        if not d.ok:
-            d.upstream_fused = _upstream_fused(fmodel, name.removeprefix("fed/"))
-        diffs.append(d)
+    diffs = _output_diffs(orig, fmodel, plan.feeds, ref, got, rtol, atol)
     boundaries = []
     for t in wanted:
         d = judge(t, ref[t], got.get(t), ref.get(f"run1/{t}"), rtol, atol)
@@ -447,6 +437,22 @@ def _vacuity(diffs: list[OutputDiff], bounds: dict, values: dict) -> list[str]:
             why.append(f"every output of fused node {node} is zero in the original (masked "
                        "out?), so an error in it could not show")
     return why
+
+
+def _output_diffs(orig: onnx.ModelProto, fmodel: onnx.ModelProto, feeds: dict, ref: dict,
+                  got: dict, rtol: float, atol: float) -> list[OutputDiff]:
+    """Every graph output of the original, and every fed buffer a run wrote into
+    (ort-training's gradient buffers), judged: the fused run's against the original's."""
+    inplace = sorted(k for k in ref if k.startswith("fed/") and (
+        not np.array_equal(ref[k], feeds[k[4:]])
+        or (k in got and not np.array_equal(got[k], feeds[k[4:]]))))
+    diffs = []
+    for name in [o.name for o in orig.graph.output] + inplace:
+        d = judge(name, ref[name], got.get(name), ref.get(f"run1/{name}"), rtol, atol)
+        if not d.ok:
+            d.upstream_fused = _upstream_fused(fmodel, name.removeprefix("fed/"))
+        diffs.append(d)
+    return diffs
 
 
 def _single_node_model(node: onnx.NodeProto, values: dict[str, np.ndarray]) -> onnx.ModelProto:
@@ -570,10 +576,14 @@ def check_fusions(original_path: str | os.PathLike, records, seed: int = 0, rtol
                                    extra=["--deterministic"])
     values = _unprobe(values)
     values.update(plan.feeds)
+    # replace.prepare's standard nodes (a mask divided by the scale), which a later record's
+    # fused nodes may read too: their outputs first, from the original's tensors
+    for n in (n for _, n in nodes if n.domain != FUSED_DOMAIN):
+        values.update(_reference_outputs(n, values, known))
     checks = []
     for r in records:
         diffs = _reference_diffs(r.node, values, known, rtol, atol)
-        extra = getattr(r, "extra", ())
+        extra = [n for n in getattr(r, "extra", ()) if n.domain == FUSED_DOMAIN]
         if extra:  # replace.then: later fused nodes read the earlier ones' reference outputs
             vals = dict(values)
             vals.update(_reference_outputs(r.node, vals, known))

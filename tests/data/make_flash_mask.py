@@ -38,6 +38,13 @@ Two more spellings (the architecture sweep's Falcon and MPT, scripts/corpus/SWEE
 - mqa_bias_causal: Falcon's multi-query attention: K and V of one head [B, 1, S, dh], broadcast
   to the query heads by the matmuls (`q @ k.transpose(-1, -2)`, `p @ v`), scores / sqrt(dh) +
   an additive causal mask (0 / finfo.min); the gradients of K and V are summed over the heads.
+Two more (heads sweep 3, scripts/corpus/SWEEP.md), each an additive bias the ops take as one
+tensor that the replacement computes (`replace.prepare`):
+- bias_prescale_pad: CodeGen's order, the additive mask (causal & attention_mask, 0 /
+  finfo.min, built at run time) added to the raw scores, then the scale: (q k^T + mask) /
+  sqrt(dh).
+- bias2_causal_pad: CTRL's, two additive masks after the scale: the causal mask * -1e4 (a float
+  0 / 1 buffer), then the padding mask (1 - attention_mask) * finfo.min.
 ort-training also exports where_causal, where_window and bias_window_pad with the forward at
 opset 12 (`_opset12`, as older export scripts do: Softmax(axis=3) and com.microsoft
 SoftmaxGrad, docs/rules.md `last_axis`).
@@ -150,6 +157,19 @@ class WhereBlock(torch.nn.Module):
                 pad = attention_mask if self.kind == "where_window_pad" else None
                 w = torch.where(self.window_mask(s, pad), w, torch.full([], fmin, dtype=w.dtype))
             return torch.softmax(w, dim=-1) @ v
+        if self.kind == "bias_prescale_pad":
+            # CodeGen's order: the additive mask (causal and padding, 0 / finfo.min, built at
+            # run time) added to the raw scores, then the scale
+            keep = self.causal[:, :, :s, :s] & attention_mask[:, None, None, :].bool()
+            mask = (1.0 - keep.to(q.dtype)) * fmin
+            return torch.softmax((q @ k.transpose(-2, -1) + mask) / self.dh ** 0.5, dim=-1) @ v
+        if self.kind == "bias2_causal_pad":
+            # CTRL's: scaled scores + the causal mask * -1e4 (a float [S, S] buffer of 0 / 1)
+            # + the additive padding mask built at run time
+            w = q @ k.transpose(-2, -1) / self.dh ** 0.5
+            w = w + (~self.causal[0, 0, :s, :s]).to(w.dtype) * -1e4
+            return torch.softmax(w + (1.0 - attention_mask[:, None, None, :].to(w.dtype)) * fmin,
+                                 dim=-1) @ v
         if self.kind == "fill_causal_pad":
             w = q @ k.transpose(-2, -1) / self.dh ** 0.5
             w = w.masked_fill(~self.causal[:, :, :s, :s], float("-inf"))
@@ -246,8 +266,10 @@ class AttnLayers(torch.nn.Module):
 
 KINDS = ["where_causal", "where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "fill_window_ninf",
          "gqa_where_all", "where_window", "where_window_pad", "bias_window", "bias_window_pad",
-         "alibi_fill_pad", "mqa_bias_causal", "mqa_all", "alibi_all", "sdpa_all", "sdpa_math_all"]
+         "alibi_fill_pad", "mqa_bias_causal", "mqa_all", "alibi_all", "sdpa_all", "sdpa_math_all",
+         "bias_prescale_pad", "bias2_causal_pad"]
 PADDED = {"where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "gqa_where_all",
+          "bias_prescale_pad", "bias2_causal_pad",
           "where_window_pad", "bias_window_pad", "alibi_fill_pad", "mqa_all", "alibi_all",
           "sdpa_all", "sdpa_math_all"}
 # torch-joint only: exported under SDPBackend.MATH (the only sdpa backend whose backward torch
