@@ -37,6 +37,8 @@ def log(quiet: bool, msg: str) -> None:
 
 
 def print_verify(report, original, fused) -> None:
+    from fusecli.runtime.verify import PROBES_DIFFER
+
     echo_line(f"verify: {Path(original).name} vs {Path(fused).name} in {report.runtime} "
                f"(graph optimizations off, {report.deterministic}, rtol={report.rtol:g}, "
                f"atol={report.atol:g})")
@@ -53,9 +55,14 @@ def print_verify(report, original, fused) -> None:
         echo_line(f"  {d.name:<{w}}  max_abs {d.max_abs:.3e}  max_rel {rel}  "
                    f"noise {noise}  {d.status}")
     bad = [d for d in report.boundaries if not d.ok]
+    unjudged = [d for d in report.boundaries if d.status == PROBES_DIFFER]
     echo_line(f"  fused-node boundary tensors: {len(report.boundaries)} compared, "
                f"{len(bad)} mismatched" + "".join(f"; {d.name} (max_rel {d.rel:.3e}, at "
                                                   f"{', '.join(d.upstream_fused)})" for d in bad[:3]))
+    if unjudged:
+        echo_line(f"  {len(unjudged)} of them not judged: onnxruntime computed them differently "
+                   "with the probes that read them, and the two models' outputs, run again "
+                   "without probes (buffer reuse on), agree")
     if report.fusion_checks is not None:
         nbad = sum(not c.ok for c in report.fusion_checks)
         echo_line(f"  {len(report.noisy)} output(s) too sensitive to judge on the whole model "

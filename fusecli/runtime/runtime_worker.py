@@ -2,7 +2,7 @@
 
 usage: python fusecli/runtime/runtime_worker.py --model M.onnx --feeds feeds.npz [--feeds more.npz ...]
            --out out.npz [--library custom_ops.so] [--opt-level disable|basic|extended|all]
-           [--threads N] [--deterministic] [--profile DIR] [--repeat N]
+           [--threads N] [--deterministic [--reuse]] [--profile DIR] [--repeat N]
 
 Runs under the main venv (onnxruntime) and under .venv-ortt (onnxruntime-training), which is
 why it must not import the fusecli package. Writes to --out every graph output under its name
@@ -11,7 +11,8 @@ writes gradients in place into the fed '*accumulation.buffer' arrays). Each furt
 is run in a FRESH session of the same model (so seeded random ops draw what they drew in the
 first run) and its results are written under 'run<k>/<name>' (k = 1, 2, ...).
 --deterministic: one intra-op thread and onnxruntime's use_deterministic_compute, so that a run
-does not depend on thread scheduling (e.g. the multi-threaded ScatterND of embedding gradients).
+does not depend on thread scheduling (e.g. the multi-threaded ScatterND of embedding gradients),
+and no buffer reuse unless --reuse.
 Prints one JSON line on stdout ({"runtime": ..., ...}); on error prints one line to stderr and
 exits 2, control characters in it escaped (names in the runtime's message cannot forge lines).
 Every key of the .npz files, both ways, is a name percent-encoded (``encode_key``: a tensor
@@ -52,9 +53,10 @@ def _runtime_name(ort) -> str:
 
 def session_options(ort, opt_level: str = "disable", threads: int = 0, library: str | None = None,
                     profile: str | None = None, spinning: bool = False, arena: bool = True,
-                    deterministic: bool = False):
+                    deterministic: bool = False, reuse: bool = False):
     """SessionOptions shared by the run and bench workers (idle spinning off unless asked).
-    ``deterministic``: one intra-op thread and use_deterministic_compute."""
+    ``deterministic``: one intra-op thread and use_deterministic_compute, and no buffer reuse
+    unless ``reuse``."""
     so = ort.SessionOptions()
     if deterministic:
         threads = 1
@@ -62,8 +64,10 @@ def session_options(ort, opt_level: str = "disable", threads: int = 0, library: 
         # no buffer reuse: with symbolic dims, onnxruntime-training 1.19.2 lets later nodes
         # overwrite the buffers behind verify's probes (Identity copies to graph outputs) of
         # intermediates, e.g. a LayerNormalization's saved inv_std (measured: 3.4x off with
-        # reuse, 1.3e-7 without)
-        so.enable_mem_reuse = False
+        # reuse, 1.3e-7 without). Without reuse it plans some graphs wrong instead (a speech
+        # model's positional-conv LayerNorm backward: a Scale by 0), so verify judges outputs
+        # that differ once more on runs without probes, with reuse (``reuse``)
+        so.enable_mem_reuse = reuse
     spin = "1" if spinning else "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", spin)
     so.add_session_config_entry("session.inter_op.allow_spinning", spin)
@@ -150,6 +154,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = ORT default)")
     ap.add_argument("--deterministic", action="store_true",
                     help="one intra-op thread and use_deterministic_compute")
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --deterministic: keep onnxruntime's buffer reuse")
     ap.add_argument("--profile", default=None, metavar="DIR", help="enable profiling into DIR")
     ap.add_argument("--repeat", type=int, default=0, help="time N extra runs (fresh feeds each)")
     return ap.parse_args(argv)
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def session():
             so = session_options(ort, args.opt_level, args.threads, args.library, args.profile,
-                                 deterministic=args.deterministic)
+                                 deterministic=args.deterministic, reuse=args.reuse)
             return ort.InferenceSession(args.model, sess_options=so,
                                         providers=["CPUExecutionProvider"])
 
