@@ -5,8 +5,9 @@ Runs in both corpus generator venvs (build/venv-corpus-ortt, build/venv-corpus-t
 Nothing is downloaded: every model is built from a config and initialised from torch's seed.
 
 How the expected counts are derived (derive_counts; never from fusecli's output): the model is
-run once on its example inputs with a forward hook on every module; each hook records the
-module, the tensors it received and the tensor it returned (by identity, tensors kept alive).
+run once on its example inputs with a forward hook on every module call (global hooks: a module
+the forward creates as it runs counts too); each hook records the module, the tensors it
+received and the tensor it returned (by identity, tensors kept alive).
 From that dataflow:
   linear_relu / linear_gelu / linear_silu: an activation MODULE (nn.ReLU; nn.GELU or
     transformers' GELUActivation / NewGELUActivation / GELUTanh...; nn.SiLU / SiLUActivation)
@@ -139,7 +140,7 @@ def _act_kind(m: nn.Module) -> str | None:
 
 # LayerNorms that are no nn.LayerNorm: OLMo's parameter-free F.layer_norm(x, shape, None, None),
 # Cohere's hand-written mean/variance LayerNorm with a weight and no bias
-LAYERNORM_MODULES = ("OlmoLayerNorm", "CohereLayerNorm", "Cohere2LayerNorm")
+LAYERNORM_MODULES = ("OlmoLayerNorm", "CohereLayerNorm", "Cohere2LayerNorm", "DebertaLayerNorm")
 
 
 def _is_linear(m: nn.Module) -> bool:
@@ -231,7 +232,7 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...],
     LOSS_READS_LOGITS key (loss_key(Arch.loss, family))."""
     calls: list[tuple[nn.Module, list[tuple[int, int]], object]] = []
     seen_in: dict[int, list[tuple[int, int]]] = {}
-    keep: list[torch.Tensor] = []  # keeps every tensor alive so that ids are not reused
+    keep: list = []  # keeps every tensor (and module) alive so that ids are not reused
 
     def pre(mod, args):
         ts = [a for a in args if isinstance(a, torch.Tensor)]
@@ -255,8 +256,15 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...],
             out = (id(out), out._version)
         calls.append((mod, seen_in.get(id(mod), []), out))
 
-    handles = [h for m in model.modules()
-               for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(hook))]
+    # global hooks: they also see the modules a forward creates as it runs (transformers'
+    # `ACT2FN[config.hidden_act](x)` in RoFormer's, BigBird's and ConvBERT's classifier heads,
+    # DeBERTa's context pooler), which hooks on model.modules() would miss
+    def pre_kept(mod, args):
+        keep.append(mod)  # (a module made in the forward: its id is not reused)
+        return pre(mod, args)
+
+    handles = [nn.modules.module.register_module_forward_pre_hook(pre_kept),
+               nn.modules.module.register_module_forward_hook(hook)]
     try:
         with torch.enable_grad():
             result = model(*inputs)
@@ -1826,13 +1834,13 @@ def _audio(samples: int) -> Callable[[], dict[str, torch.Tensor]]:
     return lambda: {"input_values": torch.randn(BATCH, samples)}
 
 
-def _speech_cls(name: str, kind: str, desc: str) -> "Arch":
+def _speech_cls(name: str, kind: str, desc: str, prefix: str = "") -> "Arch":
     """{kind}ForSequenceClassification of transformers on 64 raw samples, the classifier's
     cross-entropy. The two conv feature layers (stride 2) and the positional conv are frozen in
     both families, as fine-tuning recipes freeze a speech model's feature encoder
     (`freeze_feature_encoder`): torch-joint exports no conv backward, onnxruntime-training has no
     gradient for the GroupNorm it exports as InstanceNormalization."""
-    prefix = f"net.{kind.lower()}"
+    prefix = f"net.{prefix or kind.lower()}"
     return Arch(name, "transformers", f"{kind}ForSequenceClassification: {desc}",
                 _frozen(_hf(f"{kind}Config", f"{kind}ForSequenceClassification",
                             pick=_cls_logits, num_labels=NUM_LABELS, hidden_size=HID,
@@ -1901,3 +1909,116 @@ for _a in [
          loss="ce_lm"),
 ]:
     ARCHS[_a.name] = _a
+
+
+# --- heads sweep 3 (2026-12-07): LM, encoder, vision and speech classifiers of classes no earlier
+# sweep has (older GPT-style LMs with their own mask spellings, BERT variants with their own
+# heads, transformers' own CNNs, registers, pooled ViT heads, more speech encoders) -------------
+_OLD_DROP = dict(resid_pdrop=0.0, embd_pdrop=0.0)
+_BERT_DEC = dict(hidden_size=HID, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                 intermediate_size=FF, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                 attention_probs_dropout_prob=0.0)
+
+
+def _vision_cnn(name: str, kind: str, desc: str, **cfg) -> "Arch":
+    """{kind}ForImageClassification of transformers (a CNN: ort-training only, whose conv
+    backward exports), 32 x 32 images, the classifier's cross-entropy."""
+    return Arch(name, "transformers", f"{kind}ForImageClassification: {desc}",
+                _hf(f"{kind}Config", f"{kind}ForImageClassification", pick=_cls_logits,
+                    num_labels=NUM_LABELS, **cfg),
+                _image(32), families=("ort-training",), extra=True, loss="ce_lm")
+
+
+for _a in [
+    Arch("openai_gpt_lm", "transformers", "OpenAIGPTLMHeadModel: post-LN, Conv1D, causal mask "
+         "as w * b - 1e4 * (1 - b), lm_head TIED",
+         _lm("OpenAIGPTConfig", "OpenAIGPTLMHeadModel", n_embd=HID, n_layer=LAYERS,
+             n_head=HEADS, n_positions=32, attn_pdrop=0.0, **_OLD_DROP),
+         _lm_ids, attention=("Attention",), input_ranges=_LM_IDS_R, extra=True, loss="ce_lm"),
+    Arch("ctrl_lm", "transformers", "CTRLLMHeadModel: sinusoidal positions, embeddings * "
+         "sqrt(d), causal mask * -1e4 added, ReLU MLP, lm_head TIED with bias",
+         _lm("CTRLConfig", "CTRLLMHeadModel", n_embd=HID, n_layer=LAYERS, n_head=HEADS,
+             dff=FF, n_positions=32, **_OLD_DROP),
+         _lm_ids_mask, attention=("MultiHeadAttention",), input_ranges=_LM_MASK_R, extra=True,
+         loss="ce_lm"),
+    _lm_arch("gpt_neox_japanese_lm", "GPTNeoXJapanese", "rotary, a dense bias added after "
+             "attention, untied embed_out", dec=dict(hidden_size=HID, num_hidden_layers=LAYERS,
+                                                     num_attention_heads=HEADS,
+                                                     max_position_embeddings=32),
+             intermediate_multiple_size=2, hidden_dropout=0.0, attention_dropout=0.0),
+    Arch("bert_generation_lm", "transformers", "BertGenerationDecoder: a causal BERT encoder, "
+         "lm_head (Linear with bias) TIED",
+         _lm("BertGenerationConfig", "BertGenerationDecoder", is_decoder=True, **_BERT_DEC),
+         _lm_ids_mask, attention=("BertGenerationSelfAttention",), input_ranges=_LM_MASK_R,
+         extra=True, loss="ce_lm"),
+    Arch("xlm_lm", "transformers", "XLMWithLMHeadModel (causal): q scaled before the scores, "
+         "masked_fill(finfo.min), sinusoidal-free learned positions, pred_layer TIED with bias",
+         _lm("XLMConfig", "XLMWithLMHeadModel", emb_dim=HID, n_layers=LAYERS, n_heads=HEADS,
+             max_position_embeddings=32, causal=True, dropout=0.0, attention_dropout=0.0,
+             pad_index=0),
+         _lm_ids_mask, attention=("MultiHeadAttention",), input_ranges=_LM_MASK_R, extra=True,
+         loss="ce_lm"),
+    _seqcls_arch("megatron_bert_cls", "MegatronBert", "pre-LN BERT, pooler + classifier",
+                 "MegatronBertSelfAttention", **_ENC),
+    _seqcls_arch("rembert_cls", "RemBert", "decoupled input embeddings (16) projected to 32, "
+                 "pooler + classifier", "RemBertSelfAttention", input_embedding_size=16,
+                 output_embedding_size=16, classifier_dropout_prob=0.0, **_ENC),
+    _seqcls_arch("convbert_cls", "ConvBert", "span-based dynamic convolution beside attention "
+                 "(head_ratio 2), dense + gelu + out_proj on token 0", "ConvBertSelfAttention",
+                 embedding_size=HID, head_ratio=2, conv_kernel_size=3, **_ENC),
+    _seqcls_arch("ernie_cls", "Ernie", "BERT with task-type embeddings, pooler + classifier",
+                 "ErnieSelfAttention", **_ENC),
+    _seqcls_arch("big_bird_cls", "BigBird", "full attention (original_full), dense + gelu + "
+                 "out_proj on token 0", "BigBirdSelfAttention", attention_type="original_full",
+                 **_ENC),
+    _seqcls_arch("deberta_cls", "Deberta", "disentangled attention (v1), context pooler + "
+                 "classifier", "DisentangledSelfAttention", type_vocab_size=0,
+                 pooler_dropout=0.0, **_ENC),
+    _seqcls_arch("squeezebert_cls", "SqueezeBert", "grouped 1x1 convolutions in place of the "
+                 "Linears, pooler + classifier", "SqueezeBertSelfAttention", embedding_size=HID,
+                 q_groups=1, k_groups=1, v_groups=1, post_attention_groups=1,
+                 intermediate_groups=1, output_groups=1, **_ENC),
+    _vision_cnn("resnet_hf_cls", "ResNet", "basic blocks, flatten + Linear", embedding_size=8,
+                hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic"),
+    _vision_cnn("regnet_cls", "RegNet", "grouped bottlenecks with squeeze-excitation, flatten + "
+                "Linear", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                groups_width=8, layer_type="y"),
+    _vision_cnn("mobilenet_v2_hf_cls", "MobileNetV2", "inverted residuals, ReLU6, dropout-free "
+                "Linear head", depth_multiplier=0.25, image_size=32, classifier_dropout_prob=0.0),
+    _vision_cnn("pvt_v2_cls", "PvtV2", "overlapping patch embeddings, reduced-kv attention, "
+                "depthwise-conv MLP, mean + Linear", hidden_sizes=[8, 16], depths=[1, 1],
+                num_encoder_blocks=2, sr_ratios=[2, 1], num_attention_heads=[1, 2],
+                patch_sizes=[3, 3], strides=[2, 2], mlp_ratios=[2, 2], drop_path_rate=0.0),
+    Arch("dinov2_reg_cls", "transformers", "Dinov2WithRegistersForImageClassification: register "
+         "tokens, layer scale, classifier on [cls, mean(patches)]",
+         _frozen_patch(_hf("Dinov2WithRegistersConfig",
+                           "Dinov2WithRegistersForImageClassification", pick=_cls_logits,
+                           num_labels=NUM_LABELS, hidden_size=HID, num_hidden_layers=LAYERS,
+                           num_attention_heads=HEADS, mlp_ratio=2, image_size=8, patch_size=4,
+                           num_register_tokens=2, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0, drop_path_rate=0.0),
+                       "net.dinov2_with_registers.embeddings.patch_embeddings.projection"),
+         _image(8), attention=("Dinov2WithRegistersSelfAttention",), extra=True, loss="ce_lm"),
+    Arch("ijepa_cls", "transformers", "IJepaForImageClassification: ViT without a cls token, "
+         "classifier on the mean of the patches",
+         _frozen_patch(_hf("IJepaConfig", "IJepaForImageClassification", pick=_cls_logits,
+                           num_labels=NUM_LABELS, hidden_size=HID, num_hidden_layers=LAYERS,
+                           num_attention_heads=HEADS, intermediate_size=FF, image_size=8,
+                           patch_size=4, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0),
+                       "net.ijepa.embeddings.patch_embeddings.projection"),
+         _image(8), attention=("IJepaSelfAttention",), extra=True, loss="ce_lm"),
+    _speech_cls("unispeech_sat_cls", "UniSpeechSat", "as Wav2Vec2 (UniSpeech-SAT), projector, "
+                "mean, classifier", prefix="unispeech_sat"),
+    _speech_cls("data2vec_audio_cls", "Data2VecAudio", "as Wav2Vec2 with a stack of positional "
+                "convs, projector, mean, classifier", prefix="data2vec_audio"),
+]:
+    ARCHS[_a.name] = _a
+
+# parameters the classifiers never read (TorchScript drops them; frozen so the export keeps every
+# trained one under its name): BigBird's pooler (its head reads token 0), UniSpeech-SAT's
+# masked_spec_embed and DINOv2's mask_token (no masking in this training setup)
+for _name, _path in [("big_bird_cls", "net.bert.pooler"),
+                     ("unispeech_sat_cls", "net.unispeech_sat.masked_spec_embed"),
+                     ("dinov2_reg_cls", "net.dinov2_with_registers.embeddings.mask_token")]:
+    ARCHS[_name] = dataclasses.replace(ARCHS[_name], build=_frozen(ARCHS[_name].build, _path))
