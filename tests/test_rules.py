@@ -71,6 +71,9 @@ for _name in EXPORTS:
 # tests/test_frozen.py): Linear+activation backward without the weight gradient, and a first
 # layer whose bias gradient is all there is
 # (and attention without dK: k_proj and everything below it frozen)
+# LayerNorms written out (tests/data/make_layernorm_written.py; counts and verify in
+# tests/test_sweep_rules.py): layernorm_torch_written
+SAMPLE_MODELS["export_torch_layernorm_written"] = onnx.load(DATA / "torch_layernorm_written.onnx")
 for _name in ("ortt_frozen_mlp", "ortt_frozen_first", "torch_frozen_mlp", "torch_frozen_first",
               "ortt_frozen_block", "torch_frozen_block"):
     SAMPLE_MODELS[f"export_{_name}"] = onnx.load(DATA / f"{_name}.onnx")

@@ -8,6 +8,10 @@ LinearActivationGrad{gelu_tanh} and verified. Negatives, one per guard, each on 
 every constant the rule checks (the kept forward's a, k and 1 as well as the backward's), a
 wrong op, an extra consumer of a removed intermediate; each must leave the chain unfused and
 `explain` must name the reason.
+
+layernorm_torch_written: LayerNorms written out in the model code (DeBERTa's DebertaLayerNorm,
+the TF-style BertLayerNorm), found by heads sweep 3 (torch-joint DeBERTa v1: 0 of 5 before).
+Fixtures: tests/data/make_layernorm_written.py, both families; a negative on the mean's size.
 """
 
 from __future__ import annotations
@@ -384,3 +388,52 @@ def test_layernorm_gamma_must_have_the_normalised_size(gamma, ok):
     why = input_problem("LayerNormGrad", {"axis": -1}, [[6, 16], [6, 16], gamma, [6, 1], [6, 1]],
                         ["dY", "X", "gamma", "mean", "rstd"])
     assert (why is None) is ok, why
+
+
+# --- layernorm_torch_written (heads sweep 3: DeBERTa v1's DebertaLayerNorm) ------------------
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+def test_layernorm_written_out_fuses_and_verifies(family, tmp_path):
+    """Three LayerNorms written out (tests/data/make_layernorm_written.py): weight and bias, a
+    pre-norm residual block (its input's gradient takes the residual's), weight alone; epsilon
+    1e-7 kept and 1e-12 dropped by torch's exporter. Counts from the model code: layernorm 3.
+    torch-joint's LayerNormGrad reads the forward's mean and the Reciprocal of its std, which
+    the replacement prepares; each fusion matches the op's NumPy reference on the original's
+    tensors."""
+    from fusecli.runtime.verify import check_fusions
+
+    src = DATA / f"{family}_layernorm_written.onnx"
+    m = onnx.load(src)
+    fp = FusionPass()
+    fp.run(m)
+    assert {p: s.fused for p, s in fp.stats.patterns.items() if s.fused} == {"layernorm": 3}
+    if family == "torch":
+        grads = [n for n in m.graph.node if n.op_type == "LayerNormGrad"]
+        recips = {n.output[0] for n in m.graph.node if n.op_type == "Reciprocal"}
+        assert len(grads) == 3 and all(g.input[4] in recips for g in grads)
+        assert sum(len(g.input) > 5 and bool(g.input[5]) for g in grads) == 1   # the residual
+        assert sum(bool(g.output[2]) if len(g.output) > 2 else 0 for g in grads) == 2  # biases
+        checks = check_fusions(src, fp.stats.fusions, atol=1e-6)
+        assert checks and not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+
+
+def test_layernorm_written_out_over_another_count_is_not_fused():
+    """The mean's gradient divided by 8 where the rows have 16 values: not a LayerNorm's
+    backward (N is checked to be the last dim), so none of the three fuse, and explain says
+    why."""
+    m = onnx.load(DATA / "torch_layernorm_written.onnx")
+    sixteen = {t.name for t in m.graph.initializer
+               if t.data_type == onnx.TensorProto.FLOAT and numpy_helper.to_array(t).size == 1
+               and float(numpy_helper.to_array(t)) == 16.0}
+    assert sixteen
+    for t in m.graph.initializer:
+        if t.name in sixteen:
+            t.CopyFrom(numpy_helper.from_array(np.array(8.0, np.float32), t.name))
+    assert FusionPass().run(copy.deepcopy(m)) == 0
+    rules = [r for r in load_rules() if r.name == "layernorm_torch_written"]
+    misses = explain_model(m, FusionPass(rules=rules))
+    assert any("last dim" in x["detail"] for x in misses), misses
