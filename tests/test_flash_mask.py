@@ -185,6 +185,50 @@ def test_masks_the_ops_take_as_one_prepared_bias_fuse_and_verify(kind, family, t
     assert checks and not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]
 
 
+def test_a_mask_multiplied_on_fuses_as_a_bool_mask_with_fill_zero(tmp_path):
+    """OpenAI GPT's S * b + -1e4 * (1 - b), b a 0 / 1 float causal buffer (folded to a
+    constant by the ort-training exporter): Where(b, S, 0) + M exactly, the ops' bool mask
+    (b cast by one prepared node) with fill 0 and the bias M; the Mul's gradient dS * b is the
+    ops' zeroed score gradient."""
+    src = DATA / "ortt_flash_mulmask_causal.onnx"
+    m = onnx.load(src)
+    muls = {t for n in m.graph.node if n.op_type == "Mul" for t in n.input}
+    fp = FusionPass()
+    fp.run(m)
+    assert {p: s.fused for p, s in fp.stats.patterns.items() if s.fused} == EXPECTED
+    fwd = next(n for n in m.graph.node if n.op_type == "FlashAttention")
+    bwd = next(n for n in m.graph.node if n.op_type == "FlashAttentionGrad")
+    cast = next(n for n in m.graph.node if fwd.input[4] in n.output)
+    assert cast.op_type == "Cast" and cast.input[0] in muls and bwd.input[7] == fwd.input[4]
+    a = _attrs(fwd)
+    assert (a["fill"], a["fill_kept"], a["bias_first"]) == (0.0, 1, 0) and fwd.input[3]
+    out = tmp_path / "fused.onnx"
+    onnx.save(m, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+    checks = check_fusions(src, fp.stats.fusions, atol=1e-6)
+    assert checks and not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]
+
+
+def test_a_mask_multiplied_on_that_is_not_zero_one_is_not_flash():
+    """The same graph with one element of b at 0.5 (S * b is then no Where): not flash
+    attention, and explain names the buffer."""
+    from fusecli import load_rules
+    from fusecli.engine.explain import explain_model
+
+    m = onnx.load(DATA / "ortt_flash_mulmask_causal.onnx")
+    fwd_mul = next(n for n in m.graph.node if n.op_type == "Mul" and any(
+        t.name in n.input and numpy_helper.to_array(t).ndim == 4 for t in m.graph.initializer))
+    b = next(t for t in m.graph.initializer if t.name in fwd_mul.input)
+    arr = numpy_helper.to_array(b).copy()
+    arr.flat[0] = 0.5
+    b.CopyFrom(numpy_helper.from_array(arr, b.name))
+    assert _fuse(copy.deepcopy(m)).get("flash_attention", 0) == 0
+    rules = [r for r in load_rules() if r.name == "flash_ortt_mulmask"]
+    misses = explain_model(m, FusionPass(rules=rules))
+    assert any("other than 0 and 1" in x["detail"] for x in misses), misses
+
+
 # --- the architecture sweep's Falcon and MPT spellings (tests/data/make_flash_mask.py) ---------
 
 @pytest.mark.parametrize("family", ["ortt", "torch"])

@@ -106,6 +106,9 @@ for _name in ("flash_where_causal", "flash_where_gpt2_pad", "flash_fill_window_n
 # torch's scaled_dot_product_attention through torch.onnx (ort-training only): a bool mask's NaN
 # guard (flash_ortt_mask_nanguard; returning its attentions, the sdpa rule that took it before)
 SAMPLE_MODELS["export_ortt_flash_sdpa_all"] = onnx.load(DATA / "ortt_flash_sdpa_all.onnx")
+# OpenAI GPT's mask multiplied on, then added (flash_ortt_mulmask; ort-training only)
+SAMPLE_MODELS["export_ortt_flash_mulmask_causal"] = onnx.load(
+    DATA / "ortt_flash_mulmask_causal.onnx")
 # ... and in a torch-joint graph, exported under SDPBackend.MATH: _safe_softmax's guard
 # (flash_torch{,_gqa,_mqa}_{mask,plain}_safe)
 SAMPLE_MODELS["export_torch_flash_sdpa_math_all"] = onnx.load(

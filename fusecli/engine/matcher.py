@@ -852,7 +852,8 @@ class Matcher:
                 if fn is not None and v not in own:
                     extra[0] |= (1 << i) - 1  # set by an earlier node's op alternative
                 if value is not None and fn is not None and fn != "identity":
-                    value = CONST_FUNCS[fn](compact(np.asarray(value)).astype(np.float64))
+                    with np.errstate(divide="ignore", invalid="ignore"):  # (a 0: inf, no match)
+                        value = CONST_FUNCS[fn](compact(np.asarray(value)).astype(np.float64))
                 if ts.kind in DEFERRED_KINDS:  # checked once both ends are bound (below)
                     ok, detail = True, ""
                 elif ts.kind == "index_range":
@@ -861,6 +862,8 @@ class Matcher:
                     ok, detail = self._lead_dims_of(value, ts, t2)
                 elif ts.kind == "last_dim_of":
                     ok, detail = self._last_dim_of(value, ts, t2)
+                elif ts.kind == "zero_one":
+                    ok, detail = self._zero_one(name)
                 elif ts.kind == "broadcast_axes_of":
                     ok, detail = self._broadcast_axes_of(value, ts, t2,
                                                          self.g.shapes.shape(actual[0]))
@@ -921,6 +924,27 @@ class Matcher:
         return ok, ("a Reshape target [..., n/2, 2] splitting the last dim n of its input into "
                     "pairs (here computed at run time: its last two entries static, n the "
                     "data's static last dim)")
+
+    _VIEWS = ("Slice", "Reshape", "Unsqueeze", "Squeeze", "Expand", "Identity", "Transpose")
+
+    def _zero_one(self, name: str) -> tuple[bool, str]:
+        """kind zero_one: a constant whose elements are all 0 or 1 (a mask multiplied onto
+        the scores), or a slice or view of one (a causal buffer sliced to the sequence at run
+        time, too large to fold): every element of the constant it is taken from."""
+        t = name
+        for _ in range(8):
+            value = self.g.const_value(t)
+            if value is not None:
+                arr = np.asarray(value)
+                if arr.size and bool(np.all((arr == 0) | (arr == 1))):
+                    return True, ""
+                return False, "has elements other than 0 and 1 (a mask multiplied on)"
+            prod = self.g.producer.get(t)
+            if prod is None or not prod.alive or prod.domain != "" or prod.op not in self._VIEWS:
+                break
+            t = prod.inputs[0]
+        return False, ("is not a constant of 0s and 1s, nor a slice or view of one (a mask "
+                       "multiplied on)")
 
     def _data_shape(self, node, actual):
         """The shape of the data a node's constant inputs describe: its first input's, except

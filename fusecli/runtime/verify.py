@@ -232,12 +232,16 @@ def _expose(model: onnx.ModelProto, tensors: list[str], types_from: onnx.ModelPr
     # output or a computed tensor) take it from the initializers or shape inference
     inits = {i.name: i.data_type for g in (types_from.graph, model.graph) for i in g.initializer}
     todo = [t for t in dict.fromkeys(tensors) if t not in existing]
-    if any(t not in typed and t not in inits for t in todo):
+    # (and a tensor only the fused graph computes, e.g. a mask a rule's prepare node casts to
+    # bool, from the fused graph's)
+    for source in (types_from, model):
+        if not any(t not in typed and t not in inits for t in todo):
+            break
         try:
-            inferred = onnx.shape_inference.infer_shapes(types_from).graph.value_info
+            inferred = onnx.shape_inference.infer_shapes(source).graph.value_info
             typed.update({v.name: v for v in inferred if v.name not in typed
                           and v.type.tensor_type.elem_type})
-        except Exception:  # custom ops onnx cannot infer: FLOAT as before
+        except Exception:  # noqa: BLE001 - custom ops onnx cannot infer: FLOAT as before
             pass
     for t in todo:
         if t in typed:

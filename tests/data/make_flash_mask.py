@@ -45,6 +45,9 @@ tensor that the replacement computes (`replace.prepare`):
   sqrt(dh).
 - bias2_causal_pad: CTRL's, two additive masks after the scale: the causal mask * -1e4 (a float
   0 / 1 buffer), then the padding mask (1 - attention_mask) * finfo.min.
+- mulmask_causal (ort-training only): OpenAI GPT's, the scaled scores times a 0 / 1 float
+  causal buffer plus -1e4 where it is 0, w * b + -1e4 * (1 - b) (both folded to constants by
+  the exporter): the ops' bool mask (b, cast by the replacement) with fill 0, then the bias.
 ort-training also exports where_causal, where_window and bias_window_pad with the forward at
 opset 12 (`_opset12`, as older export scripts do: Softmax(axis=3) and com.microsoft
 SoftmaxGrad, docs/rules.md `last_axis`).
@@ -163,6 +166,12 @@ class WhereBlock(torch.nn.Module):
             keep = self.causal[:, :, :s, :s] & attention_mask[:, None, None, :].bool()
             mask = (1.0 - keep.to(q.dtype)) * fmin
             return torch.softmax((q @ k.transpose(-2, -1) + mask) / self.dh ** 0.5, dim=-1) @ v
+        if self.kind == "mulmask_causal":
+            # OpenAI GPT's: the scaled scores times a 0 / 1 causal buffer, plus -1e4 where it
+            # is 0 (w * b + -1e4 * (1 - b))
+            w = q @ k.transpose(-2, -1) / self.dh ** 0.5
+            b = self.causal[:, :, :s, :s].to(w.dtype)
+            return torch.softmax(w * b + -1e4 * (1 - b), dim=-1) @ v
         if self.kind == "bias2_causal_pad":
             # CTRL's: scaled scores + the causal mask * -1e4 (a float [S, S] buffer of 0 / 1)
             # + the additive padding mask built at run time
@@ -267,7 +276,7 @@ class AttnLayers(torch.nn.Module):
 KINDS = ["where_causal", "where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "fill_window_ninf",
          "gqa_where_all", "where_window", "where_window_pad", "bias_window", "bias_window_pad",
          "alibi_fill_pad", "mqa_bias_causal", "mqa_all", "alibi_all", "sdpa_all", "sdpa_math_all",
-         "bias_prescale_pad", "bias2_causal_pad"]
+         "bias_prescale_pad", "bias2_causal_pad", "mulmask_causal"]
 PADDED = {"where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "gqa_where_all",
           "bias_prescale_pad", "bias2_causal_pad",
           "where_window_pad", "bias_window_pad", "alibi_fill_pad", "mqa_all", "alibi_all",
@@ -275,7 +284,9 @@ PADDED = {"where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "gqa_where_al
 # torch-joint only: exported under SDPBackend.MATH (the only sdpa backend whose backward torch
 # 2.13's exporter decomposes on CPU)
 TORCH_ONLY = {"sdpa_math_all"}
-ORTT_ONLY = {"sdpa_all"}
+# (mulmask_causal: torch-joint feeds the buffer as a graph input, whose 0s and 1s no rule can
+# check, so it stays unfused there)
+ORTT_ONLY = {"sdpa_all", "mulmask_causal"}
 # kinds whose padding leaves whole windows padded (fully masked query rows)
 WINDOW_PADDED = {"where_window_pad", "bias_window_pad"}
 # ort-training kinds also exported with the forward at opset 12 (`<kind>_opset12`)
