@@ -711,8 +711,12 @@ class Matcher:
         # candidates; a constant binds by value (_same_constant), so another tensor of the same
         # value may stand in its place: its consumers are candidates only when no run-time
         # tensor is bound (a raw export writes one Constant subgraph per use)
-        best, best_const = None, None
         ins, outs = self._ports[i]
+        for t, v in outs:  # (a bound output: its producer alone, whatever the inputs)
+            if t != "_" and tensors.get(v):
+                p = self.g.producer.get(tensors[v])
+                return [p] if p is not None and p.alive else []
+        best, best_const = None, None
         for t, v in ins:
             if t != "_" and tensors.get(v):
                 cons = self.g.consumers.get(tensors[v], [])
@@ -723,10 +727,6 @@ class Matcher:
                     best = cons
         if best is None:
             best = best_const
-        for t, v in outs:
-            if t != "_" and tensors.get(v):
-                p = self.g.producer.get(tensors[v])
-                return [p] if p is not None and p.alive else []
         if best is None:
             if spec.optional:
                 return None
