@@ -360,3 +360,29 @@ def test_slice_unsqueeze_squeeze_shapes_are_inferred_where_refined_as_onnxruntim
         outs, {"x": np.zeros((2, 3, 32), np.float32)})
     for o, arr in zip(outs, got):
         assert [d if w is None else w for d, w in zip(arr.shape, want[o])] == list(arr.shape), o
+
+
+def test_split_and_broadcast_shapes_are_inferred_where_refined_as_onnxruntime_runs_them():
+    """A Split's outputs take the split sizes on their axis; a static dim n > 1 broadcast
+    against a symbolic one is n (the other can only be 1 or n where the graph runs: CodeGen's
+    rotary half times a cos table viewed through a run-time target). ``shape`` keeps both
+    unknown; ``refined`` agrees with onnxruntime on the static dims."""
+    x = helper.make_tensor_value_info("x", F, ["batch", "seq", 8])
+    y = helper.make_tensor_value_info("y", F, ["batch", "seq", "d"])
+    nodes = [_c("sizes", [3, 5], np.int64),
+             helper.make_node("Split", ["x", "sizes"], ["lo", "hi"], axis=-1),
+             helper.make_node("Mul", ["x", "y"], ["xy"]),
+             helper.make_node("Split", ["xy"], ["h1", "h2"], axis=2, num_outputs=2)]
+    outs = ["lo", "hi", "xy", "h1", "h2"]
+    g = helper.make_graph(nodes, "g", [x, y], [helper.make_tensor_value_info(o, F, None)
+                                                for o in outs])
+    ix = GraphIndex(g)
+    want = {"lo": ["batch", "seq", 3], "hi": ["batch", "seq", 5], "xy": ["batch", "seq", 8],
+            "h1": ["batch", "seq", 4], "h2": ["batch", "seq", 4]}
+    assert {o: ix.shapes.refined(o) for o in outs} == want
+    assert ix.shapes.shape("xy") == ["batch", "seq", None] and ix.shapes.shape("lo") is None
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        outs, {"x": np.zeros((2, 3, 8), np.float32), "y": np.zeros((2, 3, 1), np.float32)})
+    for o, arr in zip(outs, got):
+        assert list(arr.shape[2:]) == want[o][2:], o

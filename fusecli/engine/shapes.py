@@ -5,8 +5,8 @@ A dim is an int (static), a str (a symbolic dim of the graph, equal to itself on
 initializers, constant values) or, failing that, the shape inferred from the producer for the
 ops that backward chains are made of (MatMul, FusedMatMul, Gemm, Transpose, Reshape,
 ReduceSum, elementwise ops with broadcasting, the gradient ops that keep their input's shape).
-``ShapeOracle.refined(t)`` also infers Concat, Slice, Unsqueeze, Squeeze and the outputs of
-fusecli's fused ops (their contracts' ``like`` rules), reads the static entries of a Reshape
+``ShapeOracle.refined(t)`` also infers Concat, Slice, Split (SplitTraining), Unsqueeze, Squeeze
+and the outputs of fusecli's fused ops (their contracts' ``like`` rules), reads the static entries of a Reshape
 target computed at run time (``GraphIndex.shape_vector``), and replaces a recorded symbolic dim
 that inference finds static.
 Computed lazily, memoised, iteratively (no recursion limit on deep graphs).
@@ -45,9 +45,10 @@ _INFERRED = _SAME_AS_INPUT0 | _BROADCAST | {
     "ReduceMean", "Expand", "Concat", "ConcatTraining"}
 
 
-def broadcast(a, b):
+def broadcast(a, b, static_wins: bool = False):
     """Numpy broadcasting of two shapes with unknown/symbolic dims; None when impossible to
-    tell (rank unknown)."""
+    tell (rank unknown). ``static_wins`` (ShapeOracle.refined): a static dim n > 1 against a
+    symbolic or unknown one is n (the other can only be 1 or n where the graph runs)."""
     if a is None or b is None:
         return None
     n = max(len(a), len(b))
@@ -59,6 +60,8 @@ def broadcast(a, b):
             out.append(y)
         elif y == 1 or x == y:
             out.append(x)
+        elif static_wins and (isinstance(x, int) or isinstance(y, int)):
+            out.append(x if isinstance(x, int) else y)
         elif x is None or y is None:
             out.append(None)
         else:
@@ -72,8 +75,8 @@ _FUSED_OPS = frozenset(load_contracts().ops)
 # of a rotate-every-two rotation, a fused op's outputs that the exporter recorded by name
 # only): inferring every Concat of a 20k-node onnxruntime-training graph cost its optimiser
 # run ~5%
-_REFINED_ONLY = frozenset({"Concat", "ConcatTraining", "Slice", "Unsqueeze", "Squeeze"}) \
-    | _FUSED_OPS
+_REFINED_ONLY = frozenset({"Concat", "ConcatTraining", "Slice", "Unsqueeze", "Squeeze", "Split",
+                           "SplitTraining"}) | _FUSED_OPS
 _INFERRED_BY = {False: _INFERRED - _REFINED_ONLY, True: _INFERRED | _REFINED_ONLY}  # by refine
 
 
@@ -155,6 +158,8 @@ class ShapeOracle:
                                    attribute=node.proto.attribute)
             shapes = infer_output_shapes(view, cache.get)
             return shapes[node.outputs.index(out_name)]
+        if op in ("Split", "SplitTraining"):
+            return self._split(node, out_name, ins[0])
         if node.outputs[0] != out_name:
             return None
         value = self.g.const_value(out_name) if op in ("Constant", "Shape") else None
@@ -165,7 +170,7 @@ class ShapeOracle:
         if op in _BROADCAST:
             out = ins[0]
             for s in ins[1:]:
-                out = broadcast(out, s)
+                out = broadcast(out, s, static_wins=refine)
             return out
         if op == "MatMul":
             return _matmul(ins[0], ins[1])
@@ -232,6 +237,35 @@ class ShapeOracle:
                 others = [a if a == b else None for a, b in zip(others, s)]
             return [total if i == axis else d for i, d in enumerate(others)]
         return None
+
+    def _split(self, node, out_name: str, dims) -> list | None:
+        """One output of a Split (or onnxruntime-training's SplitTraining, a Concat's
+        gradient): its input's dims, the split axis sized by the constant split sizes (input 1,
+        or the attribute below opset 13), by the static lengths of the forward ConcatTraining's
+        inputs where its per-input lengths are the sizes, or by an equal share of a static
+        dim."""
+        axis = node.attrs.get("axis", 0)
+        if dims is None or not -len(dims) <= axis < len(dims):
+            return None
+        axis %= len(dims)
+        k = node.outputs.index(out_name)
+        sizes = (self.g.const_value(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1]
+                 else node.attrs.get("split"))
+        if sizes is not None:
+            sizes = [int(x) for x in np.asarray(sizes).reshape(-1)]
+        elif len(node.inputs) > 1 and node.inputs[1]:  # a ConcatTraining's per-input lengths
+            cat = self.g.producer.get(node.inputs[1])
+            if cat is not None and cat.op == "ConcatTraining" and cat.outputs[1:2] == [
+                    node.inputs[1]] and cat.attrs.get("axis", 0) % len(dims) == axis:
+                parts = [self.refined(t) for t in cat.inputs]
+                if all(p is not None and len(p) == len(dims) and isinstance(p[axis], int)
+                       for p in parts):
+                    sizes = [p[axis] for p in parts]
+        elif isinstance(dims[axis], int) and dims[axis] % len(node.outputs) == 0:
+            sizes = [dims[axis] // len(node.outputs)] * len(node.outputs)
+        if sizes is None or len(sizes) != len(node.outputs):
+            return None
+        return [sizes[k] if i == axis else d for i, d in enumerate(dims)]
 
     def _sliced(self, node, dims: list) -> list | None:
         """A Slice's output dims from constant bounds: a sliced dim is known where it is
