@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import onnx
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 
 from builders import model, vi
 from conftest import REPO, SAMPLES
@@ -156,3 +156,27 @@ def test_attribute_defaults_are_asked_of_onnx_only_for_its_domains():
     assert domains == matcher._ONNX_DOMAINS
     assert matcher._op_default("ReduceSum", "", "keepdims") == 1
     assert matcher._op_default("ActivationGrad", "com.fusecli", "alpha") is None
+
+
+def test_a_guard_that_refuses_every_binding_stops_the_search_after_max_bindings():
+    """An intermediate of a grouped-kv flash attention (tests/data/torch_flash_sdpa_math_all:
+    the [B*H] view of the scores) also read outside: the guard refuses every complete binding,
+    and each combination of the rule's optional views is one (122,241 of them at one anchor,
+    5 s, before the bound). The search stops after MAX_BINDINGS; the chain stays unfused with
+    the guard's reason, and the other layers still fuse."""
+    from fusecli.engine import matcher as M
+
+    m = onnx.load(REPO / "tests" / "data" / "torch_flash_sdpa_math_all.onnx")
+    m.graph.node.append(helper.make_node("Identity", ["_unsafe_view_17"], ["reader_out"],
+                                         name="reader"))
+    m.graph.output.append(helper.make_tensor_value_info("reader_out", TensorProto.FLOAT, None))
+    rule = next(r for r in load_rules() if r.name == "flash_torch_gqa_mask_safe")
+    index = GraphIndex(m.graph)
+    index.bypass_passthrough()
+    matcher = Matcher(index, rule, explain=False)
+    anchors = index.candidates("Softmax", "")
+    results = [(a, matcher.match_at(a), matcher._bindings) for a in anchors]
+    refused = [(r, b) for a, r, b in results if r.match is None and r.structural]
+    assert refused and all(b == M.MAX_BINDINGS for _, b in refused)
+    assert all(r.guard_failure.reason == "intermediate_consumed_outside" for r, _ in refused)
+    assert any(r.match is not None for _, r, _ in results)
