@@ -149,6 +149,25 @@ def test_where_look_alikes_are_not_flash(family, change):
 
 # --- heads sweep 3's CodeGen and CTRL spellings (tests/data/make_flash_mask.py) ----------------
 
+def _fused_as_expected(m) -> list:
+    """Fuses ``m`` in place: EXPECTED's counts; returns the fusions."""
+    fp = FusionPass()
+    fp.run(m)
+    assert {p: s.fused for p, s in fp.stats.patterns.items() if s.fused} == EXPECTED
+    return fp.stats.fusions
+
+
+def _verified_with_references(src, fused, fusions, tmp_path) -> None:
+    """The fused model against the original (every output), and each fused op's NumPy
+    reference on the original's tensors (a prepared input computed from them)."""
+    out = tmp_path / "fused.onnx"
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report
+    checks = check_fusions(src, fusions, atol=1e-6)
+    assert checks and not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]
+
+
 # kind -> the op of the node computing the ops' bias (replace.prepare)
 PREPARED = {"bias_prescale_pad": "Div", "bias2_causal_pad": "Add"}
 
@@ -162,9 +181,7 @@ def test_masks_the_ops_take_as_one_prepared_bias_fuse_and_verify(kind, family, t
     src = DATA / f"{family}_flash_{kind}.onnx"
     m = onnx.load(src)
     mask_adds = [n for n in m.graph.node if n.op_type == "Add"]
-    fp = FusionPass()
-    fp.run(m)
-    assert {p: s.fused for p, s in fp.stats.patterns.items() if s.fused} == EXPECTED
+    fusions = _fused_as_expected(m)
     fwd = next(n for n in m.graph.node if n.op_type == "FlashAttention")
     bwd = next(n for n in m.graph.node if n.op_type == "FlashAttentionGrad")
     prep = next(n for n in m.graph.node if fwd.input[3] in n.output)
@@ -176,13 +193,7 @@ def test_masks_the_ops_take_as_one_prepared_bias_fuse_and_verify(kind, family, t
         assert set(prep.input) <= originals and _attrs(fwd)["scale"] == pytest.approx(0.5)
     else:  # the mask the scores were added to, and the Div's divisor
         assert prep.input[0] in originals and _attrs(fwd)["scale"] == pytest.approx(0.5)
-    out = tmp_path / "fused.onnx"
-    onnx.save(m, out)
-    report = verify_models(src, out)
-    assert report.ok and report.max_rel <= 1e-5, report
-    # each fused op's NumPy reference on the original's tensors, the bias prepared from them
-    checks = check_fusions(src, fp.stats.fusions, atol=1e-6)
-    assert checks and not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]
+    _verified_with_references(src, m, fusions, tmp_path)
 
 
 def test_a_mask_multiplied_on_fuses_as_a_bool_mask_with_fill_zero(tmp_path):
@@ -193,21 +204,14 @@ def test_a_mask_multiplied_on_fuses_as_a_bool_mask_with_fill_zero(tmp_path):
     src = DATA / "ortt_flash_mulmask_causal.onnx"
     m = onnx.load(src)
     muls = {t for n in m.graph.node if n.op_type == "Mul" for t in n.input}
-    fp = FusionPass()
-    fp.run(m)
-    assert {p: s.fused for p, s in fp.stats.patterns.items() if s.fused} == EXPECTED
+    fusions = _fused_as_expected(m)
     fwd = next(n for n in m.graph.node if n.op_type == "FlashAttention")
     bwd = next(n for n in m.graph.node if n.op_type == "FlashAttentionGrad")
     cast = next(n for n in m.graph.node if fwd.input[4] in n.output)
     assert cast.op_type == "Cast" and cast.input[0] in muls and bwd.input[7] == fwd.input[4]
     a = _attrs(fwd)
     assert (a["fill"], a["fill_kept"], a["bias_first"]) == (0.0, 1, 0) and fwd.input[3]
-    out = tmp_path / "fused.onnx"
-    onnx.save(m, out)
-    report = verify_models(src, out)
-    assert report.ok and report.max_rel <= 1e-5, report
-    checks = check_fusions(src, fp.stats.fusions, atol=1e-6)
-    assert checks and not [(c.rule, d.name) for c in checks for d in c.outputs if not d.ok]
+    _verified_with_references(src, m, fusions, tmp_path)
 
 
 def test_a_mask_multiplied_on_that_is_not_zero_one_is_not_flash():
