@@ -6,9 +6,10 @@ initializers, constant values) or, failing that, the shape inferred from the pro
 ops that backward chains are made of (MatMul, FusedMatMul, Gemm, Transpose, Reshape,
 ReduceSum, elementwise ops with broadcasting, the gradient ops that keep their input's shape).
 ``ShapeOracle.refined(t)`` also infers Concat, Slice, Split (SplitTraining), Unsqueeze, Squeeze
-and the outputs of fusecli's fused ops (their contracts' ``like`` rules), reads the static entries of a Reshape
-target computed at run time (``GraphIndex.shape_vector``), and replaces a recorded symbolic dim
-that inference finds static.
+and the outputs of fusecli's fused ops (their contracts' ``like`` rules), broadcasts a static dim
+against a symbolic one as the static one, reads the static entries of a Reshape target computed
+at run time (``GraphIndex.shape_vector``), and replaces a recorded symbolic dim that inference
+finds static.
 Computed lazily, memoised, iteratively (no recursion limit on deep graphs).
 
 ``fusion_problem`` is the guard every match passes before it is fused: the fused op's outputs

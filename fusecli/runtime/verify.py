@@ -405,11 +405,19 @@ def verify_models(original: str | os.PathLike, fused: str | os.PathLike, seed: i
     if wanted and any(d.status == "MISMATCH" for d in diffs):
         # onnxruntime-training 1.19.2 plans some graphs wrong without buffer reuse, and lets
         # buffers behind probes be overwritten with it (runtime_worker.session_options): the
-        # outputs are judged once more on both models as they are, buffer reuse on
-        plain = [run_in_runtime(path, plan.feeds, python, library=lib,
-                                extra=["--deterministic", "--reuse"],
-                                more_feeds=[_perturbed(plan.feeds, seed)] * (k == 0))[0]
-                 for k, path in enumerate((original, fused))]
+        # outputs are judged once more on both models as they are (their stochastic ops seeded
+        # alike, no probes), buffer reuse on
+        plain = []
+        for model in (orig, fmodel):
+            seeded = onnx.ModelProto()
+            seeded.CopyFrom(model)
+            pin_seeds(seeded)
+            plain.append(seeded)
+        with _written([(plain[0], original), (plain[1], fused)]) as paths:
+            plain = [run_in_runtime(path, plan.feeds, python, library=lib,
+                                    extra=["--deterministic", "--reuse"],
+                                    more_feeds=[_perturbed(plan.feeds, seed)] * (k == 0))[0]
+                     for k, path in enumerate(paths)]
         again = _output_diffs(orig, fmodel, plan.feeds, *plain, rtol, atol)
         if all(d.ok for d in again):
             diffs = again
