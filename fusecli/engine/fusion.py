@@ -435,9 +435,8 @@ class FusionPass:
         replaced = [n.name for n in ordered]
         contracts = load_contracts()
         fresh: dict[str, str] = {}  # replace.new placeholder -> its fresh tensor name
-        n_then = len(rule.replace.then)
-        extra = m.extra[:n_then]     # (key, node) of the nodes added besides the fused node
-        for key, node in m.extra[n_then:]:  # replace.prepare's standard nodes, in order
+        extra = list(m.extra)  # (key, node) of the nodes added besides the fused node
+        for key, node in m.prepared:  # replace.prepare's standard nodes, in order
             node.input[:] = [fresh.get(t, t) for t in node.input]
             same = self._same_node(index, node, m.key)
             if same is not None:    # (the same mask in every layer: one node computes it)

@@ -533,12 +533,16 @@ class GraphIndex:
         return src if src is not None and src.op == "Shape" and src.domain == "" \
             and src.alive else None
 
+    def slice_bounds(self, node) -> tuple:
+        """A Slice's starts, ends, axes and steps: each a flat array of its constant value, or
+        None (absent, or computed at run time)."""
+        return tuple(None if b is None else np.asarray(b).reshape(-1) for b in (
+            self.const_value(t) if t else None for t in (node.inputs + [""] * 5)[1:5]))
+
     def _sliced(self, node, dims: list) -> list | None:
         """dims[start:end] for a Slice of one axis (0) with step 1 and constant bounds; None
         otherwise (ONNX clamps the bounds as Python's slicing does for step 1)."""
-        bounds = [self.const_value(t) if t else None for t in (node.inputs + [""] * 5)[1:5]]
-        starts, ends, axes, steps = (None if b is None else np.asarray(b).reshape(-1)
-                                     for b in bounds)
+        starts, ends, axes, steps = self.slice_bounds(node)
         if starts is None or ends is None or starts.size != 1 or ends.size != 1:
             return None
         if (axes is not None and int(axes[0]) not in (0, -1)) or \

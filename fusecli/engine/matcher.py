@@ -51,10 +51,11 @@ class Match:
     bound: frozenset = frozenset()       # every rule node id bound, kept context included
     unread: frozenset = frozenset()      # optional fused outputs nothing outside reads: left empty
     proto: onnx.NodeProto | None = None  # the fused node (ports and attributes; unnamed)
-    # the replacement's further fused nodes (replace.then), then its standard nodes
-    # (replace.prepare): (key, node) each, in order; tensors of replace.new are named
-    # NEW_TENSOR + variable until FusionPass gives them fresh names
+    # the replacement's further fused nodes (replace.then): (key, node) each, in order; tensors
+    # of replace.new are named NEW_TENSOR + variable until FusionPass gives them fresh names
     extra: list = field(default_factory=list)
+    # its standard nodes computing fused-op inputs (replace.prepare): (key, node) each, in order
+    prepared: list = field(default_factory=list)
     # outside nodes moved earlier so that the fused node fits between its inputs and its
     # outputs' readers (Matcher._hoist): (node, its new key) each, applied with the match
     moves: list = field(default_factory=list)
@@ -1191,7 +1192,8 @@ class Matcher:
             protos.append(onnx.helper.make_node(rep.op, ins, outs, domain=rep.domain,
                                                 **replacement_attrs(self.g, match, rep)))
         match.proto = protos[0]
-        match.extra = list(zip(keys[1:], protos[1:])) + prepared
+        match.extra = list(zip(keys[1:], protos[1:]))
+        match.prepared = prepared
         if not self.check_shapes:
             return match
         for proto in protos:

@@ -271,12 +271,11 @@ class ShapeOracle:
     def _sliced(self, node, dims: list) -> list | None:
         """A Slice's output dims from constant bounds: a sliced dim is known where it is
         static (ONNX clamps the bounds as Python's slicing does)."""
-        bounds = [self.g.const_value(t) if t else None for t in (node.inputs + [""] * 5)[1:5]]
-        if bounds[0] is None or bounds[1] is None:
+        starts, ends, axes, steps = self.g.slice_bounds(node)
+        if starts is None or ends is None:
             return None
-        starts, ends = (np.asarray(b).reshape(-1) for b in bounds[:2])
-        axes = range(len(starts)) if bounds[2] is None else np.asarray(bounds[2]).reshape(-1)
-        steps = [1] * len(starts) if bounds[3] is None else np.asarray(bounds[3]).reshape(-1)
+        axes = range(len(starts)) if axes is None else axes
+        steps = [1] * len(starts) if steps is None else steps
         for a, lo, hi, step in zip(axes, starts, ends, steps):
             a = int(a) % len(dims)
             n = dims[a]
