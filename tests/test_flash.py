@@ -190,10 +190,59 @@ def test_rule_prepare_is_validated():
             "mb", "    - {op: Neg, inputs: [nowhere], outputs: [mb]}"),
         "unknown keys": PREP_RULE % (
             "mb", "    - {op: Neg, inputs: [mask], outputs: [mb], domain: x}"),
+        # only a Constant has no inputs; dims name pattern variables, in VAR[a:b] terms
+        "must be a non-empty list": PREP_RULE % (
+            "mb", "    - {op: Neg, inputs: [], outputs: [mb]}"),
+        "no pattern node uses": PREP_RULE % (
+            "mb", "    - {op: Constant, outputs: [s], attrs: {value_ints: {dims: 'W[:2]'}}}\n"
+            "    - {op: Reshape, inputs: [mask, s], outputs: [mb]}"),
+        "must be terms VAR": PREP_RULE % (
+            "mb", "    - {op: Constant, outputs: [s], attrs: {value_ints: {dims: 'Q[:2'}}}\n"
+            "    - {op: Reshape, inputs: [mask, s], outputs: [mb]}"),
     }
     for want, text in bad.items():
         with pytest.raises(RuleError, match=want):
             parse_rule(text, "r.yaml")
+
+
+DIMS_PREP = ("mb", "    - {op: Constant, outputs: [s], attrs: {value_ints: {dims: 'Q[:-2] + "
+             "mask[-2:]'}}}\n    - {op: Reshape, inputs: [mask, s], outputs: [mb]}")
+
+
+def test_rule_prepare_constant_of_dims():
+    """A prepared Constant's value_ints from the bound tensors' dims ({dims: EXPR}): per match,
+    Q's dims but the last two, then the mask's last two; a match where two of them are not
+    static is refused (`dims_not_known`), where one is not it is written -1."""
+    from fusecli.engine.rules import Dims
+
+    rule = parse_rule(PREP_RULE % DIMS_PREP, "r.yaml")
+    const = rule.replace.prepare[0]
+    assert const.op == "Constant" and const.inputs == ()
+    assert const.attrs["value_ints"] == Dims((("Q", None, -2), ("mask", -2, None)),
+                                             "Q[:-2] + mask[-2:]")
+    # (the mask [H, 1, S] broadcasts to the scores, viewed [B, H, 1, S]; D = S: PREP_RULE's op
+    # reads K^T as K)
+    B, H, S, D = 1, 3, 5, 5
+
+    def graph(qdims, mask_dims):
+        nodes = [helper.make_node("MatMul", ["Q", "Kt"], ["Sq"]),
+                 helper.make_node("Add", ["Sq", "mask"], ["S"]),
+                 helper.make_node("Softmax", ["S"], ["P"], axis=-1),
+                 helper.make_node("MatMul", ["P", "V"], ["O"])]
+        ins = [vi("Q", qdims), vi("Kt", [B, H, D, S]), vi("V", [B, H, S, D]),
+               vi("mask", mask_dims)]
+        return model(nodes, ins, [vi("O", qdims)], [])
+
+    def prepared(m):
+        fp = FusionPass(rules=[rule])
+        fp.run(m)  # (in place)
+        return ([list(a.ints) for n in m.graph.node if n.op_type == "Constant"
+                 for a in n.attribute], fp.stats)
+
+    assert prepared(graph([B, H, S, D], [H, 1, S]))[0] == [[B, H, 1, S]]
+    assert prepared(graph(["b", H, S, D], [H, 1, S]))[0] == [[-1, H, 1, S]]
+    got, stats = prepared(graph(["b", H, "s", D], [H, 1, "s"]))
+    assert got == [] and [s.failure.reason for s in stats.skips] == ["dims_not_known"]
 
 
 def ortt_attention_prescale(layers=2, B=2, H=2, S=5, D=4):

@@ -459,3 +459,127 @@ def test_sliding_window_fully_masked_rows_verify(fam, style, tmp_path):
     onnx.save(m, out)
     report = verify_models(src, out, feeds_file=feeds)
     assert report.ok and report.max_rel <= 1e-5, report
+
+
+# --- scores on [B * H] views: BLOOM's and GPT-NeoX-Japanese's baddbmm (make_flash_mask.py) ----
+
+def _bmm_layers(m) -> list:
+    """The fused forward ops of ``m`` (fused in place), in graph order, each with the node that
+    the replacement added to write its bias (None: no bias, or one the original computes)."""
+    original = {n.name for n in m.graph.node}
+    assert _fuse(m) == {"flash_attention": 12}
+    made = {o: n for n in m.graph.node for o in n.output if n.name not in original}
+    fwd = [n for n in m.graph.node if n.op_type == "FlashAttention"]
+    return [(n, made.get(n.input[3]) if len(n.input) > 3 and n.input[3] else None) for n in fwd]
+
+
+def _rank(m, name) -> int | None:
+    for v in (*m.graph.value_info, *m.graph.input):
+        if v.name == name:
+            return len(v.type.tensor_type.shape.dim)
+    return None
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+def test_scores_on_batched_head_views_fuse_as_flash_and_verify(family, tmp_path):
+    """bmm_all's twelve layers (model code: the term on the [B * H] view, BLOOM's ALiBi through
+    baddbmm(ALiBi, q3, k3^T, beta 1, alpha), GPT-NeoX-Japanese's baddbmm(zeros, ...) or
+    bmm(q3, k3^T) * alpha; the additive padding mask after the view or none; P V on the views
+    or on the 4-D heads): flash 12. The ops read the 4-D heads (K not transposed: the view's
+    input); the ALiBi term [B * H, 1, S] becomes the ops' bias viewed to [B, H, 1, S] by a
+    prepared Reshape (plus the mask, where there is one), the zeros no bias at all; each op
+    checked against its NumPy reference on the original's tensors, the fused model against the
+    original."""
+    src = DATA / f"{family}_flash_bmm_all.onnx"
+    m = onnx.load(src)
+    layers = _bmm_layers(m)
+    fusions = FusionPass()
+    fusions.run(onnx.load(src))
+    consts = {n.output[0]: list(n.attribute[0].ints) for n in m.graph.node
+              if n.op_type == "Constant" and n.attribute and n.attribute[0].ints}
+    kinds = []
+    for fwd, prep in layers:
+        a = _attrs(fwd)
+        assert a["k_transposed"] == 0 and a["scale"] == pytest.approx(0.5)
+        assert _rank(m, fwd.input[0]) == 4 and _rank(m, fwd.input[1]) == 4
+        if prep is None:
+            kinds.append("mask" if len(fwd.input) > 3 and fwd.input[3] else "none")
+            continue
+        if prep.op_type == "Add":  # the ALiBi view plus the mask
+            made = {o: n for n in m.graph.node for o in n.output}
+            prep = next(made[t] for t in prep.input if t in made and made[t].op_type == "Reshape")
+            kinds.append("alibi+mask")
+        else:
+            kinds.append("alibi")
+        assert prep.op_type == "Reshape" and consts[prep.input[1]] == [2, 2, 1, 8]
+    assert sorted(kinds) == sorted(["alibi", "alibi+mask"] * 2 + ["mask", "none"] * 4)
+    _verified_with_references(src, m, fusions.stats.fusions, tmp_path)
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+def test_an_added_term_that_is_not_zeros_is_read_as_a_bias(family, tmp_path):
+    """GPT-NeoX-Japanese's zeros made 0.25 everywhere: adding them changes the scores, so the
+    four layers no longer fuse as `zeros` (no bias): theirs is the ALiBi spelling's
+    [B * H, S, S] term, the ops' bias, and the fused model still verifies against the changed
+    original."""
+    m = onnx.load(DATA / f"{family}_flash_bmm_all.onnx")
+    zeros = [t for t in m.graph.initializer
+             if len(t.dims) == 3 and not numpy_helper.to_array(t).any()]
+    assert zeros
+    for z in zeros:
+        z.CopyFrom(numpy_helper.from_array(np.full(list(z.dims), 0.25, np.float32), z.name))
+    src = tmp_path / "changed.onnx"
+    onnx.save(m, src)
+    fp = FusionPass()
+    fused = onnx.load(src)
+    fp.run(fused)
+    rules = sorted(f.rule for f in fp.stats.fusions)
+    assert not [r for r in rules if "_zeros_" in r] and sum("_alibi_" in r for r in rules) == 8
+    _verified_with_references(src, fused, fp.stats.fusions, tmp_path)
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+def test_batched_views_of_other_dims_are_not_flash(family):
+    """bmm_seqheads: the same code on [B, S, H, dh] (the heads not moved before the view: each
+    query position attends over the heads): the ops on the view's 4-D input would attend over
+    the sequence, so the shape guard refuses (sdpa, which works on the views themselves, takes
+    it), and explain says why."""
+    from fusecli import load_rules
+    from fusecli.engine.explain import explain_model
+
+    m = onnx.load(DATA / f"{family}_flash_bmm_seqheads.onnx")
+    assert _fuse(copy.deepcopy(m)) == {"sdpa": 1}
+    rule = f"flash_{family}_bmm_none_mask" + ("_v3" if family == "ortt" else "")
+    misses = explain_model(m, FusionPass(rules=[r for r in load_rules() if r.name == rule]))
+    assert any(x["reason"] == "shape_mismatch" for x in misses), misses
+
+
+@pytest.mark.parametrize("family", ["ortt", "torch"])
+def test_a_term_broadcast_over_the_batched_heads_is_not_viewed_to_them(family, tmp_path):
+    """One layer's ALiBi term replaced by a constant [1, 1, S] that the Add broadcasts over
+    every [B * H] item: it has no view to [B, H, 1, S] (`same_lead_dim_as` the scores), so that
+    layer is not flash (sdpa takes it) and explain names the term; the other eleven are, and
+    the fused model verifies."""
+    from fusecli import load_rules
+    from fusecli.engine.explain import explain_model
+
+    m = onnx.load(DATA / f"{family}_flash_bmm_all.onnx")
+    alibi = {n.output[0] for n in m.graph.node if n.op_type == "Reshape"
+             and _rank(m, n.output[0]) == 3 and n.input[0] in {
+                 o for k in m.graph.node if k.op_type == "Mul" for o in k.output}}
+    add = next(n for n in m.graph.node if n.op_type == "Add" and set(n.input) & alibi)
+    m.graph.initializer.append(numpy_helper.from_array(
+        np.linspace(-1.0, 0.0, 8, dtype=np.float32).reshape(1, 1, 8), "row_term"))
+    add.input[[i for i, t in enumerate(add.input) if t in alibi][0]] = "row_term"
+    src = tmp_path / "changed.onnx"
+    onnx.save(m, src)
+    fused = onnx.load(src)
+    assert _fuse(fused) == {"flash_attention": 11, "sdpa": 1}
+    rules = [r for r in load_rules() if r.name.startswith(f"flash_{family}_bmm_alibi")]
+    misses = explain_model(m, FusionPass(rules=rules))
+    assert any("does not have the rank and first dim of S3" in x["detail"] for x in misses), \
+        misses
+    out = tmp_path / "fused.onnx"
+    onnx.save(fused, out)
+    report = verify_models(src, out)
+    assert report.ok and report.max_rel <= 1e-5, report

@@ -500,7 +500,8 @@ class FusionPass:
     def _same_node(index: GraphIndex, node: onnx.NodeProto, before: float) -> GNode | None:
         """A live standard node placed before ``before`` that computes what ``node`` computes
         (the same op, inputs and attributes), or None."""
-        for c in index.consumers.get(node.input[0], ()):
+        for c in (index.consumers.get(node.input[0], ()) if node.input
+                  else index.candidates(node.op_type, "")):
             if c.alive and c.domain == "" and c.op == node.op_type and c.key < before \
                     and c.inputs == list(node.input) and len(c.outputs) == len(node.output) \
                     and list(c.proto.attribute) == list(node.attribute):

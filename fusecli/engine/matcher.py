@@ -21,7 +21,7 @@ from fusecli.engine.constfold import compact
 from fusecli.engine.graph import GNode, GraphIndex
 from fusecli.engine.shapes import fusion_problem
 from fusecli.engine.rules import (COMMUTATIVE_OPS, CONST_FUNCS, WHOLE_CONST_FUNCS, AttrConstraint,
-                                  OF_KINDS, DEFERRED_KINDS, NodeSpec, Rule, var_name)
+                                  DEFERRED_KINDS, Dims, OF_KINDS, NodeSpec, Rule, var_name)
 
 VALUE_KEY = "$value:"  # captures[VALUE_KEY + var]: how var's constant enters (a CONST_FUNCS name)
 
@@ -467,7 +467,7 @@ class _Deps:
                 if reach.get(a) != both or reach.get(b) != both:
                     reach[a] = reach[b] = both
                     changed = True
-        # same_shape_as pairs (variable, of), under each of their two variables: checked when
+        # DEFERRED_KINDS pairs (variable, of), under each of their two variables: checked when
         # the second end is bound, so a node that names one end depends on the other's too
         self.pairs: dict[str, list[tuple[str, str]]] = {}
         for w, ts in rule.tensors.items():
@@ -692,7 +692,7 @@ class Matcher:
                 t2[src] = t2[dst]
                 bits = {**bits, src: bits[dst] | self._deps.bound(i, src)}
             for w, of in (*self._deps.pairs.get(src, ()), *self._deps.pairs.get(dst, ())):
-                if w in t2 and of in t2 and self._same_shape(t2[w], t2[of], of):
+                if w in t2 and of in t2 and self._deferred(w, t2[w], t2[of], of):
                     return None, self._deps.of(i, bits)  # (this alias bound one end)
         return self._search(i + 1, nodes, t2, captures, bits)
 
@@ -874,7 +874,11 @@ class Matcher:
                 elif ts.kind == "last_dim_of":
                     ok, detail = self._last_dim_of(value, ts, t2)
                 elif ts.kind == "zero_one":
-                    ok, detail = self._zero_one(name)
+                    ok, detail = self._elements(name, lambda a: (a == 0) | (a == 1), "0 and 1",
+                                                "a mask multiplied on")
+                elif ts.kind == "zeros":
+                    ok, detail = self._elements(name, lambda a: a == 0, "0",
+                                                "a term added that changes nothing")
                 elif ts.kind == "broadcast_axes_of":
                     ok, detail = self._broadcast_axes_of(value, ts, t2,
                                                          self.g.shapes.shape(actual[0]))
@@ -896,8 +900,8 @@ class Matcher:
                                f"{detail}", node)
                     return False
             t2[v] = name
-            for w, of in self._deps.pairs.get(v, ()):  # same_shape_as, both ends now bound
-                why = self._same_shape(t2.get(w), t2.get(of), of) if w in t2 and of in t2 \
+            for w, of in self._deps.pairs.get(v, ()):  # DEFERRED_KINDS, both ends now bound
+                why = self._deferred(w, t2.get(w), t2.get(of), of) if w in t2 and of in t2 \
                     else ""
                 if why:
                     self._fail(depth, nodes, spec.id, "constant",
@@ -938,24 +942,27 @@ class Matcher:
 
     _VIEWS = ("Slice", "Reshape", "Unsqueeze", "Squeeze", "Expand", "Identity", "Transpose")
 
-    def _zero_one(self, name: str) -> tuple[bool, str]:
-        """kind zero_one: a constant whose elements are all 0 or 1 (a mask multiplied onto
-        the scores), or a slice or view of one (a causal buffer sliced to the sequence at run
-        time, too large to fold): every element of the constant it is taken from."""
+    def _elements(self, name: str, each, values: str, why: str) -> tuple[bool, str]:
+        """kinds zero_one / zeros: a constant whose every element passes ``each`` (0 or 1: a
+        mask multiplied onto the scores; 0: baddbmm's zeros added to them), or a slice or view
+        of one (a causal buffer sliced to the sequence at run time, too large to fold), or a
+        scalar broadcast to a run-time shape (ConstantOfShape, Expand)."""
         t = name
         for _ in range(8):
             value = self.g.const_value(t)
+            if value is None:
+                value = self.g.broadcast_scalar(t)
             if value is not None:
                 arr = np.asarray(value)
-                if arr.size and bool(np.all((arr == 0) | (arr == 1))):
+                if arr.size and bool(np.all(each(arr))):
                     return True, ""
-                return False, "has elements other than 0 and 1 (a mask multiplied on)"
+                return False, f"has elements other than {values} ({why})"
             prod = self.g.producer.get(t)
             if prod is None or not prod.alive or prod.domain != "" or prod.op not in self._VIEWS:
                 break
             t = prod.inputs[0]
-        return False, ("is not a constant of 0s and 1s, nor a slice or view of one (a mask "
-                       "multiplied on)")
+        return False, (f"is not a constant of only {values}, nor a slice or view of one "
+                       f"({why})")
 
     def _data_shape(self, node, actual):
         """The shape of the data a node's constant inputs describe: its first input's, except
@@ -1136,9 +1143,17 @@ class Matcher:
                 p = None if v in written else self.g.producer.get(t)
                 lo = max(lo, written[v] if v in written else -math.inf if p is None else p.key)
             key = first if lo < first else lo + 0.5
+            attrs = dict(prep.attrs)
+            for name, d in prep.attrs.items():
+                if isinstance(d, Dims):
+                    attrs[name] = self._dims(d, tensors)
+                    if attrs[name] is None:
+                        return self._guard(nodes, "dims_not_known",
+                                           f"replace.prepare's {prep.op} needs the dims "
+                                           f"{d.text!r}, and more than one is not static")
             prepared.append((key, onnx.helper.make_node(
                 prep.op, [NEW_TENSOR + v if v in written else tensors[v] for v in prep.inputs],
-                [NEW_TENSOR + v for v in prep.outputs], **prep.attrs)))
+                [NEW_TENSOR + v for v in prep.outputs], **attrs)))
             written.update((v, key) for v in prep.outputs)
         for rep in reps:
             lo = -math.inf
@@ -1202,6 +1217,25 @@ class Matcher:
                 return self._guard(nodes, "shape_mismatch", why)
         return match
 
+    def _deferred(self, w: str, a: str | None, b: str | None, of: str) -> str:
+        """A DEFERRED_KINDS check of variable w bound to a against ``of`` bound to b: "" when
+        it holds, else why not."""
+        if self.rule.tensors[w].kind == "same_lead_dim_as":
+            return self._same_lead_dim(a, b, of)
+        return self._same_shape(a, b, of)
+
+    def _same_lead_dim(self, a: str | None, b: str | None, of: str) -> str:
+        """kind same_lead_dim_as: "" when tensors a and b have the same rank and the same first
+        dim, recorded or inferred: an equal number or the same symbol (BLOOM's ALiBi term
+        [B * H, 1, S] added to the scores on the [B * H] view: one row per head, not a row
+        broadcast to every head); else why not."""
+        da, db = self.g.shapes.refined(a), self.g.shapes.refined(b)
+        if da is not None and db is not None and len(da) == len(db) and da \
+                and da[0] is not None and da[0] == db[0]:
+            return ""
+        return (f"does not have the rank and first dim of {of} ('{b}'): {da} vs {db} (a term "
+                "with one row per item of that dim, not broadcast over it)")
+
     def _same_shape(self, a: str | None, b: str | None, of: str = "") -> str:
         """kind same_shape_as: "" when tensors a and b are one tensor, or have the same shape,
         recorded or inferred, every dim known: equal numbers or the same symbol (ONNX: one
@@ -1254,6 +1288,17 @@ class Matcher:
             floor = hi - len(ordered) - 2.0
         step = (hi - floor) / (len(ordered) + 2)
         return [(x, floor + step * (k + 1)) for k, x in enumerate(ordered)]
+
+    def _dims(self, d: Dims, tensors: dict) -> list[int] | None:
+        """A Dims attribute's integers for this match (the bound tensors' dims; one that is
+        not static written -1), or None (a shape not known, or two dims not static)."""
+        out: list[int] = []
+        for var, lo, hi in d.terms:
+            dims = self.g.shapes.refined(tensors[var]) if tensors.get(var) else None
+            if dims is None:
+                return None
+            out += [x if isinstance(x, int) else -1 for x in list(dims)[lo:hi]]
+        return out if out.count(-1) <= 1 else None
 
     def _guard(self, nodes, reason, detail):
         f = Failure(len(nodes), {k: n.name for k, n in nodes.items()}, None, reason, detail)

@@ -52,11 +52,12 @@ TENSOR_KINDS = ("constant", "scalar", "leading_axes", "last_axis", "last_dim_ind
                 "flatten_2d", "vector_shape", "large_negative", "halves", "index_range",
                 "pairs_shape", "shape", "uniform", "half_last_dim", "to_last_end",
                 "second_last_axis", "lead_dims_of", "last_dim_of", "new_last_axis",
-                "broadcast_axes_of", "same_shape_as", "zero_one")
+                "broadcast_axes_of", "same_shape_as", "zero_one", "zeros", "same_lead_dim_as")
 # kinds that name a bound tensor ('of')
-OF_KINDS = ("lead_dims_of", "last_dim_of", "broadcast_axes_of", "same_shape_as")
+OF_KINDS = ("lead_dims_of", "last_dim_of", "broadcast_axes_of", "same_shape_as",
+            "same_lead_dim_as")
 # kinds of a data tensor, checked once both it and its 'of' are bound (either may be first)
-DEFERRED_KINDS = ("same_shape_as",)
+DEFERRED_KINDS = ("same_shape_as", "same_lead_dim_as")
 _RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace",
               "params", "variants"}
 
@@ -185,7 +186,32 @@ class Prepared:
     op: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    attrs: dict
+    attrs: dict  # name -> literal, or a Dims (ints from the bound tensors' dims, per match)
+
+
+@dataclass(frozen=True)
+class Dims:
+    """A prepared node's attribute of integers taken from the dims of tensors the match binds
+    (``{dims: "Q[:-2] + bias[-2:]"}``: Q's dims but the last two, then bias's last two), for a
+    Constant holding a Reshape's target; each term (variable, start, end), start / end None
+    for an open end. Evaluated per match: every dim static, or one not (written -1)."""
+    terms: tuple[tuple[str, int | None, int | None], ...]
+    text: str
+
+
+_DIMS_TERM = re.compile(r"\s*([A-Za-z_]\w*)\s*(?:\[\s*(-?\d+)?\s*:\s*(-?\d+)?\s*\])?\s*")
+
+
+def _parse_dims(src, text, where) -> Dims:
+    terms = []
+    for part in text.split("+") if isinstance(text, str) else [None]:
+        m = _DIMS_TERM.fullmatch(part or "")
+        if m is None:
+            raise RuleError(src, f"replace.prepare: dims {text!r} must be terms VAR or "
+                            "VAR[start:end] joined by '+' (e.g. \"Q[:-2] + bias[-2:]\")", where)
+        var, lo, hi = m.groups()
+        terms.append((var, None if lo is None else int(lo), None if hi is None else int(hi)))
+    return Dims(tuple(terms), text)
 
 
 @dataclass(frozen=True)
@@ -677,7 +703,8 @@ def _parse_replace(src, raw, captures, const_vars, top: bool = True) -> Replacem
 
 def _parse_prepare(src, raw, line) -> tuple[Prepared, ...]:
     """replace.prepare: a list of {op, inputs, outputs[, attrs]}, each op a standard ONNX
-    operator, its attributes literals."""
+    operator, its attributes literals or {dims: EXPR} (a Constant's value_ints, Dims); only a
+    Constant has no inputs."""
     import onnx.defs
 
     if raw is None:
@@ -695,17 +722,21 @@ def _parse_prepare(src, raw, line) -> tuple[Prepared, ...]:
                             "inputs, outputs, attrs)", where)
         if not isinstance(op, str) or not onnx.defs.has(op):
             raise RuleError(src, f"replace.prepare: {op!r} is not a standard ONNX operator", where)
+        if op == "Constant" and ins is None:
+            ins = []
         for key, vals in (("inputs", ins), ("outputs", outs)):
-            if not isinstance(vals, list) or not vals or \
+            if not isinstance(vals, list) or not (vals or op == "Constant") or \
                     not all(isinstance(v, str) and v for v in vals):
                 raise RuleError(src, f"replace.prepare.{key} must be a non-empty list of "
                                 "variable names", where)
         if not isinstance(attrs, dict) or not all(
-                isinstance(v, (int, float, str)) and not isinstance(v, bool)
-                for v in attrs.values()):
-            raise RuleError(src, "replace.prepare.attrs must map attribute names to numbers or "
-                            "strings", where)
-        out.append(Prepared(op, tuple(ins), tuple(outs), dict(attrs)))
+                (isinstance(v, (int, float, str)) and not isinstance(v, bool))
+                or (isinstance(v, dict) and set(v) == {"dims"}) for v in attrs.values()):
+            raise RuleError(src, "replace.prepare.attrs must map attribute names to numbers, "
+                            "strings or {dims: EXPR}", where)
+        attrs = {k: _parse_dims(src, v["dims"], where) if isinstance(v, dict) else v
+                 for k, v in attrs.items()}
+        out.append(Prepared(op, tuple(ins), tuple(outs), attrs))
     return tuple(out)
 
 
@@ -741,6 +772,10 @@ def _check_dataflow(src, nodes: tuple[NodeSpec, ...], replace: Replacement, tens
                             "that the replacement creates", None)
     written: set[str] = set()  # outputs of the replacement's earlier nodes
     for prep in replace.prepare:
+        for d in (d for d in prep.attrs.values() if isinstance(d, Dims)):
+            for v in {t[0] for t in d.terms} - seen:
+                raise RuleError(src, f"replace.prepare ({prep.op}): dims {d.text!r} name "
+                                f"'{v}', which no pattern node uses", None)
         for v in prep.inputs:
             if v not in seen and v not in written:
                 raise RuleError(src, f"replace.prepare ({prep.op}) reads '{v}', which no "

@@ -849,7 +849,7 @@ for _a in [
          "(tanh-GELU, custom autograd backward), word-embedding LayerNorm, padding mask",
          _hf("BloomConfig", "BloomModel", vocab_size=VOCAB, hidden_size=HID, n_layer=LAYERS,
              n_head=HEADS, hidden_dropout=0.0, attention_dropout=0.0),
-         _ids_mask, attention=("BloomAttention",), input_ranges=_MASK_R, extra=True),
+         _ids_mask, attention=("BloomAttention",), input_ranges=_MASK_R, extra=True, flash=True),
     Arch("gptj", "transformers",
          "GPTJModel (causal decoder, parallel attention + MLP from one ln_1), 2 layers, n_embd "
          "32, 4 heads, rotary_dim 4 (interleaved rotary), q/k in float32, score / sqrt(dh), "
@@ -1496,16 +1496,17 @@ NUM_LABELS = 5
 
 
 def _lm_arch(name: str, kind: str, desc: str, masked: bool = False, families=FAMILIES,
-             dec: dict = _DEC, config: str = "", attention: str = "", **cfg) -> "Arch":
+             dec: dict = _DEC, config: str = "", attention: str = "", flash: bool = False,
+             **cfg) -> "Arch":
     """{kind}ForCausalLM of transformers at the corpus size (`dec`: the config's size keys) with
     `cfg` (config: its config class where not {kind}Config), its {kind}Attention (or
-    `attention`), the LM loss; masked: the second sequence padded."""
+    `attention`), the LM loss; masked: the second sequence padded; flash: Arch.flash."""
     return Arch(name, "transformers", f"{kind}ForCausalLM: {desc}",
                 _lm(config or f"{kind}Config", f"{kind}ForCausalLM", **dec, **cfg),
                 _lm_ids_mask if masked else _lm_ids,
                 attention=(attention or f"{kind}Attention",),
                 input_ranges=_LM_MASK_R if masked else _LM_IDS_R, extra=True, families=families,
-                loss="ce_lm")
+                loss="ce_lm", flash=flash)
 
 
 def _cls_logits(o):
@@ -1556,7 +1557,7 @@ for _a in [
              do_layer_norm_before=True),
     _lm_arch("bloom_lm", "Bloom", "ALiBi, lm_head TIED", masked=True,
              dec=dict(hidden_size=HID, n_layer=LAYERS, n_head=HEADS), hidden_dropout=0.0,
-             attention_dropout=0.0),
+             attention_dropout=0.0, flash=True),
     _lm_arch("gemma_lm", "Gemma", "embeddings * sqrt(hidden), (1 + w) RMSNorm, GeGLU-tanh, "
              "lm_head TIED", num_key_value_heads=1, head_dim=8,
              hidden_activation="gelu_pytorch_tanh"),
@@ -1945,7 +1946,8 @@ for _a in [
              "attention, untied embed_out", dec=dict(hidden_size=HID, num_hidden_layers=LAYERS,
                                                      num_attention_heads=HEADS,
                                                      max_position_embeddings=32),
-             intermediate_multiple_size=2, hidden_dropout=0.0, attention_dropout=0.0),
+             intermediate_multiple_size=2, hidden_dropout=0.0, attention_dropout=0.0,
+             flash=True),
     Arch("bert_generation_lm", "transformers", "BertGenerationDecoder: a causal BERT encoder, "
          "lm_head (Linear with bias) TIED",
          _lm("BertGenerationConfig", "BertGenerationDecoder", is_decoder=True, **_BERT_DEC),

@@ -10,6 +10,9 @@ training graph of either family (the memory table of issue 22):
                 layers, vocabulary 32,000, LM head tied
   --arch mpt    MptForCausalLM, hidden 512, 8 heads, ALiBi added to the scores before the
                 causal masked_fill, 2 layers, expansion 4, vocabulary 32,000, LM head tied
+  --arch bloom  BloomForCausalLM, hidden 512, 8 heads, ALiBi through baddbmm on [B * H, S, D]
+                views, then the [B, H] view and the additive causal mask, 2 layers, vocabulary
+                32,000 (BLOOM's own is 250,880), LM head tied
   batch 1, sequence --seq; loss = mean cross-entropy of the logits [B*S, V] against random
   labels (every token counts).
 
@@ -56,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # shifted and padded with -100 inside the graph, mean over kept tokens)
 from make_lce_spellings import HFLoss, _hf_items, _shift_logits  # noqa: E402
 
-VOCAB = {"llama": 32000, "gpt2": 50257, "falcon": 32000, "mpt": 32000}
+VOCAB = {"llama": 32000, "gpt2": 50257, "falcon": 32000, "mpt": 32000, "bloom": 32000}
 
 
 def _config(arch: str, seq: int, layers: int, attn: str = "eager"):
@@ -80,6 +83,10 @@ def _config(arch: str, seq: int, layers: int, attn: str = "eager"):
                                      n_layers=layers, expansion_ratio=4, max_seq_len=seq,
                                      resid_pdrop=0.0, emb_pdrop=0.0)
         cls = transformers.MptForCausalLM
+    elif arch == "bloom":
+        cfg = transformers.BloomConfig(vocab_size=VOCAB[arch], hidden_size=512, n_head=8,
+                                       n_layer=layers, hidden_dropout=0.0, attention_dropout=0.0)
+        cls = transformers.BloomForCausalLM
     else:
         cfg = transformers.GPT2Config(vocab_size=VOCAB[arch], n_embd=384, n_head=6,
                                       n_layer=layers, n_positions=seq, resid_pdrop=0.0,

@@ -63,6 +63,16 @@ Rule fixtures (tests/test_rules.py's positives), attention only (x + o(attn(x)) 
   masked_fill(~(causal & attention_mask), finfo.min)): flash_attention 8.
 - alibi_all: those two bias-then-mask spellings on full heads, then on repeat_kv's groups:
   flash_attention 4.
+- bmm_all: twelve attention layers whose scores are computed on [B * H, S, dh] views of the
+  heads by torch.baddbmm / bmm, then viewed to [B, H, S, S] (BLOOM's and GPT-NeoX-Japanese's
+  spelling), one per combination of: the term on the view (baddbmm(ALiBi [B * H, 1, S] from
+  the padded positions as BLOOM builds it, q3, k3^T, beta=1, alpha=dh**-0.5); baddbmm(zeros
+  [B * H, S, S], ...), GPT-NeoX-Japanese's; bmm(q3, k3^T) * alpha alone), the additive padding
+  mask after the view or none, and P V on P's and V's views, the output viewed back (BLOOM's
+  bmm) or on the 4-D heads (`_v4`, GPT-NeoX-Japanese's torch.matmul): flash_attention 12.
+- bmm_seqheads: one such layer whose views merge [B, S, H, dh] (the heads not moved before the
+  view: another computation, each query position attending over the heads): not flash
+  attention.
 - sdpa_math_all (torch-joint only): sdpa_all's four layers, exported under SDPBackend.MATH
   (torch 2.13's dynamo exporter decomposes only the math backend's backward on CPU: how
   transformers' default attention exports there), which writes the scale's square root onto
@@ -229,6 +239,35 @@ class AttnLayers(torch.nn.Module):
         slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)])
         self.register_buffer("alibi", (slopes[:, None] * torch.arange(S)[None, :])
                              .view(1, heads, 1, S), persistent=False)
+        self.register_buffer("slopes", slopes, persistent=False)
+
+    def bmm_attention(self, sp, q, k, v, attention_mask):
+        """Scores on [B * H, S, dh] views (module docstring's bmm_all), the heads merged back to
+        [B, S, H * dh]."""
+        b, h, s, dh = q.shape
+        if sp == "bmm_seqheads":  # [B, S, H, dh] merged: not the heads' view
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        q3, v3 = q.reshape(b * h, s, dh), v.reshape(b * h, s, dh)
+        k3t = k.reshape(b * h, s, dh).transpose(-1, -2)
+        if "_alibi" in sp:  # BLOOM's build_alibi_tensor: slopes x kept positions
+            pos = ((attention_mask.cumsum(-1) - 1) * attention_mask)[:, None, :].to(q.dtype)
+            alibi = (self.slopes[..., None] * pos).reshape(b * h, 1, s)
+            w3 = torch.baddbmm(alibi, q3, k3t, beta=1.0, alpha=dh ** -0.5)
+        elif "_zeros" in sp:
+            w3 = torch.baddbmm(torch.zeros(b * h, s, s, dtype=q.dtype), q3, k3t, beta=1.0,
+                               alpha=dh ** -0.5)
+        else:
+            w3 = torch.bmm(q3, k3t) * dh ** -0.5
+        w = w3.view(b, h, s, s)
+        if "_pad" in sp or sp == "bmm_seqheads":
+            keep = self.causal[:s, :s] & attention_mask[:, None, None, :].bool()
+            w = w + (1.0 - keep.to(w.dtype)) * torch.finfo(w.dtype).min
+        p = torch.softmax(w, dim=-1)
+        if sp.endswith("_v4"):  # GPT-NeoX-Japanese: P @ V on the 4-D heads
+            a = p @ v
+        else:  # BLOOM: bmm on the views, then the heads' view back
+            a = torch.bmm(p.view(b * h, s, s), v3).view(b, h, s, dh)
+        return a.transpose(1, 2).reshape(b, s, h * dh)
 
     def forward(self, x, attention_mask):
         b, s, d = x.shape
@@ -243,6 +282,9 @@ class AttnLayers(torch.nn.Module):
                 k = k[:, :, None].expand(b, self.hk, rep, s, self.dh).reshape(b, self.h, s, self.dh)
                 v = v[:, :, None].expand(b, self.hk, rep, s, self.dh).reshape(b, self.h, s, self.dh)
             causal = self.causal[:s, :s]
+            if sp.startswith("bmm"):  # BLOOM's / GPT-NeoX-Japanese's [B * H] views
+                x = x + self.o[i](self.bmm_attention(sp, q, k, v, attention_mask))
+                continue
             if sp.startswith("sdpa"):  # torch's fused attention (transformers' default)
                 # (the diagonal kept: a fully masked row's NaN softmax makes the export's
                 # gradients NaN, which gen.py's check against torch refuses)
@@ -276,11 +318,11 @@ class AttnLayers(torch.nn.Module):
 KINDS = ["where_causal", "where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "fill_window_ninf",
          "gqa_where_all", "where_window", "where_window_pad", "bias_window", "bias_window_pad",
          "alibi_fill_pad", "mqa_bias_causal", "mqa_all", "alibi_all", "sdpa_all", "sdpa_math_all",
-         "bias_prescale_pad", "bias2_causal_pad", "mulmask_causal"]
+         "bias_prescale_pad", "bias2_causal_pad", "mulmask_causal", "bmm_all", "bmm_seqheads"]
 PADDED = {"where_causal_pad", "where_gpt2_pad", "fill_causal_pad", "gqa_where_all",
           "bias_prescale_pad", "bias2_causal_pad",
           "where_window_pad", "bias_window_pad", "alibi_fill_pad", "mqa_all", "alibi_all",
-          "sdpa_all", "sdpa_math_all"}
+          "sdpa_all", "sdpa_math_all", "bmm_all", "bmm_seqheads"}
 # torch-joint only: exported under SDPBackend.MATH (the only sdpa backend whose backward torch
 # 2.13's exporter decomposes on CPU)
 TORCH_ONLY = {"sdpa_math_all"}
@@ -315,6 +357,9 @@ LAYERS = {"gqa_where_all": lambda: AttnLayers(["keep", "keep_pad", "fill", "fill
               AttnLayers(["sdpa_causal", "sdpa_bool", "sdpa_float", "sdpa_none"]),
               AttnLayers(["sdpa_bool", "sdpa_float", "sdpa_none"], 1),
               AttnLayers(["sdpa_bool", "sdpa_float", "sdpa_none"], 1, kv="bcast")),
+          "bmm_all": lambda: AttnLayers([f"bmm_{a}{p}{v}" for a in ("alibi", "zeros", "none")
+                                         for p in ("_pad", "") for v in ("", "_v4")]),
+          "bmm_seqheads": lambda: AttnLayers(["bmm_seqheads"]),
           "alibi_all": lambda: Stack(AttnLayers(["alibi_keep", "alibi_fill"], 2),
                                      AttnLayers(["alibi_keep", "alibi_fill"], 1))}
 
