@@ -149,11 +149,13 @@ def _is_linear(m: nn.Module) -> bool:
 
 def _gated_act(m: nn.Module) -> nn.Module | None:
     """The activation module of a gated MLP (act(gate(x)) * up(x): LlamaMLP, MistralMLP,
-    Qwen2MLP, GemmaMLP, Phi3MLP's fused gate_up_proj, T5DenseGatedActDense), else None."""
+    Qwen2MLP, GemmaMLP, Phi3MLP's fused gate_up_proj, T5DenseGatedActDense, Mixtral's experts
+    w2(act(w1 x) * w3 x)), else None."""
     act = next((getattr(m, n) for n in ("act_fn", "activation_fn", "act")
                 if isinstance(getattr(m, n, None), nn.Module)), None)
     gated = ((hasattr(m, "gate_proj") and hasattr(m, "up_proj")) or hasattr(m, "gate_up_proj")
-             or (hasattr(m, "wi_0") and hasattr(m, "wi_1")))
+             or (hasattr(m, "wi_0") and hasattr(m, "wi_1"))
+             or all(isinstance(getattr(m, n, None), nn.Linear) for n in ("w1", "w2", "w3")))
     return act if gated and act is not None and _act_kind(act) in ("silu", "gelu") else None
 
 
@@ -275,7 +277,7 @@ def derive_counts(model: nn.Module, inputs: tuple, attention: tuple[str, ...],
     input_of: dict[int, list[tuple[int, int]]] = {}
     for mod, ins, out in calls:
         input_of.setdefault(id(mod), ins)
-        if isinstance(out, tuple):
+        if isinstance(out, tuple) and len(out) == 2 and all(isinstance(x, int) for x in out):
             made_by.setdefault(out, mod)  # the first (innermost) module that returned it
     counts = dict.fromkeys(PATTERN_KEYS, 0)
     # gated MLPs and rotary embeddings (helper "gated", issue 23)
@@ -2014,6 +2016,56 @@ for _a in [
                 "mean, classifier", prefix="unispeech_sat"),
     _speech_cls("data2vec_audio_cls", "Data2VecAudio", "as Wav2Vec2 with a stack of positional "
                 "convs, projector, mean, classifier", prefix="data2vec_audio"),
+]:
+    ARCHS[_a.name] = _a
+
+# heads sweep 4 (scripts/corpus/SWEEP.md): causal LMs no earlier sweep had, mostly sparse-MoE
+# decoders, differential attention and encoders run as causal decoders
+for _a in [
+    _lm_arch("mixtral_lm", "Mixtral", "sparse MoE SwiGLU experts (4, top-2), GQA 4/2, untied "
+             "lm_head", num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+             pad_token_id=0),
+    _lm_arch("phimoe_lm", "Phimoe", "sparse MoE experts (4, top-2, sparsemixer routing), "
+             "LayerNorms, q/k/v bias, untied lm_head with bias", num_key_value_heads=2,
+             num_local_experts=4, num_experts_per_tok=2, pad_token_id=0, attention_dropout=0.0),
+    _lm_arch("jetmoe_lm", "JetMoe", "mixture of attention heads and MoE MLPs (4 experts, "
+             "top-2), lm_head TIED", dec=dict(hidden_size=HID, num_hidden_layers=LAYERS,
+                                             num_key_value_heads=2, kv_channels=8,
+                                             intermediate_size=FF, max_position_embeddings=32),
+             num_local_experts=4, num_experts_per_tok=2, pad_token_id=0),
+    _lm_arch("glm4_moe_lm", "Glm4Moe", "partial rotary, q/k/v bias, first layer dense then MoE "
+             "(4 routed experts, top-2, + a shared one), untied lm_head",
+             num_key_value_heads=2, head_dim=8, moe_intermediate_size=16, n_routed_experts=4,
+             num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+             topk_group=1, pad_token_id=0),
+    _lm_arch("ernie4_5_moe_lm", "Ernie4_5_Moe", "interleaved rotary, MoE (4 experts, top-2, + a "
+             "shared one) after a dense first layer, lm_head TIED", num_key_value_heads=2,
+             head_dim=8, moe_intermediate_size=16, moe_num_experts=4, moe_k=2,
+             moe_num_shared_experts=1, moe_layer_start_index=1, pad_token_id=0),
+    _lm_arch("granitemoeshared_lm", "GraniteMoeShared", "GraniteMoe plus a shared expert, "
+             "scaled embeddings / residuals / logits, lm_head TIED", num_key_value_heads=2,
+             num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=16,
+             pad_token_id=0),
+    _lm_arch("diffllama_lm", "DiffLlama", "differential attention (two softmaxes, lambda-"
+             "weighted difference, a GroupNorm-style RMSNorm per head), untied lm_head",
+             num_key_value_heads=2, pad_token_id=0),
+    Arch("roberta_prelayernorm_lm", "transformers", "RobertaPreLayerNormForCausalLM: a causal "
+         "pre-norm RoBERTa, lm_head (dense + GELU + LayerNorm + decoder) TIED",
+         _lm("RobertaPreLayerNormConfig", "RobertaPreLayerNormForCausalLM", is_decoder=True,
+             pad_token_id=1, type_vocab_size=1, **_BERT_DEC),
+         _lm_ids_mask, attention=("RobertaPreLayerNormSelfAttention",),
+         input_ranges=_LM_MASK_R, extra=True, loss="ce_lm"),
+    Arch("xlm_roberta_xl_lm", "transformers", "XLMRobertaXLForCausalLM: a causal pre-norm "
+         "XLM-R, lm_head TIED",
+         _lm("XLMRobertaXLConfig", "XLMRobertaXLForCausalLM", is_decoder=True, pad_token_id=1,
+             type_vocab_size=1, **_BERT_DEC),
+         _lm_ids_mask, attention=("XLMRobertaXLSelfAttention",), input_ranges=_LM_MASK_R,
+         extra=True, loss="ce_lm"),
+    Arch("camembert_lm", "transformers", "CamembertForCausalLM: a causal RoBERTa, lm_head TIED",
+         _lm("CamembertConfig", "CamembertForCausalLM", is_decoder=True, pad_token_id=1,
+             type_vocab_size=1, **_BERT_DEC),
+         _lm_ids_mask, attention=("CamembertSelfAttention",), input_ranges=_LM_MASK_R,
+         extra=True, loss="ce_lm"),
 ]:
     ARCHS[_a.name] = _a
 
