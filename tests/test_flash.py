@@ -196,6 +196,9 @@ def test_rule_prepare_is_validated():
         "no pattern node uses": PREP_RULE % (
             "mb", "    - {op: Constant, outputs: [s], attrs: {value_ints: {dims: 'W[:2]'}}}\n"
             "    - {op: Reshape, inputs: [mask, s], outputs: [mb]}"),
+        "a Constant has no inputs": PREP_RULE % (
+            "mb", "    - {op: Constant, inputs: [Q], outputs: [s], attrs: {value_float: 1.0}}\n"
+            "    - {op: Reshape, inputs: [mask, s], outputs: [mb]}"),
         "must be terms VAR": PREP_RULE % (
             "mb", "    - {op: Constant, outputs: [s], attrs: {value_ints: {dims: 'Q[:2'}}}\n"
             "    - {op: Reshape, inputs: [mask, s], outputs: [mb]}"),

@@ -722,11 +722,14 @@ def _parse_prepare(src, raw, line) -> tuple[Prepared, ...]:
                             "inputs, outputs, attrs)", where)
         if not isinstance(op, str) or not onnx.defs.has(op):
             raise RuleError(src, f"replace.prepare: {op!r} is not a standard ONNX operator", where)
-        if op == "Constant" and ins is None:
+        if op == "Constant":
+            if ins:
+                raise RuleError(src, "replace.prepare: a Constant has no inputs (its value is "
+                                "an attribute)", where)
             ins = []
         for key, vals in (("inputs", ins), ("outputs", outs)):
-            if not isinstance(vals, list) or not (vals or op == "Constant") or \
-                    not all(isinstance(v, str) and v for v in vals):
+            if not isinstance(vals, list) or not (vals or (op, key) == ("Constant", "inputs")) \
+                    or not all(isinstance(v, str) and v for v in vals):
                 raise RuleError(src, f"replace.prepare.{key} must be a non-empty list of "
                                 "variable names", where)
         if not isinstance(attrs, dict) or not all(
