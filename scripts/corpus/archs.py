@@ -2046,8 +2046,9 @@ for _a in [
              "scaled embeddings / residuals / logits, lm_head TIED", num_key_value_heads=2,
              num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=16,
              pad_token_id=0),
-    _lm_arch("diffllama_lm", "DiffLlama", "differential attention (two softmaxes, lambda-"
-             "weighted difference, a GroupNorm-style RMSNorm per head), untied lm_head",
+    _lm_arch("diffllama_lm", "DiffLlama", "differential attention (V's two halves joined and "
+             "repeated, the outputs' two halves' lambda-weighted difference, RMSNorm), untied "
+             "lm_head",
              num_key_value_heads=2, pad_token_id=0),
     Arch("roberta_prelayernorm_lm", "transformers", "RobertaPreLayerNormForCausalLM: a causal "
          "pre-norm RoBERTa, lm_head (dense + GELU + LayerNorm + decoder) TIED",
