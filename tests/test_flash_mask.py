@@ -15,6 +15,7 @@ fused graph verified on those feeds. ort-training also at opset 12."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -542,8 +543,10 @@ def test_an_added_term_that_is_not_zeros_is_read_as_a_bias(family, tmp_path):
 def test_batched_views_of_other_dims_are_not_flash(family):
     """bmm_seqheads: the same code on [B, S, H, dh] (the heads not moved before the view: each
     query position attends over the heads): the ops on the view's 4-D input would attend over
-    the sequence, so the shape guard refuses (sdpa, which works on the views themselves, takes
-    it), and explain says why."""
+    the sequence. The scores' view [B, H, S, S] does not have the batch dims of that input
+    (`same_batch_dims_as` Q4), so the rule refuses (sdpa, which works on the views themselves,
+    takes it), and explain says why; without that check, the shape guard refuses (the mask
+    does not broadcast to [B, S, H, H])."""
     from fusecli import load_rules
     from fusecli.engine.explain import explain_model
 
@@ -551,13 +554,19 @@ def test_batched_views_of_other_dims_are_not_flash(family):
     assert _fuse(copy.deepcopy(m)) == {"sdpa": 1}
     rule = f"flash_{family}_bmm_none_mask" + ("_v3" if family == "ortt" else "")
     misses = explain_model(m, FusionPass(rules=[r for r in load_rules() if r.name == rule]))
+    assert any("batch dims (all but the last two) of Q4" in x["detail"] for x in misses), \
+        misses
+    checked = next(r for r in load_rules() if r.name == rule)
+    unchecked = dataclasses.replace(checked, tensors={
+        v: t for v, t in checked.tensors.items() if v != "S4"})
+    misses = explain_model(m, FusionPass(rules=[unchecked]))
     assert any(x["reason"] == "shape_mismatch" for x in misses), misses
 
 
 @pytest.mark.parametrize("family", ["ortt", "torch"])
 def test_a_term_broadcast_over_the_batched_heads_is_not_viewed_to_them(family, tmp_path):
     """One layer's ALiBi term replaced by a constant [1, 1, S] that the Add broadcasts over
-    every [B * H] item: it has no view to [B, H, 1, S] (`same_lead_dim_as` the scores), so that
+    every [B * H] item: it has no view to [B, H, 1, S] (`same_batch_dims_as` the scores), so that
     layer is not flash (sdpa takes it) and explain names the term; the other eleven are, and
     the fused model verifies."""
     from fusecli import load_rules
@@ -577,7 +586,7 @@ def test_a_term_broadcast_over_the_batched_heads_is_not_viewed_to_them(family, t
     assert _fuse(fused) == {"flash_attention": 11, "sdpa": 1}
     rules = [r for r in load_rules() if r.name.startswith(f"flash_{family}_bmm_alibi")]
     misses = explain_model(m, FusionPass(rules=rules))
-    assert any("does not have the rank and first dim of S3" in x["detail"] for x in misses), \
+    assert any("does not have the rank and batch dims (all but the last two) of S3" in x["detail"] for x in misses), \
         misses
     out = tmp_path / "fused.onnx"
     onnx.save(fused, out)

@@ -525,9 +525,11 @@ def _rule_tables(rule: Rule) -> tuple:
     # per rule node and op: the orders its inputs may bind in (commutative: both)
     orders = [{op: _input_orders(s, op) for op in s.ops} for s in rule.nodes]
     # the anchor's inputs that must hold a value (a constant or a broadcast one: every
-    # tensor kind but shape, which a run-time shape computation also satisfies)
+    # tensor kind but shape, which a run-time shape computation also satisfies, and the kinds
+    # of a data tensor checked against another, DEFERRED_KINDS)
     valued = [p for p, (t, v) in enumerate(ports[0][0])
-              if t != "_" and v in rule.tensors and rule.tensors[v].kind != "shape"]
+              if t != "_" and v in rule.tensors
+              and rule.tensors[v].kind not in ("shape", *DEFERRED_KINDS)]
     got = rule.__dict__["_matcher_tables"] = (roles, ports, _Deps(rule), orders, valued)
     return got
 
@@ -1220,21 +1222,22 @@ class Matcher:
     def _deferred(self, w: str, a: str | None, b: str | None, of: str) -> str:
         """A DEFERRED_KINDS check of variable w bound to a against ``of`` bound to b: "" when
         it holds, else why not."""
-        if self.rule.tensors[w].kind == "same_lead_dim_as":
-            return self._same_lead_dim(a, b, of)
+        if self.rule.tensors[w].kind == "same_batch_dims_as":
+            return self._same_batch_dims(a, b, of)
         return self._same_shape(a, b, of)
 
-    def _same_lead_dim(self, a: str | None, b: str | None, of: str) -> str:
-        """kind same_lead_dim_as: "" when tensors a and b have the same rank and the same first
-        dim, recorded or inferred: an equal number or the same symbol (BLOOM's ALiBi term
-        [B * H, 1, S] added to the scores on the [B * H] view: one row per head, not a row
-        broadcast to every head); else why not."""
+    def _same_batch_dims(self, a: str | None, b: str | None, of: str) -> str:
+        """kind same_batch_dims_as: "" when tensors a and b have the same rank and the same
+        dims but the last two, recorded or inferred: equal numbers or the same symbols (BLOOM's
+        ALiBi term [B * H, 1, S] added to the scores on the [B * H] view: one row per item,
+        not a row broadcast over them; the scores viewed to the [B, H] of the heads the ops
+        read); else why not."""
         da, db = self.g.shapes.refined(a), self.g.shapes.refined(b)
-        if da is not None and db is not None and len(da) == len(db) and da \
-                and da[0] is not None and da[0] == db[0]:
+        if da is not None and db is not None and len(da) == len(db) >= 2 \
+                and None not in da[:-2] and list(da[:-2]) == list(db[:-2]):
             return ""
-        return (f"does not have the rank and first dim of {of} ('{b}'): {da} vs {db} (a term "
-                "with one row per item of that dim, not broadcast over it)")
+        return (f"does not have the rank and batch dims (all but the last two) of {of} "
+                f"('{b}'): {da} vs {db}")
 
     def _same_shape(self, a: str | None, b: str | None, of: str = "") -> str:
         """kind same_shape_as: "" when tensors a and b are one tensor, or have the same shape,

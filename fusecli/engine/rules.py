@@ -52,12 +52,12 @@ TENSOR_KINDS = ("constant", "scalar", "leading_axes", "last_axis", "last_dim_ind
                 "flatten_2d", "vector_shape", "large_negative", "halves", "index_range",
                 "pairs_shape", "shape", "uniform", "half_last_dim", "to_last_end",
                 "second_last_axis", "lead_dims_of", "last_dim_of", "new_last_axis",
-                "broadcast_axes_of", "same_shape_as", "zero_one", "zeros", "same_lead_dim_as")
+                "broadcast_axes_of", "same_shape_as", "zero_one", "zeros", "same_batch_dims_as")
 # kinds that name a bound tensor ('of')
 OF_KINDS = ("lead_dims_of", "last_dim_of", "broadcast_axes_of", "same_shape_as",
-            "same_lead_dim_as")
+            "same_batch_dims_as")
 # kinds of a data tensor, checked once both it and its 'of' are bound (either may be first)
-DEFERRED_KINDS = ("same_shape_as", "same_lead_dim_as")
+DEFERRED_KINDS = ("same_shape_as", "same_batch_dims_as")
 _RULE_KEYS = {"name", "pattern", "description", "order", "family", "nodes", "tensors", "replace",
               "params", "variants"}
 
