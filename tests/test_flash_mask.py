@@ -464,14 +464,20 @@ def test_sliding_window_fully_masked_rows_verify(fam, style, tmp_path):
 
 # --- scores on [B * H] views: BLOOM's and GPT-NeoX-Japanese's baddbmm (make_flash_mask.py) ----
 
-def _bmm_layers(m) -> list:
-    """The fused forward ops of ``m`` (fused in place), in graph order, each with the node that
-    the replacement added to write its bias (None: no bias, or one the original computes)."""
+def _bmm_layers(m) -> tuple[list, list, dict]:
+    """Fuses ``m`` in place (flash 12): its fused forward ops in graph order, each with the
+    node the replacement added to write its bias (None: no bias, or one the original
+    computes); the fusions; every tensor's producer."""
     original = {n.name for n in m.graph.node}
-    assert _fuse(m) == {"flash_attention": 12}
-    made = {o: n for n in m.graph.node for o in n.output if n.name not in original}
+    fp = FusionPass()
+    fp.run(m)
+    assert {p: s.fused for p, s in fp.stats.patterns.items() if s.fused} == {
+        "flash_attention": 12}
+    made = {o: n for n in m.graph.node for o in n.output}
+    added = {t: n for t, n in made.items() if n.name not in original}
     fwd = [n for n in m.graph.node if n.op_type == "FlashAttention"]
-    return [(n, made.get(n.input[3]) if len(n.input) > 3 and n.input[3] else None) for n in fwd]
+    return ([(n, added.get(n.input[3]) if len(n.input) > 3 and n.input[3] else None)
+             for n in fwd], fp.stats.fusions, made)
 
 
 def _rank(m, name) -> int | None:
@@ -493,9 +499,7 @@ def test_scores_on_batched_head_views_fuse_as_flash_and_verify(family, tmp_path)
     original."""
     src = DATA / f"{family}_flash_bmm_all.onnx"
     m = onnx.load(src)
-    layers = _bmm_layers(m)
-    fusions = FusionPass()
-    fusions.run(onnx.load(src))
+    layers, fusions, made = _bmm_layers(m)
     consts = {n.output[0]: list(n.attribute[0].ints) for n in m.graph.node
               if n.op_type == "Constant" and n.attribute and n.attribute[0].ints}
     kinds = []
@@ -507,14 +511,13 @@ def test_scores_on_batched_head_views_fuse_as_flash_and_verify(family, tmp_path)
             kinds.append("mask" if len(fwd.input) > 3 and fwd.input[3] else "none")
             continue
         if prep.op_type == "Add":  # the ALiBi view plus the mask
-            made = {o: n for n in m.graph.node for o in n.output}
             prep = next(made[t] for t in prep.input if t in made and made[t].op_type == "Reshape")
             kinds.append("alibi+mask")
         else:
             kinds.append("alibi")
         assert prep.op_type == "Reshape" and consts[prep.input[1]] == [2, 2, 1, 8]
     assert sorted(kinds) == sorted(["alibi", "alibi+mask"] * 2 + ["mask", "none"] * 4)
-    _verified_with_references(src, m, fusions.stats.fusions, tmp_path)
+    _verified_with_references(src, m, fusions, tmp_path)
 
 
 @pytest.mark.parametrize("family", ["ortt", "torch"])
@@ -586,8 +589,8 @@ def test_a_term_broadcast_over_the_batched_heads_is_not_viewed_to_them(family, t
     assert _fuse(fused) == {"flash_attention": 11, "sdpa": 1}
     rules = [r for r in load_rules() if r.name.startswith(f"flash_{family}_bmm_alibi")]
     misses = explain_model(m, FusionPass(rules=rules))
-    assert any("does not have the rank and batch dims (all but the last two) of S3" in x["detail"] for x in misses), \
-        misses
+    why = "does not have the rank and batch dims (all but the last two) of S3"
+    assert any(why in x["detail"] for x in misses), misses
     out = tmp_path / "fused.onnx"
     onnx.save(fused, out)
     report = verify_models(src, out)

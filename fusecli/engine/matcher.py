@@ -951,9 +951,7 @@ class Matcher:
         scalar broadcast to a run-time shape (ConstantOfShape, Expand)."""
         t = name
         for _ in range(8):
-            value = self.g.const_value(t)
-            if value is None:
-                value = self.g.broadcast_scalar(t)
+            value = self._value(t)
             if value is not None:
                 arr = np.asarray(value)
                 if arr.size and bool(np.all(each(arr))):
@@ -1152,7 +1150,8 @@ class Matcher:
                     if attrs[name] is None:
                         return self._guard(nodes, "dims_not_known",
                                            f"replace.prepare's {prep.op} needs the dims "
-                                           f"{d.text!r}, and more than one is not static")
+                                           f"{d.text!r}: a shape is not known, or more than "
+                                           "one of them is not static")
             prepared.append((key, onnx.helper.make_node(
                 prep.op, [NEW_TENSOR + v if v in written else tensors[v] for v in prep.inputs],
                 [NEW_TENSOR + v for v in prep.outputs], **attrs)))

@@ -722,14 +722,13 @@ def _parse_prepare(src, raw, line) -> tuple[Prepared, ...]:
                             "inputs, outputs, attrs)", where)
         if not isinstance(op, str) or not onnx.defs.has(op):
             raise RuleError(src, f"replace.prepare: {op!r} is not a standard ONNX operator", where)
-        if op == "Constant":
-            if ins:
-                raise RuleError(src, "replace.prepare: a Constant has no inputs (its value is "
-                                "an attribute)", where)
-            ins = []
-        for key, vals in (("inputs", ins), ("outputs", outs)):
-            if not isinstance(vals, list) or not (vals or (op, key) == ("Constant", "inputs")) \
-                    or not all(isinstance(v, str) and v for v in vals):
+        if op == "Constant" and ins:
+            raise RuleError(src, "replace.prepare: a Constant has no inputs (its value is an "
+                            "attribute)", where)
+        ports = [("outputs", outs)] if op == "Constant" else [("inputs", ins), ("outputs", outs)]
+        for key, vals in ports:
+            if not isinstance(vals, list) or not vals or \
+                    not all(isinstance(v, str) and v for v in vals):
                 raise RuleError(src, f"replace.prepare.{key} must be a non-empty list of "
                                 "variable names", where)
         if not isinstance(attrs, dict) or not all(
@@ -739,7 +738,7 @@ def _parse_prepare(src, raw, line) -> tuple[Prepared, ...]:
                             "strings or {dims: EXPR}", where)
         attrs = {k: _parse_dims(src, v["dims"], where) if isinstance(v, dict) else v
                  for k, v in attrs.items()}
-        out.append(Prepared(op, tuple(ins), tuple(outs), attrs))
+        out.append(Prepared(op, tuple(ins or ()), tuple(outs), attrs))
     return tuple(out)
 
 
